@@ -1,0 +1,170 @@
+//! Streamable HTTP for the mock: POST, GET and DELETE on `/mcp`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use switchboard_protocol::jsonrpc::{self, code};
+use switchboard_protocol::sse;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use crate::body::Body;
+use crate::mcp::{Reply, Server};
+
+const SESSION_HEADER: &str = "mcp-session-id";
+const MAX_BODY: usize = 64 << 20;
+
+pub(crate) async fn serve(
+    server: Arc<Server>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let graceful = GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let _ = stream.set_nodelay(true);
+                let server = server.clone();
+                let service = hyper::service::service_fn(move |req| {
+                    let server = server.clone();
+                    async move { Ok::<_, Infallible>(route(server, req).await) }
+                });
+                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                let conn = graceful.watch(conn.into_owned());
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
+    }
+    Ok(())
+}
+
+async fn route(server: Arc<Server>, req: Request<Incoming>) -> Response<Body> {
+    if req.uri().path() != "/mcp" {
+        return plain(StatusCode::NOT_FOUND, "not found");
+    }
+    let session_id = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    match *req.method() {
+        Method::POST => post(server, session_id, req).await,
+        Method::GET => get(server, session_id),
+        Method::DELETE => match session_id {
+            Some(id) if server.close_session(&id) => plain(StatusCode::OK, ""),
+            _ => unknown_session(&server),
+        },
+        _ => plain(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
+    }
+}
+
+async fn post(server: Arc<Server>, session_id: Option<String>, req: Request<Incoming>) -> Response<Body> {
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => return plain(StatusCode::PAYLOAD_TOO_LARGE, "body too large"),
+    };
+    let (session, new_session) = if server.opts.stateless {
+        (server.shared().clone(), false)
+    } else if looks_like_initialize(&body) {
+        (server.open_session(), true)
+    } else {
+        match session_id.as_deref().and_then(|id| server.session(id)) {
+            Some(s) => (s, false),
+            None if session_id.is_none() => {
+                let body = jsonrpc::error_response(
+                    None,
+                    code::INVALID_REQUEST,
+                    "Bad Request: Mcp-Session-Id header is required",
+                    None,
+                );
+                return json(StatusCode::BAD_REQUEST, body);
+            }
+            None => return unknown_session(&server),
+        }
+    };
+    let reply = server.handle(&session, body).await;
+    let mut response = match reply {
+        Reply::Accepted => plain(StatusCode::ACCEPTED, ""),
+        Reply::Json(bytes) => json(StatusCode::OK, bytes),
+        Reply::Invalid(bytes) => json(StatusCode::BAD_REQUEST, bytes),
+        Reply::Stream(rx) => sse_response(rx),
+    };
+    if new_session {
+        response
+            .headers_mut()
+            .insert(SESSION_HEADER, HeaderValue::from_str(&session.id).expect("hex is a valid header"));
+    }
+    response
+}
+
+fn looks_like_initialize(body: &[u8]) -> bool {
+    body.windows(12).any(|w| w == b"\"initialize\"")
+        && jsonrpc::Envelope::parse(body).is_ok_and(|env| env.method_str() == "initialize")
+}
+
+fn get(server: Arc<Server>, session_id: Option<String>) -> Response<Body> {
+    if server.opts.stateless {
+        return plain(StatusCode::METHOD_NOT_ALLOWED, "this server has no GET stream");
+    }
+    let Some(session) = session_id.as_deref().and_then(|id| server.session(id)) else {
+        return unknown_session(&server);
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    session.set_unsolicited(tx);
+    sse_response(rx)
+}
+
+fn unknown_session(server: &Server) -> Response<Body> {
+    let status = StatusCode::from_u16(server.opts.unknown_session_status).unwrap_or(StatusCode::NOT_FOUND);
+    json(status, jsonrpc::error_response(None, code::REQUEST_TIMEOUT, "Session not found", None))
+}
+
+/// Turns a channel of JSON messages into an SSE body.
+fn sse_response(mut messages: mpsc::UnboundedReceiver<Bytes>) -> Response<Body> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut n = 0u64;
+        while let Some(message) = messages.recv().await {
+            n += 1;
+            if tx.send(sse::encode_event(Some(&n.to_string()), None, &message)).is_err() {
+                break;
+            }
+        }
+    });
+    let mut response = Response::new(Body::Stream(rx));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+fn json(status: StatusCode, body: Bytes) -> Response<Body> {
+    let mut response = Response::new(Body::Full(Some(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
+    let mut response = Response::new(if text.is_empty() {
+        Body::Empty
+    } else {
+        Body::Full(Some(Bytes::from_static(text.as_bytes())))
+    });
+    *response.status_mut() = status;
+    response
+}

@@ -1,0 +1,83 @@
+//! A small, fast MCP server: the upstream behind Switchboard in tests, demos
+//! and load tests.
+//!
+//! It speaks Streamable HTTP ([`Mock::serve_http`]) and stdio
+//! ([`Mock::serve_stdio`]) and offers a fixed set of tools that exercise what a
+//! router must relay: plain results (`echo`, `add`), progress (`progress`),
+//! server-to-client requests (`sample`, `elicit`, `roots`), logging (`log`),
+//! errors (`fail`), catalog changes (`add_tool`), resource updates (`touch`),
+//! large payloads (`big`) and slowness (`sleep`). The `tools/call` path for
+//! `echo` writes its response straight from the request bytes so that the
+//! mock is never the bottleneck of a load test.
+//!
+//! - `mcp.rs`: the protocol logic, independent of the transport.
+//! - `http.rs`: Streamable HTTP on hyper.
+//! - `stdio.rs`: newline-delimited JSON on stdin/stdout.
+//! - `body.rs`: the response body type.
+//!
+//! It must stay lean: no logging on the request path, no per-request
+//! allocation beyond the response.
+#![forbid(unsafe_code)]
+
+mod body;
+mod http;
+mod mcp;
+mod stdio;
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+pub use mcp::Options;
+
+/// A mock MCP server. Cheap to clone; all clones share state.
+#[derive(Clone)]
+pub struct Mock {
+    server: Arc<mcp::Server>,
+}
+
+impl Mock {
+    /// A server with the given options.
+    pub fn new(options: Options) -> Self {
+        Mock { server: Arc::new(mcp::Server::new(options)) }
+    }
+
+    /// Serves Streamable HTTP on `/mcp` until `shutdown` completes.
+    pub async fn serve_http(&self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+        http::serve(self.server.clone(), listener, shutdown).await
+    }
+
+    /// Serves newline-delimited JSON on this process's stdin and stdout until
+    /// stdin closes.
+    pub async fn serve_stdio(&self) -> std::io::Result<()> {
+        stdio::serve(self.server.clone()).await
+    }
+
+    /// Forgets every session, as a restarted server would: the next request
+    /// with an old session id gets the "unknown session" status.
+    pub fn forget_sessions(&self) {
+        self.server.forget_sessions();
+    }
+
+    /// How many `initialize` requests this server has answered.
+    pub fn initialize_count(&self) -> u64 {
+        self.server.stats.initialize.load(Ordering::Relaxed)
+    }
+
+    /// How many `tools/call` requests this server has answered.
+    pub fn call_count(&self) -> u64 {
+        self.server.stats.calls.load(Ordering::Relaxed)
+    }
+
+    /// How many `DELETE` requests ended a session.
+    pub fn deleted_sessions(&self) -> u64 {
+        self.server.stats.deleted.load(Ordering::Relaxed)
+    }
+
+    /// How many sessions are live now.
+    pub fn live_sessions(&self) -> usize {
+        self.server.live_sessions()
+    }
+}

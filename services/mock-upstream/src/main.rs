@@ -1,0 +1,71 @@
+//! `switchboard-mock`: the mock MCP server as a program.
+//!
+//! ```text
+//! switchboard-mock --stdio [--name N] [--allow-exit]
+//! switchboard-mock --http 127.0.0.1:3001 [--name N] [--stateless] [--tools N] [--sse] [--page-size N]
+//!                  [--list-delay-ms MS] [--unknown-session-status 400] [--threads N]
+//! ```
+
+use anyhow::{bail, Context, Result};
+use switchboard_mock::{Mock, Options};
+
+fn main() -> Result<()> {
+    let mut options = Options::default();
+    let mut http: Option<String> = None;
+    let mut stdio = false;
+    let mut threads = 0usize;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().with_context(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--stdio" => stdio = true,
+            "--allow-exit" => options.allow_exit = true,
+            "--http" => http = Some(value("--http")?),
+            "--name" => options.name = value("--name")?,
+            "--stateless" => options.stateless = true,
+            "--sse" => options.always_sse = true,
+            "--tools" => options.extra_tools = value("--tools")?.parse().context("--tools takes a number")?,
+            "--page-size" => options.page_size = value("--page-size")?.parse().context("--page-size takes a number")?,
+            "--unknown-session-status" => {
+                options.unknown_session_status = value("--unknown-session-status")?.parse().context("a status code")?
+            }
+            "--list-delay-ms" => {
+                let ms: u64 = value("--list-delay-ms")?.parse().context("--list-delay-ms takes a number")?;
+                options.list_delay = std::time::Duration::from_millis(ms);
+            }
+            "--threads" => threads = value("--threads")?.parse().context("--threads takes a number")?,
+            "-h" | "--help" => {
+                println!(
+                    "switchboard-mock (--stdio [--allow-exit] | --http ADDR) [--name NAME] [--stateless] [--sse] [--tools N] \
+                     [--page-size N] [--list-delay-ms MS] [--unknown-session-status CODE] [--threads N]"
+                );
+                return Ok(());
+            }
+            other => bail!("unknown argument {other:?}; try --help"),
+        }
+    }
+    let mut runtime = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    if threads > 1 {
+        runtime.worker_threads(threads);
+    }
+    let runtime = runtime.enable_all().build()?;
+    runtime.block_on(async move {
+        match (stdio, http) {
+            (true, None) => Mock::new(options).serve_stdio().await?,
+            (false, Some(addr)) => {
+                let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr}"))?;
+                eprintln!("switchboard-mock listening on http://{}/mcp", listener.local_addr()?);
+                let shutdown = async {
+                    let _ = tokio::signal::ctrl_c().await;
+                };
+                Mock::new(options).serve_http(listener, shutdown).await?;
+            }
+            _ => bail!("give exactly one of --stdio or --http ADDR"),
+        }
+        Ok(())
+    })
+}

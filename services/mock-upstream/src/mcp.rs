@@ -1,0 +1,658 @@
+//! The mock's MCP logic, shared by both transports.
+//!
+//! A [`Server`] takes one message at a time for a [`Session`] and returns a
+//! [`Reply`]: nothing (a notification or a response was taken), one JSON
+//! message, or a stream of messages that ends with the response. Messages not
+//! tied to a request (list changes, resource updates) go to the session's
+//! `unsolicited` sink: the GET stream over HTTP, stdout over stdio.
+
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+use switchboard_protocol::jsonrpc::{self, code, Envelope, MessageKind};
+use tokio::sync::{mpsc, oneshot};
+
+/// How the mock behaves.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `serverInfo.name`, and the authority of its resource URIs (`mock://NAME/...`).
+    pub name: String,
+    /// Issue no `Mcp-Session-Id` (a stateless server); GET answers 405.
+    pub stateless: bool,
+    /// Extra tools `tool_0` … `tool_{n-1}`, each behaving like `echo`.
+    pub extra_tools: usize,
+    /// Answer every request with an SSE stream, not `application/json`.
+    pub always_sse: bool,
+    /// The HTTP status for an unknown session id: 404 per the spec, 400 as
+    /// some real servers answer.
+    pub unknown_session_status: u16,
+    /// Split `tools/list` into pages of this many tools (0: one page).
+    pub page_size: usize,
+    /// Offer the `exit` tool, which ends the process (restart tests).
+    pub allow_exit: bool,
+    /// Wait this long before answering `tools/list` (a slow upstream).
+    pub list_delay: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            name: "mock".into(),
+            stateless: false,
+            extra_tools: 0,
+            always_sse: false,
+            unknown_session_status: 404,
+            page_size: 0,
+            allow_exit: false,
+            list_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// Counters for tests.
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub initialize: AtomicU64,
+    pub calls: AtomicU64,
+    pub deleted: AtomicU64,
+}
+
+/// What to answer.
+pub(crate) enum Reply {
+    /// A notification or response was taken (HTTP 202).
+    Accepted,
+    /// One message.
+    Json(Bytes),
+    /// Not a JSON-RPC message at all (HTTP 400).
+    Invalid(Bytes),
+    /// Related messages, then the response.
+    Stream(mpsc::UnboundedReceiver<Bytes>),
+}
+
+/// One client's state.
+pub(crate) struct Session {
+    pub id: String,
+    unsolicited: Mutex<Option<mpsc::UnboundedSender<Bytes>>>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Bytes>>>,
+    next_id: AtomicU64,
+    subscriptions: Mutex<HashSet<String>>,
+}
+
+impl Session {
+    fn new(id: String) -> Arc<Self> {
+        Arc::new(Session {
+            id,
+            unsolicited: Mutex::new(None),
+            pending: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            subscriptions: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// Routes messages not tied to a request to `sink` from now on.
+    pub fn set_unsolicited(&self, sink: mpsc::UnboundedSender<Bytes>) {
+        *self.unsolicited.lock().expect("lock") = Some(sink);
+    }
+
+    /// Stops routing messages not tied to a request.
+    pub fn clear_unsolicited(&self) {
+        *self.unsolicited.lock().expect("lock") = None;
+    }
+
+    fn send_unsolicited(&self, message: Bytes) {
+        if let Some(sink) = self.unsolicited.lock().expect("lock").as_ref() {
+            let _ = sink.send(message);
+        }
+    }
+
+    /// Sends a server-to-client request on `out` and waits for the answer.
+    async fn ask(&self, out: &mpsc::UnboundedSender<Bytes>, method: &str, params: Value) -> Result<Value, String> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().expect("lock").insert(id, tx);
+        let params = serde_json::to_vec(&params).expect("serializable");
+        let _ = out.send(jsonrpc::request(Some(id.to_string().as_bytes()), method, Some(&params)));
+        let answer = tokio::time::timeout(Duration::from_secs(30), rx).await;
+        self.pending.lock().expect("lock").remove(&id);
+        let bytes = match answer {
+            Ok(Ok(bytes)) => bytes,
+            Ok(Err(_)) => return Err("the request was dropped".into()),
+            Err(_) => return Err(format!("no answer to {method} within 30 s")),
+        };
+        let value: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+        match (value.get("result"), value.get("error")) {
+            (Some(result), _) => Ok(result.clone()),
+            (_, Some(error)) => Err(error.to_string()),
+            _ => Err("malformed answer".into()),
+        }
+    }
+
+    fn resolve(&self, id: Option<&RawValue>, message: Bytes) {
+        let Some(id) = id.and_then(|id| id.get().parse::<u64>().ok()) else { return };
+        if let Some(waiter) = self.pending.lock().expect("lock").remove(&id) {
+            let _ = waiter.send(message);
+        }
+    }
+}
+
+/// The server: sessions, tools, counters.
+pub(crate) struct Server {
+    pub opts: Options,
+    pub stats: Stats,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// The session of a stateless server and of stdio.
+    shared: Arc<Session>,
+    dynamic_tools: Mutex<Vec<String>>,
+    tools_page: Mutex<Option<Bytes>>,
+}
+
+const TOOLS: &[(&str, &str, &str)] = &[
+    ("echo", "Returns its arguments as JSON text.", r#"{"type":"object","additionalProperties":true}"#),
+    (
+        "add",
+        "Adds two numbers.",
+        r#"{"type":"object","properties":{"a":{"type":"number"},"b":{"type":"number"}},"required":["a","b"]}"#,
+    ),
+    ("sleep", "Waits `ms` milliseconds.", r#"{"type":"object","properties":{"ms":{"type":"integer"}}}"#),
+    (
+        "progress",
+        "Sends `steps` progress notifications, `interval_ms` apart.",
+        r#"{"type":"object","properties":{"steps":{"type":"integer"},"interval_ms":{"type":"integer"}}}"#,
+    ),
+    ("log", "Sends a log message, then answers.", r#"{"type":"object","properties":{"message":{"type":"string"}}}"#),
+    (
+        "sample",
+        "Asks the client for a sampling completion.",
+        r#"{"type":"object","properties":{"prompt":{"type":"string"}}}"#,
+    ),
+    ("elicit", "Asks the client to fill a form.", r#"{"type":"object","properties":{"message":{"type":"string"}}}"#),
+    ("roots", "Asks the client for its roots.", r#"{"type":"object"}"#),
+    ("fail", "Answers with a tool error.", r#"{"type":"object","properties":{"message":{"type":"string"}}}"#),
+    ("big", "Answers with `bytes` bytes of text.", r#"{"type":"object","properties":{"bytes":{"type":"integer"}}}"#),
+    (
+        "add_tool",
+        "Adds a tool and announces the change.",
+        r#"{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}"#,
+    ),
+    (
+        "touch",
+        "Announces an update of a resource to its subscribers.",
+        r#"{"type":"object","properties":{"uri":{"type":"string"}},"required":["uri"]}"#,
+    ),
+    ("exit", "Ends the server process (stdio only).", r#"{"type":"object","properties":{"code":{"type":"integer"}}}"#),
+];
+
+const SUPPORTED_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
+#[derive(Deserialize)]
+struct CallParams<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(borrow, default)]
+    arguments: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "_meta")]
+    meta: Option<Meta<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Meta<'a> {
+    #[serde(borrow, default, rename = "progressToken")]
+    progress_token: Option<&'a RawValue>,
+}
+
+impl Server {
+    pub fn new(opts: Options) -> Self {
+        Server {
+            opts,
+            stats: Stats::default(),
+            sessions: Mutex::new(HashMap::new()),
+            shared: Session::new(String::new()),
+            dynamic_tools: Mutex::new(Vec::new()),
+            tools_page: Mutex::new(None),
+        }
+    }
+
+    /// The session for stateless HTTP and for stdio.
+    pub fn shared(&self) -> &Arc<Session> {
+        &self.shared
+    }
+
+    /// Starts a session for an `initialize` request.
+    pub fn open_session(&self) -> Arc<Session> {
+        let mut raw = [0u8; 16];
+        getrandom::fill(&mut raw).expect("OS randomness");
+        let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        let session = Session::new(id.clone());
+        self.sessions.lock().expect("lock").insert(id, session.clone());
+        session
+    }
+
+    pub fn session(&self, id: &str) -> Option<Arc<Session>> {
+        self.sessions.lock().expect("lock").get(id).cloned()
+    }
+
+    pub fn close_session(&self, id: &str) -> bool {
+        let removed = self.sessions.lock().expect("lock").remove(id).is_some();
+        if removed {
+            self.stats.deleted.fetch_add(1, Ordering::Relaxed);
+        }
+        removed
+    }
+
+    pub fn forget_sessions(&self) {
+        self.sessions.lock().expect("lock").clear();
+    }
+
+    pub fn live_sessions(&self) -> usize {
+        self.sessions.lock().expect("lock").len()
+    }
+
+    /// Handles one received message.
+    pub async fn handle(self: &Arc<Self>, session: &Arc<Session>, body: Bytes) -> Reply {
+        let env = match Envelope::parse(&body) {
+            Ok(env) => env,
+            Err(e) => return Reply::Invalid(jsonrpc::error_response(None, e.code(), &e.to_string(), None)),
+        };
+        match env.kind {
+            MessageKind::Response | MessageKind::Error => {
+                let id = env.id;
+                session.resolve(id, body.clone());
+                Reply::Accepted
+            }
+            MessageKind::Notification => Reply::Accepted,
+            MessageKind::Request => {
+                let reply = self.request(session, &env).await;
+                match reply {
+                    Reply::Json(bytes) if self.opts.always_sse => {
+                        let (tx, rx) = mpsc::unbounded_channel();
+                        let _ = tx.send(bytes);
+                        Reply::Stream(rx)
+                    }
+                    other => other,
+                }
+            }
+        }
+    }
+
+    async fn request(self: &Arc<Self>, session: &Arc<Session>, env: &Envelope<'_>) -> Reply {
+        let id = env.id.expect("a request has an id");
+        let ok = |result: &[u8]| Reply::Json(jsonrpc::result_response(id, result));
+        let err = |code: i64, message: &str| Reply::Json(jsonrpc::error_response(Some(id), code, message, None));
+        let params = env.params.map_or("{}", RawValue::get);
+        match env.method_str() {
+            "tools/call" => self.call_tool(session, id, params).await,
+            "initialize" => {
+                self.stats.initialize.fetch_add(1, Ordering::Relaxed);
+                let requested: Value = serde_json::from_str(params).unwrap_or(Value::Null);
+                let requested = requested["protocolVersion"].as_str().unwrap_or("");
+                let version = if SUPPORTED_VERSIONS.contains(&requested) { requested } else { "2025-11-25" };
+                let result = json!({
+                    "protocolVersion": version,
+                    "capabilities": {
+                        "tools": {"listChanged": true},
+                        "resources": {"subscribe": true, "listChanged": true},
+                        "prompts": {"listChanged": true},
+                        "logging": {},
+                        "completions": {},
+                    },
+                    "serverInfo": {"name": self.opts.name, "version": env!("CARGO_PKG_VERSION")},
+                    "instructions": format!("Mock upstream {}.", self.opts.name),
+                });
+                ok(&serde_json::to_vec(&result).expect("serializable"))
+            }
+            "ping" | "logging/setLevel" => ok(b"{}"),
+            "tools/list" => {
+                if !self.opts.list_delay.is_zero() {
+                    tokio::time::sleep(self.opts.list_delay).await;
+                }
+                ok(&self.tools_list(params))
+            }
+            "resources/list" => {
+                let uri = format!("mock://{}/hello", self.opts.name);
+                ok(&serde_json::to_vec(&json!({"resources": [
+                    {"uri": uri, "name": "hello", "mimeType": "text/plain"}
+                ]}))
+                .expect("serializable"))
+            }
+            "resources/templates/list" => {
+                let template = format!("mock://{}/items/{{id}}", self.opts.name);
+                ok(&serde_json::to_vec(&json!({"resourceTemplates": [
+                    {"uriTemplate": template, "name": "item", "mimeType": "text/plain"}
+                ]}))
+                .expect("serializable"))
+            }
+            "resources/read" => {
+                let uri = serde_json::from_str::<Value>(params).ok().and_then(|p| p["uri"].as_str().map(String::from));
+                let Some(uri) = uri else { return err(code::INVALID_PARAMS, "missing uri") };
+                let base = format!("mock://{}/", self.opts.name);
+                let text = match uri.strip_prefix(&base) {
+                    Some("hello") => format!("hello from {}", self.opts.name),
+                    Some(rest) if rest.starts_with("items/") => format!("item {}", &rest[6..]),
+                    _ => return err(code::RESOURCE_NOT_FOUND, &format!("Resource not found: {uri}")),
+                };
+                ok(&serde_json::to_vec(&json!({"contents": [{"uri": uri, "mimeType": "text/plain", "text": text}]}))
+                    .expect("serializable"))
+            }
+            "resources/subscribe" | "resources/unsubscribe" => {
+                let uri = serde_json::from_str::<Value>(params).ok().and_then(|p| p["uri"].as_str().map(String::from));
+                let Some(uri) = uri else { return err(code::INVALID_PARAMS, "missing uri") };
+                let mut subs = session.subscriptions.lock().expect("lock");
+                if env.method_str() == "resources/subscribe" {
+                    subs.insert(uri);
+                } else {
+                    subs.remove(&uri);
+                }
+                ok(b"{}")
+            }
+            "prompts/list" => ok(br#"{"prompts":[{"name":"greet","description":"Greets someone.","arguments":[{"name":"name","required":true}]}]}"#),
+            "prompts/get" => {
+                let p: Value = serde_json::from_str(params).unwrap_or(Value::Null);
+                if p["name"] != "greet" {
+                    return err(code::INVALID_PARAMS, &format!("Unknown prompt: {}", p["name"]));
+                }
+                let who = p["arguments"]["name"].as_str().unwrap_or("world");
+                ok(&serde_json::to_vec(&json!({"messages": [
+                    {"role": "user", "content": {"type": "text", "text": format!("Hello, {who}!")}}
+                ]}))
+                .expect("serializable"))
+            }
+            "completion/complete" => {
+                let p: Value = serde_json::from_str(params).unwrap_or(Value::Null);
+                let prefix = p["argument"]["value"].as_str().unwrap_or("");
+                let values: Vec<&str> = ["alice", "bob", "carol"].into_iter().filter(|v| v.starts_with(prefix)).collect();
+                ok(&serde_json::to_vec(&json!({"completion": {"values": values, "total": values.len(), "hasMore": false}}))
+                    .expect("serializable"))
+            }
+            other => err(code::METHOD_NOT_FOUND, &format!("Method not found: {other}")),
+        }
+    }
+
+    fn tools_list(&self, params: &str) -> Bytes {
+        if self.opts.page_size == 0 {
+            if let Some(cached) = self.tools_page.lock().expect("lock").clone() {
+                return cached;
+            }
+        }
+        let mut tools: Vec<Value> = TOOLS
+            .iter()
+            .filter(|(name, _, _)| *name != "exit" || self.opts.allow_exit)
+            .map(|(name, description, schema)| {
+                json!({"name": name, "description": description, "inputSchema": serde_json::from_str::<Value>(schema).expect("valid schema")})
+            })
+            .collect();
+        for i in 0..self.opts.extra_tools {
+            tools.push(
+                json!({"name": format!("tool_{i}"), "description": "Like echo.", "inputSchema": {"type": "object"}}),
+            );
+        }
+        for name in self.dynamic_tools.lock().expect("lock").iter() {
+            tools.push(json!({"name": name, "description": "Added at run time; like echo.", "inputSchema": {"type": "object"}}));
+        }
+        if self.opts.page_size == 0 {
+            let bytes = Bytes::from(serde_json::to_vec(&json!({"tools": tools})).expect("serializable"));
+            *self.tools_page.lock().expect("lock") = Some(bytes.clone());
+            return bytes;
+        }
+        let cursor: usize = serde_json::from_str::<Value>(params)
+            .ok()
+            .and_then(|p| p["cursor"].as_str().and_then(|c| c.parse().ok()))
+            .unwrap_or(0);
+        let end = (cursor + self.opts.page_size).min(tools.len());
+        let page = &tools[cursor.min(end)..end];
+        let mut result = json!({"tools": page});
+        if end < tools.len() {
+            result["nextCursor"] = json!(end.to_string());
+        }
+        Bytes::from(serde_json::to_vec(&result).expect("serializable"))
+    }
+
+    fn is_echo(&self, name: &str) -> bool {
+        if name == "echo" {
+            return true;
+        }
+        if let Some(n) = name.strip_prefix("tool_").and_then(|n| n.parse::<usize>().ok()) {
+            return n < self.opts.extra_tools;
+        }
+        self.dynamic_tools.lock().expect("lock").iter().any(|t| t == name)
+    }
+
+    async fn call_tool(self: &Arc<Self>, session: &Arc<Session>, id: &RawValue, params: &str) -> Reply {
+        self.stats.calls.fetch_add(1, Ordering::Relaxed);
+        let call: CallParams<'_> = match serde_json::from_str(params) {
+            Ok(call) => call,
+            Err(e) => {
+                return Reply::Json(jsonrpc::error_response(Some(id), code::INVALID_PARAMS, &e.to_string(), None))
+            }
+        };
+        let args_raw = call.arguments.map_or("{}", RawValue::get);
+        if self.is_echo(&call.name) {
+            return Reply::Json(echo_response(id, args_raw));
+        }
+        let args: Value = serde_json::from_str(args_raw).unwrap_or(Value::Null);
+        let text_result = |text: &str| -> Bytes {
+            let result = json!({"content": [{"type": "text", "text": text}]});
+            jsonrpc::result_response(id, &serde_json::to_vec(&result).expect("serializable"))
+        };
+        let tool_error = |text: &str| -> Bytes {
+            let result = json!({"content": [{"type": "text", "text": text}], "isError": true});
+            jsonrpc::result_response(id, &serde_json::to_vec(&result).expect("serializable"))
+        };
+        match &*call.name {
+            "add" => match (args["a"].as_f64(), args["b"].as_f64()) {
+                (Some(a), Some(b)) => {
+                    let sum = a + b;
+                    let result = json!({"content": [{"type": "text", "text": sum.to_string()}], "structuredContent": {"sum": sum}});
+                    Reply::Json(jsonrpc::result_response(id, &serde_json::to_vec(&result).expect("serializable")))
+                }
+                _ => Reply::Json(jsonrpc::error_response(
+                    Some(id),
+                    code::INVALID_PARAMS,
+                    "add needs numbers \"a\" and \"b\"",
+                    None,
+                )),
+            },
+            "fail" => Reply::Json(tool_error(args["message"].as_str().unwrap_or("failed on purpose"))),
+            "big" => {
+                let n = args["bytes"].as_u64().unwrap_or(1024).min(64 << 20) as usize;
+                Reply::Json(text_result(&"x".repeat(n)))
+            }
+            "sleep" => {
+                let ms = args["ms"].as_u64().unwrap_or(100);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                Reply::Json(text_result(&format!("slept {ms} ms")))
+            }
+            "add_tool" => {
+                let Some(name) = args["name"].as_str() else {
+                    return Reply::Json(tool_error("add_tool needs a name"));
+                };
+                self.dynamic_tools.lock().expect("lock").push(name.to_owned());
+                *self.tools_page.lock().expect("lock") = None;
+                let note = jsonrpc::request(None, "notifications/tools/list_changed", None);
+                self.broadcast(note);
+                Reply::Json(text_result(&format!("added {name}")))
+            }
+            "touch" => {
+                let uri = args["uri"].as_str().unwrap_or_default().to_owned();
+                let params = serde_json::to_vec(&json!({"uri": uri})).expect("serializable");
+                let note = jsonrpc::request(None, "notifications/resources/updated", Some(&params));
+                let mut told = 0;
+                for s in self.all_sessions() {
+                    if s.subscriptions.lock().expect("lock").contains(&uri) {
+                        s.send_unsolicited(note.clone());
+                        told += 1;
+                    }
+                }
+                Reply::Json(text_result(&format!("told {told} subscribers")))
+            }
+            "exit" if self.opts.allow_exit => {
+                let code = args["code"].as_i64().unwrap_or(0) as i32;
+                std::process::exit(code)
+            }
+            "progress" | "log" | "sample" | "elicit" | "roots" => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let token = call.meta.and_then(|m| m.progress_token).map(|t| t.get().to_owned());
+                let id = id.to_owned();
+                let name = call.name.into_owned();
+                let session = session.clone();
+                let server = self.clone();
+                tokio::spawn(async move {
+                    let response = server.streamed_tool(&session, &name, &args, token, &tx).await;
+                    let bytes = match response {
+                        Ok(result) => {
+                            jsonrpc::result_response(&id, &serde_json::to_vec(&result).expect("serializable"))
+                        }
+                        Err(text) => jsonrpc::result_response(
+                            &id,
+                            &serde_json::to_vec(&json!({"content": [{"type": "text", "text": text}], "isError": true}))
+                                .expect("serializable"),
+                        ),
+                    };
+                    let _ = tx.send(bytes);
+                });
+                Reply::Stream(rx)
+            }
+            other => Reply::Json(jsonrpc::error_response(
+                Some(id),
+                code::INVALID_PARAMS,
+                &format!("Unknown tool: {other}"),
+                None,
+            )),
+        }
+    }
+
+    async fn streamed_tool(
+        &self,
+        session: &Session,
+        name: &str,
+        args: &Value,
+        token: Option<String>,
+        out: &mpsc::UnboundedSender<Bytes>,
+    ) -> Result<Value, String> {
+        let text = |t: String| json!({"content": [{"type": "text", "text": t}]});
+        match name {
+            "progress" => {
+                let steps = args["steps"].as_u64().unwrap_or(3);
+                let interval = Duration::from_millis(args["interval_ms"].as_u64().unwrap_or(10));
+                for step in 1..=steps {
+                    if let Some(token) = &token {
+                        let params = format!(
+                            r#"{{"progressToken":{token},"progress":{step},"total":{steps},"message":"step {step} of {steps}"}}"#
+                        );
+                        let _ = out.send(jsonrpc::request(None, "notifications/progress", Some(params.as_bytes())));
+                    }
+                    tokio::time::sleep(interval).await;
+                }
+                Ok(text(format!("done after {steps} steps")))
+            }
+            "log" => {
+                let message = args["message"].as_str().unwrap_or("hello");
+                let params = serde_json::to_vec(&json!({"level": "info", "logger": self.opts.name, "data": message}))
+                    .expect("serializable");
+                let _ = out.send(jsonrpc::request(None, "notifications/message", Some(&params)));
+                Ok(text(format!("logged {message}")))
+            }
+            "sample" => {
+                let prompt = args["prompt"].as_str().unwrap_or("hello");
+                let answer = session
+                    .ask(
+                        out,
+                        "sampling/createMessage",
+                        json!({"messages": [{"role": "user", "content": {"type": "text", "text": prompt}}], "maxTokens": 100}),
+                    )
+                    .await?;
+                let said = answer["content"]["text"].as_str().unwrap_or_default();
+                Ok(text(format!("sampled: {said}")))
+            }
+            "elicit" => {
+                let message = args["message"].as_str().unwrap_or("Please answer");
+                let answer = session
+                    .ask(
+                        out,
+                        "elicitation/create",
+                        json!({"message": message, "requestedSchema": {"type": "object", "properties": {"answer": {"type": "string"}}}}),
+                    )
+                    .await?;
+                Ok(text(format!("elicited: {answer}")))
+            }
+            "roots" => {
+                let answer = session.ask(out, "roots/list", json!({})).await?;
+                Ok(text(format!("roots: {}", answer["roots"])))
+            }
+            _ => Err(format!("not a streamed tool: {name}")),
+        }
+    }
+
+    fn all_sessions(&self) -> Vec<Arc<Session>> {
+        let mut all: Vec<_> = self.sessions.lock().expect("lock").values().cloned().collect();
+        all.push(self.shared.clone());
+        all
+    }
+
+    fn broadcast(&self, message: Bytes) {
+        for s in self.all_sessions() {
+            s.send_unsolicited(message.clone());
+        }
+    }
+}
+
+/// `{"jsonrpc":"2.0","id":ID,"result":{"content":[{"type":"text","text":ARGS}]}}`,
+/// written straight from the request's bytes.
+fn echo_response(id: &RawValue, args: &str) -> Bytes {
+    const HEAD: &[u8] = b"{\"jsonrpc\":\"2.0\",\"id\":";
+    const MID: &[u8] = b",\"result\":{\"content\":[{\"type\":\"text\",\"text\":";
+    const TAIL: &[u8] = b"}]}}";
+    let mut out = BytesMut::with_capacity(HEAD.len() + id.get().len() + MID.len() + args.len() + 16 + TAIL.len());
+    out.put_slice(HEAD);
+    out.put_slice(id.get().as_bytes());
+    out.put_slice(MID);
+    write_json_string(&mut out, args);
+    out.put_slice(TAIL);
+    out.freeze()
+}
+
+fn write_json_string(out: &mut BytesMut, s: &str) {
+    out.put_u8(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: Option<&[u8]> = match b {
+            b'"' => Some(b"\\\""),
+            b'\\' => Some(b"\\\\"),
+            b'\n' => Some(b"\\n"),
+            b'\r' => Some(b"\\r"),
+            b'\t' => Some(b"\\t"),
+            0..=0x1f => None,
+            _ => continue,
+        };
+        out.put_slice(&bytes[start..i]);
+        match escape {
+            Some(e) => out.put_slice(e),
+            None => out.put_slice(format!("\\u{b:04x}").as_bytes()),
+        }
+        start = i + 1;
+    }
+    out.put_slice(&bytes[start..]);
+    out.put_u8(b'"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn echo_response_is_valid_json_with_the_arguments_as_text() {
+        let id = RawValue::from_string("42".into()).unwrap();
+        let args = r#"{"text":"a \"q\" \\ b\n","n":[1,2]}"#;
+        let out = echo_response(&id, args);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["id"], 42);
+        assert_eq!(v["result"]["content"][0]["text"], args);
+    }
+}

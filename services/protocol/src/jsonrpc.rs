@@ -1,0 +1,447 @@
+//! The JSON-RPC 2.0 envelope, read without decoding what it carries.
+//!
+//! [`Envelope::parse`] looks at the top-level members of one message
+//! (`jsonrpc`, `id`, `method`, `params`, `result`, `error`) and keeps the
+//! values as borrowed [`RawValue`]s pointing into the received bytes. The
+//! payload inside `params` or `result` is scanned for well-formedness by
+//! serde_json but never turned into a tree. [`Target::parse`] does the same one
+//! level down, for the few `params` members a router routes on.
+//!
+//! This module must never copy payload bytes: everything it returns borrows
+//! from the input.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+
+/// Standard JSON-RPC and MCP error codes.
+pub mod code {
+    /// The body is not JSON.
+    pub const PARSE_ERROR: i64 = -32700;
+    /// The body is JSON but not a valid JSON-RPC message.
+    pub const INVALID_REQUEST: i64 = -32600;
+    /// No such method.
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    /// The method exists but its params are wrong (also: unknown tool).
+    pub const INVALID_PARAMS: i64 = -32602;
+    /// Something failed inside the router or behind it.
+    pub const INTERNAL_ERROR: i64 = -32603;
+    /// Connection to the peer was lost (the TypeScript SDK's `ConnectionClosed`).
+    pub const CONNECTION_CLOSED: i64 = -32000;
+    /// The request took too long (the TypeScript SDK's `RequestTimeout`);
+    /// also used for an unknown session, as the SDK servers do.
+    pub const REQUEST_TIMEOUT: i64 = -32001;
+    /// MCP: the resource does not exist (2025 revisions).
+    pub const RESOURCE_NOT_FOUND: i64 = -32002;
+}
+
+/// What a message is, decided from which members it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageKind {
+    /// `method` and `id`: expects a response.
+    Request,
+    /// `method` without `id`.
+    Notification,
+    /// `id` and `result`.
+    Response,
+    /// `id` and `error`.
+    Error,
+}
+
+/// Why a body is not a usable JSON-RPC message.
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    /// Not JSON at all (JSON-RPC `-32700`).
+    #[error("malformed JSON: {0}")]
+    Syntax(String),
+    /// A JSON array: a batch, which MCP removed in 2025-06-18.
+    #[error("JSON-RPC batches are not supported: send one message per request")]
+    Batch,
+    /// JSON, but not a JSON-RPC 2.0 message (JSON-RPC `-32600`).
+    #[error("invalid JSON-RPC message: {0}")]
+    Invalid(Cow<'static, str>),
+}
+
+impl ParseError {
+    /// The JSON-RPC error code this failure is reported with.
+    pub fn code(&self) -> i64 {
+        match self {
+            ParseError::Syntax(_) => code::PARSE_ERROR,
+            ParseError::Batch | ParseError::Invalid(_) => code::INVALID_REQUEST,
+        }
+    }
+
+    fn from_serde(err: serde_json::Error) -> Self {
+        use serde_json::error::Category;
+        match err.classify() {
+            Category::Syntax | Category::Eof | Category::Io => ParseError::Syntax(err.to_string()),
+            Category::Data => ParseError::Invalid(Cow::Owned(err.to_string())),
+        }
+    }
+}
+
+/// The members of a message that matter for routing, borrowed from the input.
+#[derive(Debug, Clone)]
+pub struct Envelope<'a> {
+    /// Request, notification or response.
+    pub kind: MessageKind,
+    /// The id exactly as it was written (a string or a number), if any.
+    pub id: Option<&'a RawValue>,
+    /// The method name, for requests and notifications.
+    pub method: Option<Cow<'a, str>>,
+    /// The params, undecoded.
+    pub params: Option<&'a RawValue>,
+    /// The result of a response, undecoded.
+    pub result: Option<&'a RawValue>,
+    /// The error of an error response, undecoded.
+    pub error: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Wire<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    jsonrpc: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    method: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    params: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    result: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    error: Option<&'a RawValue>,
+}
+
+/// Deserializes a member that is present (even as `null`) into `Some`, so
+/// that `"id": null` and a missing `id` stay distinguishable.
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+impl<'a> Envelope<'a> {
+    /// Parses one JSON-RPC message from `input`.
+    ///
+    /// Arrays are refused with [`ParseError::Batch`]; anything that is valid
+    /// JSON but not a JSON-RPC 2.0 request, notification or response is
+    /// [`ParseError::Invalid`].
+    pub fn parse(input: &'a [u8]) -> Result<Self, ParseError> {
+        match input.iter().find(|b| !b.is_ascii_whitespace()) {
+            Some(b'{') => {}
+            Some(b'[') => {
+                // Only call it a batch if it is well-formed JSON.
+                return match serde_json::from_slice::<serde::de::IgnoredAny>(input) {
+                    Ok(_) => Err(ParseError::Batch),
+                    Err(e) => Err(ParseError::from_serde(e)),
+                };
+            }
+            None => return Err(ParseError::Syntax("empty body".into())),
+            Some(_) => {
+                return match serde_json::from_slice::<serde::de::IgnoredAny>(input) {
+                    Ok(_) => Err(ParseError::Invalid("a message must be a JSON object".into())),
+                    Err(e) => Err(ParseError::from_serde(e)),
+                };
+            }
+        }
+        let wire: Wire<'a> = serde_json::from_slice(input).map_err(ParseError::from_serde)?;
+        match wire.jsonrpc {
+            Some(v) if v.get() == "\"2.0\"" => {}
+            Some(_) => return Err(ParseError::Invalid("\"jsonrpc\" must be \"2.0\"".into())),
+            None => return Err(ParseError::Invalid("missing \"jsonrpc\": \"2.0\"".into())),
+        }
+        let kind = match (&wire.method, wire.id, wire.result, wire.error) {
+            (Some(_), Some(_), None, None) => MessageKind::Request,
+            (Some(_), None, None, None) => MessageKind::Notification,
+            (None, Some(_), Some(_), None) => MessageKind::Response,
+            (None, Some(_), None, Some(_)) => MessageKind::Error,
+            (None, None, _, Some(_)) => {
+                // An error response to a message whose id could not be read.
+                return Err(ParseError::Invalid("an error response needs the id of the request it answers".into()));
+            }
+            (Some(_), _, _, _) => {
+                return Err(ParseError::Invalid("a request must not carry \"result\" or \"error\"".into()))
+            }
+            (None, Some(_), Some(_), Some(_)) => {
+                return Err(ParseError::Invalid("a response carries \"result\" or \"error\", not both".into()))
+            }
+            (None, _, _, _) => {
+                return Err(ParseError::Invalid(
+                    "neither a request (\"method\") nor a response (\"result\"/\"error\")".into(),
+                ))
+            }
+        };
+        if let Some(id) = wire.id {
+            let first = id.get().as_bytes()[0];
+            let null_error = kind == MessageKind::Error && id.get() == "null";
+            if !(first == b'"' || first == b'-' || first.is_ascii_digit() || null_error) {
+                return Err(ParseError::Invalid("\"id\" must be a string or a number".into()));
+            }
+        }
+        if let Some(params) = wire.params {
+            let first = params.get().as_bytes()[0];
+            if first != b'{' && first != b'[' {
+                return Err(ParseError::Invalid("\"params\" must be an object".into()));
+            }
+        }
+        Ok(Envelope {
+            kind,
+            id: wire.id,
+            method: wire.method,
+            params: wire.params,
+            result: wire.result,
+            error: wire.error,
+        })
+    }
+
+    /// The method name, or `""` for responses.
+    pub fn method_str(&self) -> &str {
+        self.method.as_deref().unwrap_or("")
+    }
+}
+
+/// The `params` members a router routes on: `name` (tools, prompts), `uri`
+/// (resources), `ref` (completion) and `_meta.progressToken`. Each is kept
+/// raw so that its position in the message is known for splicing.
+#[derive(Debug, Default, Clone)]
+pub struct Target<'a> {
+    /// `params.name`, raw (a JSON string if well-formed).
+    pub name: Option<&'a RawValue>,
+    /// `params.uri`, raw.
+    pub uri: Option<&'a RawValue>,
+    /// `params.ref`, for `completion/complete`.
+    pub reference: Option<Reference<'a>>,
+    /// `params._meta.progressToken`, raw.
+    pub progress_token: Option<&'a RawValue>,
+    /// `params.requestId`, for `notifications/cancelled`.
+    pub request_id: Option<&'a RawValue>,
+}
+
+/// `params.ref` of a `completion/complete` request.
+#[derive(Debug, Default, Clone, Deserialize)]
+pub struct Reference<'a> {
+    /// `ref/prompt` or `ref/resource`.
+    #[serde(borrow, rename = "type", default)]
+    pub kind: Option<Cow<'a, str>>,
+    /// The prompt name, for `ref/prompt`.
+    #[serde(borrow, default)]
+    pub name: Option<&'a RawValue>,
+    /// The resource URI or template, for `ref/resource`.
+    #[serde(borrow, default)]
+    pub uri: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct TargetWire<'a> {
+    #[serde(borrow, default)]
+    name: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    uri: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "ref")]
+    reference: Option<Reference<'a>>,
+    #[serde(borrow, default, rename = "_meta")]
+    meta: Option<MetaWire<'a>>,
+    #[serde(borrow, default, rename = "requestId")]
+    request_id: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct MetaWire<'a> {
+    #[serde(borrow, default, rename = "progressToken")]
+    progress_token: Option<&'a RawValue>,
+}
+
+impl<'a> Target<'a> {
+    /// Reads the routing members of `params`; other members are skipped
+    /// without being decoded.
+    pub fn parse(params: &'a RawValue) -> Result<Self, ParseError> {
+        let wire: TargetWire<'a> =
+            serde_json::from_str(params.get()).map_err(|e| ParseError::Invalid(Cow::Owned(format!("params: {e}"))))?;
+        Ok(Target {
+            name: wire.name,
+            uri: wire.uri,
+            reference: wire.reference,
+            progress_token: wire.meta.and_then(|m| m.progress_token),
+            request_id: wire.request_id,
+        })
+    }
+}
+
+/// Reads a raw JSON value as a string, borrowing when it has no escapes.
+/// Returns `None` when the value is not a JSON string.
+pub fn as_str(raw: &RawValue) -> Option<Cow<'_, str>> {
+    let text = raw.get();
+    let inner = text.strip_prefix('"')?.strip_suffix('"')?;
+    if !inner.contains('\\') {
+        return Some(Cow::Borrowed(inner));
+    }
+    serde_json::from_str::<String>(text).ok().map(Cow::Owned)
+}
+
+/// The byte range that `part` occupies inside `whole`.
+///
+/// `part` must be a sub-slice of `whole` (as every [`RawValue`] returned by
+/// this module is of the input it was parsed from).
+///
+/// # Panics
+/// If `part` does not lie within `whole`.
+pub fn span(whole: &[u8], part: &str) -> Range<usize> {
+    let start = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize).expect("part lies within whole");
+    let end = start + part.len();
+    assert!(end <= whole.len(), "part lies within whole");
+    start..end
+}
+
+/// Encodes `s` as a JSON string literal (with quotes).
+pub fn json_string(s: &str) -> Vec<u8> {
+    serde_json::to_vec(s).expect("a str always serializes")
+}
+
+/// A complete error response: `{"jsonrpc":"2.0","id":ID,"error":{...}}`.
+/// `id` is written as given, or `null` when the request's id is unknown.
+pub fn error_response(id: Option<&RawValue>, code: i64, message: &str, data: Option<&serde_json::Value>) -> Bytes {
+    let mut out = BytesMut::with_capacity(64 + message.len());
+    out.put_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    out.put_slice(id.map_or("null", |r| r.get()).as_bytes());
+    out.put_slice(b",\"error\":{\"code\":");
+    out.put_slice(code.to_string().as_bytes());
+    out.put_slice(b",\"message\":");
+    out.put_slice(&json_string(message));
+    if let Some(data) = data {
+        out.put_slice(b",\"data\":");
+        out.put_slice(&serde_json::to_vec(data).expect("a Value always serializes"));
+    }
+    out.put_slice(b"}}");
+    out.freeze()
+}
+
+/// A complete success response whose result is the given JSON text.
+pub fn result_response(id: &RawValue, result: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(40 + id.get().len() + result.len());
+    out.put_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    out.put_slice(id.get().as_bytes());
+    out.put_slice(b",\"result\":");
+    out.put_slice(result);
+    out.put_slice(b"}");
+    out.freeze()
+}
+
+/// A complete request (or, with `id = None`, notification).
+pub fn request(id: Option<&[u8]>, method: &str, params: Option<&[u8]>) -> Bytes {
+    let mut out = BytesMut::with_capacity(48 + method.len() + params.map_or(0, <[u8]>::len));
+    out.put_slice(b"{\"jsonrpc\":\"2.0\",");
+    if let Some(id) = id {
+        out.put_slice(b"\"id\":");
+        out.put_slice(id);
+        out.put_slice(b",");
+    }
+    out.put_slice(b"\"method\":");
+    out.put_slice(&json_string(method));
+    if let Some(params) = params {
+        out.put_slice(b",\"params\":");
+        out.put_slice(params);
+    }
+    out.put_slice(b"}");
+    out.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_envelope_borrows_members() {
+        let input = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"a__b","arguments":{"x":[1,2,{"y":"z"}]}}}"#;
+        let env = Envelope::parse(input).unwrap();
+        assert_eq!(env.kind, MessageKind::Request);
+        assert_eq!(env.id.unwrap().get(), "7");
+        assert_eq!(env.method_str(), "tools/call");
+        let params = env.params.unwrap();
+        let range = span(input, params.get());
+        assert_eq!(&input[range], params.get().as_bytes());
+        let target = Target::parse(params).unwrap();
+        assert_eq!(as_str(target.name.unwrap()).unwrap(), "a__b");
+        assert!(target.progress_token.is_none());
+    }
+
+    #[test]
+    fn kinds() {
+        let n = Envelope::parse(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).unwrap();
+        assert_eq!(n.kind, MessageKind::Notification);
+        let r = Envelope::parse(br#"{"jsonrpc":"2.0","id":"x","result":{}}"#).unwrap();
+        assert_eq!(r.kind, MessageKind::Response);
+        let e = Envelope::parse(br#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"m"}}"#).unwrap();
+        assert_eq!(e.kind, MessageKind::Error);
+    }
+
+    #[test]
+    fn rejects_bad_messages_with_the_right_code() {
+        let cases: &[(&[u8], i64)] = &[
+            (b"{not json", code::PARSE_ERROR),
+            (b"", code::PARSE_ERROR),
+            (br#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#, code::INVALID_REQUEST),
+            (br#""hello""#, code::INVALID_REQUEST),
+            (br#"{"id":1,"method":"ping"}"#, code::INVALID_REQUEST),
+            (br#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#, code::INVALID_REQUEST),
+            (br#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#, code::INVALID_REQUEST),
+            (br#"{"jsonrpc":"2.0","id":{},"method":"ping"}"#, code::INVALID_REQUEST),
+            (br#"{"jsonrpc":"2.0","method":5}"#, code::INVALID_REQUEST),
+            (br#"{"jsonrpc":"2.0","id":1}"#, code::INVALID_REQUEST),
+            (br#"{"jsonrpc":"2.0","id":1,"method":"x","params":3}"#, code::INVALID_REQUEST),
+            (br#"{"jsonrpc":"2.0","id":1,"result":{},"error":{}}"#, code::INVALID_REQUEST),
+            (br#"{"jsonrpc":"2.0","id":1,"id":2,"method":"ping"}"#, code::INVALID_REQUEST),
+        ];
+        for (input, expected) in cases {
+            let err = Envelope::parse(input).expect_err(std::str::from_utf8(input).unwrap());
+            assert_eq!(err.code(), *expected, "{}: {err}", String::from_utf8_lossy(input));
+        }
+        assert!(matches!(Envelope::parse(b"[1,2]"), Err(ParseError::Batch)));
+    }
+
+    #[test]
+    fn target_reads_meta_ref_and_escaped_names() {
+        let params = RawValue::from_string(
+            r#"{"name":"we\"ird","arguments":{"_meta":{"progressToken":9}},"_meta":{"progressToken":"tok"}}"#.into(),
+        )
+        .unwrap();
+        let t = Target::parse(&params).unwrap();
+        assert_eq!(as_str(t.name.unwrap()).unwrap(), "we\"ird");
+        assert_eq!(t.progress_token.unwrap().get(), "\"tok\"");
+
+        let params = RawValue::from_string(
+            r#"{"ref":{"type":"ref/prompt","name":"p"},"argument":{"name":"a","value":"v"}}"#.into(),
+        )
+        .unwrap();
+        let t = Target::parse(&params).unwrap();
+        let r = t.reference.unwrap();
+        assert_eq!(r.kind.as_deref(), Some("ref/prompt"));
+        assert_eq!(as_str(r.name.unwrap()).unwrap(), "p");
+    }
+
+    #[test]
+    fn as_str_refuses_non_strings() {
+        let raw = RawValue::from_string("12".into()).unwrap();
+        assert!(as_str(&raw).is_none());
+    }
+
+    #[test]
+    fn built_messages_parse_back() {
+        let id = RawValue::from_string("\"abc\"".into()).unwrap();
+        let err = error_response(Some(&id), code::INVALID_PARAMS, "unknown tool \"x\"", None);
+        let v: serde_json::Value = serde_json::from_slice(&err).unwrap();
+        assert_eq!(v["error"]["message"], "unknown tool \"x\"");
+        assert_eq!(v["id"], "abc");
+        let null = error_response(None, code::PARSE_ERROR, "bad", Some(&serde_json::json!({"k": 1})));
+        let v: serde_json::Value = serde_json::from_slice(&null).unwrap();
+        assert!(v["id"].is_null());
+        assert_eq!(v["error"]["data"]["k"], 1);
+        let ok = result_response(&id, b"{}");
+        assert_eq!(Envelope::parse(&ok).unwrap().kind, MessageKind::Response);
+        let req = request(Some(b"5"), "ping", None);
+        assert_eq!(Envelope::parse(&req).unwrap().kind, MessageKind::Request);
+        let note = request(None, "notifications/initialized", Some(b"{}"));
+        assert_eq!(Envelope::parse(&note).unwrap().kind, MessageKind::Notification);
+    }
+}

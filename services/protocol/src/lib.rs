@@ -1,0 +1,31 @@
+//! The wire formats Switchboard speaks, with no I/O.
+//!
+//! Everything in this crate works on byte slices and returns byte buffers; it
+//! never opens a socket, spawns a task or reads a clock. That keeps it cheap to
+//! benchmark and easy to fuzz, and it is the only place that knows how a
+//! JSON-RPC message is laid out on the wire.
+//!
+//! - [`jsonrpc`]: the envelope of a JSON-RPC 2.0 message, parsed over borrowed
+//!   [`serde_json::value::RawValue`]s so that `params` and `result` are never
+//!   decoded, plus prebuilt error bodies.
+//! - [`rewrite`]: byte splicing, to change one field of a message (an id, a
+//!   tool name, a progress token) without re-serialising the rest.
+//! - [`methods`]: MCP method names and their classification.
+//! - [`version`]: the MCP protocol versions we know.
+//! - [`sse`]: Server-Sent Events encoder and incremental decoder.
+//! - [`ndjson`]: newline-delimited JSON framing, as used over stdio.
+//!
+//! Nothing here may allocate per byte of payload: a message is copied at most
+//! once, when a rewrite produces its new form.
+#![forbid(unsafe_code)]
+
+pub mod jsonrpc;
+pub mod methods;
+pub mod ndjson;
+pub mod rewrite;
+pub mod sse;
+pub mod version;
+
+pub use jsonrpc::{Envelope, MessageKind, ParseError};
+pub use methods::Method;
+pub use version::ProtocolVersion;

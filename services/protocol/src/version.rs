@@ -1,0 +1,74 @@
+//! MCP protocol versions.
+
+use std::fmt;
+
+/// A protocol revision, ordered by date.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ProtocolVersion {
+    /// HTTP+SSE era.
+    V2024_11_05,
+    /// Streamable HTTP, batching.
+    V2025_03_26,
+    /// Elicitation, structured content, `MCP-Protocol-Version` header.
+    V2025_06_18,
+    /// SSE polling, URL elicitation, tasks.
+    V2025_11_25,
+}
+
+impl ProtocolVersion {
+    /// Every version, oldest first.
+    pub const ALL: [ProtocolVersion; 4] = [
+        ProtocolVersion::V2024_11_05,
+        ProtocolVersion::V2025_03_26,
+        ProtocolVersion::V2025_06_18,
+        ProtocolVersion::V2025_11_25,
+    ];
+
+    /// The newest version the router offers on Streamable HTTP.
+    pub const LATEST: ProtocolVersion = ProtocolVersion::V2025_11_25;
+
+    /// The version a Streamable HTTP server assumes when a request carries no
+    /// `MCP-Protocol-Version` header (as the 2025-06-18 transport spec says).
+    pub const ASSUMED_WITHOUT_HEADER: ProtocolVersion = ProtocolVersion::V2025_03_26;
+
+    /// Parses the date form, `"2025-06-18"`.
+    pub fn parse(s: &str) -> Option<ProtocolVersion> {
+        Self::ALL.into_iter().find(|v| v.as_str() == s)
+    }
+
+    /// The date form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProtocolVersion::V2024_11_05 => "2024-11-05",
+            ProtocolVersion::V2025_03_26 => "2025-03-26",
+            ProtocolVersion::V2025_06_18 => "2025-06-18",
+            ProtocolVersion::V2025_11_25 => "2025-11-25",
+        }
+    }
+
+    /// Whether this version runs over Streamable HTTP (2025-03-26 onward).
+    pub fn is_streamable_http(self) -> bool {
+        self >= ProtocolVersion::V2025_03_26
+    }
+}
+
+impl fmt::Display for ProtocolVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_order() {
+        for v in ProtocolVersion::ALL {
+            assert_eq!(ProtocolVersion::parse(v.as_str()), Some(v));
+        }
+        assert_eq!(ProtocolVersion::parse("2025-13-01"), None);
+        assert!(ProtocolVersion::V2025_03_26 < ProtocolVersion::LATEST);
+        assert!(!ProtocolVersion::V2024_11_05.is_streamable_http());
+    }
+}

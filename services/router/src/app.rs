@@ -1,0 +1,186 @@
+//! The router's shared state: configuration, upstreams, catalog, sessions,
+//! metrics; and the rules for messages that come from upstreams on their own.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use switchboard_protocol::jsonrpc::{self, span, Envelope, MessageKind, Target};
+use switchboard_protocol::methods::ListKind;
+use switchboard_protocol::rewrite::{splice, Edit};
+use switchboard_protocol::Method;
+
+use crate::catalog::Catalog;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::session::{Session, Sessions};
+use crate::upstream::{self, Inbox, Upstream};
+
+/// Everything a request handler needs.
+pub struct App {
+    pub config: Config,
+    pub upstreams: Arc<[Arc<Upstream>]>,
+    pub catalog: Catalog,
+    pub sessions: Sessions,
+    pub metrics: Arc<Metrics>,
+    /// When the router started; sessions measure idleness from it.
+    pub epoch: Instant,
+    shutting_down: AtomicBool,
+}
+
+impl App {
+    /// Builds the state and starts each upstream's transport (stdio children
+    /// are spawned here). Must run inside a Tokio runtime.
+    pub fn new(config: Config) -> Arc<App> {
+        let names: Vec<Arc<str>> = config.upstreams.iter().map(|u| Arc::from(u.name.as_str())).collect();
+        let metrics = Metrics::new(&names);
+        let upstreams: Arc<[Arc<Upstream>]> = config
+            .upstreams
+            .iter()
+            .enumerate()
+            .map(|(index, u)| {
+                Arc::new(Upstream {
+                    index,
+                    name: names[index].clone(),
+                    config: u.clone(),
+                    transport: upstream::build(u, &metrics),
+                })
+            })
+            .collect();
+        Arc::new_cyclic(|me: &Weak<App>| {
+            let me = me.clone();
+            let inbox =
+                Box::new(move |u: usize| -> Arc<dyn Inbox> { Arc::new(ControlInbox { app: me.clone(), upstream: u }) });
+            App {
+                catalog: Catalog::new(upstreams.clone(), config.catalog.clone(), metrics.clone(), inbox),
+                config,
+                upstreams,
+                sessions: Sessions::default(),
+                metrics,
+                epoch: Instant::now(),
+                shutting_down: AtomicBool::new(false),
+            }
+        })
+    }
+
+    /// Starts background work: the catalog warm-up and the session sweeper.
+    pub fn start(self: &Arc<Self>) {
+        let app = self.clone();
+        tokio::spawn(async move {
+            app.catalog.ensure(&ListKind::ALL).await;
+        });
+        let app = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let period = match app.upgrade() {
+                    Some(app) => (app.config.server.session_idle_timeout / 4)
+                        .clamp(Duration::from_millis(100), Duration::from_secs(30)),
+                    None => return,
+                };
+                tokio::time::sleep(period).await;
+                let Some(app) = app.upgrade() else { return };
+                let expired = app.sessions.take_expired(app.config.server.session_idle_timeout);
+                if !expired.is_empty() {
+                    tracing::debug!(count = expired.len(), "sessions expired");
+                    app.metrics.set_sessions(app.sessions.len());
+                    for session in expired {
+                        session.close().await;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Whether shutdown has begun.
+    pub fn shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
+    }
+
+    /// First step of shutdown: refuse new sessions and end every GET stream
+    /// (clients reconnect elsewhere); requests in flight go on.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+        for session in self.sessions.all() {
+            session.close_stream();
+        }
+    }
+
+    /// Last step of shutdown: end upstream sessions and stop child processes.
+    pub async fn close(&self) {
+        for session in self.sessions.all() {
+            if let Some(session) = self.sessions.remove(&session.id) {
+                session.close().await;
+            }
+        }
+        self.catalog.close().await;
+        for upstream in self.upstreams.iter() {
+            upstream.transport.shutdown().await;
+        }
+    }
+
+    /// An upstream's list changed: mark it stale and, if clients may have
+    /// seen it, tell every session once.
+    pub fn list_changed(&self, u: usize, kind: ListKind) {
+        if self.catalog.invalidate(u, kind) {
+            let note = jsonrpc::request(None, kind.changed_notification(), None);
+            for session in self.sessions.all() {
+                session.push(note.clone());
+            }
+        }
+    }
+
+    /// What a session's client should see of a message upstream `u` sent
+    /// outside a response: requests get a session-unique id, cancellations of
+    /// them are mapped, list changes are absorbed (and announced once by
+    /// [`App::list_changed`]). `None` means nothing to deliver.
+    pub fn relay_from_upstream(&self, session: &Session, u: usize, message: &Bytes) -> Option<Bytes> {
+        match Envelope::parse(message) {
+            Ok(env) => self.relay_parsed(session, u, &env, message),
+            Err(_) => {
+                self.metrics.upstream_protocol_error(&self.upstreams[u].name);
+                None
+            }
+        }
+    }
+
+    /// [`App::relay_from_upstream`] for a message already parsed.
+    pub fn relay_parsed(&self, session: &Session, u: usize, env: &Envelope<'_>, message: &Bytes) -> Option<Bytes> {
+        match env.kind {
+            MessageKind::Request => Some(session.ask(u, env, message)),
+            MessageKind::Notification => {
+                let method = Method::from_name(env.method_str());
+                if let Some(kind) = method.list_changed() {
+                    self.list_changed(u, kind);
+                    return None;
+                }
+                if method == Method::Cancelled {
+                    let theirs = env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.request_id)?;
+                    let ours = session.asked_as(u, theirs.get())?.to_string();
+                    return Some(splice(message, &mut [Edit::new(span(message, theirs.get()), ours.as_bytes())]));
+                }
+                Some(message.clone())
+            }
+            MessageKind::Response | MessageKind::Error => {
+                self.metrics.relay_dropped(&self.upstreams[u].name, "stray_response");
+                None
+            }
+        }
+    }
+}
+
+/// The inbox of an upstream's control channel: only list changes matter.
+struct ControlInbox {
+    app: Weak<App>,
+    upstream: usize,
+}
+
+impl Inbox for ControlInbox {
+    fn deliver(&self, message: Bytes) {
+        let Some(app) = self.app.upgrade() else { return };
+        let Ok(env) = Envelope::parse(&message) else { return };
+        if let Some(kind) = Method::from_name(env.method_str()).list_changed() {
+            app.list_changed(self.upstream, kind);
+        }
+    }
+}

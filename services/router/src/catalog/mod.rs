@@ -1,0 +1,466 @@
+//! The merged catalog: every upstream's tools, prompts, resources and
+//! resource templates under their exposed names.
+//!
+//! Lists are fetched over each upstream's *control* channel (a session of the
+//! router's own), concurrently and each within its upstream's `list_timeout`,
+//! following the upstream's cursors. An upstream that fails or is too slow is
+//! left out, logged and counted, and not asked again for `retry_after`; the
+//! list still answers. Fetched lists are cached until a
+//! `notifications/*/list_changed` marks them stale.
+//!
+//! Readers never lock: every change builds a new immutable [`Snapshot`]
+//! (indexes, and each list pre-serialised as JSON) and swaps it in. Refreshes
+//! are single-flight.
+//!
+//! Names that collide after namespacing are never merged: the item of the
+//! upstream listed first in the configuration wins, the other is left out, and
+//! the collision is logged and counted.
+
+pub mod cursor;
+pub mod naming;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use bytes::{BufMut, Bytes, BytesMut};
+use serde_json::{Map, Value};
+use switchboard_protocol::jsonrpc;
+use switchboard_protocol::methods::ListKind;
+use switchboard_protocol::Method;
+
+use crate::config::CatalogConfig;
+use crate::metrics::Metrics;
+use crate::upstream::{collect_response, Channel, Handshake, Hello, Inbox, Outgoing, Upstream, UpstreamError};
+
+/// One exposed item.
+#[derive(Debug)]
+pub struct Item {
+    /// Index of the upstream it comes from.
+    pub upstream: usize,
+    /// The name or URI clients see.
+    pub exposed: Box<str>,
+    /// The upstream's own name or URI, as a JSON string literal (ready to splice).
+    pub original: Box<[u8]>,
+    /// The item as clients see it, serialised.
+    pub json: Bytes,
+}
+
+/// One merged list.
+#[derive(Debug)]
+pub struct Listing {
+    /// Items in order: upstreams in configuration order, each in its own order.
+    pub items: Vec<Item>,
+    /// Exposed name or URI → position in `items`.
+    pub index: HashMap<Box<str>, usize>,
+    /// Per upstream that contributed: `(upstream, first item, count)`, in order.
+    pub spans: Vec<(usize, usize, usize)>,
+    /// All items as one JSON array.
+    pub all: Bytes,
+}
+
+impl Default for Listing {
+    fn default() -> Self {
+        Listing { items: Vec::new(), index: HashMap::new(), spans: Vec::new(), all: Bytes::from_static(b"[]") }
+    }
+}
+
+impl Listing {
+    /// The item with this exposed name or URI.
+    pub fn get(&self, exposed: &str) -> Option<&Item> {
+        self.index.get(exposed).map(|&i| &self.items[i])
+    }
+}
+
+/// What the router can promise clients, merged from upstream capabilities.
+#[derive(Debug, Default, Clone)]
+pub struct Merged {
+    pub logging: bool,
+    pub completions: bool,
+    pub subscribe: bool,
+    /// Each upstream's instructions, labelled with its name.
+    pub instructions: Option<String>,
+}
+
+/// An immutable view of the catalog.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// Bumped on every rebuild.
+    pub generation: u64,
+    lists: [Listing; 4],
+    pub merged: Merged,
+}
+
+impl Snapshot {
+    /// The merged list of `kind`.
+    pub fn list(&self, kind: ListKind) -> &Listing {
+        &self.lists[kind as usize]
+    }
+}
+
+/// One upstream's four cached lists, as fetched.
+type CachedLists = [Option<Arc<Vec<Map<String, Value>>>>; 4];
+
+#[derive(Default)]
+struct ListState {
+    items: Option<Arc<Vec<Map<String, Value>>>>,
+    fresh: bool,
+    failed_at: Option<Instant>,
+}
+
+#[derive(Default)]
+struct UpstreamState {
+    control: Option<Arc<dyn Channel>>,
+    handshake: Option<Arc<Handshake>>,
+    lists: [ListState; 4],
+}
+
+/// Builds the inbox for an upstream's control channel.
+pub type InboxFactory = Box<dyn Fn(usize) -> Arc<dyn Inbox> + Send + Sync>;
+
+/// The catalog of every upstream.
+pub struct Catalog {
+    upstreams: Arc<[Arc<Upstream>]>,
+    config: CatalogConfig,
+    metrics: Arc<Metrics>,
+    states: Vec<Mutex<UpstreamState>>,
+    snapshot: ArcSwap<Snapshot>,
+    refresh: tokio::sync::Mutex<()>,
+    generation: AtomicU64,
+    scheme_prefixes: Vec<String>,
+    scheme_index: HashMap<String, usize>,
+    unprefixed: Vec<usize>,
+    inbox: InboxFactory,
+}
+
+impl Catalog {
+    /// An empty catalog over `upstreams`; nothing is fetched until asked.
+    pub fn new(
+        upstreams: Arc<[Arc<Upstream>]>,
+        config: CatalogConfig,
+        metrics: Arc<Metrics>,
+        inbox: InboxFactory,
+    ) -> Self {
+        let scheme_prefixes: Vec<String> = upstreams.iter().map(|u| naming::scheme_prefix(&u.config.prefix)).collect();
+        let scheme_index =
+            scheme_prefixes.iter().enumerate().filter(|(_, p)| !p.is_empty()).map(|(i, p)| (p.clone(), i)).collect();
+        let unprefixed = upstreams.iter().filter(|u| u.config.prefix.is_empty()).map(|u| u.index).collect();
+        Catalog {
+            states: upstreams.iter().map(|_| Mutex::new(UpstreamState::default())).collect(),
+            upstreams,
+            config,
+            metrics,
+            snapshot: ArcSwap::from_pointee(Snapshot::default()),
+            refresh: tokio::sync::Mutex::new(()),
+            generation: AtomicU64::new(0),
+            scheme_prefixes,
+            scheme_index,
+            unprefixed,
+            inbox,
+        }
+    }
+
+    /// The current snapshot, without refreshing anything.
+    pub fn current(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+
+    /// A snapshot in which the lists of `kinds` are fresh for every upstream
+    /// that can currently answer; fetches what is missing or stale first.
+    pub async fn ensure(&self, kinds: &[ListKind]) -> Arc<Snapshot> {
+        if self.wanted(kinds).is_empty() {
+            return self.snapshot.load_full();
+        }
+        let _single_flight = self.refresh.lock().await;
+        let wanted = self.wanted(kinds);
+        if wanted.is_empty() {
+            return self.snapshot.load_full();
+        }
+        let fetches = wanted.iter().map(|&(u, kind)| async move { (u, kind, self.fetch(u, kind).await) });
+        for (u, kind, result) in futures_util::future::join_all(fetches).await {
+            let upstream = &self.upstreams[u];
+            self.metrics.catalog_refresh(&upstream.name, kind);
+            let mut state = self.states[u].lock().expect("lock");
+            let list = &mut state.lists[kind as usize];
+            match result {
+                Ok(items) => {
+                    list.items = Some(Arc::new(items));
+                    list.fresh = true;
+                    list.failed_at = None;
+                    self.metrics.set_upstream_up(&upstream.name, true);
+                }
+                Err(e) => {
+                    list.items = None;
+                    list.fresh = false;
+                    list.failed_at = Some(Instant::now());
+                    self.metrics.catalog_failure(&upstream.name, kind);
+                    self.metrics.set_upstream_up(&upstream.name, false);
+                    tracing::warn!(upstream = %upstream.name, list = kind.label(), error = %e,
+                        "upstream left out of the catalog");
+                }
+            }
+        }
+        self.rebuild();
+        self.snapshot.load_full()
+    }
+
+    /// Marks `kind` of upstream `u` stale. Returns whether it was fresh, so
+    /// that callers tell clients about a change once, not once per report.
+    pub fn invalidate(&self, u: usize, kind: ListKind) -> bool {
+        let Some(state) = self.states.get(u) else { return false };
+        let mut state = state.lock().expect("lock");
+        let mut was_fresh = false;
+        let kinds: &[ListKind] =
+            if kind == ListKind::Resources { &[ListKind::Resources, ListKind::ResourceTemplates] } else { &[kind] };
+        for k in kinds {
+            let list = &mut state.lists[*k as usize];
+            was_fresh |= list.fresh;
+            list.fresh = false;
+        }
+        was_fresh
+    }
+
+    /// `(upstream, list)` pairs that need fetching now.
+    fn wanted(&self, kinds: &[ListKind]) -> Vec<(usize, ListKind)> {
+        let mut wanted = Vec::new();
+        for (u, state) in self.states.iter().enumerate() {
+            let state = state.lock().expect("lock");
+            for &kind in kinds {
+                let list = &state.lists[kind as usize];
+                let backing_off = list.failed_at.is_some_and(|t| t.elapsed() < self.config.retry_after);
+                if !list.fresh && !backing_off {
+                    wanted.push((u, kind));
+                }
+            }
+        }
+        wanted
+    }
+
+    /// The control channel of upstream `u`, opened if needed.
+    async fn control(&self, u: usize) -> Result<Arc<dyn Channel>, UpstreamError> {
+        if let Some(channel) = self.states[u].lock().expect("lock").control.clone() {
+            return Ok(channel);
+        }
+        let channel = self.upstreams[u].transport.open(&Hello::router(), (self.inbox)(u)).await?;
+        channel.listen();
+        let existing = {
+            let mut state = self.states[u].lock().expect("lock");
+            state.handshake = Some(channel.handshake());
+            match &state.control {
+                Some(existing) => Some(existing.clone()),
+                None => {
+                    state.control = Some(channel.clone());
+                    None
+                }
+            }
+        };
+        match existing {
+            // Another fetch opened one meanwhile; keep that and close ours.
+            Some(existing) => {
+                channel.close().await;
+                Ok(existing)
+            }
+            None => Ok(channel),
+        }
+    }
+
+    /// The handshake of upstream `u`'s control channel, once it has one.
+    pub fn handshake(&self, u: usize) -> Option<Arc<Handshake>> {
+        let state = self.states[u].lock().expect("lock");
+        state.control.as_ref().map(|c| c.handshake()).or_else(|| state.handshake.clone())
+    }
+
+    /// Fetches every page of one list of one upstream, within its deadline.
+    async fn fetch(&self, u: usize, kind: ListKind) -> Result<Vec<Map<String, Value>>, String> {
+        let upstream = &self.upstreams[u];
+        let deadline = upstream.config.list_timeout;
+        let work = async {
+            let channel = self.control(u).await.map_err(|e| e.to_string())?;
+            let handshake = channel.handshake();
+            self.states[u].lock().expect("lock").handshake = Some(handshake.clone());
+            if !handshake.has(kind.capability()) {
+                return Ok(Vec::new());
+            }
+            let mut items = Vec::new();
+            let mut cursor: Option<String> = None;
+            for page in 0..self.config.max_upstream_pages {
+                let params = match &cursor {
+                    Some(c) => serde_json::to_vec(&serde_json::json!({ "cursor": c })).expect("serializable"),
+                    None => b"{}".to_vec(),
+                };
+                let id = format!("\"switchboard-list-{page}\"");
+                let body = jsonrpc::request(Some(id.as_bytes()), kind.method(), Some(&params));
+                let id_start = body.windows(id.len()).position(|w| w == id.as_bytes()).expect("id is in the body");
+                let out = Outgoing {
+                    method: Method::from_name(kind.method()),
+                    id: id_start..id_start + id.len(),
+                    progress_token: None,
+                    body,
+                };
+                let reply = channel.request(out).await.map_err(|e| e.to_string())?;
+                let message = collect_response(reply, &id).await.map_err(|e| e.to_string())?;
+                let mut value: Value = serde_json::from_slice(&message).map_err(|e| format!("invalid JSON: {e}"))?;
+                if let Some(error) = value.get("error") {
+                    return Err(format!("it answered {} with an error: {}", kind.method(), error));
+                }
+                let result = value.get_mut("result").ok_or("a response without result")?;
+                if let Some(Value::Array(list)) = result.get_mut(kind.field()).map(Value::take) {
+                    items.extend(list.into_iter().filter_map(|v| match v {
+                        Value::Object(map) => Some(map),
+                        _ => None,
+                    }));
+                }
+                cursor = result.get("nextCursor").and_then(Value::as_str).map(str::to_owned);
+                if cursor.is_none() {
+                    break;
+                }
+                if page + 1 == self.config.max_upstream_pages {
+                    tracing::warn!(upstream = %upstream.name, list = kind.label(), pages = page + 1,
+                        "stopped following the upstream's cursors at catalog.max_upstream_pages");
+                }
+            }
+            Ok(items)
+        };
+        match tokio::time::timeout(deadline, work).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("no complete answer within {deadline:?} (list_timeout)")),
+        }
+    }
+
+    /// Builds and publishes a new snapshot from the cached lists.
+    fn rebuild(&self) {
+        let mut lists: [Listing; 4] = Default::default();
+        let mut merged = Merged::default();
+        let mut instructions = Vec::new();
+        let per_upstream: Vec<(CachedLists, Option<Arc<Handshake>>)> = self
+            .states
+            .iter()
+            .map(|s| {
+                let s = s.lock().expect("lock");
+                (
+                    [0, 1, 2, 3].map(|k| s.lists[k].items.clone()),
+                    s.control.as_ref().map(|c| c.handshake()).or_else(|| s.handshake.clone()),
+                )
+            })
+            .collect();
+        for (u, (items, handshake)) in per_upstream.iter().enumerate() {
+            let upstream = &self.upstreams[u];
+            if let Some(h) = handshake {
+                merged.logging |= h.has("logging");
+                merged.completions |= h.has("completions");
+                merged.subscribe |=
+                    h.capabilities.pointer("/resources/subscribe").and_then(Value::as_bool).unwrap_or(false);
+                if let Some(text) = h.instructions.as_deref().filter(|t| !t.trim().is_empty()) {
+                    instructions.push(format!("## {}\n{}", upstream.name, text.trim()));
+                }
+            }
+            for kind in ListKind::ALL {
+                let Some(items) = &items[kind as usize] else { continue };
+                let listing = &mut lists[kind as usize];
+                let start = listing.items.len();
+                for item in items.iter() {
+                    if let Some(exposed) = self.add(listing, u, kind, item) {
+                        tracing::error!(upstream = %upstream.name, list = kind.label(), name = %exposed,
+                            "name collision: another upstream already exposes this name; this one is left out");
+                        self.metrics.catalog_collision(kind);
+                    }
+                }
+                listing.spans.push((u, start, listing.items.len() - start));
+            }
+        }
+        for listing in lists.iter_mut() {
+            let mut all = BytesMut::with_capacity(listing.items.iter().map(|i| i.json.len() + 1).sum::<usize>() + 2);
+            all.put_u8(b'[');
+            for (i, item) in listing.items.iter().enumerate() {
+                if i > 0 {
+                    all.put_u8(b',');
+                }
+                all.put_slice(&item.json);
+            }
+            all.put_u8(b']');
+            listing.all = all.freeze();
+        }
+        if !instructions.is_empty() {
+            merged.instructions = Some(instructions.join("\n\n"));
+        }
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        self.snapshot.store(Arc::new(Snapshot { generation, lists, merged }));
+    }
+
+    /// Adds one upstream item; returns the exposed name if it collided.
+    fn add(&self, listing: &mut Listing, u: usize, kind: ListKind, item: &Map<String, Value>) -> Option<String> {
+        let key_field = match kind {
+            ListKind::Tools | ListKind::Prompts => "name",
+            ListKind::Resources => "uri",
+            ListKind::ResourceTemplates => "uriTemplate",
+        };
+        let original = item.get(key_field)?.as_str()?;
+        let exposed = match kind {
+            ListKind::Tools | ListKind::Prompts => {
+                naming::expose_name(&self.upstreams[u].config.prefix, &self.config.separator, original)
+            }
+            ListKind::Resources | ListKind::ResourceTemplates => naming::expose_uri(&self.scheme_prefixes[u], original),
+        };
+        if listing.index.contains_key(exposed.as_str()) {
+            return Some(exposed);
+        }
+        let mut shown = item.clone();
+        shown.insert(key_field.to_owned(), Value::String(exposed.clone()));
+        let json = Bytes::from(serde_json::to_vec(&shown).expect("serializable"));
+        listing.index.insert(exposed.clone().into_boxed_str(), listing.items.len());
+        listing.items.push(Item {
+            upstream: u,
+            exposed: exposed.into_boxed_str(),
+            original: jsonrpc::json_string(original).into_boxed_slice(),
+            json,
+        });
+        None
+    }
+
+    /// Which upstream serves `uri` (an exposed URI), and the upstream's own URI.
+    pub fn resolve_uri<'a>(&self, snapshot: &Snapshot, uri: &'a str) -> Option<(usize, &'a str)> {
+        if let Some((prefix, original)) = naming::split_uri(uri) {
+            if let Some(&u) = self.scheme_index.get(prefix) {
+                return Some((u, original));
+            }
+        }
+        match self.unprefixed.as_slice() {
+            [] => None,
+            [only] => Some((*only, uri)),
+            several => {
+                let by_list = snapshot.list(ListKind::Resources).get(uri).map(|item| item.upstream);
+                Some((by_list.unwrap_or(several[0]), uri))
+            }
+        }
+    }
+
+    /// The exposed form of upstream `u`'s URI.
+    pub fn expose_uri(&self, u: usize, uri: &str) -> String {
+        naming::expose_uri(&self.scheme_prefixes[u], uri)
+    }
+
+    /// For a name that is not in the catalog: the upstream it would belong to
+    /// if that upstream is currently left out (so the client hears "upstream
+    /// down", not "unknown tool").
+    pub fn missing_upstream(&self, kind: ListKind, exposed: &str) -> Option<usize> {
+        let (prefix, _) = exposed.split_once(self.config.separator.as_str())?;
+        let u = self.upstreams.iter().position(|u| u.config.prefix == prefix)?;
+        let state = self.states[u].lock().expect("lock");
+        state.lists[kind as usize].failed_at.is_some().then_some(u)
+    }
+
+    /// Closes every control channel.
+    pub async fn close(&self) {
+        let channels: Vec<_> = self.states.iter().filter_map(|s| s.lock().expect("lock").control.take()).collect();
+        for channel in channels {
+            channel.close().await;
+        }
+    }
+
+    /// How long a failed upstream is left out before being asked again.
+    pub fn retry_after(&self) -> Duration {
+        self.config.retry_after
+    }
+}

@@ -1,0 +1,694 @@
+//! Configuration: a TOML file plus `SWITCHBOARD__…` environment overrides,
+//! read into a raw form and then [`validate`](RawConfig::validate)d into the
+//! [`Config`] the rest of the router uses.
+//!
+//! Every problem is reported with the key it concerns
+//! (`upstreams[1].url: …`), all of them at once. Every option is documented in
+//! `docs/config.md`; keep the two in step.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::Uri;
+use serde::Deserialize;
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub catalog: CatalogConfig,
+    pub upstreams: Vec<UpstreamConfig>,
+    pub log: LogConfig,
+}
+
+/// `[server]`: the downstream listener and its limits.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// Largest accepted request body; larger gets 413.
+    pub max_body_bytes: usize,
+    /// Origins allowed to call (`Origin` header); requests without `Origin` are always allowed.
+    pub allowed_origins: Vec<OriginPattern>,
+    /// A session unused for this long is ended.
+    pub session_idle_timeout: Duration,
+    /// At most this many live sessions; `initialize` beyond it gets 503.
+    pub max_sessions: usize,
+    /// Comment sent on an idle SSE stream this often.
+    pub keep_alive: Duration,
+    /// How long shutdown waits for in-flight requests.
+    pub shutdown_grace: Duration,
+}
+
+/// `[catalog]`: how lists are merged and served.
+#[derive(Debug, Clone)]
+pub struct CatalogConfig {
+    /// Between upstream prefix and tool or prompt name.
+    pub separator: String,
+    /// Items per page of a list answer; 0 for one page with everything.
+    pub page_size: usize,
+    /// An upstream whose list failed is left out this long before it is asked again.
+    pub retry_after: Duration,
+    /// At most this many pages are read from one upstream's list.
+    pub max_upstream_pages: usize,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// A `tracing` filter such as `info` or `switchboard=debug`; `RUST_LOG` wins when set.
+    pub level: String,
+    /// `text` or `json`.
+    pub format: LogFormat,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// One `[[upstreams]]` entry.
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    /// Unique name; appears in metrics, logs and errors.
+    pub name: String,
+    /// Namespace for its tools and prompts (`prefix + separator + name`); empty for none.
+    pub prefix: String,
+    /// How to reach it.
+    pub transport: TransportConfig,
+    /// Longest wait for the answer to one request.
+    pub timeout: Duration,
+    /// Longest wait for one of its lists when building the catalog.
+    pub list_timeout: Duration,
+}
+
+/// The transport-specific part of an upstream.
+#[derive(Debug, Clone)]
+pub enum TransportConfig {
+    /// Streamable HTTP.
+    Http(HttpConfig),
+    /// A child process speaking newline-delimited JSON.
+    Stdio(StdioConfig),
+}
+
+/// `transport = "http"`.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    pub url: Uri,
+    /// Extra headers on every request (the router's own credentials for this upstream).
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// Use HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1.
+    pub http2: bool,
+    pub connect_timeout: Duration,
+    /// Idle pooled connections kept per upstream.
+    pub pool_max_idle: usize,
+}
+
+/// `transport = "stdio"`.
+#[derive(Debug, Clone)]
+pub struct StdioConfig {
+    pub command: String,
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    /// Pass the router's whole environment to the child (default: only a safe set).
+    pub inherit_env: bool,
+    pub cwd: Option<PathBuf>,
+    /// Longest pause between restarts of a child that keeps exiting.
+    pub restart_max_backoff: Duration,
+    /// Grace between closing stdin and SIGTERM, and between SIGTERM and SIGKILL.
+    pub shutdown_grace: Duration,
+}
+
+/// An allowed `Origin`: exact, any port of a host (`http://localhost:*`), or anything (`*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OriginPattern {
+    Any,
+    Exact(String),
+    AnyPort(String),
+}
+
+impl OriginPattern {
+    fn parse(s: &str) -> Option<Self> {
+        if s == "*" {
+            return Some(OriginPattern::Any);
+        }
+        if !(s.starts_with("http://") || s.starts_with("https://")) {
+            return None;
+        }
+        match s.strip_suffix(":*") {
+            Some(base) => Some(OriginPattern::AnyPort(base.to_ascii_lowercase())),
+            None => Some(OriginPattern::Exact(s.trim_end_matches('/').to_ascii_lowercase())),
+        }
+    }
+
+    /// Whether `origin` (an `Origin` header value) matches.
+    pub fn matches(&self, origin: &str) -> bool {
+        let origin = origin.to_ascii_lowercase();
+        match self {
+            OriginPattern::Any => true,
+            OriginPattern::Exact(o) => *o == origin,
+            OriginPattern::AnyPort(base) => match origin.strip_prefix(base.as_str()) {
+                Some("") => true,
+                Some(rest) => {
+                    rest.strip_prefix(':').is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                }
+                None => false,
+            },
+        }
+    }
+}
+
+/// Every problem found in a configuration, each with its key.
+#[derive(Debug, thiserror::Error)]
+pub struct ConfigError {
+    pub problems: Vec<(String, String)>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "invalid configuration:")?;
+        for (key, message) in &self.problems {
+            writeln!(f, "  {key}: {message}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ConfigError {
+    fn one(key: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError { problems: vec![(key.into(), message.into())] }
+    }
+}
+
+// ---- The raw, deserialized form -------------------------------------------
+
+/// The file as written. Unknown keys are errors, so typos do not pass silently.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub catalog: RawCatalog,
+    #[serde(default)]
+    pub upstreams: Vec<RawUpstream>,
+    #[serde(default)]
+    pub log: RawLog,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub listen: Option<String>,
+    pub max_body_bytes: Option<u64>,
+    pub allowed_origins: Option<Vec<String>>,
+    pub session_idle_timeout: Option<RawDuration>,
+    pub max_sessions: Option<u64>,
+    pub keep_alive: Option<RawDuration>,
+    pub shutdown_grace: Option<RawDuration>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCatalog {
+    pub separator: Option<String>,
+    pub page_size: Option<u64>,
+    pub retry_after: Option<RawDuration>,
+    pub max_upstream_pages: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    pub level: Option<String>,
+    pub format: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub name: Option<String>,
+    pub transport: Option<String>,
+    pub prefix: Option<String>,
+    pub timeout: Option<RawDuration>,
+    pub list_timeout: Option<RawDuration>,
+    // http
+    pub url: Option<String>,
+    pub headers: Option<BTreeMap<String, String>>,
+    pub http2: Option<bool>,
+    pub connect_timeout: Option<RawDuration>,
+    pub pool_max_idle: Option<u64>,
+    // stdio
+    pub command: Option<String>,
+    pub args: Option<Vec<String>>,
+    pub env: Option<BTreeMap<String, String>>,
+    pub inherit_env: Option<bool>,
+    pub cwd: Option<String>,
+    pub restart_max_backoff: Option<RawDuration>,
+    pub shutdown_grace: Option<RawDuration>,
+}
+
+/// A duration written as `"250ms"`, `"5s"`, `"2m"`, `"1h"`, or a number of seconds.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawDuration {
+    Seconds(u64),
+    Text(String),
+}
+
+impl RawDuration {
+    fn parse(&self) -> Result<Duration, String> {
+        match self {
+            RawDuration::Seconds(s) => Ok(Duration::from_secs(*s)),
+            RawDuration::Text(t) => parse_duration(t),
+        }
+    }
+}
+
+/// Parses `"250ms"`, `"5s"`, `"1.5s"`, `"2m"`, `"1h"`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 =
+        number.parse().map_err(|_| format!("{text:?} is not a duration (try \"500ms\", \"5s\", \"2m\")"))?;
+    let scale = match unit.trim() {
+        "ms" => 0.001,
+        "s" | "" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        other => return Err(format!("unknown unit {other:?} in {text:?} (use ms, s, m or h)")),
+    };
+    Ok(Duration::from_secs_f64(value * scale))
+}
+
+const NAME_CHARS: &str = "letters, digits, '_' and '-'";
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 48 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// The environment a stdio child gets when `inherit_env` is off.
+pub const SAFE_ENV: &[&str] = &["PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "LC_ALL", "TZ", "TMPDIR"];
+
+impl RawConfig {
+    /// Checks every value and builds the [`Config`]; reports all problems at once.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let mut problems: Vec<(String, String)> = Vec::new();
+        let mut bad = |key: String, message: String| problems.push((key, message));
+
+        macro_rules! duration {
+            ($value:expr, $key:expr, $default:expr) => {
+                match $value.as_ref().map(RawDuration::parse) {
+                    None => $default,
+                    Some(Ok(d)) if !d.is_zero() => d,
+                    Some(Ok(_)) => {
+                        bad($key.to_string(), "must be greater than zero".into());
+                        $default
+                    }
+                    Some(Err(e)) => {
+                        bad($key.to_string(), e);
+                        $default
+                    }
+                }
+            };
+        }
+
+        // [server]
+        let s = self.server;
+        let listen = match s.listen.as_deref().unwrap_or("127.0.0.1:8080").parse::<SocketAddr>() {
+            Ok(addr) => addr,
+            Err(_) => {
+                bad("server.listen".into(), "must be an address such as \"127.0.0.1:8080\"".into());
+                SocketAddr::from(([127, 0, 0, 1], 8080))
+            }
+        };
+        let mut allowed_origins = Vec::new();
+        for (i, o) in s
+            .allowed_origins
+            .unwrap_or_else(|| vec!["http://localhost:*".into(), "http://127.0.0.1:*".into(), "http://[::1]:*".into()])
+            .iter()
+            .enumerate()
+        {
+            match OriginPattern::parse(o) {
+                Some(p) => allowed_origins.push(p),
+                None => bad(
+                    format!("server.allowed_origins[{i}]"),
+                    format!("{o:?} is not an origin (\"https://app.example.com\", \"http://localhost:*\" or \"*\")"),
+                ),
+            }
+        }
+        let max_body_bytes = s.max_body_bytes.unwrap_or(4 << 20);
+        if max_body_bytes < 1024 {
+            bad("server.max_body_bytes".into(), "must be at least 1024".into());
+        }
+        let server = ServerConfig {
+            listen,
+            max_body_bytes: max_body_bytes as usize,
+            allowed_origins,
+            session_idle_timeout: duration!(
+                s.session_idle_timeout,
+                "server.session_idle_timeout",
+                Duration::from_secs(1800)
+            ),
+            max_sessions: s.max_sessions.unwrap_or(100_000) as usize,
+            keep_alive: duration!(s.keep_alive, "server.keep_alive", Duration::from_secs(15)),
+            shutdown_grace: duration!(s.shutdown_grace, "server.shutdown_grace", Duration::from_secs(10)),
+        };
+
+        // [catalog]
+        let c = self.catalog;
+        let separator = c.separator.unwrap_or_else(|| "__".into());
+        if separator.is_empty()
+            || separator.len() > 4
+            || !separator.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+        {
+            bad("catalog.separator".into(), "must be 1 to 4 of letters, digits, '_', '.', '-'".into());
+        }
+        let catalog = CatalogConfig {
+            separator,
+            page_size: c.page_size.unwrap_or(0) as usize,
+            retry_after: duration!(c.retry_after, "catalog.retry_after", Duration::from_secs(5)),
+            max_upstream_pages: c.max_upstream_pages.unwrap_or(100).max(1) as usize,
+        };
+
+        // [log]
+        let format = match self.log.format.as_deref().unwrap_or("text") {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => {
+                bad("log.format".into(), format!("{other:?} is not \"text\" or \"json\""));
+                LogFormat::Text
+            }
+        };
+        let log = LogConfig { level: self.log.level.unwrap_or_else(|| "info".into()), format };
+
+        // [[upstreams]]
+        let mut upstreams = Vec::new();
+        let mut names = HashSet::new();
+        let mut prefixes = HashSet::new();
+        for (i, u) in self.upstreams.into_iter().enumerate() {
+            let key = |field: &str| format!("upstreams[{i}].{field}");
+            let name = u.name.clone().unwrap_or_default();
+            if !valid_name(&name) {
+                bad(key("name"), format!("must be 1 to 48 of {NAME_CHARS}"));
+            } else if !names.insert(name.clone()) {
+                bad(key("name"), format!("{name:?} is used by another upstream"));
+            }
+            let prefix = u.prefix.clone().unwrap_or_else(|| name.clone());
+            if !prefix.is_empty() {
+                if !valid_name(&prefix) {
+                    bad(key("prefix"), format!("must be empty or 1 to 48 of {NAME_CHARS}"));
+                } else if !prefixes.insert(prefix.to_ascii_lowercase()) {
+                    bad(
+                        key("prefix"),
+                        format!("{prefix:?} is used by another upstream (prefixes are compared ignoring case)"),
+                    );
+                }
+            }
+            let timeout = duration!(u.timeout, key("timeout"), Duration::from_secs(60));
+            let list_timeout = duration!(u.list_timeout, key("list_timeout"), Duration::from_secs(5));
+            let transport = match u.transport.as_deref() {
+                Some("http") | Some("streamable-http") => {
+                    for field in
+                        ["command", "args", "env", "inherit_env", "cwd", "restart_max_backoff", "shutdown_grace"]
+                    {
+                        if u.has(field) {
+                            bad(key(field), "only applies to transport = \"stdio\"".into());
+                        }
+                    }
+                    let url = match u.url.as_deref().map(str::parse::<Uri>) {
+                        Some(Ok(url)) if url.scheme_str() == Some("http") && url.host().is_some() => url,
+                        Some(Ok(url)) if url.scheme_str() == Some("https") => {
+                            bad(key("url"), "https upstreams are not supported yet: put a TLS-terminating proxy in front, or use http on a private network".into());
+                            url
+                        }
+                        Some(_) => {
+                            bad(key("url"), "must be an http:// URL such as \"http://127.0.0.1:3001/mcp\"".into());
+                            Uri::from_static("http://invalid")
+                        }
+                        None => {
+                            bad(key("url"), "is required for transport = \"http\"".into());
+                            Uri::from_static("http://invalid")
+                        }
+                    };
+                    let mut headers = Vec::new();
+                    for (k, v) in u.headers.unwrap_or_default() {
+                        match (http::HeaderName::from_bytes(k.as_bytes()), http::HeaderValue::from_str(&v)) {
+                            (Ok(name), Ok(mut value)) => {
+                                if [
+                                    "host",
+                                    "content-length",
+                                    "content-type",
+                                    "mcp-session-id",
+                                    "mcp-protocol-version",
+                                    "transfer-encoding",
+                                    "connection",
+                                ]
+                                .contains(&name.as_str())
+                                {
+                                    bad(
+                                        key(&format!("headers.{k}")),
+                                        "is set by the router and cannot be configured".into(),
+                                    );
+                                }
+                                value.set_sensitive(true);
+                                headers.push((name, value));
+                            }
+                            _ => bad(key(&format!("headers.{k}")), "is not a valid HTTP header".into()),
+                        }
+                    }
+                    TransportConfig::Http(HttpConfig {
+                        url,
+                        headers,
+                        http2: u.http2.unwrap_or(false),
+                        connect_timeout: duration!(u.connect_timeout, key("connect_timeout"), Duration::from_secs(3)),
+                        pool_max_idle: u.pool_max_idle.unwrap_or(256) as usize,
+                    })
+                }
+                Some("stdio") => {
+                    for field in ["url", "headers", "http2", "connect_timeout", "pool_max_idle"] {
+                        if u.has(field) {
+                            bad(key(field), "only applies to transport = \"http\"".into());
+                        }
+                    }
+                    let command = match u.command.clone() {
+                        Some(c) if !c.trim().is_empty() => c,
+                        _ => {
+                            bad(key("command"), "is required for transport = \"stdio\"".into());
+                            String::new()
+                        }
+                    };
+                    TransportConfig::Stdio(StdioConfig {
+                        command,
+                        args: u.args.clone().unwrap_or_default(),
+                        env: u.env.clone().unwrap_or_default(),
+                        inherit_env: u.inherit_env.unwrap_or(false),
+                        cwd: u.cwd.clone().map(PathBuf::from),
+                        restart_max_backoff: duration!(
+                            u.restart_max_backoff,
+                            key("restart_max_backoff"),
+                            Duration::from_secs(30)
+                        ),
+                        shutdown_grace: duration!(u.shutdown_grace, key("shutdown_grace"), Duration::from_secs(2)),
+                    })
+                }
+                Some("sse") => {
+                    bad(
+                        key("transport"),
+                        "\"sse\" (legacy HTTP+SSE) is not supported yet; use \"http\" or \"stdio\"".into(),
+                    );
+                    continue;
+                }
+                Some(other) => {
+                    bad(key("transport"), format!("{other:?} is not \"http\" or \"stdio\""));
+                    continue;
+                }
+                None => {
+                    bad(key("transport"), "is required: \"http\" or \"stdio\"".into());
+                    continue;
+                }
+            };
+            upstreams.push(UpstreamConfig { name, prefix, transport, timeout, list_timeout });
+        }
+
+        if problems.is_empty() {
+            Ok(Config { server, catalog, upstreams, log })
+        } else {
+            Err(ConfigError { problems })
+        }
+    }
+}
+
+impl RawUpstream {
+    fn has(&self, field: &str) -> bool {
+        match field {
+            "url" => self.url.is_some(),
+            "headers" => self.headers.is_some(),
+            "http2" => self.http2.is_some(),
+            "connect_timeout" => self.connect_timeout.is_some(),
+            "pool_max_idle" => self.pool_max_idle.is_some(),
+            "command" => self.command.is_some(),
+            "args" => self.args.is_some(),
+            "env" => self.env.is_some(),
+            "inherit_env" => self.inherit_env.is_some(),
+            "cwd" => self.cwd.is_some(),
+            "restart_max_backoff" => self.restart_max_backoff.is_some(),
+            "shutdown_grace" => self.shutdown_grace.is_some(),
+            _ => false,
+        }
+    }
+}
+
+impl Config {
+    /// Reads `path` (TOML), applies `SWITCHBOARD__SECTION__KEY` environment
+    /// overrides, and validates.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let built = config::Config::builder()
+            .add_source(config::File::from(path).format(config::FileFormat::Toml))
+            .add_source(
+                config::Environment::with_prefix("SWITCHBOARD")
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true),
+            )
+            .build()
+            .map_err(|e| ConfigError::one(path.display().to_string(), e.to_string()))?;
+        let raw: RawConfig = built.try_deserialize().map_err(|e| ConfigError::one("config", e.to_string()))?;
+        raw.validate()
+    }
+
+    /// Parses and validates TOML text, without environment overrides (for tests and tools).
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let built = config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Toml))
+            .build()
+            .map_err(|e| ConfigError::one("config", e.to_string()))?;
+        let raw: RawConfig = built.try_deserialize().map_err(|e| ConfigError::one("config", e.to_string()))?;
+        raw.validate()
+    }
+
+    /// The upstream with this name.
+    pub fn upstream(&self, name: &str) -> Option<&UpstreamConfig> {
+        self.upstreams.iter().find(|u| u.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(toml: &str) -> Vec<(String, String)> {
+        Config::from_toml(toml).expect_err("invalid").problems
+    }
+
+    #[test]
+    fn the_issue_example_is_valid() {
+        let config = Config::from_toml(
+            r#"
+            [server]
+            listen = "127.0.0.1:8080"
+            [[upstreams]]
+            name = "everything"
+            transport = "http"
+            url = "http://127.0.0.1:3001/mcp"
+            [[upstreams]]
+            name = "time"
+            transport = "stdio"
+            command = "mcp-server-time"
+            args = ["--local-timezone", "UTC"]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.upstreams.len(), 2);
+        assert_eq!(config.upstreams[0].prefix, "everything");
+        assert!(matches!(&config.upstreams[1].transport, TransportConfig::Stdio(s) if s.args.len() == 2));
+        assert_eq!(config.catalog.separator, "__");
+        assert_eq!(config.server.max_body_bytes, 4 << 20);
+    }
+
+    #[test]
+    fn errors_name_their_keys() {
+        let p = problems(
+            r#"
+            [server]
+            listen = "nowhere"
+            session_idle_timeout = "5 fortnights"
+            [catalog]
+            separator = "::"
+            [[upstreams]]
+            name = "a b"
+            transport = "http"
+            [[upstreams]]
+            name = "t"
+            transport = "stdio"
+            url = "http://x/mcp"
+            [[upstreams]]
+            name = "t"
+            transport = "carrier-pigeon"
+            "#,
+        );
+        let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
+        for expected in [
+            "server.listen",
+            "server.session_idle_timeout",
+            "catalog.separator",
+            "upstreams[0].name",
+            "upstreams[0].url",
+            "upstreams[1].command",
+            "upstreams[1].url",
+            "upstreams[2].name",
+            "upstreams[2].transport",
+        ] {
+            assert!(keys.contains(&expected), "{expected} missing from {p:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let p = problems("[server]\nlisten_on = \"1.2.3.4:5\"\n");
+        assert!(p[0].1.contains("listen_on"), "{p:?}");
+    }
+
+    #[test]
+    fn prefixes_must_be_unique_but_empty_ones_may_repeat() {
+        let base = |p1: &str, p2: &str| {
+            format!(
+                "[[upstreams]]\nname=\"a\"\nprefix=\"{p1}\"\ntransport=\"stdio\"\ncommand=\"x\"\n\
+                 [[upstreams]]\nname=\"b\"\nprefix=\"{p2}\"\ntransport=\"stdio\"\ncommand=\"x\"\n"
+            )
+        };
+        assert!(Config::from_toml(&base("", "")).is_ok());
+        assert!(Config::from_toml(&base("x", "y")).is_ok());
+        assert_eq!(problems(&base("x", "X"))[0].0, "upstreams[1].prefix");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("3 weeks").is_err());
+    }
+
+    #[test]
+    fn origins() {
+        let any_port = OriginPattern::parse("http://localhost:*").unwrap();
+        assert!(any_port.matches("http://localhost:3000"));
+        assert!(any_port.matches("http://LOCALHOST"));
+        assert!(!any_port.matches("http://localhost.evil.com"));
+        assert!(!any_port.matches("http://localhost:"));
+        let exact = OriginPattern::parse("https://app.example.com/").unwrap();
+        assert!(exact.matches("https://app.example.com"));
+        assert!(!exact.matches("https://app.example.com:8443"));
+        assert!(OriginPattern::parse("*").unwrap().matches("null"));
+        assert!(OriginPattern::parse("example.com").is_none());
+    }
+}

@@ -1,0 +1,378 @@
+//! Forwarding a request to the upstream that serves it: resolve the exposed
+//! name or URI, rewrite just that field by splicing, send it on the session's
+//! channel, and relay the answer — as one JSON body, or as an SSE stream when
+//! the upstream streams (progress, logging, server-to-client requests).
+//!
+//! The hot path: the body is never decoded beyond the envelope and the routing
+//! members of `params`; arguments and results travel as the bytes received.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::Response;
+use serde_json::value::RawValue;
+use serde_json::Value;
+use switchboard_protocol::jsonrpc::{self, as_str, span, Envelope, MessageKind, Target};
+use switchboard_protocol::methods::ListKind;
+use switchboard_protocol::rewrite::{splice, Edit};
+use switchboard_protocol::{sse, Method};
+use tokio::sync::mpsc;
+
+use super::respond;
+use crate::app::App;
+use crate::body::Body;
+use crate::catalog::Snapshot;
+use crate::error::Error;
+use crate::metrics::Outcome;
+use crate::session::Session;
+use crate::upstream::{MessageStream, Outgoing, Reply, UpstreamError};
+
+/// A request rewritten for its upstream.
+struct Resolved {
+    upstream: usize,
+    body: Bytes,
+    id: Range<usize>,
+    progress_token: Option<Range<usize>>,
+}
+
+/// Resolves, forwards and answers one request.
+pub async fn forward(
+    app: &Arc<App>,
+    session: &Arc<Session>,
+    method: Method,
+    env: &Envelope<'_>,
+    body: &Bytes,
+    accepts_sse: bool,
+    started: Instant,
+) -> Response<Body> {
+    let id = env.id.expect("a request has an id");
+    let resolved = match resolve(app, method, env, body).await {
+        Ok(resolved) => resolved,
+        Err(e) => {
+            let outcome =
+                if e.side() == crate::error::Side::Upstream { Outcome::UpstreamFailed } else { Outcome::Error };
+            app.metrics.request(method, None).record(outcome, started.elapsed());
+            return respond::error(Some(id), &e);
+        }
+    };
+    let u = resolved.upstream;
+    let upstream = &app.upstreams[u];
+    let metrics = app.metrics.request(method, Some(u));
+    let channel = match session.channel(app, u).await {
+        Ok(channel) => channel,
+        Err(e) => {
+            let outcome =
+                if matches!(e, Error::UpstreamTimeout { .. }) { Outcome::Timeout } else { Outcome::UpstreamFailed };
+            metrics.record(outcome, started.elapsed());
+            return respond::error(Some(id), &e);
+        }
+    };
+    let deadline = tokio::time::Instant::now() + upstream.config.timeout;
+    let out = Outgoing { body: resolved.body, method, id: resolved.id, progress_token: resolved.progress_token };
+    session.begin(id, u);
+    let reply = tokio::time::timeout_at(deadline, channel.request(out)).await;
+    match reply {
+        Err(_) => {
+            session.end(id.get());
+            cancel_upstream(app, session, u, id, "timeout");
+            metrics.record(Outcome::Timeout, started.elapsed());
+            respond::error(
+                Some(id),
+                &Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout },
+            )
+        }
+        Ok(Err(e)) => {
+            session.end(id.get());
+            metrics.record(Outcome::UpstreamFailed, started.elapsed());
+            respond::error(Some(id), &Error::upstream(&upstream.name, e))
+        }
+        Ok(Ok(Reply::Done(message))) => {
+            session.end(id.get());
+            let (message, outcome) = finish(app, u, method, message);
+            metrics.record(outcome, started.elapsed());
+            respond::json(message)
+        }
+        Ok(Ok(Reply::Stream(stream))) => {
+            let call = Call {
+                app: app.clone(),
+                session: session.clone(),
+                upstream: u,
+                method,
+                id: id.to_owned(),
+                started,
+                deadline,
+            };
+            if accepts_sse {
+                let (tx, rx) = mpsc::channel(64);
+                tokio::spawn(call.relay(stream, tx));
+                respond::sse(rx, app.config.server.keep_alive)
+            } else {
+                call.drain(stream).await
+            }
+        }
+    }
+}
+
+/// Finds the upstream and builds the rewritten body.
+async fn resolve(app: &Arc<App>, method: Method, env: &Envelope<'_>, body: &Bytes) -> Result<Resolved, Error> {
+    let params = env.params.ok_or_else(|| Error::InvalidParams(format!("{} needs params", method.as_str())))?;
+    let target = Target::parse(params).map_err(|e| Error::InvalidParams(e.to_string()))?;
+    let mut snapshot = app.catalog.current();
+    let (upstream, field, replacement): (usize, &RawValue, Vec<u8>) = match method {
+        Method::ToolsCall | Method::PromptsGet => {
+            let kind = if method == Method::ToolsCall { ListKind::Tools } else { ListKind::Prompts };
+            let raw = target.name.ok_or_else(|| Error::InvalidParams("params.name is required".into()))?;
+            let name = as_str(raw).ok_or_else(|| Error::InvalidParams("params.name must be a string".into()))?;
+            let (u, original) = find(app, &mut snapshot, kind, &name).await?;
+            (u, raw, original)
+        }
+        Method::ResourcesRead | Method::ResourcesSubscribe | Method::ResourcesUnsubscribe => {
+            let raw = target.uri.ok_or_else(|| Error::InvalidParams("params.uri is required".into()))?;
+            let (u, original) = resolve_uri(app, &snapshot, raw)?;
+            (u, raw, original)
+        }
+        Method::CompletionComplete => {
+            let reference =
+                target.reference.as_ref().ok_or_else(|| Error::InvalidParams("params.ref is required".into()))?;
+            match reference.kind.as_deref() {
+                Some("ref/prompt") => {
+                    let raw =
+                        reference.name.ok_or_else(|| Error::InvalidParams("params.ref.name is required".into()))?;
+                    let name =
+                        as_str(raw).ok_or_else(|| Error::InvalidParams("params.ref.name must be a string".into()))?;
+                    let (u, original) = find(app, &mut snapshot, ListKind::Prompts, &name).await?;
+                    (u, raw, original)
+                }
+                Some("ref/resource") => {
+                    let raw = reference.uri.ok_or_else(|| Error::InvalidParams("params.ref.uri is required".into()))?;
+                    let (u, original) = resolve_uri(app, &snapshot, raw)?;
+                    (u, raw, original)
+                }
+                other => return Err(Error::InvalidParams(format!("unknown ref type {other:?}"))),
+            }
+        }
+        _ => unreachable!("only forwarded methods reach resolve"),
+    };
+    let field_span = span(body, field.get());
+    let id = span(body, env.id.expect("a request has an id").get());
+    let token = target.progress_token.map(|t| span(body, t.get()));
+    if replacement.as_slice() == field.get().as_bytes() {
+        return Ok(Resolved { upstream, body: body.clone(), id, progress_token: token });
+    }
+    let delta = replacement.len() as isize - field_span.len() as isize;
+    let shift = |r: Range<usize>| {
+        if r.start >= field_span.end {
+            (r.start as isize + delta) as usize..(r.end as isize + delta) as usize
+        } else {
+            r
+        }
+    };
+    let rewritten = splice(body, &mut [Edit::new(field_span.clone(), &replacement)]);
+    Ok(Resolved { upstream, body: rewritten, id: shift(id), progress_token: token.map(shift) })
+}
+
+/// Looks a tool or prompt up, refreshing the catalog once if it is missing.
+async fn find(
+    app: &Arc<App>,
+    snapshot: &mut Arc<Snapshot>,
+    kind: ListKind,
+    name: &str,
+) -> Result<(usize, Vec<u8>), Error> {
+    if let Some(item) = snapshot.list(kind).get(name) {
+        return Ok((item.upstream, item.original.to_vec()));
+    }
+    *snapshot = app.catalog.ensure(&[kind]).await;
+    if let Some(item) = snapshot.list(kind).get(name) {
+        return Ok((item.upstream, item.original.to_vec()));
+    }
+    if let Some(u) = app.catalog.missing_upstream(kind, name) {
+        let why = format!("left out of the catalog after failing; retried every {:?}", app.catalog.retry_after());
+        return Err(Error::upstream(&app.upstreams[u].name, UpstreamError::Down(why)));
+    }
+    Err(match kind {
+        ListKind::Prompts => Error::UnknownPrompt(name.to_owned()),
+        _ => Error::UnknownTool(name.to_owned()),
+    })
+}
+
+fn resolve_uri(app: &App, snapshot: &Snapshot, raw: &RawValue) -> Result<(usize, Vec<u8>), Error> {
+    let uri = as_str(raw).ok_or_else(|| Error::InvalidParams("the uri must be a string".into()))?;
+    let (u, original) =
+        app.catalog.resolve_uri(snapshot, &uri).ok_or_else(|| Error::UnknownResource(uri.to_string()))?;
+    Ok((u, jsonrpc::json_string(original)))
+}
+
+/// Classifies the response and applies the few rewrites results need
+/// (resource URIs in `resources/read`).
+fn finish(app: &App, u: usize, method: Method, message: Bytes) -> (Bytes, Outcome) {
+    let outcome = match Envelope::parse(&message) {
+        Ok(env) if env.kind == MessageKind::Response => Outcome::Ok,
+        _ => Outcome::Error,
+    };
+    if method != Method::ResourcesRead || outcome != Outcome::Ok || app.upstreams[u].config.prefix.is_empty() {
+        return (message, outcome);
+    }
+    let Ok(mut value) = serde_json::from_slice::<Value>(&message) else { return (message, outcome) };
+    if let Some(Value::Array(contents)) = value.pointer_mut("/result/contents") {
+        for content in contents {
+            if let Some(uri) = content.get("uri").and_then(Value::as_str) {
+                let exposed = app.catalog.expose_uri(u, uri);
+                content["uri"] = Value::String(exposed);
+            }
+        }
+    }
+    (Bytes::from(serde_json::to_vec(&value).expect("serializable")), outcome)
+}
+
+/// Tells the upstream to stop working on a request (best effort, in the background).
+fn cancel_upstream(app: &Arc<App>, session: &Arc<Session>, u: usize, id: &RawValue, reason: &str) {
+    let Some(channel) = session.open_channel(u) else { return };
+    let params =
+        format!(r#"{{"requestId":{},"reason":{}}}"#, id.get(), String::from_utf8_lossy(&jsonrpc::json_string(reason)));
+    let note = jsonrpc::request(None, "notifications/cancelled", Some(params.as_bytes()));
+    let name = app.upstreams[u].name.clone();
+    tokio::spawn(async move {
+        if let Err(e) = channel.send(note).await {
+            tracing::debug!(upstream = %name, error = %e, "cancellation not delivered");
+        }
+    });
+}
+
+/// A forwarded request whose answer streams.
+struct Call {
+    app: Arc<App>,
+    session: Arc<Session>,
+    upstream: usize,
+    method: Method,
+    id: Box<RawValue>,
+    started: Instant,
+    deadline: tokio::time::Instant,
+}
+
+/// What one upstream message means for the call.
+enum Step {
+    /// The response: the call is over.
+    Done(Bytes, Outcome),
+    /// A related message for the client; `true` if it is a request (which
+    /// the client must answer).
+    Relay(Bytes, bool),
+    /// Nothing to send.
+    Skip,
+}
+
+impl Call {
+    fn step(&self, message: Bytes) -> Step {
+        let env = match Envelope::parse(&message) {
+            Ok(env) => env,
+            Err(_) => {
+                self.app.metrics.upstream_protocol_error(&self.app.upstreams[self.upstream].name);
+                return Step::Skip;
+            }
+        };
+        if matches!(env.kind, MessageKind::Response | MessageKind::Error)
+            && env.id.is_some_and(|i| i.get() == self.id.get())
+        {
+            drop(env);
+            let (message, outcome) = finish(&self.app, self.upstream, self.method, message);
+            return Step::Done(message, outcome);
+        }
+        let is_request = env.kind == MessageKind::Request;
+        match self.app.relay_parsed(&self.session, self.upstream, &env, &message) {
+            Some(out) => Step::Relay(out, is_request),
+            None => Step::Skip,
+        }
+    }
+
+    fn error_event(&self, err: &Error) -> Bytes {
+        let body = jsonrpc::error_response(Some(&self.id), err.code(), &err.to_string(), err.data().as_ref());
+        sse::encode_event(None, None, &body)
+    }
+
+    /// Relays the stream to the client as SSE until the response.
+    async fn relay(self, mut stream: Box<dyn MessageStream>, tx: mpsc::Sender<Bytes>) {
+        let name = self.app.upstreams[self.upstream].name.clone();
+        let outcome = loop {
+            let next = tokio::select! {
+                next = stream.next() => next,
+                () = tokio::time::sleep_until(self.deadline) => {
+                    let timeout = self.app.upstreams[self.upstream].config.timeout;
+                    let _ = tx.send(self.error_event(&Error::UpstreamTimeout { upstream: name.clone(), after: timeout })).await;
+                    cancel_upstream(&self.app, &self.session, self.upstream, &self.id, "timeout");
+                    break Outcome::Timeout;
+                }
+                () = tx.closed() => break Outcome::Abandoned,
+            };
+            match next {
+                Some(Ok(message)) => match self.step(message) {
+                    Step::Done(message, outcome) => {
+                        let _ = tx.send(sse::encode_event(None, None, &message)).await;
+                        break outcome;
+                    }
+                    Step::Relay(out, _) => {
+                        if tx.send(sse::encode_event(None, None, &out)).await.is_err() {
+                            break Outcome::Abandoned;
+                        }
+                    }
+                    Step::Skip => {}
+                },
+                Some(Err(e)) => {
+                    let _ = tx.send(self.error_event(&Error::upstream(&name, e))).await;
+                    break Outcome::UpstreamFailed;
+                }
+                None => {
+                    let _ = tx.send(self.error_event(&Error::upstream(&name, UpstreamError::Closed))).await;
+                    break Outcome::UpstreamFailed;
+                }
+            }
+        };
+        self.finish(outcome);
+    }
+
+    /// For a client that takes only JSON: waits for the response; server
+    /// requests go to the session's GET stream, notifications are dropped.
+    async fn drain(self, mut stream: Box<dyn MessageStream>) -> Response<Body> {
+        let name = self.app.upstreams[self.upstream].name.clone();
+        let result = loop {
+            let next = match tokio::time::timeout_at(self.deadline, stream.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    cancel_upstream(&self.app, &self.session, self.upstream, &self.id, "timeout");
+                    let timeout = self.app.upstreams[self.upstream].config.timeout;
+                    break Err((Error::UpstreamTimeout { upstream: name.clone(), after: timeout }, Outcome::Timeout));
+                }
+            };
+            match next {
+                Some(Ok(message)) => match self.step(message) {
+                    Step::Done(message, outcome) => break Ok((message, outcome)),
+                    Step::Relay(out, is_request) => {
+                        if is_request {
+                            self.session.push(out);
+                        } else {
+                            self.app.metrics.relay_dropped(&name, "client_accepts_json_only");
+                        }
+                    }
+                    Step::Skip => {}
+                },
+                Some(Err(e)) => break Err((Error::upstream(&name, e), Outcome::UpstreamFailed)),
+                None => break Err((Error::upstream(&name, UpstreamError::Closed), Outcome::UpstreamFailed)),
+            }
+        };
+        match result {
+            Ok((message, outcome)) => {
+                self.finish(outcome);
+                respond::json(message)
+            }
+            Err((e, outcome)) => {
+                self.finish(outcome);
+                respond::error(Some(&self.id), &e)
+            }
+        }
+    }
+
+    fn finish(&self, outcome: Outcome) {
+        self.session.end(self.id.get());
+        self.app.metrics.request(self.method, Some(self.upstream)).record(outcome, self.started.elapsed());
+    }
+}

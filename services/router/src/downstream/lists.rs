@@ -1,0 +1,188 @@
+//! Requests the router answers from its own state: `initialize` and the four
+//! lists, served from the catalog snapshot.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::{HeaderValue, Response};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+use switchboard_protocol::jsonrpc::{self, Envelope};
+use switchboard_protocol::methods::ListKind;
+use switchboard_protocol::{Method, ProtocolVersion};
+
+use super::respond;
+use crate::app::App;
+use crate::body::Body;
+use crate::catalog::cursor::Cursor;
+use crate::error::Error;
+use crate::metrics::Outcome;
+use crate::session::Session;
+use crate::upstream::empty_object;
+
+/// The list a `*/list` method asks for.
+pub fn kind_of(method: Method) -> ListKind {
+    match method {
+        Method::ToolsList => ListKind::Tools,
+        Method::PromptsList => ListKind::Prompts,
+        Method::ResourcesList => ListKind::Resources,
+        _ => ListKind::ResourceTemplates,
+    }
+}
+
+#[derive(Deserialize)]
+struct InitializeParams<'a> {
+    #[serde(rename = "protocolVersion")]
+    protocol_version: Option<String>,
+    #[serde(borrow, default)]
+    capabilities: Option<&'a RawValue>,
+}
+
+/// `initialize`: negotiates the version, creates the session and declares the
+/// merged capabilities of the upstreams.
+pub async fn initialize(app: &Arc<App>, env: &Envelope<'_>, started: Instant) -> Response<Body> {
+    let id = env.id.expect("a request has an id");
+    let result = async {
+        if app.shutting_down() {
+            return Err(Error::ShuttingDown);
+        }
+        let params = env.params.ok_or_else(|| Error::InvalidParams("initialize needs params".into()))?;
+        let params: InitializeParams<'_> =
+            serde_json::from_str(params.get()).map_err(|e| Error::InvalidParams(format!("initialize: {e}")))?;
+        let requested = params.protocol_version.as_deref().unwrap_or("");
+        let version = match ProtocolVersion::parse(requested) {
+            Some(v) if v.is_streamable_http() => v,
+            _ => ProtocolVersion::LATEST,
+        };
+        if app.sessions.len() >= app.config.server.max_sessions {
+            return Err(Error::TooManySessions(app.config.server.max_sessions));
+        }
+        let capabilities: Arc<RawValue> = match params.capabilities {
+            Some(c) if c.get().starts_with('{') => Arc::from(c.to_owned()),
+            _ => Arc::from(empty_object()),
+        };
+        // The first client may arrive before the catalog warm-up finished;
+        // wait for it once so the capabilities we declare are complete.
+        let snapshot = match app.catalog.current() {
+            s if s.generation > 0 => s,
+            _ => app.catalog.ensure(&[ListKind::Tools]).await,
+        };
+        let merged = &snapshot.merged;
+        let mut caps = json!({
+            "tools": {"listChanged": true},
+            "prompts": {"listChanged": true},
+            "resources": {"listChanged": true, "subscribe": merged.subscribe},
+        });
+        if merged.logging {
+            caps["logging"] = json!({});
+        }
+        if merged.completions {
+            caps["completions"] = json!({});
+        }
+        let mut result = json!({
+            "protocolVersion": version.as_str(),
+            "capabilities": caps,
+            "serverInfo": {"name": "switchboard", "title": "Switchboard MCP router", "version": env!("CARGO_PKG_VERSION")},
+        });
+        if let Some(instructions) = &merged.instructions {
+            result["instructions"] = Value::String(instructions.clone());
+        }
+        let session = Session::new(version, capabilities, app.upstreams.len(), app.epoch);
+        app.sessions.insert(session.clone());
+        app.metrics.set_sessions(app.sessions.len());
+        let body = jsonrpc::result_response(id, &serde_json::to_vec(&result).expect("serializable"));
+        let mut response = respond::json(body);
+        response
+            .headers_mut()
+            .insert(respond::SESSION_ID.clone(), HeaderValue::from_str(&session.id).expect("hex is a valid header"));
+        Ok(response)
+    }
+    .await;
+    let outcome = if result.is_ok() { Outcome::Ok } else { Outcome::Rejected };
+    app.metrics.request(Method::Initialize, None).record(outcome, started.elapsed());
+    result.unwrap_or_else(|e| respond::error(Some(id), &e))
+}
+
+#[derive(Deserialize, Default)]
+struct ListParams {
+    cursor: Option<String>,
+}
+
+/// One page of a merged list.
+pub async fn list(
+    app: &Arc<App>,
+    kind: ListKind,
+    id: &RawValue,
+    params: Option<&RawValue>,
+) -> Result<Response<Body>, Error> {
+    let params: ListParams = match params {
+        Some(p) => {
+            serde_json::from_str(p.get()).map_err(|e| Error::InvalidParams(format!("{}: {e}", kind.method())))?
+        }
+        None => ListParams::default(),
+    };
+    let snapshot = app.catalog.ensure(&[kind]).await;
+    let listing = snapshot.list(kind);
+    let page_size = app.config.catalog.page_size;
+    let head = head(id, kind);
+
+    if page_size == 0 && params.cursor.is_none() {
+        // The whole list, prebuilt: sent without copying it.
+        return Ok(respond::json_parts(VecDeque::from([head, listing.all.clone(), Bytes::from_static(b"}}")])));
+    }
+
+    let start = match &params.cursor {
+        None => 0,
+        Some(text) => {
+            let cursor = Cursor::decode(text).map_err(Error::InvalidCursor)?;
+            let u = app
+                .upstreams
+                .iter()
+                .position(|u| *u.name == cursor.upstream)
+                .ok_or_else(|| Error::InvalidCursor("the list changed; start again without a cursor".into()))?;
+            let &(_, first, count) = listing
+                .spans
+                .iter()
+                .find(|(up, _, _)| *up == u)
+                .ok_or_else(|| Error::InvalidCursor("the list changed; start again without a cursor".into()))?;
+            first + cursor.offset.min(count)
+        }
+    };
+    let end = if page_size == 0 { listing.items.len() } else { (start + page_size).min(listing.items.len()) };
+    let mut body = BytesMut::with_capacity(
+        head.len() + listing.items[start..end].iter().map(|i| i.json.len() + 1).sum::<usize>() + 128,
+    );
+    body.put_slice(&head);
+    body.put_u8(b'[');
+    for (n, item) in listing.items[start..end].iter().enumerate() {
+        if n > 0 {
+            body.put_u8(b',');
+        }
+        body.put_slice(&item.json);
+    }
+    body.put_u8(b']');
+    if end < listing.items.len() {
+        let next = &listing.items[end];
+        let &(_, first, _) =
+            listing.spans.iter().find(|(up, _, _)| *up == next.upstream).expect("every item has a span");
+        let cursor = Cursor { upstream: app.upstreams[next.upstream].name.to_string(), offset: end - first };
+        body.put_slice(b",\"nextCursor\":");
+        body.put_slice(&jsonrpc::json_string(&cursor.encode()));
+    }
+    body.put_slice(b"}}");
+    Ok(respond::json(body.freeze()))
+}
+
+/// `{"jsonrpc":"2.0","id":ID,"result":{"tools":` — the list follows.
+fn head(id: &RawValue, kind: ListKind) -> Bytes {
+    let mut head = BytesMut::with_capacity(48 + id.get().len());
+    head.put_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    head.put_slice(id.get().as_bytes());
+    head.put_slice(b",\"result\":{\"");
+    head.put_slice(kind.field().as_bytes());
+    head.put_slice(b"\":");
+    head.freeze()
+}

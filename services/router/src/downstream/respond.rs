@@ -1,0 +1,68 @@
+//! Building HTTP responses. Strict on the way out: every body is labelled
+//! exactly `application/json` or `text/event-stream`.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use http::{HeaderName, HeaderValue, Response, StatusCode};
+use serde_json::value::RawValue;
+use switchboard_protocol::jsonrpc;
+use tokio::sync::mpsc;
+
+use crate::body::Body;
+use crate::error::Error;
+
+pub const JSON: HeaderValue = HeaderValue::from_static("application/json");
+pub const SSE: HeaderValue = HeaderValue::from_static("text/event-stream");
+pub static SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
+static ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
+
+/// `200 application/json` with one message.
+pub fn json(body: Bytes) -> Response<Body> {
+    with_type(StatusCode::OK, Body::full(body), JSON)
+}
+
+/// `200 application/json` assembled from parts (prebuilt pieces are not copied).
+pub fn json_parts(parts: VecDeque<Bytes>) -> Response<Body> {
+    with_type(StatusCode::OK, Body::Parts(parts), JSON)
+}
+
+/// A JSON-RPC error response for `err`, with the status it calls for.
+pub fn error(id: Option<&RawValue>, err: &Error) -> Response<Body> {
+    let body = jsonrpc::error_response(id, err.code(), &err.to_string(), err.data().as_ref());
+    with_type(err.status(), Body::full(body), JSON)
+}
+
+/// `202 Accepted`, no body: a notification or response was taken.
+pub fn accepted() -> Response<Body> {
+    let mut response = Response::new(Body::Empty);
+    *response.status_mut() = StatusCode::ACCEPTED;
+    response
+}
+
+/// `200 text/event-stream`, fed by `rx`.
+pub fn sse(rx: mpsc::Receiver<Bytes>, keep_alive: Duration) -> Response<Body> {
+    let mut response = with_type(StatusCode::OK, Body::sse(rx, keep_alive), SSE);
+    let headers = response.headers_mut();
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache, no-transform"));
+    headers.insert(ACCEL_BUFFERING.clone(), HeaderValue::from_static("no"));
+    response
+}
+
+/// A plain status with a short text body (for non-MCP paths).
+pub fn text(status: StatusCode, text: &'static str) -> Response<Body> {
+    with_type(
+        status,
+        Body::full(Bytes::from_static(text.as_bytes())),
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    )
+}
+
+fn with_type(status: StatusCode, body: Body, content_type: HeaderValue) -> Response<Body> {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, content_type);
+    response
+}

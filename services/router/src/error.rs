@@ -1,0 +1,176 @@
+//! The router's one error type, and the one place errors become responses.
+//!
+//! Each variant knows which side caused it ([`Side`]) and maps to an HTTP
+//! status and a JSON-RPC error code in [`Error::status`] and [`Error::code`].
+//! Messages say what was wrong and, where it helps, what to do.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use switchboard_protocol::jsonrpc::{code, ParseError};
+
+use crate::upstream::UpstreamError;
+
+/// Who caused a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The client sent something we cannot serve.
+    Downstream,
+    /// An upstream server failed or is unreachable.
+    Upstream,
+    /// The router itself.
+    Internal,
+}
+
+/// Everything that can go wrong while serving a request.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Parse(#[from] ParseError),
+    #[error("request body is larger than the limit of {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("unsupported Content-Type {0:?}: send application/json")]
+    UnsupportedMediaType(String),
+    #[error("Origin {0:?} is not allowed (see server.allowed_origins)")]
+    ForbiddenOrigin(String),
+    #[error("the Mcp-Session-Id header is required after initialize")]
+    MissingSession,
+    #[error("unknown or expired session: initialize a new one")]
+    UnknownSession,
+    #[error("unsupported MCP-Protocol-Version {0:?} (supported: 2025-03-26, 2025-06-18, 2025-11-25)")]
+    UnsupportedVersion(String),
+    #[error("the router has reached its limit of {0} sessions; try again later")]
+    TooManySessions(usize),
+    #[error("method not found: {0}")]
+    MethodNotFound(String),
+    #[error("invalid params: {0}")]
+    InvalidParams(String),
+    #[error("unknown tool: {0}")]
+    UnknownTool(String),
+    #[error("unknown prompt: {0}")]
+    UnknownPrompt(String),
+    #[error("unknown resource: {0}")]
+    UnknownResource(String),
+    #[error("invalid cursor: {0}")]
+    InvalidCursor(String),
+    #[error("upstream {upstream:?} did not answer within {after:?}")]
+    UpstreamTimeout { upstream: Arc<str>, after: Duration },
+    #[error("upstream {upstream:?} is unavailable: {source}")]
+    Upstream { upstream: Arc<str>, source: UpstreamError },
+    #[error("the router is shutting down")]
+    ShuttingDown,
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// Which side caused it.
+    pub fn side(&self) -> Side {
+        match self {
+            Error::UpstreamTimeout { .. } | Error::Upstream { .. } => Side::Upstream,
+            Error::Internal(_) | Error::ShuttingDown | Error::TooManySessions(_) => Side::Internal,
+            _ => Side::Downstream,
+        }
+    }
+
+    /// The HTTP status the response carries.
+    ///
+    /// Errors about the transport (body, headers, session) get a 4xx status;
+    /// errors about a well-formed request (unknown tool, upstream down) are
+    /// JSON-RPC errors in a 200 response, as MCP clients expect.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Error::Parse(_) | Error::MissingSession | Error::UnsupportedVersion(_) => StatusCode::BAD_REQUEST,
+            Error::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Error::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Error::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
+            Error::UnknownSession => StatusCode::NOT_FOUND,
+            Error::TooManySessions(_) | Error::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::OK,
+        }
+    }
+
+    /// The JSON-RPC error code.
+    pub fn code(&self) -> i64 {
+        match self {
+            Error::Parse(e) => e.code(),
+            Error::BodyTooLarge { .. }
+            | Error::UnsupportedMediaType(_)
+            | Error::ForbiddenOrigin(_)
+            | Error::MissingSession
+            | Error::UnsupportedVersion(_) => code::INVALID_REQUEST,
+            Error::UnknownSession => code::REQUEST_TIMEOUT,
+            Error::MethodNotFound(_) => code::METHOD_NOT_FOUND,
+            Error::InvalidParams(_) | Error::UnknownTool(_) | Error::UnknownPrompt(_) | Error::InvalidCursor(_) => {
+                code::INVALID_PARAMS
+            }
+            Error::UnknownResource(_) => code::RESOURCE_NOT_FOUND,
+            Error::UpstreamTimeout { .. } => code::REQUEST_TIMEOUT,
+            Error::Upstream { .. } | Error::TooManySessions(_) | Error::ShuttingDown | Error::Internal(_) => {
+                code::INTERNAL_ERROR
+            }
+        }
+    }
+
+    /// Structured detail for the JSON-RPC `data` member.
+    pub fn data(&self) -> Option<serde_json::Value> {
+        match self {
+            Error::UpstreamTimeout { upstream, .. } | Error::Upstream { upstream, .. } => {
+                Some(serde_json::json!({ "upstream": &**upstream }))
+            }
+            Error::UnknownTool(name) => Some(serde_json::json!({ "tool": name })),
+            _ => None,
+        }
+    }
+
+    /// A short, bounded label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Error::Parse(_) => "parse",
+            Error::BodyTooLarge { .. } => "too_large",
+            Error::UnsupportedMediaType(_) => "media_type",
+            Error::ForbiddenOrigin(_) => "origin",
+            Error::MissingSession => "missing_session",
+            Error::UnknownSession => "unknown_session",
+            Error::UnsupportedVersion(_) => "protocol_version",
+            Error::TooManySessions(_) => "too_many_sessions",
+            Error::MethodNotFound(_) => "method_not_found",
+            Error::InvalidParams(_) | Error::InvalidCursor(_) => "invalid_params",
+            Error::UnknownTool(_) | Error::UnknownPrompt(_) | Error::UnknownResource(_) => "unknown_target",
+            Error::UpstreamTimeout { .. } => "upstream_timeout",
+            Error::Upstream { .. } => "upstream_unavailable",
+            Error::ShuttingDown => "shutting_down",
+            Error::Internal(_) => "internal",
+        }
+    }
+
+    /// Wraps an upstream failure with the upstream's name.
+    pub fn upstream(upstream: &Arc<str>, source: UpstreamError) -> Self {
+        match source {
+            UpstreamError::Timeout(after) => Error::UpstreamTimeout { upstream: upstream.clone(), after },
+            source => Error::Upstream { upstream: upstream.clone(), source },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transport_errors_get_4xx_and_request_errors_200() {
+        assert_eq!(Error::BodyTooLarge { limit: 1 }.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(Error::UnknownSession.status(), StatusCode::NOT_FOUND);
+        assert_eq!(Error::Parse(ParseError::Syntax("x".into())).code(), code::PARSE_ERROR);
+        assert_eq!(Error::Parse(ParseError::Batch).status(), StatusCode::BAD_REQUEST);
+        let unknown = Error::UnknownTool("a__b".into());
+        assert_eq!((unknown.status(), unknown.code()), (StatusCode::OK, code::INVALID_PARAMS));
+        assert!(unknown.to_string().contains("a__b"));
+        let down = Error::upstream(&Arc::from("db"), UpstreamError::Connect("refused".into()));
+        assert_eq!(down.side(), Side::Upstream);
+        assert!(down.to_string().contains("\"db\""));
+        let slow = Error::upstream(&Arc::from("db"), UpstreamError::Timeout(Duration::from_secs(1)));
+        assert!(matches!(slow, Error::UpstreamTimeout { .. }));
+    }
+}

@@ -1,0 +1,37 @@
+//! Switchboard: a multi-tenant router for the Model Context Protocol.
+//!
+//! One Streamable HTTP endpoint fronts many upstream MCP servers: their tools,
+//! prompts and resources are merged into one namespaced catalog, and requests
+//! are forwarded to the upstream that serves them, reading only the JSON-RPC
+//! envelope on the way.
+//!
+//! Layout (each module's own docs say more):
+//! - [`serve`] (`server.rs`): accepts connections, routes paths, drains on shutdown.
+//! - `downstream/`: the client-facing `/mcp` endpoint, request phases in order
+//!   (`mod.rs`), forwarding and SSE relay (`forward.rs`), answers from the
+//!   catalog (`lists.rs`), responses (`respond.rs`).
+//! - `app.rs`: shared state, and what happens to messages upstreams send on their own.
+//! - `session.rs`: downstream sessions and their registry.
+//! - `catalog/`: the merged, namespaced, cached catalog (`naming.rs`, `cursor.rs`).
+//! - `upstream/`: the [`upstream::Transport`] and [`upstream::Channel`] traits,
+//!   one file per transport (`http.rs`, `stdio.rs`).
+//! - [`config`]: the TOML file, validated into [`Config`].
+//! - `metrics.rs`, `error.rs`, `body.rs`.
+//!
+//! Invariants are listed in ARCHITECTURE.md.
+#![forbid(unsafe_code)]
+
+mod app;
+mod body;
+pub mod catalog;
+pub mod config;
+mod downstream;
+pub mod error;
+mod metrics;
+mod server;
+mod session;
+pub mod upstream;
+
+pub use config::Config;
+pub use error::Error;
+pub use server::serve;

@@ -1,0 +1,90 @@
+//! The `switchboard` command: parse arguments, set up logging, run.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use switchboard::Config;
+
+#[derive(Parser)]
+#[command(name = "switchboard", version, about = "A multi-tenant router for the Model Context Protocol")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the router.
+    Serve {
+        /// The configuration file (TOML).
+        #[arg(long, short, default_value = "switchboard.toml")]
+        config: PathBuf,
+        /// Listen here instead of server.listen.
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+    },
+    /// Validate a configuration file and print what it configures.
+    CheckConfig {
+        /// The configuration file (TOML).
+        file: PathBuf,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CheckConfig { file } => {
+            let config = Config::load(&file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            println!("{}: ok", file.display());
+            println!("listen: {}", config.server.listen);
+            for u in &config.upstreams {
+                let how = match &u.transport {
+                    switchboard::config::TransportConfig::Http(h) => format!("http {}", h.url),
+                    switchboard::config::TransportConfig::Stdio(s) => {
+                        format!("stdio {} {}", s.command, s.args.join(" "))
+                    }
+                };
+                let prefix =
+                    if u.prefix.is_empty() { "(no prefix)".to_owned() } else { format!("prefix {:?}", u.prefix) };
+                println!("upstream {}: {how}, {prefix}", u.name);
+            }
+            Ok(())
+        }
+        Command::Serve { config, listen } => {
+            let mut config = Config::load(&config).map_err(|e| anyhow::anyhow!("{}: {e}", config.display()))?;
+            if let Some(listen) = listen {
+                config.server.listen = listen;
+            }
+            init_logging(&config);
+            let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::bind(config.server.listen)
+                    .await
+                    .with_context(|| format!("binding {}", config.server.listen))?;
+                switchboard::serve(listener, config, shutdown_signal()).await?;
+                Ok(())
+            })
+        }
+    }
+}
+
+fn init_logging(config: &Config) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.log.level));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    match config.log.format {
+        switchboard::config::LogFormat::Json => builder.json().init(),
+        switchboard::config::LogFormat::Text => builder.init(),
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
+    }
+}

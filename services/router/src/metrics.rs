@@ -1,0 +1,283 @@
+//! Prometheus metrics. Names are a public interface: they are listed in
+//! `docs/operations.md`, and renaming one breaks dashboards.
+//!
+//! Per-request counters are resolved once per (method, upstream) pair into a
+//! table, so the hot path does an index and two atomic adds, never a label
+//! lookup.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+use switchboard_protocol::methods::ListKind;
+use switchboard_protocol::Method;
+
+/// How a request ended, for `switchboard_requests_total{outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A result.
+    Ok,
+    /// A JSON-RPC error from the upstream, or an unknown tool, prompt or resource.
+    Error,
+    /// The request was refused before reaching an upstream (bad input).
+    Rejected,
+    /// The upstream could not be reached or broke.
+    UpstreamFailed,
+    /// The upstream did not answer in time.
+    Timeout,
+    /// The client went away before the answer.
+    Abandoned,
+}
+
+impl Outcome {
+    const ALL: [Outcome; 6] =
+        [Outcome::Ok, Outcome::Error, Outcome::Rejected, Outcome::UpstreamFailed, Outcome::Timeout, Outcome::Abandoned];
+
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::Rejected => "rejected",
+            Outcome::UpstreamFailed => "upstream_failed",
+            Outcome::Timeout => "timeout",
+            Outcome::Abandoned => "abandoned",
+        }
+    }
+}
+
+/// Counters and a latency histogram for one (method, upstream) pair.
+pub struct RequestHandles {
+    outcomes: [IntCounter; 6],
+    duration: Histogram,
+}
+
+impl RequestHandles {
+    /// Records one finished request.
+    pub fn record(&self, outcome: Outcome, elapsed: Duration) {
+        self.outcomes[outcome as usize].inc();
+        self.duration.observe(elapsed.as_secs_f64());
+    }
+}
+
+/// Every metric the router exports.
+pub struct Metrics {
+    registry: Registry,
+    upstream_names: Vec<Arc<str>>,
+    requests: IntCounterVec,
+    duration: HistogramVec,
+    table: Vec<OnceLock<RequestHandles>>,
+    upstream_up: IntGaugeVec,
+    reinitializations: IntCounterVec,
+    restarts: IntCounterVec,
+    protocol_errors: IntCounterVec,
+    relay_dropped: IntCounterVec,
+    catalog_failures: IntCounterVec,
+    catalog_collisions: IntCounterVec,
+    catalog_refreshes: IntCounterVec,
+    sessions: IntGauge,
+    rejections: IntCounterVec,
+}
+
+const METHODS: usize = Method::Other as usize + 1;
+
+impl Metrics {
+    /// Registers every metric, for the given upstreams.
+    pub fn new(upstream_names: &[Arc<str>]) -> Arc<Self> {
+        let registry = Registry::new();
+        macro_rules! reg {
+            ($metric:expr) => {{
+                let m = $metric;
+                registry.register(Box::new(m.clone())).expect("metric names are unique");
+                m
+            }};
+        }
+        let requests = reg!(IntCounterVec::new(
+            Opts::new("switchboard_requests_total", "Requests handled, by JSON-RPC method, upstream and outcome."),
+            &["method", "upstream", "outcome"]
+        )
+        .expect("valid"));
+        let duration = reg!(HistogramVec::new(
+            HistogramOpts::new(
+                "switchboard_request_duration_seconds",
+                "Time from receiving a request to having its answer, by method and upstream."
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                30.0
+            ]),
+            &["method", "upstream"]
+        )
+        .expect("valid"));
+        let upstream_up = reg!(IntGaugeVec::new(
+            Opts::new("switchboard_upstream_up", "1 if the upstream answered its last handshake or list, else 0."),
+            &["upstream"]
+        )
+        .expect("valid"));
+        let reinitializations = reg!(IntCounterVec::new(
+            Opts::new(
+                "switchboard_upstream_reinitializations_total",
+                "Upstream sessions re-initialised after the upstream forgot them."
+            ),
+            &["upstream"]
+        )
+        .expect("valid"));
+        let restarts = reg!(IntCounterVec::new(
+            Opts::new("switchboard_upstream_restarts_total", "Restarts of stdio upstream processes."),
+            &["upstream"]
+        )
+        .expect("valid"));
+        let protocol_errors = reg!(IntCounterVec::new(
+            Opts::new(
+                "switchboard_upstream_protocol_errors_total",
+                "Messages from an upstream that were not valid JSON-RPC."
+            ),
+            &["upstream"]
+        )
+        .expect("valid"));
+        let relay_dropped = reg!(IntCounterVec::new(
+            Opts::new(
+                "switchboard_relay_dropped_total",
+                "Upstream messages that could not be delivered to any client, by reason."
+            ),
+            &["upstream", "reason"]
+        )
+        .expect("valid"));
+        let catalog_failures = reg!(IntCounterVec::new(
+            Opts::new(
+                "switchboard_catalog_upstream_failures_total",
+                "Times an upstream was left out of a list because it failed or was too slow."
+            ),
+            &["upstream", "list"]
+        )
+        .expect("valid"));
+        let catalog_collisions = reg!(IntCounterVec::new(
+            Opts::new(
+                "switchboard_catalog_collisions_total",
+                "Items dropped from a list because another upstream's item has the same exposed name."
+            ),
+            &["list"]
+        )
+        .expect("valid"));
+        let catalog_refreshes = reg!(IntCounterVec::new(
+            Opts::new("switchboard_catalog_refreshes_total", "Lists fetched from upstreams (cache misses)."),
+            &["upstream", "list"]
+        )
+        .expect("valid"));
+        let sessions = reg!(IntGauge::new("switchboard_sessions", "Live downstream sessions.").expect("valid"));
+        let rejections = reg!(IntCounterVec::new(
+            Opts::new(
+                "switchboard_http_rejections_total",
+                "HTTP requests refused before reaching the MCP layer, by reason."
+            ),
+            &["reason"]
+        )
+        .expect("valid"));
+        for name in upstream_names {
+            upstream_up.with_label_values(&[name]).set(0);
+        }
+        let mut table = Vec::new();
+        table.resize_with(METHODS * (upstream_names.len() + 1), OnceLock::new);
+        Arc::new(Metrics {
+            registry,
+            upstream_names: upstream_names.to_vec(),
+            requests,
+            duration,
+            table,
+            upstream_up,
+            reinitializations,
+            restarts,
+            protocol_errors,
+            relay_dropped,
+            catalog_failures,
+            catalog_collisions,
+            catalog_refreshes,
+            sessions,
+            rejections,
+        })
+    }
+
+    /// The handles for requests of `method` to `upstream` (`None`: answered by the router).
+    pub fn request(&self, method: Method, upstream: Option<usize>) -> &RequestHandles {
+        let column = upstream.map_or(0, |u| u + 1);
+        let slot = method as usize * (self.upstream_names.len() + 1) + column;
+        self.table[slot].get_or_init(|| {
+            let upstream = upstream.map_or("", |u| &self.upstream_names[u]);
+            let label = method.label();
+            RequestHandles {
+                outcomes: Outcome::ALL.map(|o| self.requests.with_label_values(&[label, upstream, o.label()])),
+                duration: self.duration.with_label_values(&[label, upstream]),
+            }
+        })
+    }
+
+    pub fn set_upstream_up(&self, upstream: &str, up: bool) {
+        self.upstream_up.with_label_values(&[upstream]).set(up as i64);
+    }
+
+    pub fn upstream_reinitialized(&self, upstream: &str) {
+        self.reinitializations.with_label_values(&[upstream]).inc();
+    }
+
+    pub fn upstream_restarted(&self, upstream: &str) {
+        self.restarts.with_label_values(&[upstream]).inc();
+    }
+
+    pub fn upstream_protocol_error(&self, upstream: &str) {
+        self.protocol_errors.with_label_values(&[upstream]).inc();
+    }
+
+    pub fn relay_dropped(&self, upstream: &str, reason: &str) {
+        self.relay_dropped.with_label_values(&[upstream, reason]).inc();
+    }
+
+    pub fn catalog_failure(&self, upstream: &str, list: ListKind) {
+        self.catalog_failures.with_label_values(&[upstream, list.label()]).inc();
+    }
+
+    pub fn catalog_collision(&self, list: ListKind) {
+        self.catalog_collisions.with_label_values(&[list.label()]).inc();
+    }
+
+    pub fn catalog_refresh(&self, upstream: &str, list: ListKind) {
+        self.catalog_refreshes.with_label_values(&[upstream, list.label()]).inc();
+    }
+
+    pub fn set_sessions(&self, n: usize) {
+        self.sessions.set(n as i64);
+    }
+
+    pub fn rejected(&self, reason: &str) {
+        self.rejections.with_label_values(&[reason]).inc();
+    }
+
+    /// The exposition text for `/metrics`.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding cannot fail");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_handles_count_by_label() {
+        let m = Metrics::new(&[Arc::from("a"), Arc::from("b")]);
+        m.request(Method::ToolsCall, Some(1)).record(Outcome::Ok, Duration::from_millis(2));
+        m.request(Method::ToolsCall, Some(1)).record(Outcome::Timeout, Duration::from_millis(2));
+        m.request(Method::Ping, None).record(Outcome::Ok, Duration::from_micros(5));
+        let text = m.render();
+        assert!(
+            text.contains(r#"switchboard_requests_total{method="tools/call",outcome="ok",upstream="b"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"switchboard_requests_total{method="tools/call",outcome="timeout",upstream="b"} 1"#));
+        assert!(text.contains(r#"switchboard_requests_total{method="ping",outcome="ok",upstream=""} 1"#));
+        assert!(text.contains(r#"switchboard_upstream_up{upstream="a"} 0"#));
+    }
+}

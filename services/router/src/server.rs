@@ -1,0 +1,100 @@
+//! Accepting connections and routing paths: `/mcp` to the MCP endpoint,
+//! `/metrics`, `/healthz` and `/readyz` for operators.
+//!
+//! [`serve`] is the whole server: tests bind `127.0.0.1:0` and run it
+//! in-process; `main.rs` runs it on the configured address.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+
+use http::{HeaderValue, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+use crate::app::App;
+use crate::body::Body;
+use crate::config::Config;
+use crate::downstream::{self, respond};
+
+/// Serves the router on `listener` until `shutdown` completes, then drains:
+/// new sessions are refused, GET streams end, requests in flight get up to
+/// `server.shutdown_grace` to finish, and upstream sessions and child
+/// processes are closed.
+pub async fn serve(listener: TcpListener, config: Config, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+    let app = App::new(config);
+    app.start();
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, upstreams = app.upstreams.len(), "switchboard listening on http://{addr}/mcp");
+    }
+    let graceful = GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().keep_alive(true).timer(hyper_util::rt::TokioTimer::new());
+    builder.http2().timer(hyper_util::rt::TokioTimer::new());
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let app = app.clone();
+                let service = hyper::service::service_fn(move |req| {
+                    let app = app.clone();
+                    async move { Ok::<_, Infallible>(route(&app, req).await) }
+                });
+                let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service).into_owned());
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tracing::info!("shutting down: draining requests in flight");
+    app.begin_shutdown();
+    let grace = app.config.server.shutdown_grace;
+    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!(?grace, "requests still in flight after the shutdown grace period; closing anyway");
+    }
+    app.close().await;
+    tracing::info!("shut down");
+    Ok(())
+}
+
+async fn route(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
+    match req.uri().path() {
+        "/mcp" => downstream::handle(app, req).await,
+        "/metrics" => {
+            let mut response = Response::new(Body::full(app.metrics.render()));
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            response
+        }
+        "/healthz" => respond::text(StatusCode::OK, "ok\n"),
+        "/readyz" => {
+            if app.shutting_down() {
+                respond::text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+            } else if app.catalog.current().generation == 0 && !app.upstreams.is_empty() {
+                respond::text(StatusCode::SERVICE_UNAVAILABLE, "warming up\n")
+            } else {
+                respond::text(StatusCode::OK, "ready\n")
+            }
+        }
+        _ => respond::text(StatusCode::NOT_FOUND, "not found: the MCP endpoint is /mcp\n"),
+    }
+}

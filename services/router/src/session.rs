@@ -1,0 +1,408 @@
+//! Downstream sessions: what the router remembers between a client's requests.
+//!
+//! A [`Session`] is created by `initialize` and named by the router-issued
+//! `Mcp-Session-Id`. It holds the negotiated version and the client's
+//! capabilities, one upstream channel per upstream it has used (opened on
+//! first use, declaring the client's capabilities), the server-to-client
+//! requests relayed to it (so its answers find their way back), its requests
+//! in flight (so its cancellations do), and its outbox: the GET stream, or a
+//! bounded backlog while no GET stream is open.
+//!
+//! [`Sessions`] is the in-memory registry, sharded to keep lock hold times
+//! short. A session never sees another session's messages: everything it
+//! receives comes through its own channels or its own outbox.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::value::RawValue;
+use switchboard_protocol::jsonrpc::{span, Envelope};
+use switchboard_protocol::rewrite::{splice, Edit};
+use switchboard_protocol::{sse, ProtocolVersion};
+use tokio::sync::{mpsc, OnceCell};
+
+use crate::app::App;
+use crate::catalog::naming::fnv1a64;
+use crate::error::Error;
+use crate::upstream::{Channel, Hello, Inbox};
+
+/// Messages kept for a session while it has no GET stream open.
+const BACKLOG: usize = 256;
+/// Messages buffered on an open GET stream before it counts as stalled.
+const STREAM_BUFFER: usize = 256;
+
+/// One client session.
+pub struct Session {
+    /// The router-issued `Mcp-Session-Id`.
+    pub id: Arc<str>,
+    /// The negotiated protocol version.
+    pub version: ProtocolVersion,
+    /// What the client declared in `initialize`.
+    pub capabilities: Arc<RawValue>,
+    channels: Box<[OnceCell<Arc<dyn Channel>>]>,
+    asked: Mutex<HashMap<u64, (usize, Box<str>)>>,
+    next_asked: AtomicU64,
+    inflight: Mutex<HashMap<Box<str>, usize>>,
+    outbox: Mutex<Outbox>,
+    /// Milliseconds since the router started, at the last request.
+    last_used: AtomicU64,
+    epoch: Instant,
+    closed: AtomicBool,
+    me: Weak<Session>,
+}
+
+#[derive(Default)]
+struct Outbox {
+    live: Option<mpsc::Sender<Bytes>>,
+    backlog: VecDeque<Bytes>,
+    /// Set once a GET stream has been opened: upstream channels then listen.
+    listening: bool,
+}
+
+impl Session {
+    /// A new session with a fresh random id.
+    pub fn new(version: ProtocolVersion, capabilities: Arc<RawValue>, upstreams: usize, epoch: Instant) -> Arc<Self> {
+        Arc::new_cyclic(|me| Session {
+            id: new_session_id(),
+            version,
+            capabilities,
+            channels: (0..upstreams).map(|_| OnceCell::new()).collect(),
+            asked: Mutex::new(HashMap::new()),
+            next_asked: AtomicU64::new(1),
+            inflight: Mutex::new(HashMap::new()),
+            outbox: Mutex::new(Outbox::default()),
+            last_used: AtomicU64::new(epoch.elapsed().as_millis() as u64),
+            epoch,
+            closed: AtomicBool::new(false),
+            me: me.clone(),
+        })
+    }
+
+    /// Records use, for idle expiry.
+    pub fn touch(&self) {
+        self.last_used.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// How long since the last request.
+    pub fn idle(&self) -> Duration {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last_used.load(Ordering::Relaxed)))
+    }
+
+    /// The channel to upstream `u`, opened on first use with this client's
+    /// version and capabilities.
+    pub async fn channel(&self, app: &Arc<App>, u: usize) -> Result<Arc<dyn Channel>, Error> {
+        if let Some(channel) = self.channels[u].get() {
+            return Ok(channel.clone());
+        }
+        let upstream = &app.upstreams[u];
+        let channel = self.channels[u]
+            .get_or_try_init(|| async {
+                let hello = Hello { protocol_version: self.version, capabilities: self.capabilities.clone() };
+                let inbox: Arc<dyn Inbox> =
+                    Arc::new(SessionInbox { app: Arc::downgrade(app), session: self.me.clone(), upstream: u });
+                let opened =
+                    tokio::time::timeout(upstream.config.timeout, upstream.transport.open(&hello, inbox)).await;
+                let channel = match opened {
+                    Ok(Ok(channel)) => channel,
+                    Ok(Err(e)) => return Err(Error::upstream(&upstream.name, e)),
+                    Err(_) => {
+                        return Err(Error::UpstreamTimeout {
+                            upstream: upstream.name.clone(),
+                            after: upstream.config.timeout,
+                        })
+                    }
+                };
+                if self.outbox.lock().expect("lock").listening {
+                    channel.listen();
+                }
+                Ok(channel)
+            })
+            .await?;
+        if self.closed.load(Ordering::Relaxed) {
+            channel.close().await;
+            return Err(Error::UnknownSession);
+        }
+        Ok(channel.clone())
+    }
+
+    /// The channel to upstream `u` if it is already open.
+    pub fn open_channel(&self, u: usize) -> Option<Arc<dyn Channel>> {
+        self.channels.get(u).and_then(|c| c.get()).cloned()
+    }
+
+    /// Every open channel with its upstream index.
+    pub fn open_channels(&self) -> Vec<(usize, Arc<dyn Channel>)> {
+        self.channels.iter().enumerate().filter_map(|(u, c)| c.get().map(|c| (u, c.clone()))).collect()
+    }
+
+    /// Sends a message on the session's GET stream (as an SSE event), or keeps
+    /// it for when one opens.
+    pub fn push(&self, message: Bytes) {
+        let message = sse::encode_event(None, None, &message);
+        let mut outbox = self.outbox.lock().expect("lock");
+        if let Some(live) = &outbox.live {
+            match live.try_send(message) {
+                Ok(()) => return,
+                Err(mpsc::error::TrySendError::Full(m)) | Err(mpsc::error::TrySendError::Closed(m)) => {
+                    outbox.live = None;
+                    outbox.backlog.push_back(m);
+                }
+            }
+        } else {
+            outbox.backlog.push_back(message);
+        }
+        while outbox.backlog.len() > BACKLOG {
+            outbox.backlog.pop_front();
+        }
+    }
+
+    /// Opens (or takes over) the session's GET stream: the backlog first, then
+    /// live messages. Upstream channels start listening from now on.
+    pub fn open_stream(&self) -> mpsc::Receiver<Bytes> {
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let channels = {
+            let mut outbox = self.outbox.lock().expect("lock");
+            while let Some(m) = outbox.backlog.pop_front() {
+                if tx.try_send(m).is_err() {
+                    break;
+                }
+            }
+            outbox.live = Some(tx);
+            outbox.listening = true;
+            self.open_channels()
+        };
+        for (_, channel) in channels {
+            channel.listen();
+        }
+        rx
+    }
+
+    /// Registers a server-to-client request from upstream `u` and returns it
+    /// with an id of the router's, unique in this session.
+    pub fn ask(&self, u: usize, env: &Envelope<'_>, message: &[u8]) -> Bytes {
+        let their_id = env.id.expect("a request has an id");
+        let ours = self.next_asked.fetch_add(1, Ordering::Relaxed);
+        self.asked.lock().expect("lock").insert(ours, (u, their_id.get().into()));
+        let ours = ours.to_string();
+        splice(message, &mut [Edit::new(span(message, their_id.get()), ours.as_bytes())])
+    }
+
+    /// Takes the record of a relayed request, given the id the client answered with.
+    pub fn answered(&self, id: &RawValue) -> Option<(usize, Box<str>)> {
+        let ours: u64 = id.get().parse().ok()?;
+        self.asked.lock().expect("lock").remove(&ours)
+    }
+
+    /// Our id for a relayed request, given the upstream's id (for its cancellations).
+    pub fn asked_as(&self, u: usize, their_id: &str) -> Option<u64> {
+        self.asked
+            .lock()
+            .expect("lock")
+            .iter()
+            .find(|(_, (up, id))| *up == u && **id == *their_id)
+            .map(|(ours, _)| *ours)
+    }
+
+    /// Notes a request in flight to upstream `u`.
+    pub fn begin(&self, id: &RawValue, u: usize) {
+        self.inflight.lock().expect("lock").insert(id.get().into(), u);
+    }
+
+    /// Notes that a request finished.
+    pub fn end(&self, id: &str) {
+        self.inflight.lock().expect("lock").remove(id);
+    }
+
+    /// The upstream a request in flight went to.
+    pub fn inflight_upstream(&self, id: &RawValue) -> Option<usize> {
+        self.inflight.lock().expect("lock").get(id.get()).copied()
+    }
+
+    /// Ends the session: closes its stream and its upstream sessions.
+    pub async fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        self.close_stream();
+        for (_, channel) in self.open_channels() {
+            channel.close().await;
+        }
+    }
+
+    /// Ends the GET stream (the client may reconnect).
+    pub fn close_stream(&self) {
+        self.outbox.lock().expect("lock").live = None;
+    }
+}
+
+/// Where a session's upstream channels deliver messages not tied to a request.
+struct SessionInbox {
+    app: Weak<App>,
+    session: Weak<Session>,
+    upstream: usize,
+}
+
+impl Inbox for SessionInbox {
+    fn deliver(&self, message: Bytes) {
+        let (Some(app), Some(session)) = (self.app.upgrade(), self.session.upgrade()) else { return };
+        if let Some(out) = app.relay_from_upstream(&session, self.upstream, &message) {
+            session.push(out);
+        }
+    }
+}
+
+/// 128 random bits as 32 hex digits.
+fn new_session_id() -> Arc<str> {
+    let mut raw = [0u8; 16];
+    getrandom::fill(&mut raw).expect("the OS provides randomness");
+    let mut id = String::with_capacity(32);
+    for b in raw {
+        id.push(char::from_digit(u32::from(b >> 4), 16).expect("hex"));
+        id.push(char::from_digit(u32::from(b & 15), 16).expect("hex"));
+    }
+    Arc::from(id)
+}
+
+const SHARDS: usize = 16;
+
+/// The in-memory session registry.
+pub struct Sessions {
+    shards: Vec<RwLock<HashMap<Arc<str>, Arc<Session>>>>,
+    count: AtomicU64,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Sessions { shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(), count: AtomicU64::new(0) }
+    }
+}
+
+impl Sessions {
+    fn shard(&self, id: &str) -> &RwLock<HashMap<Arc<str>, Arc<Session>>> {
+        &self.shards[fnv1a64(id.as_bytes()) as usize % SHARDS]
+    }
+
+    /// Adds a session.
+    pub fn insert(&self, session: Arc<Session>) {
+        self.shard(&session.id).write().expect("lock").insert(session.id.clone(), session);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The session with this id.
+    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
+        self.shard(id).read().expect("lock").get(id).cloned()
+    }
+
+    /// Removes and returns a session.
+    pub fn remove(&self, id: &str) -> Option<Arc<Session>> {
+        let removed = self.shard(id).write().expect("lock").remove(id);
+        if removed.is_some() {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+        }
+        removed
+    }
+
+    /// How many sessions are live.
+    pub fn len(&self) -> usize {
+        self.count.load(Ordering::Relaxed) as usize
+    }
+
+    /// Every live session.
+    pub fn all(&self) -> Vec<Arc<Session>> {
+        self.shards.iter().flat_map(|s| s.read().expect("lock").values().cloned().collect::<Vec<_>>()).collect()
+    }
+
+    /// Removes and returns the sessions idle for longer than `idle`.
+    pub fn take_expired(&self, idle: Duration) -> Vec<Arc<Session>> {
+        let mut expired = Vec::new();
+        for shard in &self.shards {
+            let mut shard = shard.write().expect("lock");
+            shard.retain(|_, s| {
+                if s.idle() > idle {
+                    expired.push(s.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        self.count.fetch_sub(expired.len() as u64, Ordering::Relaxed);
+        expired
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upstream::empty_object;
+
+    fn session() -> Arc<Session> {
+        Session::new(ProtocolVersion::LATEST, Arc::from(empty_object()), 2, Instant::now())
+    }
+
+    #[test]
+    fn ids_are_random_hex() {
+        let (a, b) = (session(), session());
+        assert_eq!(a.id.len(), 32);
+        assert!(a.id.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a.id, b.id);
+    }
+
+    #[test]
+    fn relayed_requests_get_session_unique_ids_and_map_back() {
+        let s = session();
+        let msg = br#"{"jsonrpc":"2.0","id":1,"method":"sampling/createMessage","params":{}}"#;
+        let env = Envelope::parse(msg).unwrap();
+        let first = s.ask(0, &env, msg);
+        let second = s.ask(1, &env, msg);
+        let id1 = Envelope::parse(&first).unwrap().id.unwrap().get().to_owned();
+        let id2 = Envelope::parse(&second).unwrap().id.unwrap().get().to_owned();
+        assert_ne!(id1, id2, "two upstreams using id 1 must not collide");
+        assert_eq!(s.asked_as(1, "1").map(|n| n.to_string()), Some(id2.clone()));
+        let raw = RawValue::from_string(id2).unwrap();
+        assert_eq!(s.answered(&raw), Some((1, "1".into())));
+        assert_eq!(s.answered(&raw), None, "an answer is routed once");
+    }
+
+    #[tokio::test]
+    async fn backlog_is_bounded_and_drained_into_the_stream() {
+        let s = session();
+        for i in 0..(BACKLOG + 10) {
+            s.push(Bytes::from(i.to_string()));
+        }
+        let mut rx = s.open_stream();
+        let first = rx.recv().await.unwrap();
+        assert_eq!(&first[..], b"data: 10\n\n", "the oldest messages are dropped first");
+        s.push(Bytes::from_static(b"live"));
+        let mut last = first;
+        while let Ok(m) = rx.try_recv() {
+            last = m;
+        }
+        assert_eq!(&last[..], b"data: live\n\n");
+    }
+
+    #[test]
+    fn registry_counts_and_expires() {
+        let sessions = Sessions::default();
+        let s = session();
+        sessions.insert(s.clone());
+        assert_eq!(sessions.len(), 1);
+        assert!(sessions.get(&s.id).is_some());
+        assert!(sessions.take_expired(Duration::from_secs(60)).is_empty());
+        let old = Session::new(
+            ProtocolVersion::LATEST,
+            Arc::from(empty_object()),
+            0,
+            Instant::now() - Duration::from_secs(120),
+        );
+        old.last_used.store(0, Ordering::Relaxed);
+        sessions.insert(old.clone());
+        let expired = sessions.take_expired(Duration::from_secs(60));
+        assert_eq!(expired.len(), 1);
+        assert_eq!(expired[0].id, old.id);
+        assert_eq!(sessions.len(), 1);
+        assert!(sessions.get(&old.id).is_none());
+    }
+}

@@ -1,0 +1,503 @@
+//! Streamable HTTP upstreams (MCP 2025-03-26 and later).
+//!
+//! One pooled hyper client per upstream (keep-alive HTTP/1.1, or HTTP/2 with
+//! prior knowledge when configured). A [`Channel`](super::Channel) holds the
+//! upstream's `Mcp-Session-Id` and negotiated version; when the upstream
+//! answers 404 (or 400, as some servers do) for that session, the channel runs
+//! `initialize` again and retries the request once, so the client never
+//! notices an upstream restart. A server that issues no session id is
+//! stateless: later channels skip the handshake altogether.
+//!
+//! Responses come back as `application/json` (returned whole) or
+//! `text/event-stream` (returned as a [`MessageStream`] that reads events as
+//! they arrive, and resumes with `Last-Event-ID` if the server closes the
+//! stream before answering, as 2025-11-25 SSE polling allows).
+//!
+//! This module must never forward anything from the downstream request
+//! except the JSON-RPC body the router built.
+
+use std::error::Error as _;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http::header::{ACCEPT, CONTENT_TYPE};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use switchboard_protocol::{jsonrpc, sse};
+use tokio::task::JoinHandle;
+
+use super::{collect_response, Handshake, Hello, Inbox, MessageStream, Outgoing, Reply, UpstreamError};
+use crate::config::HttpConfig;
+use crate::metrics::Metrics;
+
+/// Largest message accepted from an upstream.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+static SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
+static PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
+static LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
+const JSON: HeaderValue = HeaderValue::from_static("application/json");
+const JSON_AND_SSE: HeaderValue = HeaderValue::from_static("application/json, text/event-stream");
+const SSE: HeaderValue = HeaderValue::from_static("text/event-stream");
+
+const UNKNOWN: u8 = 0;
+const STATELESS: u8 = 1;
+const STATEFUL: u8 = 2;
+
+/// A Streamable HTTP upstream.
+pub struct Transport {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    name: Arc<str>,
+    url: Uri,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    client: Client<HttpConnector, Full<Bytes>>,
+    handshake_timeout: Duration,
+    metrics: Arc<Metrics>,
+    /// Whether the server issues session ids, learned from the first handshake.
+    statefulness: AtomicU8,
+    stateless_handshake: Mutex<Option<(HeaderValue, Arc<Handshake>)>>,
+}
+
+impl Transport {
+    /// A transport for `config`; connects lazily.
+    pub fn new(name: Arc<str>, config: &HttpConfig, timeout: Duration, metrics: Arc<Metrics>) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        connector.set_keepalive(Some(Duration::from_secs(60)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(config.pool_max_idle)
+            .http2_only(config.http2)
+            .build(connector);
+        Transport {
+            shared: Arc::new(Shared {
+                name,
+                url: config.url.clone(),
+                headers: config.headers.clone(),
+                client,
+                handshake_timeout: timeout.min(Duration::from_secs(30)),
+                metrics,
+                statefulness: AtomicU8::new(UNKNOWN),
+                stateless_handshake: Mutex::new(None),
+            }),
+        }
+    }
+}
+
+#[async_trait]
+impl super::Transport for Transport {
+    async fn open(&self, hello: &Hello, inbox: Arc<dyn Inbox>) -> Result<Arc<dyn super::Channel>, UpstreamError> {
+        let shared = &self.shared;
+        if shared.statefulness.load(Ordering::Relaxed) == STATELESS {
+            if let Some((version, handshake)) = shared.stateless_handshake.lock().expect("lock").clone() {
+                let state = SessionState { sid: None, version, handshake, epoch: 0 };
+                return Ok(Channel::open(shared.clone(), hello.clone(), state, inbox));
+            }
+        }
+        let state = shared.handshake(hello).await?;
+        if state.sid.is_none() {
+            shared.statefulness.store(STATELESS, Ordering::Relaxed);
+            *shared.stateless_handshake.lock().expect("lock") = Some((state.version.clone(), state.handshake.clone()));
+        } else {
+            shared.statefulness.store(STATEFUL, Ordering::Relaxed);
+        }
+        Ok(Channel::open(shared.clone(), hello.clone(), state, inbox))
+    }
+
+    async fn shutdown(&self) {}
+}
+
+/// The upstream session a channel is on.
+#[derive(Clone)]
+struct SessionState {
+    sid: Option<HeaderValue>,
+    version: HeaderValue,
+    handshake: Arc<Handshake>,
+    /// Bumped on every re-initialisation.
+    epoch: u64,
+}
+
+impl Shared {
+    /// POSTs one message.
+    async fn post(&self, body: Bytes, state: Option<&SessionState>) -> Result<Response<Incoming>, UpstreamError> {
+        let mut req = Request::new(Full::new(body));
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = self.url.clone();
+        let h = req.headers_mut();
+        h.insert(CONTENT_TYPE, JSON);
+        h.insert(ACCEPT, JSON_AND_SSE);
+        if let Some(state) = state {
+            if let Some(sid) = &state.sid {
+                h.insert(SESSION_ID.clone(), sid.clone());
+            }
+            h.insert(PROTOCOL_VERSION.clone(), state.version.clone());
+        }
+        for (name, value) in &self.headers {
+            h.insert(name.clone(), value.clone());
+        }
+        self.client.request(req).await.map_err(|e| UpstreamError::Connect(describe(&e)))
+    }
+
+    /// GETs the session's stream, optionally resuming after `last_event_id`.
+    async fn get(
+        &self,
+        state: &SessionState,
+        last_event_id: Option<&str>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let mut req = Request::new(Full::new(Bytes::new()));
+        *req.uri_mut() = self.url.clone();
+        let h = req.headers_mut();
+        h.insert(ACCEPT, SSE);
+        if let Some(sid) = &state.sid {
+            h.insert(SESSION_ID.clone(), sid.clone());
+        }
+        h.insert(PROTOCOL_VERSION.clone(), state.version.clone());
+        if let Some(id) = last_event_id.and_then(|id| HeaderValue::from_str(id).ok()) {
+            h.insert(LAST_EVENT_ID.clone(), id);
+        }
+        for (name, value) in &self.headers {
+            h.insert(name.clone(), value.clone());
+        }
+        self.client.request(req).await.map_err(|e| UpstreamError::Connect(describe(&e)))
+    }
+
+    /// `initialize`, then `notifications/initialized`.
+    async fn handshake(self: &Arc<Self>, hello: &Hello) -> Result<SessionState, UpstreamError> {
+        let work = async {
+            let body = jsonrpc::request(Some(b"0"), "initialize", Some(&hello.params()));
+            let resp = self.post(body, None).await?;
+            if !resp.status().is_success() || resp.status() == StatusCode::ACCEPTED {
+                return Err(UpstreamError::Initialize(status_error(resp).await.to_string()));
+            }
+            let sid = resp.headers().get(&SESSION_ID).cloned();
+            let reply = self.read_reply(resp, None).await?;
+            let message = collect_response(reply, "0").await?;
+            let handshake = Handshake::from_response(&message)?;
+            let version = HeaderValue::from_str(&handshake.protocol_version)
+                .unwrap_or_else(|_| HeaderValue::from_static(hello.protocol_version.as_str()));
+            let mut state = SessionState { sid, version, handshake: Arc::new(handshake), epoch: 0 };
+            let note = jsonrpc::request(None, "notifications/initialized", None);
+            let resp = self.post(note, Some(&state)).await?;
+            if !resp.status().is_success() {
+                return Err(UpstreamError::Initialize(format!(
+                    "notifications/initialized: {}",
+                    status_error(resp).await
+                )));
+            }
+            drain(resp).await;
+            state.epoch = 0;
+            Ok(state)
+        };
+        match tokio::time::timeout(self.handshake_timeout, work).await {
+            Ok(result) => result,
+            Err(_) => Err(UpstreamError::Timeout(self.handshake_timeout)),
+        }
+    }
+
+    /// Turns a successful response into a [`Reply`].
+    async fn read_reply(
+        self: &Arc<Self>,
+        resp: Response<Incoming>,
+        state: Option<&SessionState>,
+    ) -> Result<Reply, UpstreamError> {
+        let is_sse = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.trim_start().to_ascii_lowercase().starts_with("text/event-stream"));
+        if is_sse {
+            return Ok(Reply::Stream(Box::new(SseStream::new(
+                resp.into_body(),
+                state.map(|s| (Arc::downgrade(self), s.clone())),
+            ))));
+        }
+        let body = Limited::new(resp.into_body(), MAX_MESSAGE_BYTES)
+            .collect()
+            .await
+            .map_err(|e| UpstreamError::Connect(format!("reading the response: {e}")))?;
+        Ok(Reply::Done(body.to_bytes()))
+    }
+}
+
+/// One upstream session over Streamable HTTP.
+struct Channel {
+    shared: Arc<Shared>,
+    hello: Hello,
+    state: RwLock<SessionState>,
+    reinit: tokio::sync::Mutex<()>,
+    inbox: Arc<dyn Inbox>,
+    listener: Mutex<Option<JoinHandle<()>>>,
+    closed: AtomicBool,
+    me: Weak<Channel>,
+}
+
+impl Channel {
+    fn open(shared: Arc<Shared>, hello: Hello, state: SessionState, inbox: Arc<dyn Inbox>) -> Arc<dyn super::Channel> {
+        Arc::new_cyclic(|me| Channel {
+            shared,
+            hello,
+            state: RwLock::new(state),
+            reinit: tokio::sync::Mutex::new(()),
+            inbox,
+            listener: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            me: me.clone(),
+        })
+    }
+
+    fn state(&self) -> SessionState {
+        self.state.read().expect("lock").clone()
+    }
+
+    /// Runs `initialize` again unless another caller already did since `stale`.
+    async fn reinitialize(&self, stale: &SessionState) -> Result<(), UpstreamError> {
+        let _one_at_a_time = self.reinit.lock().await;
+        if self.state().epoch != stale.epoch {
+            return Ok(());
+        }
+        let mut fresh = self.shared.handshake(&self.hello).await?;
+        fresh.epoch = stale.epoch + 1;
+        *self.state.write().expect("lock") = fresh;
+        self.shared.metrics.upstream_reinitialized(&self.shared.name);
+        tracing::info!(upstream = %self.shared.name, "upstream session expired; re-initialised");
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl super::Channel for Channel {
+    async fn request(&self, out: Outgoing) -> Result<Reply, UpstreamError> {
+        let mut retried = false;
+        loop {
+            let state = self.state();
+            let resp = self.shared.post(out.body.clone(), Some(&state)).await?;
+            let status = resp.status();
+            if status.is_success() && status != StatusCode::ACCEPTED {
+                return self.shared.read_reply(resp, Some(&state)).await;
+            }
+            if (status == StatusCode::NOT_FOUND || status == StatusCode::BAD_REQUEST) && state.sid.is_some() && !retried
+            {
+                drain(resp).await;
+                self.reinitialize(&state).await?;
+                retried = true;
+                continue;
+            }
+            if status == StatusCode::ACCEPTED {
+                return Err(UpstreamError::Protocol("it answered a request with 202 Accepted".into()));
+            }
+            return Err(status_error(resp).await);
+        }
+    }
+
+    async fn send(&self, message: Bytes) -> Result<(), UpstreamError> {
+        let state = self.state();
+        let resp = self.shared.post(message, Some(&state)).await?;
+        if resp.status().is_success() {
+            drain(resp).await;
+            Ok(())
+        } else {
+            Err(status_error(resp).await)
+        }
+    }
+
+    fn listen(&self) {
+        let mut listener = self.listener.lock().expect("lock");
+        if listener.is_some() || self.closed.load(Ordering::Relaxed) || self.state().sid.is_none() {
+            return;
+        }
+        let me = self.me.clone();
+        *listener = Some(tokio::spawn(listen_loop(me)));
+    }
+
+    fn handshake(&self) -> Arc<Handshake> {
+        self.state().handshake
+    }
+
+    async fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        if let Some(task) = self.listener.lock().expect("lock").take() {
+            task.abort();
+        }
+        let state = self.state();
+        let Some(sid) = state.sid else { return };
+        let mut req = Request::new(Full::new(Bytes::new()));
+        *req.method_mut() = Method::DELETE;
+        *req.uri_mut() = self.shared.url.clone();
+        req.headers_mut().insert(SESSION_ID.clone(), sid);
+        req.headers_mut().insert(PROTOCOL_VERSION.clone(), state.version);
+        for (name, value) in &self.shared.headers {
+            req.headers_mut().insert(name.clone(), value.clone());
+        }
+        if let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(2), self.shared.client.request(req)).await {
+            drain(resp).await;
+        }
+    }
+}
+
+/// Keeps the session's GET stream open and hands its messages to the inbox.
+async fn listen_loop(channel: Weak<Channel>) {
+    let mut last_event_id: Option<String> = None;
+    let mut pause = Duration::from_millis(250);
+    loop {
+        let Some(me) = channel.upgrade() else { return };
+        if me.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let state = me.state();
+        let shared = me.shared.clone();
+        let inbox = me.inbox.clone();
+        drop(me);
+        match shared.get(&state, last_event_id.as_deref()).await {
+            Ok(resp) if resp.status() == StatusCode::METHOD_NOT_ALLOWED => return,
+            Ok(resp) if resp.status().is_success() => {
+                pause = Duration::from_millis(250);
+                let mut stream = SseStream::new(resp.into_body(), None);
+                while let Some(message) = stream.next().await {
+                    match message {
+                        Ok(message) => inbox.deliver(message),
+                        Err(_) => break,
+                    }
+                }
+                if stream.last_event_id.is_some() {
+                    last_event_id = stream.last_event_id.take();
+                }
+                if let Some(retry) = stream.retry {
+                    pause = retry.min(Duration::from_secs(30));
+                }
+            }
+            Ok(resp) => {
+                // The session may have expired; the next request re-initialises it.
+                drain(resp).await;
+                last_event_id = None;
+                pause = (pause * 2).min(Duration::from_secs(30));
+            }
+            Err(_) => pause = (pause * 2).min(Duration::from_secs(30)),
+        }
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// Messages of one SSE response, resuming with `Last-Event-ID` when the
+/// server ends the stream early.
+struct SseStream {
+    body: Incoming,
+    decoder: sse::Decoder,
+    resume: Option<(Weak<Shared>, SessionState)>,
+    last_event_id: Option<String>,
+    retry: Option<Duration>,
+    resumes: u32,
+}
+
+impl SseStream {
+    fn new(body: Incoming, resume: Option<(Weak<Shared>, SessionState)>) -> Self {
+        SseStream {
+            body,
+            decoder: sse::Decoder::new(MAX_MESSAGE_BYTES),
+            resume,
+            last_event_id: None,
+            retry: None,
+            resumes: 0,
+        }
+    }
+
+    /// Reconnects with `Last-Event-ID`; false if that is not possible.
+    async fn resume(&mut self) -> bool {
+        let (Some((shared, state)), Some(last)) = (&self.resume, &self.last_event_id) else { return false };
+        let Some(shared) = shared.upgrade() else { return false };
+        if self.resumes >= 5 {
+            return false;
+        }
+        self.resumes += 1;
+        tokio::time::sleep(self.retry.unwrap_or(Duration::from_millis(100)).min(Duration::from_secs(10))).await;
+        match shared.get(state, Some(last)).await {
+            Ok(resp) if resp.status().is_success() => {
+                self.body = resp.into_body();
+                self.decoder = sse::Decoder::new(MAX_MESSAGE_BYTES);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+#[async_trait]
+impl MessageStream for SseStream {
+    async fn next(&mut self) -> Option<Result<Bytes, UpstreamError>> {
+        loop {
+            match self.decoder.next_event() {
+                Err(e) => return Some(Err(UpstreamError::Protocol(e.to_string()))),
+                Ok(Some(mut event)) => {
+                    if let Some(id) = event.id.take() {
+                        self.last_event_id = Some(id);
+                    }
+                    if let Some(ms) = event.retry {
+                        self.retry = Some(Duration::from_millis(ms));
+                    }
+                    if event.data.is_empty() || !event.is_message() {
+                        continue;
+                    }
+                    self.resumes = 0;
+                    return Some(Ok(event.data));
+                }
+                Ok(None) => {}
+            }
+            match self.body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.decoder.push(&data);
+                    }
+                }
+                Some(Err(e)) => {
+                    if self.resume().await {
+                        continue;
+                    }
+                    return Some(Err(UpstreamError::Connect(format!("stream broke: {e}"))));
+                }
+                None => {
+                    if self.resume().await {
+                        continue;
+                    }
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// Reads and discards a body so the connection can be reused.
+async fn drain(resp: Response<Incoming>) {
+    let _ = Limited::new(resp.into_body(), 1 << 20).collect().await;
+}
+
+/// An error for a non-success status, with the upstream's own message if it sent one.
+async fn status_error(resp: Response<Incoming>) -> UpstreamError {
+    let status = resp.status().as_u16();
+    let body = Limited::new(resp.into_body(), 64 << 10).collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let detail = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.pointer("/error/message").and_then(|m| m.as_str()).map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(200)]).trim().to_owned());
+    UpstreamError::Status { status, detail }
+}
+
+/// The most specific message in an error's source chain.
+fn describe(err: &hyper_util::client::legacy::Error) -> String {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        message = s.to_string();
+        source = s.source();
+    }
+    message
+}

@@ -1,0 +1,239 @@
+//! Upstream MCP servers, behind one trait whatever the transport.
+//!
+//! A [`Transport`] knows how to reach one configured server. Its
+//! [`open`](Transport::open) performs the `initialize` handshake and returns a
+//! [`Channel`]: one logical MCP session with that server. The router opens a
+//! channel per downstream session and upstream (so that the server sees the
+//! client's own capabilities, and its requests reach the right client), plus
+//! one "control" channel per upstream for the catalog.
+//!
+//! The contract every transport keeps:
+//! - A [`Channel`] speaks the downstream's id space. A response comes back with
+//!   the id of the request it answers, and progress notifications with the
+//!   progress token the request carried, whatever the transport did with them
+//!   on the wire.
+//! - Server-to-client requests come out with the upstream's ids; answers to
+//!   them are sent back with [`Channel::send`] carrying those same ids.
+//! - Messages not tied to a request go to the channel's [`Inbox`].
+//! - No client credential, `Host` or `Origin` ever reaches an upstream:
+//!   requests are built from scratch.
+//!
+//! Adding a transport is one new file implementing these traits and one line
+//! in [`build`].
+
+pub mod http;
+pub mod stdio;
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde_json::value::RawValue;
+use serde_json::Value;
+use switchboard_protocol::{Method, ProtocolVersion};
+
+use crate::config::{TransportConfig, UpstreamConfig};
+use crate::metrics::Metrics;
+
+/// How an upstream failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum UpstreamError {
+    /// Could not connect or the connection broke.
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    /// No answer in time.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// An HTTP status other than success.
+    #[error("it answered HTTP {status}: {detail}")]
+    Status { status: u16, detail: String },
+    /// The `initialize` handshake failed.
+    #[error("initialize failed: {0}")]
+    Initialize(String),
+    /// It sent something that is not valid MCP.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The child process is not running (it is being restarted).
+    #[error("the process is not running: {0}")]
+    NotRunning(String),
+    /// The stream or process ended before the answer.
+    #[error("connection closed before the answer")]
+    Closed,
+    /// Known to be failing; not tried for now.
+    #[error("it is down ({0})")]
+    Down(String),
+}
+
+/// What the router says about itself and its client when opening a channel.
+#[derive(Debug, Clone)]
+pub struct Hello {
+    /// The version to ask for (the downstream client's, for its channels).
+    pub protocol_version: ProtocolVersion,
+    /// The client capabilities to declare, as JSON.
+    pub capabilities: Arc<RawValue>,
+}
+
+impl Hello {
+    /// The `initialize` request params.
+    pub fn params(&self) -> Vec<u8> {
+        format!(
+            r#"{{"protocolVersion":"{}","capabilities":{},"clientInfo":{{"name":"switchboard","version":"{}"}}}}"#,
+            self.protocol_version.as_str(),
+            self.capabilities.get(),
+            env!("CARGO_PKG_VERSION")
+        )
+        .into_bytes()
+    }
+
+    /// A hello declaring no client capabilities (for the router's own channels).
+    pub fn router() -> Self {
+        Hello { protocol_version: ProtocolVersion::LATEST, capabilities: Arc::from(empty_object()) }
+    }
+}
+
+/// `{}` as a raw value.
+pub fn empty_object() -> Box<RawValue> {
+    RawValue::from_string("{}".into()).expect("valid JSON")
+}
+
+/// What the upstream said in its `initialize` result.
+#[derive(Debug, Clone, Default)]
+pub struct Handshake {
+    /// The version it chose.
+    pub protocol_version: String,
+    /// Its capabilities object.
+    pub capabilities: Value,
+    /// Its instructions, if any.
+    pub instructions: Option<String>,
+    /// Its `serverInfo`.
+    pub server_info: Value,
+}
+
+impl Handshake {
+    /// Reads an `initialize` response (the whole JSON-RPC message).
+    pub fn from_response(message: &[u8]) -> Result<Self, UpstreamError> {
+        let v: Value = serde_json::from_slice(message).map_err(|e| UpstreamError::Initialize(e.to_string()))?;
+        if let Some(error) = v.get("error") {
+            let msg = error.get("message").and_then(Value::as_str).unwrap_or("no message");
+            return Err(UpstreamError::Initialize(format!("it refused: {msg}")));
+        }
+        let result = v.get("result").ok_or_else(|| UpstreamError::Initialize("no result".into()))?;
+        Ok(Handshake {
+            protocol_version: result.get("protocolVersion").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            capabilities: result.get("capabilities").cloned().unwrap_or(Value::Object(Default::default())),
+            instructions: result.get("instructions").and_then(Value::as_str).map(str::to_owned),
+            server_info: result.get("serverInfo").cloned().unwrap_or(Value::Null),
+        })
+    }
+
+    /// Whether it declared a capability (`tools`, `logging`, …).
+    pub fn has(&self, capability: &str) -> bool {
+        self.capabilities.get(capability).is_some_and(|c| !c.is_null())
+    }
+}
+
+/// A request on its way to an upstream.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    /// The whole message, already rewritten for the upstream (names, URIs).
+    pub body: Bytes,
+    /// The method.
+    pub method: Method,
+    /// Where the `id` sits in `body`.
+    pub id: Range<usize>,
+    /// Where `params._meta.progressToken` sits in `body`, if present.
+    pub progress_token: Option<Range<usize>>,
+}
+
+/// The answer to a request.
+pub enum Reply {
+    /// The response, complete.
+    Done(Bytes),
+    /// Related messages (notifications, server-to-client requests), ending with the response.
+    Stream(Box<dyn MessageStream>),
+}
+
+/// Messages related to one request, in order; the response is the last one.
+#[async_trait]
+pub trait MessageStream: Send {
+    /// The next message; `None` when the stream ended.
+    async fn next(&mut self) -> Option<Result<Bytes, UpstreamError>>;
+}
+
+/// Receives messages that are not tied to any request.
+pub trait Inbox: Send + Sync {
+    /// Takes one message (a notification or a server-to-client request).
+    fn deliver(&self, message: Bytes);
+}
+
+/// One logical MCP session with an upstream.
+#[async_trait]
+pub trait Channel: Send + Sync {
+    /// Sends a request and waits until the upstream answers or starts streaming.
+    async fn request(&self, out: Outgoing) -> Result<Reply, UpstreamError>;
+
+    /// Sends a notification, or a response to a server-to-client request.
+    async fn send(&self, message: Bytes) -> Result<(), UpstreamError>;
+
+    /// Starts delivering messages not tied to a request to the inbox (over
+    /// HTTP, opens the GET stream). Idempotent.
+    fn listen(&self);
+
+    /// What the upstream said when this channel was opened (or last re-opened).
+    fn handshake(&self) -> Arc<Handshake>;
+
+    /// Ends the session with the upstream.
+    async fn close(&self);
+}
+
+/// A way to reach one upstream server.
+#[async_trait]
+pub trait Transport: Send + Sync {
+    /// Opens a session: `initialize` with `hello`, then `notifications/initialized`.
+    async fn open(&self, hello: &Hello, inbox: Arc<dyn Inbox>) -> Result<Arc<dyn Channel>, UpstreamError>;
+
+    /// Stops background work and child processes.
+    async fn shutdown(&self);
+}
+
+/// One configured upstream.
+pub struct Upstream {
+    /// Position in the configuration; indexes per-upstream tables.
+    pub index: usize,
+    /// Its configured name.
+    pub name: Arc<str>,
+    /// Its settings.
+    pub config: UpstreamConfig,
+    /// How to reach it.
+    pub transport: Arc<dyn Transport>,
+}
+
+/// Builds the transport for one upstream.
+pub fn build(config: &UpstreamConfig, metrics: &Arc<Metrics>) -> Arc<dyn Transport> {
+    let name: Arc<str> = Arc::from(config.name.as_str());
+    match &config.transport {
+        TransportConfig::Http(http) => Arc::new(http::Transport::new(name, http, config.timeout, metrics.clone())),
+        TransportConfig::Stdio(stdio) => Arc::new(stdio::Transport::start(name, stdio.clone(), metrics.clone())),
+    }
+}
+
+/// Finds the first message in `stream` that answers `id`, dropping the rest.
+/// Used for the router's own requests (handshakes, lists).
+pub async fn collect_response(reply: Reply, id: &str) -> Result<Bytes, UpstreamError> {
+    match reply {
+        Reply::Done(bytes) => Ok(bytes),
+        Reply::Stream(mut stream) => {
+            while let Some(message) = stream.next().await {
+                let message = message?;
+                if let Ok(env) = switchboard_protocol::Envelope::parse(&message) {
+                    if env.method.is_none() && env.id.is_some_and(|i| i.get() == id) {
+                        return Ok(message);
+                    }
+                }
+            }
+            Err(UpstreamError::Closed)
+        }
+    }
+}

@@ -1,0 +1,608 @@
+//! Upstreams that run as child processes speaking newline-delimited JSON.
+//!
+//! One process per upstream, shared by every downstream session: each
+//! session gets a *view* ([`Channel`](super::Channel)) of it. Because the
+//! sessions share one JSON-RPC id space on the child's stdin, every request is
+//! given a fresh numeric id (and its progress token the same number) on the
+//! way in; responses and progress notifications get the originals back on the
+//! way out.
+//!
+//! The supervisor starts the child, performs `initialize`, restarts it with
+//! exponential backoff when it exits (failing the requests it had in flight),
+//! and on shutdown closes its stdin, then sends SIGTERM, then SIGKILL. The
+//! child's stderr is its log, forwarded to ours line by line.
+//!
+//! Messages a shared process sends outside any request cannot always be tied
+//! to one session: list changes go to every view (the catalog de-duplicates),
+//! resource updates to the views that subscribed, logging and server-to-client
+//! requests to the view with a request in flight when there is exactly one,
+//! and are otherwise dropped (logging) or refused (requests) and counted.
+
+use std::collections::{HashMap, HashSet};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde_json::value::RawValue;
+use switchboard_protocol::jsonrpc::{self, as_str, span, Envelope, MessageKind, Target};
+use switchboard_protocol::rewrite::{splice, Edit};
+use switchboard_protocol::{ndjson, Method};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::{mpsc, watch, Notify};
+
+use super::{Handshake, Hello, Inbox, MessageStream, Outgoing, Reply, UpstreamError};
+use crate::config::{StdioConfig, SAFE_ENV};
+use crate::metrics::Metrics;
+
+/// Largest line accepted from a child.
+const MAX_LINE: usize = 64 << 20;
+/// How long `open` waits for a (re)starting child.
+const START_WAIT: Duration = Duration::from_secs(20);
+
+/// A stdio upstream and its supervisor.
+pub struct Transport {
+    shared: Arc<Shared>,
+    supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// A message for one pending request: `(is_the_response, message)`.
+type Sink = mpsc::UnboundedSender<(bool, Bytes)>;
+
+struct Pending {
+    view: u64,
+    /// The request's id as the downstream wrote it.
+    id: Box<str>,
+    /// The request's progress token as the downstream wrote it.
+    progress_token: Option<Box<str>>,
+    sink: Sink,
+}
+
+struct View {
+    inbox: Arc<dyn Inbox>,
+    subscriptions: HashSet<String>,
+}
+
+/// A running, initialised child.
+struct Running {
+    stdin: mpsc::UnboundedSender<Bytes>,
+    handshake: Arc<Handshake>,
+}
+
+struct Shared {
+    name: Arc<str>,
+    config: StdioConfig,
+    metrics: Arc<Metrics>,
+    next_id: AtomicU64,
+    pending: Mutex<HashMap<u64, Pending>>,
+    views: Mutex<HashMap<u64, View>>,
+    /// Server-to-client request id → the view it went to (for cancellations).
+    asked: Mutex<HashMap<Box<str>, u64>>,
+    running: watch::Sender<Option<Arc<Running>>>,
+    last_error: Mutex<String>,
+    stop: Notify,
+    stopping: std::sync::atomic::AtomicBool,
+}
+
+impl Transport {
+    /// Starts the supervisor, which spawns the child.
+    pub fn start(name: Arc<str>, config: StdioConfig, metrics: Arc<Metrics>) -> Self {
+        let (running, _) = watch::channel(None);
+        let shared = Arc::new(Shared {
+            name,
+            config,
+            metrics,
+            next_id: AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
+            views: Mutex::new(HashMap::new()),
+            asked: Mutex::new(HashMap::new()),
+            running,
+            last_error: Mutex::new("starting".into()),
+            stop: Notify::new(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
+        });
+        let supervisor = tokio::spawn(supervise(shared.clone()));
+        Transport { shared, supervisor: Mutex::new(Some(supervisor)) }
+    }
+}
+
+#[async_trait]
+impl super::Transport for Transport {
+    async fn open(&self, _hello: &Hello, inbox: Arc<dyn Inbox>) -> Result<Arc<dyn super::Channel>, UpstreamError> {
+        self.shared.wait_running(START_WAIT).await?;
+        let view = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        self.shared.views.lock().expect("lock").insert(view, View { inbox, subscriptions: HashSet::new() });
+        Ok(Arc::new(Channel { shared: self.shared.clone(), view }))
+    }
+
+    async fn shutdown(&self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        self.shared.stop.notify_one();
+        let task = self.supervisor.lock().expect("lock").take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Shared {
+    async fn wait_running(&self, wait: Duration) -> Result<Arc<Running>, UpstreamError> {
+        let mut rx = self.running.subscribe();
+        let ready = tokio::time::timeout(wait, rx.wait_for(Option::is_some)).await;
+        match ready {
+            Ok(Ok(running)) => Ok(running.clone().expect("is some")),
+            _ => Err(UpstreamError::NotRunning(self.last_error.lock().expect("lock").clone())),
+        }
+    }
+
+    fn fail_all_pending(&self) {
+        self.pending.lock().expect("lock").clear();
+        self.asked.lock().expect("lock").clear();
+    }
+
+    /// Routes one line the child wrote.
+    fn dispatch(&self, line: Bytes, stdin: &mpsc::UnboundedSender<Bytes>) {
+        let env = match Envelope::parse(&line) {
+            Ok(env) => env,
+            Err(e) => {
+                self.metrics.upstream_protocol_error(&self.name);
+                let shown = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
+                tracing::warn!(upstream = %self.name, error = %e, line = %shown, "child wrote a line that is not JSON-RPC");
+                return;
+            }
+        };
+        match env.kind {
+            MessageKind::Response | MessageKind::Error => {
+                let Some(uid) = env.id.and_then(|id| id.get().parse::<u64>().ok()) else { return };
+                let Some(p) = self.pending.lock().expect("lock").remove(&uid) else {
+                    tracing::debug!(upstream = %self.name, id = uid, "response for a request nobody waits for");
+                    return;
+                };
+                let id_span = span(&line, env.id.expect("checked").get());
+                let restored = splice(&line, &mut [Edit::new(id_span, p.id.as_bytes())]);
+                let _ = p.sink.send((true, restored));
+            }
+            MessageKind::Notification => self.notification(&env, &line),
+            MessageKind::Request => self.server_request(&env, &line, stdin),
+        }
+    }
+
+    fn notification(&self, env: &Envelope<'_>, line: &Bytes) {
+        let method = Method::from_name(env.method_str());
+        match method {
+            Method::Progress => {
+                let target = env.params.and_then(|p| Target::parse(p).ok());
+                let token_raw = env.params.and_then(|p| progress_token(p));
+                let (Some(token_raw), Some(_)) = (token_raw, target) else { return };
+                let Ok(uid) = token_raw.get().parse::<u64>() else { return };
+                let pending = self.pending.lock().expect("lock");
+                let Some(p) = pending.get(&uid) else { return };
+                let Some(original) = &p.progress_token else { return };
+                let restored = splice(line, &mut [Edit::new(span(line, token_raw.get()), original.as_bytes())]);
+                let _ = p.sink.send((false, restored));
+            }
+            Method::ToolsListChanged | Method::PromptsListChanged | Method::ResourcesListChanged => {
+                for view in self.views.lock().expect("lock").values() {
+                    view.inbox.deliver(line.clone());
+                }
+            }
+            Method::ResourcesUpdated => {
+                let uri = env
+                    .params
+                    .and_then(|p| Target::parse(p).ok())
+                    .and_then(|t| t.uri)
+                    .and_then(|u| as_str(u).map(|s| s.into_owned()));
+                let Some(uri) = uri else { return };
+                for view in self.views.lock().expect("lock").values() {
+                    if view.subscriptions.contains(&uri) {
+                        view.inbox.deliver(line.clone());
+                    }
+                }
+            }
+            Method::Cancelled => {
+                // The child gave up on a request it sent to a client.
+                let request_id = env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.request_id);
+                let view = request_id.and_then(|id| self.asked.lock().expect("lock").remove(id.get()));
+                if let Some(view) = view.and_then(|v| self.views.lock().expect("lock").get(&v).map(|v| v.inbox.clone()))
+                {
+                    view.deliver(line.clone());
+                }
+            }
+            _ => match self.sole_pending() {
+                Some(sink) => {
+                    let _ = sink.send((false, line.clone()));
+                }
+                None => self.metrics.relay_dropped(&self.name, "unattributable_notification"),
+            },
+        }
+    }
+
+    fn server_request(&self, env: &Envelope<'_>, line: &Bytes, stdin: &mpsc::UnboundedSender<Bytes>) {
+        let id = env.id.expect("a request has an id");
+        if env.method_str() == "ping" {
+            let _ = stdin.send(ndjson::encode(&jsonrpc::result_response(id, b"{}")));
+            return;
+        }
+        let target = {
+            let pending = self.pending.lock().expect("lock");
+            let mut views = pending.values().map(|p| p.view).collect::<HashSet<_>>().into_iter();
+            match (views.next(), views.next()) {
+                (Some(view), None) => pending
+                    .iter()
+                    .filter(|(_, p)| p.view == view)
+                    .max_by_key(|(uid, _)| **uid)
+                    .map(|(_, p)| (view, p.sink.clone())),
+                _ => None,
+            }
+        };
+        match target {
+            Some((view, sink)) => {
+                self.asked.lock().expect("lock").insert(id.get().into(), view);
+                let _ = sink.send((false, line.clone()));
+            }
+            None => {
+                self.metrics.relay_dropped(&self.name, "unattributable_request");
+                let message = format!(
+                    "switchboard cannot tell which client {} is meant for: this stdio upstream is shared by several sessions",
+                    env.method_str()
+                );
+                let reply = jsonrpc::error_response(Some(id), jsonrpc::code::INTERNAL_ERROR, &message, None);
+                let _ = stdin.send(ndjson::encode(&reply));
+            }
+        }
+    }
+
+    /// The sink of the only request in flight, if there is exactly one.
+    fn sole_pending(&self) -> Option<Sink> {
+        let pending = self.pending.lock().expect("lock");
+        if pending.len() == 1 {
+            pending.values().next().map(|p| p.sink.clone())
+        } else {
+            None
+        }
+    }
+}
+
+fn progress_token(params: &RawValue) -> Option<&RawValue> {
+    #[derive(serde::Deserialize)]
+    struct P<'a> {
+        #[serde(borrow, rename = "progressToken")]
+        progress_token: Option<&'a RawValue>,
+    }
+    serde_json::from_str::<P<'_>>(params.get()).ok()?.progress_token
+}
+
+/// Starts, watches and restarts the child.
+async fn supervise(shared: Arc<Shared>) {
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        if shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let started = Instant::now();
+        match spawn(&shared) {
+            Ok(child) => run(&shared, child).await,
+            Err(e) => {
+                let message = format!("cannot start {:?}: {e}", shared.config.command);
+                tracing::error!(upstream = %shared.name, "{message}");
+                *shared.last_error.lock().expect("lock") = message;
+            }
+        }
+        shared.running.send_replace(None);
+        shared.fail_all_pending();
+        shared.metrics.set_upstream_up(&shared.name, false);
+        if shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        shared.metrics.upstream_restarted(&shared.name);
+        if started.elapsed() > Duration::from_secs(60) {
+            backoff = Duration::from_millis(250);
+        }
+        tracing::warn!(upstream = %shared.name, ?backoff, "restarting the upstream process");
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = shared.stop.notified() => return,
+        }
+        backoff = (backoff * 2).min(shared.config.restart_max_backoff);
+    }
+}
+
+fn spawn(shared: &Shared) -> std::io::Result<Child> {
+    let c = &shared.config;
+    let mut cmd = Command::new(&c.command);
+    cmd.args(&c.args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+    if !c.inherit_env {
+        cmd.env_clear();
+        for key in SAFE_ENV {
+            if let Some(value) = std::env::var_os(key) {
+                cmd.env(key, value);
+            }
+        }
+    }
+    cmd.envs(&c.env);
+    if let Some(cwd) = &c.cwd {
+        cmd.current_dir(cwd);
+    }
+    cmd.spawn()
+}
+
+/// Runs one child from start to exit (or to shutdown).
+async fn run(shared: &Arc<Shared>, mut child: Child) {
+    let pid = child.id();
+    let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return;
+    };
+    let (stdin_tx, stdin_rx) = mpsc::unbounded_channel::<Bytes>();
+    let writer = tokio::spawn(write_stdin(stdin, stdin_rx));
+    let name = shared.name.clone();
+    let log = tokio::spawn(async move {
+        let mut lines = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            tracing::info!(upstream = %name, "stderr: {line}");
+        }
+    });
+    let reader = {
+        let shared = shared.clone();
+        let stdin_tx = stdin_tx.clone();
+        tokio::spawn(async move {
+            let mut stdout = stdout;
+            let mut decoder = ndjson::Decoder::new(MAX_LINE);
+            let mut chunk = vec![0u8; 64 * 1024];
+            loop {
+                let n = match stdout.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                decoder.push(&chunk[..n]);
+                loop {
+                    match decoder.next_line() {
+                        Ok(Some(line)) => shared.dispatch(line, &stdin_tx),
+                        Ok(None) => break,
+                        Err(e) => tracing::warn!(upstream = %shared.name, "child wrote an oversized line: {e}"),
+                    }
+                }
+            }
+        })
+    };
+
+    match initialize(shared, &stdin_tx).await {
+        Ok(handshake) => {
+            tracing::info!(upstream = %shared.name, pid, version = %handshake.protocol_version, "upstream process ready");
+            shared
+                .running
+                .send_replace(Some(Arc::new(Running { stdin: stdin_tx.clone(), handshake: Arc::new(handshake) })));
+            shared.metrics.set_upstream_up(&shared.name, true);
+            let exited = tokio::select! {
+                status = child.wait() => Some(status),
+                () = shared.stop.notified() => None,
+            };
+            shared.running.send_replace(None);
+            match exited {
+                Some(status) => {
+                    let message =
+                        format!("process exited: {}", status.map_or_else(|e| e.to_string(), |s| s.to_string()));
+                    tracing::warn!(upstream = %shared.name, "{message}");
+                    *shared.last_error.lock().expect("lock") = message;
+                }
+                None => {
+                    // Dropping the writer closes the child's stdin.
+                    writer.abort();
+                    stop_child(shared, &mut child).await;
+                }
+            }
+        }
+        Err(e) => {
+            let message = format!("initialize failed: {e}");
+            tracing::error!(upstream = %shared.name, "{message}");
+            *shared.last_error.lock().expect("lock") = message;
+            let _ = child.kill().await;
+        }
+    }
+    writer.abort();
+    reader.abort();
+    log.abort();
+}
+
+/// Close stdin, wait; SIGTERM, wait; SIGKILL.
+async fn stop_child(shared: &Shared, child: &mut Child) {
+    let grace = shared.config.shutdown_grace;
+    if tokio::time::timeout(grace, child.wait()).await.is_ok() {
+        return;
+    }
+    if let Some(pid) = child.id() {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+        if tokio::time::timeout(grace, child.wait()).await.is_ok() {
+            return;
+        }
+    }
+    tracing::warn!(upstream = %shared.name, "process ignored stdin close and SIGTERM; killing it");
+    let _ = child.kill().await;
+}
+
+async fn write_stdin(mut stdin: ChildStdin, mut rx: mpsc::UnboundedReceiver<Bytes>) {
+    while let Some(line) = rx.recv().await {
+        if stdin.write_all(&line).await.is_err() {
+            return;
+        }
+        if rx.is_empty() && stdin.flush().await.is_err() {
+            return;
+        }
+    }
+    let _ = stdin.shutdown().await;
+}
+
+async fn initialize(shared: &Shared, stdin: &mpsc::UnboundedSender<Bytes>) -> Result<Handshake, UpstreamError> {
+    let uid = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    shared
+        .pending
+        .lock()
+        .expect("lock")
+        .insert(uid, Pending { view: 0, id: "0".into(), progress_token: None, sink: tx });
+    let hello = Hello::router();
+    let request = jsonrpc::request(Some(uid.to_string().as_bytes()), "initialize", Some(&hello.params()));
+    stdin.send(ndjson::encode(&request)).map_err(|_| UpstreamError::Closed)?;
+    let answer = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match rx.recv().await {
+                Some((true, message)) => return Ok(message),
+                Some((false, _)) => continue,
+                None => return Err(UpstreamError::Closed),
+            }
+        }
+    })
+    .await
+    .map_err(|_| UpstreamError::Timeout(Duration::from_secs(30)))??;
+    let handshake = Handshake::from_response(&answer)?;
+    let note = jsonrpc::request(None, "notifications/initialized", None);
+    stdin.send(ndjson::encode(&note)).map_err(|_| UpstreamError::Closed)?;
+    Ok(handshake)
+}
+
+/// One session's view of the shared process.
+struct Channel {
+    shared: Arc<Shared>,
+    view: u64,
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        self.shared.views.lock().expect("lock").remove(&self.view);
+    }
+}
+
+#[async_trait]
+impl super::Channel for Channel {
+    async fn request(&self, out: Outgoing) -> Result<Reply, UpstreamError> {
+        let running = self.shared.wait_running(START_WAIT).await?;
+        let uid = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let uid_text = uid.to_string();
+        let body = &out.body;
+        let original_id: Box<str> = String::from_utf8_lossy(&body[out.id.clone()]).into();
+        let mut edits = vec![Edit::new(out.id.clone(), uid_text.as_bytes())];
+        let progress_token = out.progress_token.clone().map(|range| {
+            let original: Box<str> = String::from_utf8_lossy(&body[range.clone()]).into();
+            edits.push(Edit::new(range, uid_text.as_bytes()));
+            original
+        });
+        if matches!(out.method, Method::ResourcesSubscribe | Method::ResourcesUnsubscribe) {
+            self.track_subscription(&out);
+        }
+        let line = ndjson::encode(&splice(body, &mut edits));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        self.shared
+            .pending
+            .lock()
+            .expect("lock")
+            .insert(uid, Pending { view: self.view, id: original_id, progress_token, sink: tx });
+        let guard = PendingGuard { shared: Arc::downgrade(&self.shared), uid };
+        running.stdin.send(line).map_err(|_| UpstreamError::Closed)?;
+        match rx.recv().await {
+            None => Err(UpstreamError::Closed),
+            Some((true, response)) => Ok(Reply::Done(response)),
+            Some((false, first)) => {
+                Ok(Reply::Stream(Box::new(Stream { first: Some(first), rx, done: false, _guard: guard })))
+            }
+        }
+    }
+
+    async fn send(&self, message: Bytes) -> Result<(), UpstreamError> {
+        let running = self.shared.wait_running(Duration::from_secs(1)).await?;
+        let line = match Envelope::parse(&message) {
+            Ok(env) if env.method_str() == "notifications/cancelled" => self.map_cancel(&env, &message),
+            Ok(env) if matches!(env.kind, MessageKind::Response | MessageKind::Error) => {
+                if let Some(id) = env.id {
+                    self.shared.asked.lock().expect("lock").remove(id.get());
+                }
+                Some(message.clone())
+            }
+            _ => Some(message.clone()),
+        };
+        if let Some(line) = line {
+            running.stdin.send(ndjson::encode(&line)).map_err(|_| UpstreamError::Closed)?;
+        }
+        Ok(())
+    }
+
+    fn listen(&self) {}
+
+    fn handshake(&self) -> Arc<Handshake> {
+        self.shared.running.borrow().as_ref().map(|r| r.handshake.clone()).unwrap_or_default()
+    }
+
+    async fn close(&self) {
+        self.shared.views.lock().expect("lock").remove(&self.view);
+    }
+}
+
+impl Channel {
+    fn track_subscription(&self, out: &Outgoing) {
+        let uri = Envelope::parse(&out.body).ok().and_then(|env| {
+            env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.uri.and_then(as_str).map(|u| u.into_owned()))
+        });
+        let Some(uri) = uri else { return };
+        if let Some(view) = self.shared.views.lock().expect("lock").get_mut(&self.view) {
+            if out.method == Method::ResourcesSubscribe {
+                view.subscriptions.insert(uri);
+            } else {
+                view.subscriptions.remove(&uri);
+            }
+        }
+    }
+
+    /// A client's `notifications/cancelled` names its own request id; the
+    /// child knows that request by the id we gave it.
+    fn map_cancel(&self, env: &Envelope<'_>, message: &Bytes) -> Option<Bytes> {
+        let request_id = env.params.and_then(|p| Target::parse(p).ok())?.request_id?;
+        let uid = {
+            let pending = self.shared.pending.lock().expect("lock");
+            pending.iter().find(|(_, p)| p.view == self.view && *p.id == *request_id.get()).map(|(uid, _)| *uid)
+        }?;
+        let uid = uid.to_string();
+        Some(splice(message, &mut [Edit::new(span(message, request_id.get()), uid.as_bytes())]))
+    }
+}
+
+/// Removes a pending request when its caller stops waiting.
+struct PendingGuard {
+    shared: Weak<Shared>,
+    uid: u64,
+}
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.upgrade() {
+            shared.pending.lock().expect("lock").remove(&self.uid);
+        }
+    }
+}
+
+struct Stream {
+    first: Option<Bytes>,
+    rx: mpsc::UnboundedReceiver<(bool, Bytes)>,
+    done: bool,
+    _guard: PendingGuard,
+}
+
+#[async_trait]
+impl MessageStream for Stream {
+    async fn next(&mut self) -> Option<Result<Bytes, UpstreamError>> {
+        if let Some(first) = self.first.take() {
+            return Some(Ok(first));
+        }
+        if self.done {
+            return None;
+        }
+        match self.rx.recv().await {
+            Some((is_response, message)) => {
+                self.done = is_response;
+                Some(Ok(message))
+            }
+            None => Some(Err(UpstreamError::Closed)),
+        }
+    }
+}

@@ -1,0 +1,36 @@
+"""List tools and call some, with the official Python SDK, and print JSON.
+
+Usage: list_and_call.py TARGET CALLS
+  TARGET  an http(s) URL of a Streamable HTTP endpoint, or a JSON object
+          {"command": ..., "args": [...]} for a stdio server
+  CALLS   a JSON array of [tool name, arguments] pairs
+
+Prints {"tools": [names], "results": [call results as JSON]} on stdout.
+"""
+
+import asyncio
+import json
+import sys
+
+from mcp import Client, StdioServerParameters
+
+
+def target(spec: str):
+    if spec.startswith("http://") or spec.startswith("https://"):
+        return spec
+    params = json.loads(spec)
+    return StdioServerParameters(command=params["command"], args=params.get("args", []))
+
+
+async def main() -> None:
+    calls = json.loads(sys.argv[2]) if len(sys.argv) > 2 else []
+    async with Client(target(sys.argv[1]), mode="legacy", cache=None) as client:
+        tools = await client.list_tools()
+        results = []
+        for name, arguments in calls:
+            result = await client.call_tool(name, arguments)
+            results.append(result.model_dump(mode="json", exclude_none=True, by_alias=True))
+    print(json.dumps({"tools": [t.name for t in tools.tools], "results": results}))
+
+
+asyncio.run(main())

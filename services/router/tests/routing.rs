@@ -1,0 +1,425 @@
+//! The router in-process in front of mock upstreams over HTTP and stdio:
+//! aggregation, forwarding, relaying, sessions, failures.
+
+use std::time::Duration;
+
+use http::StatusCode;
+use serde_json::{json, Value};
+use switchboard_test_support::{
+    eventually, http_upstream, mock_named, peers, stdio_mock_upstream, Client, MockOptions, MockServer, Router,
+};
+
+fn config(upstreams: &str) -> String {
+    format!("[server]\nkeep_alive = \"1s\"\n{upstreams}")
+}
+
+async fn router_with_web_and_local() -> (Router, MockServer) {
+    let web = MockServer::start(mock_named("web")).await;
+    let router =
+        Router::start(&config(&format!("{}{}", http_upstream("web", &web.url, ""), stdio_mock_upstream("local", ""))))
+            .await;
+    (router, web)
+}
+
+fn text_of(response: &Value) -> &str {
+    response["result"]["content"][0]["text"].as_str().unwrap_or_else(|| panic!("no text in {response}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merges_two_upstreams_and_forwards_over_http_and_stdio() {
+    let (router, web) = router_with_web_and_local().await;
+    let mut client = Client::new(&router.url);
+    let init = client.initialize().await;
+    assert_eq!(init["serverInfo"]["name"], "switchboard");
+    assert_eq!(init["protocolVersion"], "2025-11-25");
+    assert_eq!(init["capabilities"]["tools"]["listChanged"], true);
+    assert!(init["capabilities"]["logging"].is_object(), "the mocks do logging: {init}");
+    assert!(init["capabilities"]["completions"].is_object());
+    assert!(init["instructions"].as_str().unwrap().contains("Mock upstream web."));
+
+    let names = client.tool_names().await;
+    for expected in ["web__echo", "web__add", "local__echo", "local__add", "local__progress"] {
+        assert!(names.contains(&expected.to_owned()), "{expected} missing from {names:?}");
+    }
+    assert!(!names.contains(&"local__exit".to_owned()), "the mock offers exit only when asked to");
+    assert!(!names.contains(&"echo".to_owned()));
+
+    // The upstream's answer comes back byte for byte: compare with asking the mock directly.
+    let request = r#"{"jsonrpc":"2.0","id":"same-id","method":"tools/call","params":{"name":"NAME","arguments":{"text":"h\u00e9llo \"q\"","n":[1,2.50,-0.0e1],"nested":{"deep":[true,null]}}}}"#;
+    let routed = client.post_raw(request.replace("NAME", "web__echo").into(), &[]).await;
+    let mut direct_client = Client::new(&web.url);
+    direct_client.initialize().await;
+    let direct = direct_client.post_raw(request.replace("NAME", "echo").into(), &[]).await;
+    assert_eq!(routed.status, StatusCode::OK);
+    assert_eq!(routed.content_type(), "application/json");
+    assert_eq!(routed.body, direct.body, "the result must be the upstream's bytes, unchanged");
+    let echoed = text_of(&routed.json()).to_owned();
+    assert!(echoed.contains(r#"[1,2.50,-0.0e1]"#), "arguments are forwarded as the bytes received: {echoed}");
+
+    // Over stdio too (ids are remapped on the wire and restored).
+    let local = client.post_raw(request.replace("NAME", "local__echo").into(), &[]).await;
+    assert_eq!(local.body, direct.body);
+
+    let sum = client.call_tool("local__add", json!({"a": 2, "b": 40})).await;
+    assert_eq!(sum["result"]["structuredContent"]["sum"], 42.0);
+
+    // Prompts, resources, templates, completion, ping.
+    let prompt = client.call("prompts/get", json!({"name": "local__greet", "arguments": {"name": "Ada"}})).await;
+    assert_eq!(prompt["result"]["messages"][0]["content"]["text"], "Hello, Ada!");
+    let resources = client.call("resources/list", json!({})).await;
+    let uris: Vec<&str> =
+        resources["result"]["resources"].as_array().unwrap().iter().map(|r| r["uri"].as_str().unwrap()).collect();
+    assert_eq!(uris, ["web+mock://web/hello", "local+mock://local/hello"]);
+    let read = client.call("resources/read", json!({"uri": "web+mock://web/hello"})).await;
+    assert_eq!(read["result"]["contents"][0]["text"], "hello from web");
+    assert_eq!(read["result"]["contents"][0]["uri"], "web+mock://web/hello", "URIs in results are namespaced too");
+    let templates = client.call("resources/templates/list", json!({})).await;
+    assert!(templates.to_string().contains("local+mock://local/items/{id}"), "{templates}");
+    let item = client.call("resources/read", json!({"uri": "local+mock://local/items/7"})).await;
+    assert_eq!(item["result"]["contents"][0]["text"], "item 7");
+    let missing = client.call("resources/read", json!({"uri": "nowhere://x"})).await;
+    assert_eq!(missing["error"]["code"], -32002, "{missing}");
+    let completion = client
+        .call(
+            "completion/complete",
+            json!({"ref": {"type": "ref/prompt", "name": "web__greet"}, "argument": {"name": "name", "value": "a"}}),
+        )
+        .await;
+    assert_eq!(completion["result"]["completion"]["values"], json!(["alice"]));
+    let pong = client.call("ping", json!({})).await;
+    assert_eq!(pong["result"], json!({}));
+    let level = client.call("logging/setLevel", json!({"level": "debug"})).await;
+    assert_eq!(level["result"], json!({}));
+    let bad_level = client.call("logging/setLevel", json!({"level": "loud"})).await;
+    assert_eq!(bad_level["error"]["code"], -32602);
+
+    assert!(
+        router
+            .metric("switchboard_requests_total", &["method=\"tools/call\"", "upstream=\"web\"", "outcome=\"ok\""])
+            .await
+            >= 1.0
+    );
+    assert!(
+        router
+            .metric("switchboard_requests_total", &["method=\"tools/call\"", "upstream=\"local\"", "outcome=\"ok\""])
+            .await
+            >= 2.0
+    );
+    assert_eq!(router.metric("switchboard_upstream_up", &["upstream=\"local\""]).await, 1.0);
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_streams_as_sse_with_the_clients_token() {
+    let (router, _web) = router_with_web_and_local().await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    for tool in ["web__progress", "local__progress"] {
+        let reply = client
+            .request(
+                "tools/call",
+                json!({"name": tool, "arguments": {"steps": 3, "interval_ms": 5}, "_meta": {"progressToken": "tok-1"}}),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.content_type(), "text/event-stream", "{tool}");
+        assert_eq!(reply.headers.get("x-accel-buffering").unwrap(), "no");
+        let events = reply.events();
+        assert_eq!(events.len(), 4, "{tool}: {events:?}");
+        for (i, event) in events[..3].iter().enumerate() {
+            assert_eq!(event["method"], "notifications/progress");
+            assert_eq!(event["params"]["progressToken"], "tok-1", "{tool}: the client's own token comes back");
+            assert_eq!(event["params"]["progress"], i as u64 + 1);
+        }
+        assert_eq!(text_of(&events[3]), "done after 3 steps");
+    }
+    // A client that accepts only JSON still gets its answer, as JSON.
+    let reply = client
+        .post_raw(
+            serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": 99, "method": "tools/call",
+                "params": {"name": "web__progress", "arguments": {"steps": 2}, "_meta": {"progressToken": 5}}}))
+            .unwrap()
+            .into(),
+            &[("accept", "application/json")],
+        )
+        .await;
+    assert_eq!(reply.content_type(), "application/json");
+    assert_eq!(text_of(&reply.json()), "done after 2 steps");
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_to_client_requests_reach_the_client_and_its_answer_gets_back() {
+    let (router, _web) = router_with_web_and_local().await;
+    let mut client = Client::new(&router.url);
+    client.initialize_with(json!({"sampling": {}})).await;
+    for tool in ["web__sample", "local__sample"] {
+        let (status, headers, mut stream) =
+            client.request_stream("tools/call", json!({"name": tool, "arguments": {"prompt": "2+2?"}})).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers["content-type"], "text/event-stream");
+        let ask = stream.next(Duration::from_secs(10)).await.expect("the sampling request");
+        assert_eq!(ask["method"], "sampling/createMessage", "{tool}: {ask}");
+        assert_eq!(ask["params"]["messages"][0]["content"]["text"], "2+2?");
+        let answer = json!({"jsonrpc": "2.0", "id": ask["id"], "result": {
+            "role": "assistant", "content": {"type": "text", "text": "four"}, "model": "test", "stopReason": "endTurn"}});
+        assert_eq!(client.post(answer).await.status, StatusCode::ACCEPTED);
+        let done = stream.next(Duration::from_secs(10)).await.expect("the tool result");
+        assert_eq!(text_of(&done), "sampled: four", "{tool}");
+    }
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_required_checked_and_ended_with_their_upstream_sessions() {
+    let (router, web) = router_with_web_and_local().await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    client.call_tool("web__echo", json!({})).await;
+    let live_before = web.mock.live_sessions();
+    assert!(live_before >= 2, "a control session and this client's session: {live_before}");
+
+    let mut stranger = client.clone();
+    stranger.session = Some("0123456789abcdef0123456789abcdef".into());
+    let reply = stranger.request("tools/list", json!({})).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    assert_eq!(reply.json()["error"]["code"], -32001);
+
+    let mut anonymous = client.clone();
+    anonymous.session = None;
+    let reply = anonymous.request("tools/list", json!({})).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert!(reply.json()["error"]["message"].as_str().unwrap().contains("Mcp-Session-Id"));
+
+    assert_eq!(client.delete().await, StatusCode::OK);
+    assert!(
+        eventually(Duration::from_secs(5), || async { web.mock.deleted_sessions() >= 1 }).await,
+        "DELETE ends the upstream session too"
+    );
+    assert_eq!(web.mock.live_sessions(), live_before - 1);
+    assert_eq!(client.request("tools/list", json!({})).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(client.delete().await, StatusCode::NOT_FOUND);
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgotten_upstream_session_is_reinitialised_transparently() {
+    for status in [404u16, 400] {
+        let web = MockServer::start(MockOptions { unknown_session_status: status, ..mock_named("web") }).await;
+        let router = Router::start(&config(&http_upstream("web", &web.url, ""))).await;
+        let mut client = Client::new(&router.url);
+        client.initialize().await;
+        assert_eq!(text_of(&client.call_tool("web__echo", json!({"n": 1})).await), r#"{"n":1}"#);
+        let before = web.mock.initialize_count();
+        web.mock.forget_sessions(); // as if the upstream restarted
+        let again = client.call_tool("web__echo", json!({"n": 2})).await;
+        assert_eq!(text_of(&again), r#"{"n":2}"#, "status {status}: {again}");
+        assert!(web.mock.initialize_count() > before, "status {status}: the router initialised again");
+        assert!(router.metric("switchboard_upstream_reinitializations_total", &["upstream=\"web\""]).await >= 1.0);
+        router.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_changed_invalidates_the_cache_and_tells_the_client_once() {
+    let (router, _web) = router_with_web_and_local().await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    let mut stream = client.open_stream().await;
+    let before = client.tool_names().await;
+    assert!(!before.contains(&"web__fresh".to_owned()));
+    client.call_tool("web__add_tool", json!({"name": "fresh"})).await;
+    let note = stream.next(Duration::from_secs(10)).await.expect("a list_changed notification");
+    assert_eq!(note["method"], "notifications/tools/list_changed");
+    // Reported by the control session and by the client's own upstream session: told once.
+    assert!(stream.next(Duration::from_millis(300)).await.is_none(), "the change is announced once");
+    let after = client.tool_names().await;
+    assert!(after.contains(&"web__fresh".to_owned()), "{after:?}");
+    assert_eq!(text_of(&client.call_tool("web__fresh", json!({"k": "v"})).await), r#"{"k":"v"}"#);
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn composite_cursors_page_through_every_upstream() {
+    // The upstream itself paginates (pages of 4); the router follows its
+    // cursors, then serves pages of 5 across both upstreams.
+    let a = MockServer::start(MockOptions { extra_tools: 7, page_size: 4, ..mock_named("a") }).await;
+    let b = MockServer::start(MockOptions { extra_tools: 3, ..mock_named("b") }).await;
+    let upstreams = format!("{}{}", http_upstream("a", &a.url, ""), http_upstream("b", &b.url, ""));
+    let router = Router::start(&format!("[catalog]\npage_size = 5\n{upstreams}")).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    let mut names = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let params = match &cursor {
+            Some(c) => json!({"cursor": c}),
+            None => json!({}),
+        };
+        let page = client.call("tools/list", params).await;
+        let tools = page["result"]["tools"].as_array().unwrap();
+        assert!(tools.len() <= 5);
+        names.extend(tools.iter().map(|t| t["name"].as_str().unwrap().to_owned()));
+        pages += 1;
+        match page["result"]["nextCursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    // 12 built-in tools each, plus 7 and 3 extra.
+    assert_eq!(names.len(), 12 + 7 + 12 + 3, "{names:?}");
+    assert_eq!(pages, names.len().div_ceil(5));
+    let unique: std::collections::HashSet<_> = names.iter().collect();
+    assert_eq!(unique.len(), names.len(), "no duplicates across pages");
+    assert!(names.contains(&"a__tool_6".to_owned()) && names.contains(&"b__tool_2".to_owned()));
+    assert!(names.iter().position(|n| n.starts_with("a__")) < names.iter().position(|n| n.starts_with("b__")));
+
+    let bad = client.call("tools/list", json!({"cursor": "not-a-cursor"})).await;
+    assert_eq!(bad["error"]["code"], -32602);
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_down_or_slow_upstream_is_left_out_and_named_in_errors() {
+    let up = MockServer::start(mock_named("up")).await;
+    let slow = MockServer::start(MockOptions { list_delay: Duration::from_secs(3), ..mock_named("slow") }).await;
+    let dead_port = peers::free_port();
+    let upstreams = format!(
+        "{}{}{}",
+        http_upstream("down", &format!("http://127.0.0.1:{dead_port}/mcp"), ""),
+        http_upstream("slow", &slow.url, "list_timeout = \"300ms\""),
+        http_upstream("up", &up.url, "")
+    );
+    let router = Router::start(&config(&upstreams)).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    let started = std::time::Instant::now();
+    let names = client.tool_names().await;
+    assert!(started.elapsed() < Duration::from_secs(3), "the list does not wait for the slow upstream");
+    assert!(names.contains(&"up__echo".to_owned()));
+    assert!(!names.iter().any(|n| n.starts_with("down__") || n.starts_with("slow__")), "{names:?}");
+    assert!(
+        router.metric("switchboard_catalog_upstream_failures_total", &["upstream=\"down\"", "list=\"tools\""]).await
+            >= 1.0
+    );
+    assert!(
+        router.metric("switchboard_catalog_upstream_failures_total", &["upstream=\"slow\"", "list=\"tools\""]).await
+            >= 1.0
+    );
+    assert_eq!(router.metric("switchboard_upstream_up", &["upstream=\"down\""]).await, 0.0);
+
+    let failed = client.call_tool("down__echo", json!({})).await;
+    assert_eq!(failed["error"]["code"], -32603, "{failed}");
+    assert!(failed["error"]["message"].as_str().unwrap().contains("\"down\""), "{failed}");
+    assert_eq!(failed["error"]["data"]["upstream"], "down");
+    assert_eq!(text_of(&client.call_tool("up__echo", json!({"still": "fine"})).await), r#"{"still":"fine"}"#);
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_does_not_answer_in_time_gets_a_clear_error() {
+    let web = MockServer::start(mock_named("web")).await;
+    let router = Router::start(&config(&http_upstream("web", &web.url, "timeout = \"300ms\""))).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    let started = std::time::Instant::now();
+    let slow = client.call_tool("web__sleep", json!({"ms": 5000})).await;
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(slow["error"]["code"], -32001, "{slow}");
+    let message = slow["error"]["message"].as_str().unwrap();
+    assert!(message.contains("\"web\"") && message.contains("300ms"), "{message}");
+    assert_eq!(text_of(&client.call_tool("web__echo", json!({})).await), "{}");
+    assert!(router.metric("switchboard_requests_total", &["upstream=\"web\"", "outcome=\"timeout\""]).await >= 1.0);
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn colliding_names_are_reported_and_the_first_upstream_wins() {
+    let first = MockServer::start(mock_named("first")).await;
+    let second = MockServer::start(mock_named("second")).await;
+    let upstreams = format!(
+        "{}{}",
+        http_upstream("first", &first.url, "prefix = \"\""),
+        http_upstream("second", &second.url, "prefix = \"\"")
+    );
+    let router = Router::start(&config(&upstreams)).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    let names = client.tool_names().await;
+    assert_eq!(names.iter().filter(|n| *n == "echo").count(), 1, "{names:?}");
+    assert_eq!(names.len(), 12, "the second upstream's identical names are left out, not merged");
+    client.call_tool("echo", json!({})).await;
+    assert_eq!(first.mock.call_count(), 1);
+    assert_eq!(second.mock.call_count(), 0);
+    assert!(router.metric("switchboard_catalog_collisions_total", &["list=\"tools\""]).await >= 12.0);
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_names_are_shortened_and_still_callable() {
+    let web = MockServer::start(mock_named("web")).await;
+    let prefix = "a_rather_long_upstream_prefix_for_testing";
+    let router = Router::start(&config(&http_upstream("web", &web.url, &format!("prefix = \"{prefix}\"")))).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    client.call_tool(&format!("{prefix}__add_tool"), json!({"name": "an_even_longer_tool_name_that_goes_on"})).await;
+    let names = client.tool_names().await;
+    assert!(
+        names.iter().all(|n| n.len() <= 64 && n.bytes().all(|c| c.is_ascii_alphanumeric() || b"_.-".contains(&c))),
+        "{names:?}"
+    );
+    let short = names.iter().find(|n| n.len() == 64).expect("a shortened name");
+    assert_eq!(text_of(&client.call_tool(short, json!({"via": "short"})).await), r#"{"via":"short"}"#);
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_upstream_that_exits_is_restarted() {
+    let upstream = format!(
+        "[[upstreams]]\nname = \"local\"\ntransport = \"stdio\"\ncommand = \"{}\"\n\
+         args = [\"--stdio\", \"--allow-exit\"]\nrestart_max_backoff = \"500ms\"\n",
+        switchboard_test_support::mock_binary().display()
+    );
+    let router = Router::start(&config(&upstream)).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    let crashed = client.call_tool("local__exit", json!({"code": 3})).await;
+    assert!(crashed["error"].is_object(), "{crashed}");
+    let mut attempts = 0;
+    let recovered = loop {
+        attempts += 1;
+        let reply = client.call_tool("local__echo", json!({"back": true})).await;
+        if reply["result"].is_object() || attempts > 50 {
+            break reply;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(text_of(&recovered), r#"{"back":true}"#);
+    assert!(router.metric("switchboard_upstream_restarts_total", &["upstream=\"local\""]).await >= 1.0);
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_stdio_children() {
+    let marker = format!("shutdown-marker-{}", std::process::id());
+    let router = Router::start(&config(&stdio_mock_upstream(&marker, ""))).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    client.call_tool(&format!("{marker}__echo"), json!({})).await;
+    let running = || {
+        let marker = marker.clone();
+        async move {
+            std::fs::read_dir("/proc")
+                .unwrap()
+                .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+                .any(|cmd| String::from_utf8_lossy(&cmd).contains(&marker))
+        }
+    };
+    assert!(running().await, "the child runs while the router does");
+    router.stop().await;
+    assert!(
+        eventually(Duration::from_secs(10), || async { !running().await }).await,
+        "the child is gone after shutdown"
+    );
+}

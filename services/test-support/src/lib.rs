@@ -1,0 +1,426 @@
+//! Helpers for Switchboard's integration tests. Never a dependency of
+//! production code.
+//!
+//! - [`Router`]: the real router, in-process, on `127.0.0.1:0`.
+//! - [`MockServer`]: the mock upstream over HTTP, in-process; [`mock_binary`]
+//!   for stdio upstreams.
+//! - [`Client`]: a raw MCP-over-HTTP client that shows status codes, headers
+//!   and SSE events, for asserting on the wire.
+//! - [`peers`]: real peers installed by `scripts/install-peers` (the Python
+//!   SDK, the official servers).
+
+pub mod peers;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+use switchboard_protocol::sse;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub use switchboard_mock::{Mock, Options as MockOptions};
+
+/// The router, running in this process.
+pub struct Router {
+    pub addr: SocketAddr,
+    /// `http://ADDR/mcp`.
+    pub url: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl Router {
+    /// Starts the router with this configuration (TOML; `server.listen` is ignored).
+    pub async fn start(config_toml: &str) -> Router {
+        let config = switchboard::Config::from_toml(config_toml).unwrap_or_else(|e| panic!("test config: {e}"));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(switchboard::serve(listener, config, async {
+            let _ = stopped.await;
+        }));
+        Router { addr, url: format!("http://{addr}/mcp"), stop: Some(stop), task: Some(task) }
+    }
+
+    /// A path on the router (`/metrics`, `/healthz`).
+    pub fn path(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Shuts the router down and waits until it has drained.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("router task").expect("router result");
+        }
+    }
+
+    /// The value of one sample in `/metrics`, matched by metric name and
+    /// label fragments (`upstream="a"`).
+    pub async fn metric(&self, name: &str, labels: &[&str]) -> f64 {
+        let text = get_text(&self.path("/metrics")).await;
+        text.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .filter(|l| labels.iter().all(|f| l.contains(f)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// The mock upstream over HTTP, in this process.
+pub struct MockServer {
+    pub mock: Mock,
+    pub addr: SocketAddr,
+    /// `http://ADDR/mcp`.
+    pub url: String,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl MockServer {
+    /// Starts a mock with these options on a free port.
+    pub async fn start(options: MockOptions) -> MockServer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Self::on(listener, options).await
+    }
+
+    /// Starts a mock on a given listener (to restart one on the same port).
+    pub async fn on(listener: TcpListener, options: MockOptions) -> MockServer {
+        let addr = listener.local_addr().expect("addr");
+        let mock = Mock::new(options);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let served = mock.clone();
+        tokio::spawn(async move {
+            let _ = served
+                .serve_http(listener, async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        MockServer { mock, addr, url: format!("http://{addr}/mcp"), stop: Some(stop) }
+    }
+
+    /// Stops serving (the port closes).
+    pub fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+impl Drop for MockServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Options for a named mock.
+pub fn mock_named(name: &str) -> MockOptions {
+    MockOptions { name: name.into(), ..MockOptions::default() }
+}
+
+/// The `switchboard-mock` binary, built next to the test binaries.
+pub fn mock_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let path = dir.join("switchboard-mock");
+    assert!(path.exists(), "{} is missing: run `cargo build --bins` (scripts/test does)", path.display());
+    path
+}
+
+/// A TOML `[[upstreams]]` entry for a stdio mock named `name`.
+pub fn stdio_mock_upstream(name: &str, extra: &str) -> String {
+    format!(
+        "[[upstreams]]\nname = \"{name}\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"--stdio\", \"--name\", \"{name}\"]\n{extra}\n",
+        mock_binary().display()
+    )
+}
+
+/// A TOML `[[upstreams]]` entry for an HTTP upstream.
+pub fn http_upstream(name: &str, url: &str, extra: &str) -> String {
+    format!("[[upstreams]]\nname = \"{name}\"\ntransport = \"http\"\nurl = \"{url}\"\n{extra}\n")
+}
+
+/// One HTTP answer, whole.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    /// The body as JSON (panics if it is not).
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    /// The `Content-Type` header.
+    pub fn content_type(&self) -> &str {
+        self.headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("")
+    }
+
+    /// The messages of an SSE body, in order.
+    pub fn events(&self) -> Vec<Value> {
+        let mut decoder = sse::Decoder::new(usize::MAX);
+        decoder.push(&self.body);
+        let mut out = Vec::new();
+        while let Some(event) = decoder.next_event().expect("valid SSE") {
+            if !event.data.is_empty() {
+                out.push(serde_json::from_slice(&event.data).expect("JSON event"));
+            }
+        }
+        out
+    }
+
+    /// The JSON-RPC response: the body itself, or the last SSE event.
+    pub fn response(&self) -> Value {
+        if self.content_type().starts_with("text/event-stream") {
+            self.events().pop().expect("at least one event")
+        } else {
+            self.json()
+        }
+    }
+}
+
+/// A raw MCP client over HTTP.
+#[derive(Clone)]
+pub struct Client {
+    http: HyperClient<HttpConnector, Full<Bytes>>,
+    pub url: String,
+    pub session: Option<String>,
+    pub protocol_version: String,
+    next_id: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Client {
+    /// A client for `url` (the router's `/mcp`).
+    pub fn new(url: &str) -> Client {
+        Client {
+            http: HyperClient::builder(TokioExecutor::new()).build(HttpConnector::new()),
+            url: url.to_owned(),
+            session: None,
+            protocol_version: "2025-11-25".into(),
+            next_id: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1)),
+        }
+    }
+
+    /// `initialize` with these capabilities, then `notifications/initialized`.
+    /// Returns the initialize result.
+    pub async fn initialize_with(&mut self, capabilities: Value) -> Value {
+        let reply = self
+            .post(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": self.protocol_version, "capabilities": capabilities,
+                "clientInfo": {"name": "switchboard-tests", "version": "0"}}}))
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "initialize: {}", String::from_utf8_lossy(&reply.body));
+        let session = reply.headers.get("mcp-session-id").expect("a session id").to_str().expect("ascii");
+        self.session = Some(session.to_owned());
+        let result = reply.json()["result"].clone();
+        if let Some(v) = result["protocolVersion"].as_str() {
+            self.protocol_version = v.to_owned();
+        }
+        let note = self.post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+        assert_eq!(note.status, StatusCode::ACCEPTED);
+        result
+    }
+
+    /// `initialize` declaring no capabilities.
+    pub async fn initialize(&mut self) -> Value {
+        self.initialize_with(json!({})).await
+    }
+
+    /// POSTs a JSON value with the usual headers.
+    pub async fn post(&self, message: Value) -> Reply {
+        self.post_raw(serde_json::to_vec(&message).expect("json").into(), &[]).await
+    }
+
+    /// POSTs raw bytes, with extra headers (which replace the usual ones).
+    pub async fn post_raw(&self, body: Bytes, headers: &[(&str, &str)]) -> Reply {
+        self.send(Method::POST, body, headers).await
+    }
+
+    /// Sends any request to `/mcp` with the session headers.
+    pub async fn send(&self, method: Method, body: Bytes, headers: &[(&str, &str)]) -> Reply {
+        let mut req = Request::new(Full::new(body));
+        *req.method_mut() = method;
+        *req.uri_mut() = self.url.parse().expect("url");
+        let h = req.headers_mut();
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        h.insert("accept", HeaderValue::from_static("application/json, text/event-stream"));
+        if let Some(session) = &self.session {
+            h.insert("mcp-session-id", HeaderValue::from_str(session).expect("ascii"));
+            h.insert("mcp-protocol-version", HeaderValue::from_str(&self.protocol_version).expect("ascii"));
+        }
+        for (k, v) in headers {
+            h.insert(HeaderName::from_bytes(k.as_bytes()).expect("name"), HeaderValue::from_str(v).expect("value"));
+        }
+        let resp = tokio::time::timeout(Duration::from_secs(30), self.http.request(req))
+            .await
+            .expect("the router answers within 30 s")
+            .expect("request");
+        let (parts, body) = resp.into_parts();
+        let body = tokio::time::timeout(Duration::from_secs(30), body.collect())
+            .await
+            .expect("the body ends within 30 s")
+            .expect("body")
+            .to_bytes();
+        Reply { status: parts.status, headers: parts.headers, body }
+    }
+
+    /// A request with a fresh id; returns the whole reply.
+    pub async fn request(&self, method: &str, params: Value) -> Reply {
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.post(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).await
+    }
+
+    /// A request; returns the JSON-RPC response (from JSON or the SSE stream).
+    pub async fn call(&self, method: &str, params: Value) -> Value {
+        let reply = self.request(method, params).await;
+        assert_eq!(reply.status, StatusCode::OK, "{method}: {}", String::from_utf8_lossy(&reply.body));
+        reply.response()
+    }
+
+    /// `tools/call`; returns the JSON-RPC response.
+    pub async fn call_tool(&self, name: &str, arguments: Value) -> Value {
+        self.call("tools/call", json!({"name": name, "arguments": arguments})).await
+    }
+
+    /// Exposed tool names from `tools/list`.
+    pub async fn tool_names(&self) -> Vec<String> {
+        let list = self.call("tools/list", json!({})).await;
+        list["result"]["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("tools/list: {list}"))
+            .iter()
+            .map(|t| t["name"].as_str().expect("name").to_owned())
+            .collect()
+    }
+
+    /// A request whose answer is read as it streams: returns the status,
+    /// headers and the open event stream (a JSON answer arrives as one event).
+    pub async fn request_stream(&self, method: &str, params: Value) -> (StatusCode, HeaderMap, EventStream) {
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let body =
+            serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).expect("json");
+        let mut req = Request::new(Full::new(Bytes::from(body)));
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = self.url.parse().expect("url");
+        let h = req.headers_mut();
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        h.insert("accept", HeaderValue::from_static("application/json, text/event-stream"));
+        if let Some(session) = &self.session {
+            h.insert("mcp-session-id", HeaderValue::from_str(session).expect("ascii"));
+        }
+        let resp = self.http.request(req).await.expect("POST");
+        let (parts, body) = resp.into_parts();
+        let is_sse = parts.headers.get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        if is_sse {
+            return (
+                parts.status,
+                parts.headers,
+                EventStream { body: Some(body), decoder: sse::Decoder::new(usize::MAX) },
+            );
+        }
+        // Present a JSON answer as a single event.
+        let whole = body.collect().await.expect("body").to_bytes();
+        let mut decoder = sse::Decoder::new(usize::MAX);
+        decoder.push(&sse::encode_event(None, None, &whole));
+        (parts.status, parts.headers, EventStream { body: None, decoder })
+    }
+
+    /// Opens the session's GET stream.
+    pub async fn open_stream(&self) -> EventStream {
+        let mut req = Request::new(Full::new(Bytes::new()));
+        *req.uri_mut() = self.url.parse().expect("url");
+        let h = req.headers_mut();
+        h.insert("accept", HeaderValue::from_static("text/event-stream"));
+        if let Some(session) = &self.session {
+            h.insert("mcp-session-id", HeaderValue::from_str(session).expect("ascii"));
+        }
+        let resp = self.http.request(req).await.expect("GET");
+        assert_eq!(resp.status(), StatusCode::OK, "GET stream");
+        EventStream { body: Some(resp.into_body()), decoder: sse::Decoder::new(usize::MAX) }
+    }
+
+    /// Ends the session.
+    pub async fn delete(&self) -> StatusCode {
+        self.send(Method::DELETE, Bytes::new(), &[]).await.status
+    }
+}
+
+/// An open SSE stream.
+pub struct EventStream {
+    body: Option<hyper::body::Incoming>,
+    decoder: sse::Decoder,
+}
+
+impl EventStream {
+    /// The next message, or `None` if none arrives within `wait` or the stream ends.
+    pub async fn next(&mut self, wait: Duration) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(event) = self.decoder.next_event().expect("valid SSE") {
+                if event.data.is_empty() {
+                    continue;
+                }
+                return Some(serde_json::from_slice(&event.data).expect("JSON event"));
+            }
+            let body = self.body.as_mut()?;
+            match tokio::time::timeout_at(deadline, body.frame()).await {
+                Ok(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.decoder.push(&data);
+                    }
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// GETs a URL and returns its body as text.
+pub async fn get_text(url: &str) -> String {
+    let client: HyperClient<HttpConnector, Full<Bytes>> =
+        HyperClient::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let resp = client.get(url.parse().expect("url")).await.expect("GET");
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+/// Polls `check` until it is true or `wait` passes.
+pub async fn eventually<F, Fut>(wait: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
