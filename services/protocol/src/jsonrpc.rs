@@ -106,8 +106,8 @@ struct Wire<'a> {
     jsonrpc: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "present")]
     id: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    method: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    method: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "present")]
     params: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "present")]
@@ -152,7 +152,13 @@ impl<'a> Envelope<'a> {
             Some(_) => return Err(ParseError::Invalid("\"jsonrpc\" must be \"2.0\"".into())),
             None => return Err(ParseError::Invalid("missing \"jsonrpc\": \"2.0\"".into())),
         }
-        let kind = match (&wire.method, wire.id, wire.result, wire.error) {
+        // Read as a raw value and borrowed unless escaped: serde would copy an
+        // `Option<Cow<str>>` every time.
+        let method = match wire.method {
+            Some(raw) => Some(as_str(raw).ok_or(ParseError::Invalid("\"method\" must be a string".into()))?),
+            None => None,
+        };
+        let kind = match (&method, wire.id, wire.result, wire.error) {
             (Some(_), Some(_), None, None) => MessageKind::Request,
             (Some(_), None, None, None) => MessageKind::Notification,
             (None, Some(_), Some(_), None) => MessageKind::Response,
@@ -186,14 +192,7 @@ impl<'a> Envelope<'a> {
                 return Err(ParseError::Invalid("\"params\" must be an object".into()));
             }
         }
-        Ok(Envelope {
-            kind,
-            id: wire.id,
-            method: wire.method,
-            params: wire.params,
-            result: wire.result,
-            error: wire.error,
-        })
+        Ok(Envelope { kind, id: wire.id, method, params: wire.params, result: wire.result, error: wire.error })
     }
 
     /// The method name, or `""` for responses.

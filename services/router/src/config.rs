@@ -41,6 +41,8 @@ pub struct ServerConfig {
     pub keep_alive: Duration,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace: Duration,
+    /// Runtime worker threads; 0 for one per available core.
+    pub worker_threads: usize,
 }
 
 /// `[catalog]`: how lists are merged and served.
@@ -211,6 +213,7 @@ pub struct RawServer {
     pub max_sessions: Option<u64>,
     pub keep_alive: Option<RawDuration>,
     pub shutdown_grace: Option<RawDuration>,
+    pub worker_threads: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -359,6 +362,7 @@ impl RawConfig {
             max_sessions: s.max_sessions.unwrap_or(100_000) as usize,
             keep_alive: duration!(s.keep_alive, "server.keep_alive", Duration::from_secs(15)),
             shutdown_grace: duration!(s.shutdown_grace, "server.shutdown_grace", Duration::from_secs(10)),
+            worker_threads: s.worker_threads.unwrap_or(0) as usize,
         };
 
         // [catalog]

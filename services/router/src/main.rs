@@ -57,7 +57,7 @@ fn main() -> Result<()> {
                 config.server.listen = listen;
             }
             init_logging(&config);
-            let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            let runtime = runtime(&config).context("starting the async runtime")?;
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::bind(config.server.listen)
                     .await
@@ -66,6 +66,19 @@ fn main() -> Result<()> {
                 Ok(())
             })
         }
+    }
+}
+
+/// One worker thread per core the process may run on (its CPU affinity), or
+/// `server.worker_threads`; a single worker runs on a current-thread runtime,
+/// which skips the work-stealing machinery.
+fn runtime(config: &Config) -> std::io::Result<tokio::runtime::Runtime> {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let workers = if config.server.worker_threads == 0 { cores } else { config.server.worker_threads };
+    if workers == 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build()
     }
 }
 

@@ -45,7 +45,9 @@ pub struct Session {
     channels: Box<[OnceCell<Arc<dyn Channel>>]>,
     asked: Mutex<HashMap<u64, (usize, Box<str>)>>,
     next_asked: AtomicU64,
-    inflight: Mutex<HashMap<Box<str>, usize>>,
+    /// Requests in flight: (hash of the client's id, upstream). A vector that
+    /// keeps its capacity, so tracking a request costs no allocation.
+    inflight: Mutex<Vec<(u64, usize)>>,
     outbox: Mutex<Outbox>,
     /// Milliseconds since the router started, at the last request.
     last_used: AtomicU64,
@@ -72,7 +74,7 @@ impl Session {
             channels: (0..upstreams).map(|_| OnceCell::new()).collect(),
             asked: Mutex::new(HashMap::new()),
             next_asked: AtomicU64::new(1),
-            inflight: Mutex::new(HashMap::new()),
+            inflight: Mutex::new(Vec::new()),
             outbox: Mutex::new(Outbox::default()),
             last_used: AtomicU64::new(epoch.elapsed().as_millis() as u64),
             epoch,
@@ -209,17 +211,22 @@ impl Session {
 
     /// Notes a request in flight to upstream `u`.
     pub fn begin(&self, id: &RawValue, u: usize) {
-        self.inflight.lock().expect("lock").insert(id.get().into(), u);
+        self.inflight.lock().expect("lock").push((fnv1a64(id.get().as_bytes()), u));
     }
 
     /// Notes that a request finished.
     pub fn end(&self, id: &str) {
-        self.inflight.lock().expect("lock").remove(id);
+        let key = fnv1a64(id.as_bytes());
+        let mut inflight = self.inflight.lock().expect("lock");
+        if let Some(i) = inflight.iter().position(|(k, _)| *k == key) {
+            inflight.swap_remove(i);
+        }
     }
 
     /// The upstream a request in flight went to.
     pub fn inflight_upstream(&self, id: &RawValue) -> Option<usize> {
-        self.inflight.lock().expect("lock").get(id.get()).copied()
+        let key = fnv1a64(id.get().as_bytes());
+        self.inflight.lock().expect("lock").iter().find(|(k, _)| *k == key).map(|(_, u)| *u)
     }
 
     /// Ends the session: closes its stream and its upstream sessions.

@@ -72,6 +72,58 @@ impl Listing {
     pub fn get(&self, exposed: &str) -> Option<&Item> {
         self.index.get(exposed).map(|&i| &self.items[i])
     }
+
+    /// Appends upstream `u`'s items, exposed by `expose`. Items whose exposed
+    /// name is already taken are left out; their names are returned.
+    pub fn extend(
+        &mut self,
+        u: usize,
+        kind: ListKind,
+        items: &[Map<String, Value>],
+        expose: impl Fn(&str) -> String,
+    ) -> Vec<String> {
+        let key_field = match kind {
+            ListKind::Tools | ListKind::Prompts => "name",
+            ListKind::Resources => "uri",
+            ListKind::ResourceTemplates => "uriTemplate",
+        };
+        let start = self.items.len();
+        let mut collisions = Vec::new();
+        for item in items {
+            let Some(original) = item.get(key_field).and_then(Value::as_str) else { continue };
+            let exposed = expose(original);
+            if self.index.contains_key(exposed.as_str()) {
+                collisions.push(exposed);
+                continue;
+            }
+            let mut shown = item.clone();
+            shown.insert(key_field.to_owned(), Value::String(exposed.clone()));
+            let json = Bytes::from(serde_json::to_vec(&shown).expect("serializable"));
+            self.index.insert(exposed.clone().into_boxed_str(), self.items.len());
+            self.items.push(Item {
+                upstream: u,
+                exposed: exposed.into_boxed_str(),
+                original: jsonrpc::json_string(original).into_boxed_slice(),
+                json,
+            });
+        }
+        self.spans.push((u, start, self.items.len() - start));
+        collisions
+    }
+
+    /// Pre-serialises the whole list as one JSON array; call after the last `extend`.
+    pub fn seal(&mut self) {
+        let mut all = BytesMut::with_capacity(self.items.iter().map(|i| i.json.len() + 1).sum::<usize>() + 2);
+        all.put_u8(b'[');
+        for (i, item) in self.items.iter().enumerate() {
+            if i > 0 {
+                all.put_u8(b',');
+            }
+            all.put_slice(&item.json);
+        }
+        all.put_u8(b']');
+        self.all = all.freeze();
+    }
 }
 
 /// What the router can promise clients, merged from upstream capabilities.
@@ -358,65 +410,29 @@ impl Catalog {
             }
             for kind in ListKind::ALL {
                 let Some(items) = &items[kind as usize] else { continue };
-                let listing = &mut lists[kind as usize];
-                let start = listing.items.len();
-                for item in items.iter() {
-                    if let Some(exposed) = self.add(listing, u, kind, item) {
-                        tracing::error!(upstream = %upstream.name, list = kind.label(), name = %exposed,
-                            "name collision: another upstream already exposes this name; this one is left out");
-                        self.metrics.catalog_collision(kind);
+                let expose = |original: &str| match kind {
+                    ListKind::Tools | ListKind::Prompts => {
+                        naming::expose_name(&upstream.config.prefix, &self.config.separator, original)
                     }
+                    ListKind::Resources | ListKind::ResourceTemplates => {
+                        naming::expose_uri(&self.scheme_prefixes[u], original)
+                    }
+                };
+                for exposed in lists[kind as usize].extend(u, kind, items, expose) {
+                    tracing::error!(upstream = %upstream.name, list = kind.label(), name = %exposed,
+                        "name collision: another upstream already exposes this name; this one is left out");
+                    self.metrics.catalog_collision(kind);
                 }
-                listing.spans.push((u, start, listing.items.len() - start));
             }
         }
         for listing in lists.iter_mut() {
-            let mut all = BytesMut::with_capacity(listing.items.iter().map(|i| i.json.len() + 1).sum::<usize>() + 2);
-            all.put_u8(b'[');
-            for (i, item) in listing.items.iter().enumerate() {
-                if i > 0 {
-                    all.put_u8(b',');
-                }
-                all.put_slice(&item.json);
-            }
-            all.put_u8(b']');
-            listing.all = all.freeze();
+            listing.seal();
         }
         if !instructions.is_empty() {
             merged.instructions = Some(instructions.join("\n\n"));
         }
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         self.snapshot.store(Arc::new(Snapshot { generation, lists, merged }));
-    }
-
-    /// Adds one upstream item; returns the exposed name if it collided.
-    fn add(&self, listing: &mut Listing, u: usize, kind: ListKind, item: &Map<String, Value>) -> Option<String> {
-        let key_field = match kind {
-            ListKind::Tools | ListKind::Prompts => "name",
-            ListKind::Resources => "uri",
-            ListKind::ResourceTemplates => "uriTemplate",
-        };
-        let original = item.get(key_field)?.as_str()?;
-        let exposed = match kind {
-            ListKind::Tools | ListKind::Prompts => {
-                naming::expose_name(&self.upstreams[u].config.prefix, &self.config.separator, original)
-            }
-            ListKind::Resources | ListKind::ResourceTemplates => naming::expose_uri(&self.scheme_prefixes[u], original),
-        };
-        if listing.index.contains_key(exposed.as_str()) {
-            return Some(exposed);
-        }
-        let mut shown = item.clone();
-        shown.insert(key_field.to_owned(), Value::String(exposed.clone()));
-        let json = Bytes::from(serde_json::to_vec(&shown).expect("serializable"));
-        listing.index.insert(exposed.clone().into_boxed_str(), listing.items.len());
-        listing.items.push(Item {
-            upstream: u,
-            exposed: exposed.into_boxed_str(),
-            original: jsonrpc::json_string(original).into_boxed_slice(),
-            json,
-        });
-        None
     }
 
     /// Which upstream serves `uri` (an exposed URI), and the upstream's own URI.

@@ -28,7 +28,6 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, ORIGIN};
 use http::{HeaderMap, HeaderValue, Method as HttpMethod, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -36,7 +35,7 @@ use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind, Target};
 use switchboard_protocol::{Method, ProtocolVersion};
 
 use crate::app::App;
-use crate::body::Body;
+use crate::body::{Body, CollectError};
 use crate::error::Error;
 use crate::metrics::Outcome;
 use crate::session::Session;
@@ -348,10 +347,12 @@ async fn read_body(app: &App, headers: &HeaderMap, body: Incoming) -> Result<Byt
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(Error::BodyTooLarge { limit });
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Error::BodyTooLarge { limit }),
-        Err(e) => Err(Error::Parse(jsonrpc::ParseError::Syntax(format!("could not read the body: {e}")))),
+    match crate::body::collect(body, limit).await {
+        Ok(bytes) => Ok(bytes),
+        Err(CollectError::TooLarge) => Err(Error::BodyTooLarge { limit }),
+        Err(CollectError::Read(e)) => {
+            Err(Error::Parse(jsonrpc::ParseError::Syntax(format!("could not read the body: {e}"))))
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! Streamable HTTP upstreams (MCP 2025-03-26 and later).
 //!
-//! One pooled hyper client per upstream (keep-alive HTTP/1.1, or HTTP/2 with
-//! prior knowledge when configured). A [`Channel`](super::Channel) holds the
+//! Requests go through our own keep-alive HTTP/1.1 pool (`h1.rs`), or
+//! through hyper's client for HTTP/2 with prior knowledge when configured;
+//! [`Answer`] hides which. A [`Channel`](super::Channel) holds the
 //! upstream's `Mcp-Session-Id` and negotiated version; when the upstream
 //! answers 404 (or 400, as some servers do) for that session, the channel runs
 //! `initialize` again and retries the request once, so the client never
@@ -23,17 +24,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use http::header::{ACCEPT, CONTENT_TYPE};
-use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
-use http_body_util::{BodyExt, Full, Limited};
+use http::header::{ACCEPT, CONTENT_TYPE, HOST};
+use http::{HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::TokioExecutor;
 use switchboard_protocol::{jsonrpc, sse};
 use tokio::task::JoinHandle;
 
-use super::{collect_response, Handshake, Hello, Inbox, MessageStream, Outgoing, Reply, UpstreamError};
+use super::{collect_response, h1, Handshake, Hello, Inbox, MessageStream, Outgoing, Reply, UpstreamError};
+use crate::body::CollectError;
 use crate::config::HttpConfig;
 use crate::metrics::Metrics;
 
@@ -59,8 +61,14 @@ pub struct Transport {
 struct Shared {
     name: Arc<str>,
     url: Uri,
+    /// `Host`, prebuilt (the client would otherwise build it per request).
+    host: HeaderValue,
+    /// The request target (path and query).
+    path: String,
     headers: Vec<(HeaderName, HeaderValue)>,
-    client: Client<HttpConnector, Full<Bytes>>,
+    /// The configured headers as raw `\r\nName: value` lines, for HTTP/1.1.
+    raw_headers: Vec<u8>,
+    client: Client,
     handshake_timeout: Duration,
     metrics: Arc<Metrics>,
     /// Whether the server issues session ids, learned from the first handshake.
@@ -71,26 +79,103 @@ struct Shared {
 impl Transport {
     /// A transport for `config`; connects lazily.
     pub fn new(name: Arc<str>, config: &HttpConfig, timeout: Duration, metrics: Arc<Metrics>) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        connector.set_keepalive(Some(Duration::from_secs(60)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(config.pool_max_idle)
-            .http2_only(config.http2)
-            .build(connector);
+        let client = if config.http2 {
+            let mut connector = HttpConnector::new();
+            connector.set_nodelay(true);
+            connector.set_connect_timeout(Some(config.connect_timeout));
+            connector.set_keepalive(Some(Duration::from_secs(60)));
+            Client::Http2(Box::new(
+                HyperClient::builder(TokioExecutor::new())
+                    .pool_idle_timeout(Duration::from_secs(90))
+                    .http2_only(true)
+                    .build(connector),
+            ))
+        } else {
+            let authority = host_header(&config.url);
+            let host = config.url.host().unwrap_or("localhost");
+            let port = config.url.port_u16().unwrap_or(80);
+            let address = format!("{host}:{port}");
+            let authority = authority.to_str().unwrap_or("localhost");
+            Client::Http1(h1::Pool::new(address, authority, config.pool_max_idle, config.connect_timeout))
+        };
+        let mut raw_headers = Vec::new();
+        for (name, value) in &config.headers {
+            raw_headers.extend_from_slice(b"\r\n");
+            raw_headers.extend_from_slice(name.as_str().as_bytes());
+            raw_headers.extend_from_slice(b": ");
+            raw_headers.extend_from_slice(value.as_bytes());
+        }
         Transport {
             shared: Arc::new(Shared {
                 name,
+                host: host_header(&config.url),
+                path: config.url.path_and_query().map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
                 url: config.url.clone(),
                 headers: config.headers.clone(),
+                raw_headers,
                 client,
                 handshake_timeout: timeout.min(Duration::from_secs(30)),
                 metrics,
                 statefulness: AtomicU8::new(UNKNOWN),
                 stateless_handshake: Mutex::new(None),
             }),
+        }
+    }
+}
+
+/// How requests reach the upstream.
+enum Client {
+    /// Our keep-alive HTTP/1.1 pool: the request's task does the I/O.
+    Http1(Arc<h1::Pool>),
+    /// HTTP/2 with prior knowledge, through hyper (one multiplexed connection).
+    Http2(Box<HyperClient<HttpConnector, Full<Bytes>>>),
+}
+
+/// An upstream's answer: the status, the two headers MCP needs, the body.
+struct Answer {
+    status: StatusCode,
+    event_stream: bool,
+    session_id: Option<HeaderValue>,
+    body: AnswerBody,
+}
+
+enum AnswerBody {
+    Http1(h1::Body),
+    Http2(Incoming),
+}
+
+impl AnswerBody {
+    /// The next piece of the body.
+    async fn chunk(&mut self) -> Option<Result<Bytes, UpstreamError>> {
+        match self {
+            AnswerBody::Http1(body) => body.chunk().await.map(|r| r.map_err(|e| UpstreamError::Connect(e.to_string()))),
+            AnswerBody::Http2(body) => loop {
+                match body.frame().await? {
+                    Ok(frame) => {
+                        if let Ok(data) = frame.into_data() {
+                            return Some(Ok(data));
+                        }
+                    }
+                    Err(e) => return Some(Err(UpstreamError::Connect(e.to_string()))),
+                }
+            },
+        }
+    }
+
+    /// The whole body, at most `limit` bytes.
+    async fn collect(self, limit: usize) -> Result<Bytes, UpstreamError> {
+        match self {
+            AnswerBody::Http1(body) => body.collect(limit).await.map_err(|e| match e.kind() {
+                std::io::ErrorKind::InvalidData => UpstreamError::Protocol(e.to_string()),
+                _ => UpstreamError::Connect(format!("reading the response: {e}")),
+            }),
+            AnswerBody::Http2(body) => match crate::body::collect(body, limit).await {
+                Ok(body) => Ok(body),
+                Err(CollectError::TooLarge) => {
+                    Err(UpstreamError::Protocol(format!("a response larger than {limit} bytes")))
+                }
+                Err(CollectError::Read(e)) => Err(UpstreamError::Connect(format!("reading the response: {e}"))),
+            },
         }
     }
 }
@@ -129,58 +214,128 @@ struct SessionState {
 }
 
 impl Shared {
-    /// POSTs one message.
-    async fn post(&self, body: Bytes, state: Option<&SessionState>) -> Result<Response<Incoming>, UpstreamError> {
-        let mut req = Request::new(Full::new(body));
-        *req.method_mut() = Method::POST;
-        *req.uri_mut() = self.url.clone();
-        let h = req.headers_mut();
-        h.insert(CONTENT_TYPE, JSON);
-        h.insert(ACCEPT, JSON_AND_SSE);
-        if let Some(state) = state {
-            if let Some(sid) = &state.sid {
-                h.insert(SESSION_ID.clone(), sid.clone());
+    /// Sends one request: a POST with `body`, or (empty `body` and
+    /// `Method::GET`) the GET stream, or a DELETE.
+    async fn send(
+        &self,
+        method: Method,
+        body: Bytes,
+        state: Option<&SessionState>,
+        last_event_id: Option<&str>,
+        want_session_id: bool,
+    ) -> Result<Answer, UpstreamError> {
+        let last_event_id = last_event_id.and_then(|id| HeaderValue::from_str(id).ok());
+        match &self.client {
+            Client::Http1(pool) => {
+                let mut headers: [(&str, &[u8]); 5] = [("", b""); 5];
+                let mut n = 0;
+                if method == Method::POST {
+                    headers[n] = ("Content-Type", b"application/json");
+                    n += 1;
+                }
+                if method != Method::DELETE {
+                    let accept: &[u8] = if method == Method::GET {
+                        b"text/event-stream"
+                    } else {
+                        b"application/json, text/event-stream"
+                    };
+                    headers[n] = ("Accept", accept);
+                    n += 1;
+                }
+                if let Some(state) = state {
+                    if let Some(sid) = &state.sid {
+                        headers[n] = ("Mcp-Session-Id", sid.as_bytes());
+                        n += 1;
+                    }
+                    headers[n] = ("Mcp-Protocol-Version", state.version.as_bytes());
+                    n += 1;
+                }
+                if let Some(id) = &last_event_id {
+                    headers[n] = ("Last-Event-ID", id.as_bytes());
+                    n += 1;
+                }
+                let request = h1::Request {
+                    method: match method {
+                        Method::GET => "GET",
+                        Method::DELETE => "DELETE",
+                        _ => "POST",
+                    },
+                    path: &self.path,
+                    headers: &headers[..n],
+                    extra: &self.raw_headers,
+                    body: &body,
+                };
+                let response =
+                    pool.send(&request, want_session_id).await.map_err(|e| UpstreamError::Connect(e.to_string()))?;
+                Ok(Answer {
+                    status: StatusCode::from_u16(response.status)
+                        .map_err(|_| UpstreamError::Protocol(format!("invalid status {}", response.status)))?,
+                    event_stream: response.event_stream,
+                    session_id: response.session_id.and_then(|b| HeaderValue::from_maybe_shared(b).ok()),
+                    body: AnswerBody::Http1(response.body),
+                })
             }
-            h.insert(PROTOCOL_VERSION.clone(), state.version.clone());
+            Client::Http2(client) => {
+                let mut req = Request::new(Full::new(body));
+                *req.method_mut() = method.clone();
+                *req.uri_mut() = self.url.clone();
+                let h = req.headers_mut();
+                h.reserve(8);
+                h.insert(HOST, self.host.clone());
+                if method == Method::POST {
+                    h.insert(CONTENT_TYPE, JSON);
+                }
+                if method == Method::GET {
+                    h.insert(ACCEPT, SSE);
+                } else if method == Method::POST {
+                    h.insert(ACCEPT, JSON_AND_SSE);
+                }
+                if let Some(state) = state {
+                    if let Some(sid) = &state.sid {
+                        h.insert(SESSION_ID.clone(), sid.clone());
+                    }
+                    h.insert(PROTOCOL_VERSION.clone(), state.version.clone());
+                }
+                if let Some(id) = last_event_id {
+                    h.insert(LAST_EVENT_ID.clone(), id);
+                }
+                for (name, value) in &self.headers {
+                    h.insert(name.clone(), value.clone());
+                }
+                let resp = client.request(req).await.map_err(|e| UpstreamError::Connect(describe(&e)))?;
+                let event_stream = resp.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|ct| {
+                    ct.trim_start().get(..17).is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
+                });
+                let session_id = resp.headers().get(&SESSION_ID).cloned();
+                Ok(Answer {
+                    status: resp.status(),
+                    event_stream,
+                    session_id,
+                    body: AnswerBody::Http2(resp.into_body()),
+                })
+            }
         }
-        for (name, value) in &self.headers {
-            h.insert(name.clone(), value.clone());
-        }
-        self.client.request(req).await.map_err(|e| UpstreamError::Connect(describe(&e)))
+    }
+
+    /// POSTs one message on the session `state`.
+    async fn post(&self, body: Bytes, state: Option<&SessionState>) -> Result<Answer, UpstreamError> {
+        self.send(Method::POST, body, state, None, state.is_none()).await
     }
 
     /// GETs the session's stream, optionally resuming after `last_event_id`.
-    async fn get(
-        &self,
-        state: &SessionState,
-        last_event_id: Option<&str>,
-    ) -> Result<Response<Incoming>, UpstreamError> {
-        let mut req = Request::new(Full::new(Bytes::new()));
-        *req.uri_mut() = self.url.clone();
-        let h = req.headers_mut();
-        h.insert(ACCEPT, SSE);
-        if let Some(sid) = &state.sid {
-            h.insert(SESSION_ID.clone(), sid.clone());
-        }
-        h.insert(PROTOCOL_VERSION.clone(), state.version.clone());
-        if let Some(id) = last_event_id.and_then(|id| HeaderValue::from_str(id).ok()) {
-            h.insert(LAST_EVENT_ID.clone(), id);
-        }
-        for (name, value) in &self.headers {
-            h.insert(name.clone(), value.clone());
-        }
-        self.client.request(req).await.map_err(|e| UpstreamError::Connect(describe(&e)))
+    async fn get(&self, state: &SessionState, last_event_id: Option<&str>) -> Result<Answer, UpstreamError> {
+        self.send(Method::GET, Bytes::new(), Some(state), last_event_id, false).await
     }
 
     /// `initialize`, then `notifications/initialized`.
     async fn handshake(self: &Arc<Self>, hello: &Hello) -> Result<SessionState, UpstreamError> {
         let work = async {
             let body = jsonrpc::request(Some(b"0"), "initialize", Some(&hello.params()));
-            let resp = self.post(body, None).await?;
-            if !resp.status().is_success() || resp.status() == StatusCode::ACCEPTED {
+            let mut resp = self.post(body, None).await?;
+            if !resp.status.is_success() || resp.status == StatusCode::ACCEPTED {
                 return Err(UpstreamError::Initialize(status_error(resp).await.to_string()));
             }
-            let sid = resp.headers().get(&SESSION_ID).cloned();
+            let sid = resp.session_id.take();
             let reply = self.read_reply(resp, None).await?;
             let message = collect_response(reply, "0").await?;
             let handshake = Handshake::from_response(&message)?;
@@ -189,7 +344,7 @@ impl Shared {
             let mut state = SessionState { sid, version, handshake: Arc::new(handshake), epoch: 0 };
             let note = jsonrpc::request(None, "notifications/initialized", None);
             let resp = self.post(note, Some(&state)).await?;
-            if !resp.status().is_success() {
+            if !resp.status.is_success() {
                 return Err(UpstreamError::Initialize(format!(
                     "notifications/initialized: {}",
                     status_error(resp).await
@@ -206,27 +361,14 @@ impl Shared {
     }
 
     /// Turns a successful response into a [`Reply`].
-    async fn read_reply(
-        self: &Arc<Self>,
-        resp: Response<Incoming>,
-        state: Option<&SessionState>,
-    ) -> Result<Reply, UpstreamError> {
-        let is_sse = resp
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.trim_start().to_ascii_lowercase().starts_with("text/event-stream"));
-        if is_sse {
+    async fn read_reply(self: &Arc<Self>, resp: Answer, state: Option<&SessionState>) -> Result<Reply, UpstreamError> {
+        if resp.event_stream {
             return Ok(Reply::Stream(Box::new(SseStream::new(
-                resp.into_body(),
+                resp.body,
                 state.map(|s| (Arc::downgrade(self), s.clone())),
             ))));
         }
-        let body = Limited::new(resp.into_body(), MAX_MESSAGE_BYTES)
-            .collect()
-            .await
-            .map_err(|e| UpstreamError::Connect(format!("reading the response: {e}")))?;
-        Ok(Reply::Done(body.to_bytes()))
+        resp.body.collect(MAX_MESSAGE_BYTES).await.map(Reply::Done)
     }
 }
 
@@ -282,7 +424,7 @@ impl super::Channel for Channel {
         loop {
             let state = self.state();
             let resp = self.shared.post(out.body.clone(), Some(&state)).await?;
-            let status = resp.status();
+            let status = resp.status;
             if status.is_success() && status != StatusCode::ACCEPTED {
                 return self.shared.read_reply(resp, Some(&state)).await;
             }
@@ -303,7 +445,7 @@ impl super::Channel for Channel {
     async fn send(&self, message: Bytes) -> Result<(), UpstreamError> {
         let state = self.state();
         let resp = self.shared.post(message, Some(&state)).await?;
-        if resp.status().is_success() {
+        if resp.status.is_success() {
             drain(resp).await;
             Ok(())
         } else {
@@ -330,16 +472,11 @@ impl super::Channel for Channel {
             task.abort();
         }
         let state = self.state();
-        let Some(sid) = state.sid else { return };
-        let mut req = Request::new(Full::new(Bytes::new()));
-        *req.method_mut() = Method::DELETE;
-        *req.uri_mut() = self.shared.url.clone();
-        req.headers_mut().insert(SESSION_ID.clone(), sid);
-        req.headers_mut().insert(PROTOCOL_VERSION.clone(), state.version);
-        for (name, value) in &self.shared.headers {
-            req.headers_mut().insert(name.clone(), value.clone());
+        if state.sid.is_none() {
+            return;
         }
-        if let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(2), self.shared.client.request(req)).await {
+        let delete = self.shared.send(Method::DELETE, Bytes::new(), Some(&state), None, false);
+        if let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(2), delete).await {
             drain(resp).await;
         }
     }
@@ -359,10 +496,10 @@ async fn listen_loop(channel: Weak<Channel>) {
         let inbox = me.inbox.clone();
         drop(me);
         match shared.get(&state, last_event_id.as_deref()).await {
-            Ok(resp) if resp.status() == StatusCode::METHOD_NOT_ALLOWED => return,
-            Ok(resp) if resp.status().is_success() => {
+            Ok(resp) if resp.status == StatusCode::METHOD_NOT_ALLOWED => return,
+            Ok(resp) if resp.status.is_success() => {
                 pause = Duration::from_millis(250);
-                let mut stream = SseStream::new(resp.into_body(), None);
+                let mut stream = SseStream::new(resp.body, None);
                 while let Some(message) = stream.next().await {
                     match message {
                         Ok(message) => inbox.deliver(message),
@@ -391,7 +528,7 @@ async fn listen_loop(channel: Weak<Channel>) {
 /// Messages of one SSE response, resuming with `Last-Event-ID` when the
 /// server ends the stream early.
 struct SseStream {
-    body: Incoming,
+    body: AnswerBody,
     decoder: sse::Decoder,
     resume: Option<(Weak<Shared>, SessionState)>,
     last_event_id: Option<String>,
@@ -400,7 +537,7 @@ struct SseStream {
 }
 
 impl SseStream {
-    fn new(body: Incoming, resume: Option<(Weak<Shared>, SessionState)>) -> Self {
+    fn new(body: AnswerBody, resume: Option<(Weak<Shared>, SessionState)>) -> Self {
         SseStream {
             body,
             decoder: sse::Decoder::new(MAX_MESSAGE_BYTES),
@@ -421,8 +558,8 @@ impl SseStream {
         self.resumes += 1;
         tokio::time::sleep(self.retry.unwrap_or(Duration::from_millis(100)).min(Duration::from_secs(10))).await;
         match shared.get(state, Some(last)).await {
-            Ok(resp) if resp.status().is_success() => {
-                self.body = resp.into_body();
+            Ok(resp) if resp.status.is_success() => {
+                self.body = resp.body;
                 self.decoder = sse::Decoder::new(MAX_MESSAGE_BYTES);
                 true
             }
@@ -452,12 +589,8 @@ impl MessageStream for SseStream {
                 }
                 Ok(None) => {}
             }
-            match self.body.frame().await {
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.decoder.push(&data);
-                    }
-                }
+            match self.body.chunk().await {
+                Some(Ok(data)) => self.decoder.push(&data),
                 Some(Err(e)) => {
                     if self.resume().await {
                         continue;
@@ -475,15 +608,22 @@ impl MessageStream for SseStream {
     }
 }
 
+/// The `Host` header for `url` (host, and port unless it is the default).
+fn host_header(url: &Uri) -> HeaderValue {
+    let authority = url.authority().map(|a| a.as_str()).unwrap_or("localhost");
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    HeaderValue::from_str(host).unwrap_or_else(|_| HeaderValue::from_static("localhost"))
+}
+
 /// Reads and discards a body so the connection can be reused.
-async fn drain(resp: Response<Incoming>) {
-    let _ = Limited::new(resp.into_body(), 1 << 20).collect().await;
+async fn drain(resp: Answer) {
+    let _ = resp.body.collect(1 << 20).await;
 }
 
 /// An error for a non-success status, with the upstream's own message if it sent one.
-async fn status_error(resp: Response<Incoming>) -> UpstreamError {
-    let status = resp.status().as_u16();
-    let body = Limited::new(resp.into_body(), 64 << 10).collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+async fn status_error(resp: Answer) -> UpstreamError {
+    let status = resp.status.as_u16();
+    let body = resp.body.collect(64 << 10).await.unwrap_or_default();
     let detail = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
         .and_then(|v| v.pointer("/error/message").and_then(|m| m.as_str()).map(str::to_owned))

@@ -21,6 +21,7 @@
 //! Adding a transport is one new file implementing these traits and one line
 //! in [`build`].
 
+mod h1;
 pub mod http;
 pub mod stdio;
 

@@ -1,0 +1,640 @@
+//! A lean HTTP/1.1 client for upstream servers: the hot path of every
+//! forwarded request over Streamable HTTP.
+//!
+//! The request's own task does the I/O: it takes an idle keep-alive
+//! connection from the pool (or connects), writes the request head and body
+//! in one vectored write, parses the response head with `httparse` into a
+//! stack array, and reads the body into the connection's buffer. A body with
+//! a `Content-Length` comes back as one slice of that buffer, without a copy.
+//! There is no connection task, channel or wake-up between tasks, which is
+//! where a general-purpose client spends much of its time on small messages.
+//!
+//! A connection goes back to the pool only after its response body was read to
+//! the end and the server did not ask to close it. A request on a reused
+//! connection that the server had already closed (it saw no byte of an answer)
+//! is retried once on a fresh connection.
+//!
+//! This client speaks only what MCP servers need: `Content-Length` and
+//! chunked bodies, keep-alive, `Connection: close`. HTTP/2 upstreams use hyper.
+
+use std::io::{self, IoSlice};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Response heads larger than this are refused.
+const MAX_HEAD: usize = 64 << 10;
+/// Read buffer growth step.
+const READ_CHUNK: usize = 16 << 10;
+
+/// One upstream's connections.
+pub struct Pool {
+    /// `host:port` to connect to.
+    address: String,
+    /// The `Host` header value.
+    host: Vec<u8>,
+    idle: Mutex<Vec<Conn>>,
+    max_idle: usize,
+    connect_timeout: Duration,
+}
+
+/// A keep-alive connection and its buffers (reused across requests).
+pub struct Conn {
+    io: TcpStream,
+    read: BytesMut,
+    head: Vec<u8>,
+}
+
+/// A request to send.
+pub struct Request<'a> {
+    /// `POST`, `GET` or `DELETE`.
+    pub method: &'static str,
+    /// Path and query.
+    pub path: &'a str,
+    /// Headers besides `Host` and `Content-Length`.
+    pub headers: &'a [(&'a str, &'a [u8])],
+    /// More headers, prebuilt as `\r\nName: value` lines.
+    pub extra: &'a [u8],
+    /// The body (empty for none).
+    pub body: &'a [u8],
+}
+
+/// A response head, and its body to read.
+pub struct Response {
+    pub status: u16,
+    /// `Content-Type` is `text/event-stream`.
+    pub event_stream: bool,
+    /// `Mcp-Session-Id`, when asked for.
+    pub session_id: Option<Bytes>,
+    pub body: Body,
+}
+
+/// How the body is delimited.
+enum Framing {
+    Length(usize),
+    Chunked(Chunked),
+    UntilClose,
+}
+
+#[derive(Clone, Copy)]
+enum Chunked {
+    /// Expecting a size line.
+    Size,
+    /// Inside a chunk, this many bytes left.
+    Data(usize),
+    /// After a chunk's data: its CRLF.
+    DataEnd,
+    /// After the last chunk: trailers until an empty line.
+    Trailers,
+}
+
+/// A response body being read. Dropping it before the end closes the connection.
+pub struct Body {
+    conn: Option<Conn>,
+    pool: Arc<Pool>,
+    framing: Framing,
+    keep_alive: bool,
+    done: bool,
+}
+
+impl Pool {
+    /// A pool for `host:port` (the `Host` header is `authority`).
+    pub fn new(address: String, authority: &str, max_idle: usize, connect_timeout: Duration) -> Arc<Pool> {
+        Arc::new(Pool {
+            address,
+            host: authority.as_bytes().to_vec(),
+            idle: Mutex::new(Vec::new()),
+            max_idle,
+            connect_timeout,
+        })
+    }
+
+    fn checkout(&self) -> Option<Conn> {
+        self.idle.lock().expect("lock").pop()
+    }
+
+    fn checkin(&self, conn: Conn) {
+        let mut idle = self.idle.lock().expect("lock");
+        if idle.len() < self.max_idle {
+            idle.push(conn);
+        }
+    }
+
+    async fn connect(&self) -> io::Result<Conn> {
+        let io = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.address)).await {
+            Ok(io) => io?,
+            Err(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("connect to {} timed out after {:?}", self.address, self.connect_timeout),
+                ))
+            }
+        };
+        io.set_nodelay(true)?;
+        Ok(Conn { io, read: BytesMut::with_capacity(READ_CHUNK), head: Vec::with_capacity(512) })
+    }
+
+    /// Sends `req` and reads the response head. `want_session_id` copies the
+    /// `Mcp-Session-Id` header out.
+    pub async fn send(self: &Arc<Self>, req: &Request<'_>, want_session_id: bool) -> io::Result<Response> {
+        let mut retried = false;
+        loop {
+            let (mut conn, reused) = match self.checkout() {
+                Some(conn) => (conn, true),
+                None => (self.connect().await?, false),
+            };
+            match conn.exchange(&self.host, req, want_session_id).await {
+                Ok(head) => {
+                    let framing = head.framing;
+                    let done = matches!(framing, Framing::Length(0)) || req.method == "HEAD";
+                    let mut body =
+                        Body { conn: Some(conn), pool: self.clone(), framing, keep_alive: head.keep_alive, done };
+                    if done {
+                        body.finish();
+                    }
+                    return Ok(Response {
+                        status: head.status,
+                        event_stream: head.event_stream,
+                        session_id: head.session_id,
+                        body,
+                    });
+                }
+                Err(Exchange::Stale(_)) if reused && !retried => retried = true,
+                Err(Exchange::Stale(e)) | Err(Exchange::Failed(e)) => return Err(e),
+            }
+        }
+    }
+}
+
+struct Head {
+    status: u16,
+    event_stream: bool,
+    session_id: Option<Bytes>,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+enum Exchange {
+    /// The connection was closed before any byte of an answer: safe to retry.
+    Stale(io::Error),
+    Failed(io::Error),
+}
+
+fn is_stale(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted)
+}
+
+impl Conn {
+    async fn exchange(&mut self, host: &[u8], req: &Request<'_>, want_session_id: bool) -> Result<Head, Exchange> {
+        self.write_request(host, req).await.map_err(|e| {
+            if is_stale(&e) {
+                Exchange::Stale(e)
+            } else {
+                Exchange::Failed(e)
+            }
+        })?;
+        self.read_head(want_session_id).await
+    }
+
+    async fn write_request(&mut self, host: &[u8], req: &Request<'_>) -> io::Result<()> {
+        let head = &mut self.head;
+        head.clear();
+        head.extend_from_slice(req.method.as_bytes());
+        head.push(b' ');
+        head.extend_from_slice(req.path.as_bytes());
+        head.extend_from_slice(b" HTTP/1.1\r\nHost: ");
+        head.extend_from_slice(host);
+        for (name, value) in req.headers {
+            head.extend_from_slice(b"\r\n");
+            head.extend_from_slice(name.as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(value);
+        }
+        head.extend_from_slice(req.extra);
+        if !req.body.is_empty() || req.method == "POST" {
+            head.extend_from_slice(b"\r\nContent-Length: ");
+            head.extend_from_slice(itoa(req.body.len(), &mut [0u8; 20]));
+        }
+        head.extend_from_slice(b"\r\n\r\n");
+        if req.body.len() <= 4096 {
+            // Small bodies: one buffer, one write.
+            head.extend_from_slice(req.body);
+            return self.io.write_all(head).await;
+        }
+        let mut parts = [IoSlice::new(head), IoSlice::new(req.body)];
+        let mut slices: &mut [IoSlice<'_>] = &mut parts;
+        while !slices.is_empty() {
+            let n = self.io.write_vectored(slices).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            IoSlice::advance_slices(&mut slices, n);
+        }
+        Ok(())
+    }
+
+    async fn fill(&mut self) -> io::Result<usize> {
+        if self.read.capacity() - self.read.len() < READ_CHUNK / 4 {
+            self.read.reserve(READ_CHUNK);
+        }
+        self.io.read_buf(&mut self.read).await
+    }
+
+    async fn read_head(&mut self, want_session_id: bool) -> Result<Head, Exchange> {
+        let mut seen_any = !self.read.is_empty();
+        loop {
+            if !self.read.is_empty() {
+                let mut storage = [httparse::EMPTY_HEADER; 64];
+                let mut parsed = httparse::Response::new(&mut storage);
+                match parsed.parse(&self.read) {
+                    Ok(httparse::Status::Complete(len)) => {
+                        let status = parsed.code.unwrap_or(0);
+                        if (100..200).contains(&status) {
+                            // An interim answer (100 Continue): skip it.
+                            self.read.advance(len);
+                            continue;
+                        }
+                        let head = interpret(&parsed, status, want_session_id).map_err(Exchange::Failed)?;
+                        self.read.advance(len);
+                        return Ok(head);
+                    }
+                    Ok(httparse::Status::Partial) if self.read.len() > MAX_HEAD => {
+                        return Err(Exchange::Failed(invalid("response head too large")));
+                    }
+                    Ok(httparse::Status::Partial) => {}
+                    Err(e) => return Err(Exchange::Failed(invalid(&format!("malformed response head: {e}")))),
+                }
+            }
+            match self.fill().await {
+                Ok(0) if !seen_any => {
+                    return Err(Exchange::Stale(io::Error::new(
+                        io::ErrorKind::ConnectionReset,
+                        "closed before answering",
+                    )))
+                }
+                Ok(0) => {
+                    return Err(Exchange::Failed(io::Error::new(io::ErrorKind::UnexpectedEof, "closed mid-answer")))
+                }
+                Ok(_) => seen_any = true,
+                Err(e) if !seen_any && is_stale(&e) => return Err(Exchange::Stale(e)),
+                Err(e) => return Err(Exchange::Failed(e)),
+            }
+        }
+    }
+}
+
+fn interpret(parsed: &httparse::Response<'_, '_>, status: u16, want_session_id: bool) -> io::Result<Head> {
+    let mut length: Option<usize> = None;
+    let mut chunked = false;
+    let mut keep_alive = parsed.version == Some(1);
+    let mut event_stream = false;
+    let mut session_id = None;
+    for h in parsed.headers.iter() {
+        let name = h.name;
+        if name.eq_ignore_ascii_case("content-length") {
+            let text = std::str::from_utf8(h.value).map_err(|_| invalid("bad Content-Length"))?;
+            length = Some(text.trim().parse().map_err(|_| invalid("bad Content-Length"))?);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = h
+                .value
+                .split(|&b| b == b',')
+                .next_back()
+                .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if name.eq_ignore_ascii_case("connection") {
+            for token in h.value.split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    keep_alive = false;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    keep_alive = true;
+                }
+            }
+        } else if name.eq_ignore_ascii_case("content-type") {
+            event_stream =
+                h.value.trim_ascii_start().get(..17).is_some_and(|t| t.eq_ignore_ascii_case(b"text/event-stream"));
+        } else if want_session_id && name.eq_ignore_ascii_case("mcp-session-id") {
+            session_id = Some(Bytes::copy_from_slice(h.value));
+        }
+    }
+    let framing = if status == 204 || status == 304 {
+        Framing::Length(0)
+    } else if chunked {
+        Framing::Chunked(Chunked::Size)
+    } else if let Some(n) = length {
+        Framing::Length(n)
+    } else {
+        keep_alive = false;
+        Framing::UntilClose
+    };
+    Ok(Head { status, event_stream, session_id, framing, keep_alive })
+}
+
+fn invalid(message: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message.to_owned())
+}
+
+/// Formats `n` in decimal into `buf` and returns the digits.
+fn itoa(mut n: usize, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+impl Body {
+    /// The next piece of the body; `None` at the end.
+    pub async fn chunk(&mut self) -> Option<io::Result<Bytes>> {
+        if self.done {
+            return None;
+        }
+        let result = self.next_piece().await;
+        match &result {
+            Some(Ok(_)) => {}
+            Some(Err(_)) => {
+                self.done = true;
+                self.conn = None;
+            }
+            None => self.finish(),
+        }
+        result
+    }
+
+    async fn next_piece(&mut self) -> Option<io::Result<Bytes>> {
+        loop {
+            let conn = self.conn.as_mut()?;
+            match &mut self.framing {
+                Framing::Length(0) => return None,
+                Framing::Length(left) => {
+                    if !conn.read.is_empty() {
+                        let n = (*left).min(conn.read.len());
+                        *left -= n;
+                        return Some(Ok(conn.read.split_to(n).freeze()));
+                    }
+                }
+                Framing::UntilClose => {
+                    if !conn.read.is_empty() {
+                        return Some(Ok(conn.read.split().freeze()));
+                    }
+                }
+                Framing::Chunked(state) => match *state {
+                    Chunked::Size => {
+                        if let Some(end) = conn.read.windows(2).position(|w| w == b"\r\n") {
+                            let line = &conn.read[..end];
+                            let digits = line.split(|&b| b == b';').next().unwrap_or(b"").trim_ascii();
+                            let size = std::str::from_utf8(digits)
+                                .ok()
+                                .and_then(|d| usize::from_str_radix(d, 16).ok())
+                                .ok_or_else(|| invalid("bad chunk size"));
+                            let size = match size {
+                                Ok(size) => size,
+                                Err(e) => return Some(Err(e)),
+                            };
+                            conn.read.advance(end + 2);
+                            *state = if size == 0 { Chunked::Trailers } else { Chunked::Data(size) };
+                            continue;
+                        }
+                        if conn.read.len() > 1024 {
+                            return Some(Err(invalid("chunk size line too long")));
+                        }
+                    }
+                    Chunked::Data(left) => {
+                        if !conn.read.is_empty() {
+                            let n = left.min(conn.read.len());
+                            *state = if n == left { Chunked::DataEnd } else { Chunked::Data(left - n) };
+                            return Some(Ok(conn.read.split_to(n).freeze()));
+                        }
+                    }
+                    Chunked::DataEnd => {
+                        if conn.read.len() >= 2 {
+                            if &conn.read[..2] != b"\r\n" {
+                                return Some(Err(invalid("chunk not followed by CRLF")));
+                            }
+                            conn.read.advance(2);
+                            *state = Chunked::Size;
+                            continue;
+                        }
+                    }
+                    Chunked::Trailers => {
+                        if let Some(end) = conn.read.windows(2).position(|w| w == b"\r\n") {
+                            conn.read.advance(end + 2);
+                            if end == 0 {
+                                return None;
+                            }
+                            continue;
+                        }
+                    }
+                },
+            }
+            match conn.fill().await {
+                Ok(0) => {
+                    return match self.framing {
+                        Framing::UntilClose => None,
+                        _ => Some(Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed mid-body"))),
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+
+    /// The whole body, at most `limit` bytes. A `Content-Length` body is
+    /// returned as one slice of the read buffer.
+    pub async fn collect(mut self, limit: usize) -> io::Result<Bytes> {
+        if let (Framing::Length(n), Some(conn)) = (&self.framing, self.conn.as_mut()) {
+            let n = *n;
+            if n > limit {
+                return Err(invalid("body over the limit"));
+            }
+            while conn.read.len() < n {
+                if conn.read.capacity() - conn.read.len() < n - conn.read.len() {
+                    conn.read.reserve(n - conn.read.len());
+                }
+                if conn.io.read_buf(&mut conn.read).await? == 0 {
+                    self.conn = None;
+                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed mid-body"));
+                }
+            }
+            let body = conn.read.split_to(n).freeze();
+            self.framing = Framing::Length(0);
+            self.finish();
+            return Ok(body);
+        }
+        let mut first: Option<Bytes> = None;
+        let mut joined: Option<BytesMut> = None;
+        let mut total = 0;
+        while let Some(piece) = self.chunk().await {
+            let piece = piece?;
+            total += piece.len();
+            if total > limit {
+                return Err(invalid("body over the limit"));
+            }
+            match (&mut joined, first.take()) {
+                (Some(j), _) => j.extend_from_slice(&piece),
+                (None, Some(head)) => {
+                    let mut j = BytesMut::with_capacity(total);
+                    j.extend_from_slice(&head);
+                    j.extend_from_slice(&piece);
+                    joined = Some(j);
+                }
+                (None, None) => first = Some(piece),
+            }
+        }
+        Ok(joined.map(BytesMut::freeze).or(first).unwrap_or_default())
+    }
+
+    /// Marks the body read; the connection goes back to the pool if it can.
+    fn finish(&mut self) {
+        self.done = true;
+        if let Some(conn) = self.conn.take() {
+            if self.keep_alive && conn.read.is_empty() {
+                self.pool.checkin(conn);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A server that answers each request on a connection with the next
+    /// canned response, and counts connections.
+    async fn canned(responses: Vec<&'static [u8]>) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = connections.clone();
+        tokio::spawn(async move {
+            let responses = Arc::new(responses);
+            let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            loop {
+                let (mut io, _) = listener.accept().await.unwrap();
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let responses = responses.clone();
+                let next = next.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 65536];
+                    loop {
+                        let mut got = Vec::new();
+                        // Read one request: head, then Content-Length bytes.
+                        loop {
+                            let n = match io.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            got.extend_from_slice(&buf[..n]);
+                            if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                                let head = String::from_utf8_lossy(&got[..end]).to_lowercase();
+                                let len = head
+                                    .lines()
+                                    .find_map(|l| l.strip_prefix("content-length: "))
+                                    .map_or(0, |v| v.trim().parse().unwrap());
+                                if got.len() >= end + 4 + len {
+                                    break;
+                                }
+                            }
+                        }
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let Some(response) = responses.get(i) else { return };
+                        if response.is_empty() {
+                            return; // close without answering
+                        }
+                        io.write_all(response).await.unwrap();
+                    }
+                });
+            }
+        });
+        (addr, connections)
+    }
+
+    fn post(body: &[u8]) -> Request<'_> {
+        Request { method: "POST", path: "/mcp", headers: &[("Content-Type", b"application/json")], extra: b"", body }
+    }
+
+    #[tokio::test]
+    async fn content_length_and_chunked_bodies_on_one_kept_alive_connection() {
+        let (addr, connections) = canned(vec![
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nMcp-Session-Id: abc\r\nContent-Length: 7\r\n\r\n{\"a\":1}",
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n5\r\ndata:\r\n3;ext=1\r\n x\n\r\n0\r\nTrailer: t\r\n\r\n",
+            b"HTTP/1.1 202 Accepted\r\nContent-Length: 0\r\n\r\n",
+        ])
+        .await;
+        let pool = Pool::new(addr.clone(), &addr, 4, Duration::from_secs(1));
+        let first = pool.send(&post(b"{}"), true).await.unwrap();
+        assert_eq!(first.status, 200);
+        assert!(!first.event_stream);
+        assert_eq!(first.session_id.as_deref(), Some(&b"abc"[..]));
+        assert_eq!(&first.body.collect(1024).await.unwrap()[..], b"{\"a\":1}");
+
+        let mut second = pool.send(&post(&[b'x'; 10_000]), false).await.unwrap();
+        assert!(second.event_stream);
+        assert_eq!(second.session_id, None, "copied only when asked for");
+        let mut body = Vec::new();
+        while let Some(piece) = second.body.chunk().await {
+            body.extend_from_slice(&piece.unwrap());
+        }
+        assert_eq!(body, b"data: x\n");
+        drop(second);
+
+        let third = pool.send(&post(b"{}"), false).await.unwrap();
+        assert_eq!(third.status, 202);
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1, "all three on one connection");
+    }
+
+    #[tokio::test]
+    async fn a_stale_pooled_connection_is_retried_on_a_fresh_one() {
+        let (addr, connections) = canned(vec![
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+            b"", // the server closes this connection instead of answering
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nagain",
+        ])
+        .await;
+        let pool = Pool::new(addr.clone(), &addr, 4, Duration::from_secs(1));
+        assert_eq!(&pool.send(&post(b"1"), false).await.unwrap().body.collect(64).await.unwrap()[..], b"ok");
+        let retried = pool.send(&post(b"2"), false).await.unwrap();
+        assert_eq!(&retried.body.collect(64).await.unwrap()[..], b"again");
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn connection_close_and_unread_bodies_do_not_return_to_the_pool() {
+        let (addr, connections) = canned(vec![
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nsome",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nmore",
+        ])
+        .await;
+        let pool = Pool::new(addr.clone(), &addr, 4, Duration::from_secs(1));
+        pool.send(&post(b"1"), false).await.unwrap().body.collect(64).await.unwrap();
+        drop(pool.send(&post(b"2"), false).await.unwrap()); // body never read
+        pool.send(&post(b"3"), false).await.unwrap().body.collect(64).await.unwrap();
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 3, "neither of the first two was reused");
+        // The third was pooled; the server closes it unanswered: one retry on a fresh connection, which fails too.
+        assert!(pool.send(&post(b"4"), false).await.is_err());
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 4);
+    }
+
+    #[test]
+    fn itoa_writes_decimal() {
+        assert_eq!(itoa(0, &mut [0; 20]), b"0");
+        assert_eq!(itoa(1234567, &mut [0; 20]), b"1234567");
+    }
+
+    #[tokio::test]
+    async fn refuses_oversized_bodies() {
+        let (addr, _) = canned(vec![b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"]).await;
+        let pool = Pool::new(addr.clone(), &addr, 4, Duration::from_secs(1));
+        let response = pool.send(&post(b"{}"), false).await.unwrap();
+        assert!(response.body.collect(10).await.is_err());
+    }
+}
