@@ -1,0 +1,71 @@
+//! Namespacing, catalog lookups with 10, 1,000 and 10,000 tools, and
+//! composite cursors.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use serde_json::{json, Map, Value};
+use switchboard::catalog::cursor::Cursor;
+use switchboard::catalog::naming::expose_name;
+use switchboard::catalog::Listing;
+use switchboard_benches::{allocations_of, Counting};
+use switchboard_protocol::methods::ListKind;
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn tools(n: usize) -> Vec<Map<String, Value>> {
+    (0..n)
+        .map(|i| {
+            let Value::Object(map) = json!({"name": format!("tool_number_{i}"), "description": "A tool.", "inputSchema": {"type": "object"}}) else {
+                unreachable!()
+            };
+            map
+        })
+        .collect()
+}
+
+fn naming(c: &mut Criterion) {
+    let mut group = c.benchmark_group("naming");
+    group.bench_function("expose_name/short", |b| {
+        b.iter(|| expose_name(black_box("github"), "__", black_box("search")))
+    });
+    let long = "a_tool_name_that_is_long_enough_to_need_shortening_beyond_sixty_four";
+    group.bench_function("expose_name/shortened", |b| {
+        b.iter(|| expose_name(black_box("github"), "__", black_box(long)))
+    });
+    group.finish();
+}
+
+fn lookup(c: &mut Criterion) {
+    let mut group = c.benchmark_group("catalog_lookup");
+    for n in [10usize, 1_000, 10_000] {
+        let mut listing = Listing::default();
+        listing.extend(0, ListKind::Tools, &tools(n), |name| expose_name("up", "__", name));
+        listing.seal();
+        let wanted = format!("up__tool_number_{}", n / 2);
+        let (_, allocs) = allocations_of(|| listing.get(&wanted).map(|i| i.upstream));
+        println!("allocations: catalog_lookup/{n}: {allocs}");
+        group.bench_with_input(BenchmarkId::from_parameter(n), &wanted, |b, wanted| {
+            b.iter(|| black_box(listing.get(black_box(wanted)).expect("present").upstream))
+        });
+    }
+    group.finish();
+}
+
+fn cursors(c: &mut Criterion) {
+    let mut group = c.benchmark_group("cursor");
+    let cursor = Cursor { upstream: "github".into(), offset: 1234 };
+    let text = cursor.encode();
+    group.bench_function("encode", |b| b.iter(|| black_box(&cursor).encode()));
+    group.bench_function("decode", |b| b.iter(|| Cursor::decode(black_box(&text)).expect("valid")));
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(30).measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
+    targets = naming, lookup, cursors
+}
+criterion_main!(benches);

@@ -1,0 +1,85 @@
+//! A full `tools/call` through the router, in-process, to the mock upstream
+//! over HTTP, next to the same call made directly; the router's heap
+//! allocations per forwarded call; `tools/list` across 50 upstreams from the
+//! cache; and calls with 10, 1,000 and 10,000 tools in the catalog.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use switchboard_benches::rig::Rig;
+use switchboard_benches::{marked_allocations, Conn, Counting};
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const CALL: &[u8] =
+    br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"u0__echo","arguments":{"text":"hello"}}}"#;
+const DIRECT: &[u8] =
+    br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}"#;
+
+fn tools_call(c: &mut Criterion) {
+    let rig = Rig::start(1, 0);
+    let mut routed = rig.connect();
+    let routed_request = rig.request(&routed, CALL);
+    let mut direct = Conn::open(rig.mocks[0]);
+    let direct_request = direct.request("/mcp", &[], DIRECT);
+
+    // Warm up (connections, pools, catalog), then count the router's allocations.
+    for _ in 0..1_000 {
+        assert_eq!(routed.send(&routed_request).status, 200);
+    }
+    let calls = 10_000;
+    let before = marked_allocations();
+    for _ in 0..calls {
+        black_box(routed.send(&routed_request));
+    }
+    let per_call = (marked_allocations() - before) as f64 / calls as f64;
+    println!("allocations: router heap allocations per forwarded small tools/call: {per_call:.1}");
+
+    let mut group = c.benchmark_group("tools_call");
+    group.bench_function("direct", |b| b.iter(|| assert_eq!(direct.send(&direct_request).status, 200)));
+    group.bench_function("routed", |b| b.iter(|| assert_eq!(routed.send(&routed_request).status, 200)));
+    group.finish();
+}
+
+fn tools_list_50_upstreams(c: &mut Criterion) {
+    let rig = Rig::start(50, 0);
+    let mut conn = rig.connect();
+    let request = rig.request(&conn, br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
+    let first = conn.send(&request);
+    assert_eq!(first.status, 200);
+    let tools = serde_json::from_slice::<serde_json::Value>(&first.body).expect("json")["result"]["tools"]
+        .as_array()
+        .expect("tools")
+        .len();
+    println!("tools/list across 50 upstreams: {tools} tools, {} bytes", first.body.len());
+    let mut group = c.benchmark_group("tools_list");
+    group.bench_function("50_upstreams_cached", |b| b.iter(|| assert_eq!(conn.send(&request).status, 200)));
+    group.finish();
+}
+
+fn call_with_catalog_size(c: &mut Criterion) {
+    let mut group = c.benchmark_group("tools_call_catalog_size");
+    for n in [10usize, 1_000, 10_000] {
+        let rig = Rig::start(1, n);
+        let mut conn = rig.connect();
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"u0__tool_{}","arguments":{{}}}}}}"#,
+            n - 1
+        );
+        let request = rig.request(&conn, body.as_bytes());
+        assert_eq!(conn.send(&request).status, 200);
+        group.bench_with_input(BenchmarkId::from_parameter(n), &request, |b, request| {
+            b.iter(|| assert_eq!(conn.send(request).status, 200))
+        });
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(30).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
+    targets = tools_call, tools_list_50_upstreams, call_with_catalog_size
+}
+criterion_main!(benches);

@@ -1,0 +1,93 @@
+//! The protocol crate alone: envelope parsing, routing-member parsing and the
+//! splice that rewrites a tool name, for small, 10 KiB and 1 MiB payloads.
+//! Prints heap allocations per operation next to criterion's times.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use switchboard_benches::{allocations_of, Counting};
+use switchboard_protocol::jsonrpc::{span, Envelope, Target};
+use switchboard_protocol::rewrite::{splice, Edit};
+use switchboard_protocol::sse;
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// A `tools/call` whose arguments are about `size` bytes of varied JSON.
+fn call_with_arguments(size: usize) -> Vec<u8> {
+    let mut items = Vec::new();
+    let mut total = 0;
+    let mut i = 0;
+    while total < size {
+        let item = format!(r#"{{"id":{i},"name":"item \"{i}\"","tags":["a","b"],"score":{}.5,"ok":true}}"#, i * 7);
+        total += item.len() + 1;
+        items.push(item);
+        i += 1;
+    }
+    format!(
+        r#"{{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{{"name":"github__search","arguments":{{"items":[{}]}},"_meta":{{"progressToken":"p-1"}}}}}}"#,
+        items.join(",")
+    )
+    .into_bytes()
+}
+
+fn rewrite(input: &[u8]) -> bytes::Bytes {
+    let env = Envelope::parse(input).expect("valid");
+    let target = Target::parse(env.params.expect("params")).expect("target");
+    let name = span(input, target.name.expect("name").get());
+    splice(input, &mut [Edit::new(name, b"\"search\"")])
+}
+
+fn sizes() -> [(&'static str, Vec<u8>); 3] {
+    [
+        ("small", call_with_arguments(40)),
+        ("10KiB", call_with_arguments(10 << 10)),
+        ("1MiB", call_with_arguments(1 << 20)),
+    ]
+}
+
+fn envelope(c: &mut Criterion) {
+    let mut group = c.benchmark_group("envelope");
+    for (label, input) in sizes() {
+        let (_, parse_allocs) = allocations_of(|| Envelope::parse(&input).map(|e| e.kind));
+        let (_, rewrite_allocs) = allocations_of(|| rewrite(&input));
+        println!(
+            "allocations: envelope/parse/{label}: {parse_allocs}, envelope/parse+rewrite/{label}: {rewrite_allocs}"
+        );
+        group.throughput(Throughput::Bytes(input.len() as u64));
+        group.bench_with_input(BenchmarkId::new("parse", label), &input, |b, input| {
+            b.iter(|| {
+                let env = Envelope::parse(black_box(input)).expect("valid");
+                black_box(Target::parse(env.params.expect("params")).expect("target").name);
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("parse+rewrite", label), &input, |b, input| {
+            b.iter(|| black_box(rewrite(black_box(input))))
+        });
+    }
+    group.finish();
+}
+
+fn sse_decode(c: &mut Criterion) {
+    let mut group = c.benchmark_group("sse");
+    for (label, input) in sizes() {
+        let event = sse::encode_event(Some("7"), None, &input);
+        group.throughput(Throughput::Bytes(event.len() as u64));
+        group.bench_with_input(BenchmarkId::new("decode", label), &event, |b, event| {
+            b.iter(|| {
+                let mut decoder = sse::Decoder::new(usize::MAX);
+                decoder.push(black_box(event));
+                black_box(decoder.next_event().expect("valid").expect("one event"))
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(30).measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
+    targets = envelope, sse_decode
+}
+criterion_main!(benches);
