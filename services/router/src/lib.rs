@@ -15,6 +15,7 @@
 //! - `catalog/`: the merged, namespaced, cached catalog (`naming.rs`, `cursor.rs`).
 //! - `upstream/`: the [`upstream::Transport`] and [`upstream::Channel`] traits,
 //!   one file per transport (`http.rs`, `stdio.rs`).
+//! - [`bridge`]: `switchboard connect`, stdio to Streamable HTTP for clients that only launch commands.
 //! - [`config`]: the TOML file, validated into [`Config`].
 //! - `metrics.rs`, `error.rs`, `body.rs`.
 //!
@@ -23,6 +24,7 @@
 
 mod app;
 mod body;
+pub mod bridge;
 pub mod catalog;
 pub mod config;
 mod downstream;

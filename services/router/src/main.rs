@@ -24,6 +24,18 @@ enum Command {
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
     },
+    /// Bridge a local MCP client that speaks stdio to a router (or any MCP
+    /// server) over Streamable HTTP.
+    Connect {
+        /// The MCP endpoint, e.g. http://127.0.0.1:8080/mcp.
+        url: http::Uri,
+        /// An extra request header, "Name: value" (repeatable), e.g. an API key.
+        #[arg(long = "header", short = 'H')]
+        headers: Vec<String>,
+        /// Longest wait for one answer.
+        #[arg(long, default_value = "300s")]
+        timeout: String,
+    },
     /// Validate a configuration file and print what it configures.
     CheckConfig {
         /// The configuration file (TOML).
@@ -50,6 +62,25 @@ fn main() -> Result<()> {
                 println!("upstream {}: {how}, {prefix}", u.name);
             }
             Ok(())
+        }
+        Command::Connect { url, headers, timeout } => {
+            let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+            tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).init();
+            if url.scheme_str() != Some("http") {
+                anyhow::bail!(
+                    "{url}: only http:// URLs are supported (put a TLS-terminating proxy in front for https)"
+                );
+            }
+            let headers = headers
+                .iter()
+                .map(|h| switchboard::bridge::parse_header(h))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| anyhow::anyhow!("--header: {e}"))?;
+            let timeout =
+                switchboard::config::parse_duration(&timeout).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(switchboard::bridge::run(switchboard::bridge::Options { url, headers, timeout }))
         }
         Command::Serve { config, listen } => {
             let mut config = Config::load(&config).map_err(|e| anyhow::anyhow!("{}: {e}", config.display()))?;

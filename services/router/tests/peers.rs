@@ -98,3 +98,23 @@ async fn python_sdk_through_the_router_to_everything_over_stdio() {
     assert_eq!(routed["results"][1]["content"][0]["text"], "The sum of 20 and 22 is 42.");
     router.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_over_stdio_through_switchboard_connect() {
+    use switchboard_test_support::{mock_named, stdio_mock_upstream, MockServer};
+    let web = MockServer::start(mock_named("web")).await;
+    let router =
+        Router::start(&format!("{}{}", http_upstream("web", &web.url, ""), stdio_mock_upstream("local", ""))).await;
+    let bridge = stdio_target(
+        std::path::Path::new(env!("CARGO_BIN_EXE_switchboard")),
+        &["connect", &router.url, "--header", "X-Client: bridge-test"],
+    );
+    let calls = json!([["web__echo", {"via": "bridge"}], ["local__add", {"a": 1, "b": 2}]]);
+    let bridged = run_python_client("list_and_call.py", &[&bridge, &calls.to_string()]).await;
+    let direct = run_python_client("list_and_call.py", &[&router.url, &calls.to_string()]).await;
+    assert!(names(&bridged).contains(&"web__echo") && names(&bridged).contains(&"local__add"));
+    assert_eq!(bridged["tools"], direct["tools"], "the same catalog over stdio as over HTTP");
+    assert_eq!(bridged["results"], direct["results"]);
+    assert_eq!(bridged["results"][0]["content"][0]["text"], r#"{"via":"bridge"}"#);
+    router.stop().await;
+}

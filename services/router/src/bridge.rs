@@ -1,0 +1,252 @@
+//! `switchboard connect URL`: a stdio-to-Streamable-HTTP bridge, for MCP
+//! clients that can only launch a command.
+//!
+//! The local client speaks newline-delimited JSON on our stdin and stdout;
+//! the bridge speaks Streamable HTTP to a router (or any MCP server) with the
+//! same client machinery the router uses for its upstreams (`upstream::http`):
+//! the session id, the protocol version header, SSE answers, the GET stream,
+//! re-initialisation if the session is lost. Every message is relayed both
+//! ways; ids are left as the client wrote them.
+//!
+//! Nothing but MCP messages is written to stdout; diagnostics go to stderr.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Uri};
+use serde::Deserialize;
+use serde_json::json;
+use serde_json::value::RawValue;
+use switchboard_protocol::jsonrpc::{self, code, span, Envelope, MessageKind, Target};
+use switchboard_protocol::{ndjson, Method, ProtocolVersion};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use crate::config::HttpConfig;
+use crate::metrics::Metrics;
+use crate::upstream::{self, Channel, Hello, Inbox, Outgoing, Reply, Transport as _};
+
+/// Where the bridge connects, and how.
+pub struct Options {
+    /// The router's MCP endpoint.
+    pub url: Uri,
+    /// Headers on every request (for example the router's API key).
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Longest wait for one answer.
+    pub timeout: Duration,
+}
+
+/// Parses a `--header "Name: value"` argument.
+pub fn parse_header(text: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let (name, value) = text.split_once(':').ok_or_else(|| format!("{text:?} is not \"Name: value\""))?;
+    let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| format!("{name:?} is not a header name"))?;
+    let mut value = HeaderValue::from_str(value.trim()).map_err(|_| format!("the value of {name} is not valid"))?;
+    value.set_sensitive(true);
+    Ok((name, value))
+}
+
+struct Stdout(mpsc::UnboundedSender<Bytes>);
+
+impl Inbox for Stdout {
+    fn deliver(&self, message: Bytes) {
+        let _ = self.0.send(message);
+    }
+}
+
+#[derive(Deserialize)]
+struct InitializeParams<'a> {
+    #[serde(rename = "protocolVersion", default)]
+    protocol_version: Option<String>,
+    #[serde(borrow, default)]
+    capabilities: Option<&'a RawValue>,
+}
+
+/// Runs the bridge until stdin closes; then ends the session.
+pub async fn run(options: Options) -> anyhow::Result<()> {
+    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Bytes>();
+    let writer = tokio::spawn(async move {
+        let mut stdout = tokio::io::stdout();
+        while let Some(message) = out_rx.recv().await {
+            if stdout.write_all(&ndjson::encode(&message)).await.is_err() {
+                return;
+            }
+            if out_rx.is_empty() && stdout.flush().await.is_err() {
+                return;
+            }
+        }
+    });
+
+    let config = HttpConfig {
+        url: options.url.clone(),
+        headers: options.headers,
+        http2: false,
+        connect_timeout: Duration::from_secs(5),
+        pool_max_idle: 16,
+    };
+    let transport = upstream::http::Transport::new(Arc::from("router"), &config, options.timeout, Metrics::new(&[]));
+    let mut channel: Option<Arc<dyn Channel>> = None;
+
+    let mut stdin = tokio::io::stdin();
+    let mut decoder = ndjson::Decoder::new(64 << 20);
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let n = stdin.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        decoder.push(&chunk[..n]);
+        loop {
+            let line = match decoder.next_line() {
+                Ok(Some(line)) => line,
+                Ok(None) => break,
+                Err(e) => {
+                    eprintln!("switchboard connect: {e}");
+                    continue;
+                }
+            };
+            let env = match Envelope::parse(&line) {
+                Ok(env) => env,
+                Err(e) => {
+                    let _ = out_tx.send(jsonrpc::error_response(None, e.code(), &e.to_string(), None));
+                    continue;
+                }
+            };
+            match (env.kind, &channel) {
+                (MessageKind::Request, None) if env.method_str() == "initialize" => {
+                    let id = env.id.expect("a request has an id");
+                    match initialize(&transport, &env, &out_tx, options.timeout).await {
+                        Ok((opened, result)) => {
+                            opened.listen();
+                            channel = Some(opened);
+                            let _ = out_tx.send(jsonrpc::result_response(id, &result));
+                        }
+                        Err(message) => {
+                            let _ =
+                                out_tx.send(jsonrpc::error_response(Some(id), code::INTERNAL_ERROR, &message, None));
+                        }
+                    }
+                }
+                (MessageKind::Request, None) => {
+                    let message = "send initialize first";
+                    let _ = out_tx.send(jsonrpc::error_response(env.id, code::INVALID_REQUEST, message, None));
+                }
+                // The bridge already sent `initialized` during its handshake.
+                (MessageKind::Notification, _) if env.method_str() == "notifications/initialized" => {}
+                (MessageKind::Notification | MessageKind::Response | MessageKind::Error, None) => {}
+                (MessageKind::Request, Some(channel)) => {
+                    let out = outgoing(&env, &line);
+                    let id = env.id.expect("a request has an id").to_owned();
+                    let channel = channel.clone();
+                    let out_tx = out_tx.clone();
+                    let timeout = options.timeout;
+                    tokio::spawn(async move {
+                        match tokio::time::timeout(timeout, forward(&*channel, out, &out_tx)).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => {
+                                let _ = out_tx.send(jsonrpc::error_response(Some(&id), code::INTERNAL_ERROR, &e, None));
+                            }
+                            Err(_) => {
+                                let message = format!("no answer within {timeout:?}");
+                                let _ = out_tx.send(jsonrpc::error_response(
+                                    Some(&id),
+                                    code::REQUEST_TIMEOUT,
+                                    &message,
+                                    None,
+                                ));
+                            }
+                        }
+                    });
+                }
+                (_, Some(channel)) => {
+                    if let Err(e) = channel.send(line.clone()).await {
+                        eprintln!("switchboard connect: could not deliver a {}: {e}", env.method_str());
+                    }
+                }
+            }
+        }
+    }
+    if let Some(channel) = channel {
+        channel.close().await;
+    }
+    drop(out_tx);
+    drop(transport);
+    let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+    Ok(())
+}
+
+/// Opens the session with the client's own version and capabilities and
+/// returns the server's `initialize` result for the client.
+async fn initialize(
+    transport: &upstream::http::Transport,
+    env: &Envelope<'_>,
+    out_tx: &mpsc::UnboundedSender<Bytes>,
+    timeout: Duration,
+) -> Result<(Arc<dyn Channel>, Vec<u8>), String> {
+    let params = env.params.map_or("{}", RawValue::get);
+    let params: InitializeParams<'_> = serde_json::from_str(params).map_err(|e| format!("initialize: {e}"))?;
+    let version =
+        params.protocol_version.as_deref().and_then(ProtocolVersion::parse).unwrap_or(ProtocolVersion::LATEST);
+    let capabilities: Arc<RawValue> = match params.capabilities {
+        Some(c) => Arc::from(c.to_owned()),
+        None => Arc::from(upstream::empty_object()),
+    };
+    let hello = Hello { protocol_version: version, capabilities };
+    let inbox: Arc<dyn Inbox> = Arc::new(Stdout(out_tx.clone()));
+    let channel = tokio::time::timeout(timeout, transport.open(&hello, inbox))
+        .await
+        .map_err(|_| format!("the server did not answer initialize within {timeout:?}"))?
+        .map_err(|e| format!("cannot reach the server: {e}"))?;
+    let h = channel.handshake();
+    let mut result = json!({
+        "protocolVersion": h.protocol_version,
+        "capabilities": h.capabilities,
+        "serverInfo": h.server_info,
+    });
+    if let Some(instructions) = &h.instructions {
+        result["instructions"] = json!(instructions);
+    }
+    Ok((channel, serde_json::to_vec(&result).expect("serializable")))
+}
+
+fn outgoing(env: &Envelope<'_>, line: &Bytes) -> Outgoing {
+    let id = span(line, env.id.expect("a request has an id").get());
+    let progress_token =
+        env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.progress_token).map(|t| span(line, t.get()));
+    Outgoing { body: line.clone(), method: Method::from_name(env.method_str()), id, progress_token }
+}
+
+async fn forward(channel: &dyn Channel, out: Outgoing, out_tx: &mpsc::UnboundedSender<Bytes>) -> Result<(), String> {
+    match channel.request(out).await.map_err(|e| e.to_string())? {
+        Reply::Done(message) => {
+            let _ = out_tx.send(message);
+        }
+        Reply::Stream(mut stream) => {
+            while let Some(message) = stream.next().await {
+                let message = message.map_err(|e| e.to_string())?;
+                let last = Envelope::parse(&message)
+                    .is_ok_and(|e| matches!(e.kind, MessageKind::Response | MessageKind::Error));
+                let _ = out_tx.send(message);
+                if last {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_arguments() {
+        let (name, value) = parse_header("Authorization: Bearer abc:def").unwrap();
+        assert_eq!(name, "authorization");
+        assert_eq!(value, "Bearer abc:def");
+        assert!(value.is_sensitive());
+        assert!(parse_header("no colon").is_err());
+        assert!(parse_header("bad name: x").is_err());
+    }
+}
