@@ -20,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 mod body;
+mod conformance;
 mod http;
 mod mcp;
 mod stdio;

@@ -1,7 +1,7 @@
 //! `switchboard-mock`: the mock MCP server as a program.
 //!
 //! ```text
-//! switchboard-mock --stdio [--name N] [--allow-exit]
+//! switchboard-mock --stdio [--name N] [--allow-exit] [--conformance]
 //! switchboard-mock --http 127.0.0.1:3001 [--name N] [--stateless] [--tools N] [--sse] [--page-size N]
 //!                  [--list-delay-ms MS] [--unknown-session-status 400] [--threads N]
 //! ```
@@ -20,6 +20,7 @@ fn main() -> Result<()> {
         match arg.as_str() {
             "--stdio" => stdio = true,
             "--allow-exit" => options.allow_exit = true,
+            "--conformance" => options.conformance = true,
             "--http" => http = Some(value("--http")?),
             "--name" => options.name = value("--name")?,
             "--stateless" => options.stateless = true,
@@ -36,7 +37,7 @@ fn main() -> Result<()> {
             "--threads" => threads = value("--threads")?.parse().context("--threads takes a number")?,
             "-h" | "--help" => {
                 println!(
-                    "switchboard-mock (--stdio [--allow-exit] | --http ADDR) [--name NAME] [--stateless] [--sse] [--tools N] \
+                    "switchboard-mock (--stdio [--allow-exit] | --http ADDR) [--conformance] [--name NAME] [--stateless] [--sse] [--tools N] \
                      [--page-size N] [--list-delay-ms MS] [--unknown-session-status CODE] [--threads N]"
                 );
                 return Ok(());

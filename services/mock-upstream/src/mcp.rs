@@ -19,6 +19,8 @@ use serde_json::{json, Value};
 use switchboard_protocol::jsonrpc::{self, code, Envelope, MessageKind};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::conformance;
+
 /// How the mock behaves.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -39,6 +41,9 @@ pub struct Options {
     pub allow_exit: bool,
     /// Wait this long before answering `tools/list` (a slow upstream).
     pub list_delay: Duration,
+    /// Serve the conformance suite's fixtures instead of the usual tools,
+    /// resources and prompts.
+    pub conformance: bool,
 }
 
 impl Default for Options {
@@ -52,6 +57,7 @@ impl Default for Options {
             page_size: 0,
             allow_exit: false,
             list_delay: Duration::ZERO,
+            conformance: false,
         }
     }
 }
@@ -113,7 +119,12 @@ impl Session {
     }
 
     /// Sends a server-to-client request on `out` and waits for the answer.
-    async fn ask(&self, out: &mpsc::UnboundedSender<Bytes>, method: &str, params: Value) -> Result<Value, String> {
+    pub(crate) async fn ask(
+        &self,
+        out: &mpsc::UnboundedSender<Bytes>,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, String> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().expect("lock").insert(id, tx);
@@ -286,6 +297,11 @@ impl Server {
         let ok = |result: &[u8]| Reply::Json(jsonrpc::result_response(id, result));
         let err = |code: i64, message: &str| Reply::Json(jsonrpc::error_response(Some(id), code, message, None));
         let params = env.params.map_or("{}", RawValue::get);
+        if self.opts.conformance {
+            if let Some(reply) = self.conformance(session, id, env.method_str(), params) {
+                return reply;
+            }
+        }
         match env.method_str() {
             "tools/call" => self.call_tool(session, id, params).await,
             "initialize" => {
@@ -372,6 +388,64 @@ impl Server {
             }
             other => err(code::METHOD_NOT_FOUND, &format!("Method not found: {other}")),
         }
+    }
+
+    /// The conformance fixtures; `None` for methods answered as usual (ping,
+    /// initialize, logging, subscriptions).
+    fn conformance(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        id: &RawValue,
+        method: &str,
+        params: &str,
+    ) -> Option<Reply> {
+        let p: Value = serde_json::from_str(params).unwrap_or(Value::Null);
+        let ok = |v: Value| Reply::Json(jsonrpc::result_response(id, &serde_json::to_vec(&v).expect("serializable")));
+        let err = |code: i64, m: String| Reply::Json(jsonrpc::error_response(Some(id), code, &m, None));
+        Some(match method {
+            "tools/list" => ok(conformance::tools()),
+            "resources/list" => ok(conformance::resources()),
+            "resources/templates/list" => ok(conformance::templates()),
+            "prompts/list" => ok(conformance::prompts()),
+            "completion/complete" => ok(conformance::complete(&p)),
+            "resources/read" => {
+                let uri = p["uri"].as_str().unwrap_or_default();
+                match conformance::read(uri) {
+                    Some(v) => ok(v),
+                    None => err(code::RESOURCE_NOT_FOUND, format!("Resource not found: {uri}")),
+                }
+            }
+            "prompts/get" => {
+                let name = p["name"].as_str().unwrap_or_default();
+                match conformance::prompt(name, &p["arguments"]) {
+                    Some(v) => ok(v),
+                    None => err(code::INVALID_PARAMS, format!("Unknown prompt: {name}")),
+                }
+            }
+            "tools/call" => {
+                self.stats.calls.fetch_add(1, Ordering::Relaxed);
+                let name = p["name"].as_str().unwrap_or_default().to_owned();
+                if let Some(result) = conformance::immediate(&name) {
+                    return Some(ok(result));
+                }
+                if !conformance::is_streamed(&name) {
+                    return Some(err(code::INVALID_PARAMS, format!("Unknown tool: {name}")));
+                }
+                let (tx, rx) = mpsc::unbounded_channel();
+                let token = p["_meta"].get("progressToken").map(Value::to_string);
+                let args = p["arguments"].clone();
+                let id = id.to_owned();
+                let session = session.clone();
+                tokio::spawn(async move {
+                    let result = conformance::streamed(&session, &name, &args, token.as_deref(), &tx).await;
+                    let result =
+                        result.unwrap_or_else(|e| json!({"content": [{"type": "text", "text": e}], "isError": true}));
+                    let _ = tx.send(jsonrpc::result_response(&id, &serde_json::to_vec(&result).expect("serializable")));
+                });
+                Reply::Stream(rx)
+            }
+            _ => return None,
+        })
     }
 
     fn tools_list(&self, params: &str) -> Bytes {

@@ -43,6 +43,17 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Runtime worker threads; 0 for one per available core.
     pub worker_threads: usize,
+    /// How answers that are complete at once are sent.
+    pub response_mode: ResponseMode,
+}
+
+/// `server.response_mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseMode {
+    /// `application/json`, unless the upstream streams (the fastest).
+    Json,
+    /// `text/event-stream` whenever the client accepts it, as the SDK servers do.
+    Sse,
 }
 
 /// `[catalog]`: how lists are merged and served.
@@ -214,6 +225,7 @@ pub struct RawServer {
     pub keep_alive: Option<RawDuration>,
     pub shutdown_grace: Option<RawDuration>,
     pub worker_threads: Option<u64>,
+    pub response_mode: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -363,6 +375,14 @@ impl RawConfig {
             keep_alive: duration!(s.keep_alive, "server.keep_alive", Duration::from_secs(15)),
             shutdown_grace: duration!(s.shutdown_grace, "server.shutdown_grace", Duration::from_secs(10)),
             worker_threads: s.worker_threads.unwrap_or(0) as usize,
+            response_mode: match s.response_mode.as_deref().unwrap_or("json") {
+                "json" => ResponseMode::Json,
+                "sse" => ResponseMode::Sse,
+                other => {
+                    bad("server.response_mode".into(), format!("{other:?} is not \"json\" or \"sse\""));
+                    ResponseMode::Json
+                }
+            },
         };
 
         // [catalog]

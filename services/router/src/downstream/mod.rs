@@ -36,6 +36,7 @@ use switchboard_protocol::{Method, ProtocolVersion};
 
 use crate::app::App;
 use crate::body::{Body, CollectError};
+use crate::config::ResponseMode;
 use crate::error::Error;
 use crate::metrics::Outcome;
 use crate::session::Session;
@@ -97,7 +98,14 @@ async fn post(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     // 4. Route.
     let accepts_sse = accepts_sse(&parts.headers);
     match env.kind {
-        MessageKind::Request => request(app, &session, &env, &body, accepts_sse, started).await,
+        MessageKind::Request => {
+            let response = request(app, &session, &env, &body, accepts_sse, started).await;
+            if accepts_sse && app.config.server.response_mode == ResponseMode::Sse {
+                respond::as_sse(response)
+            } else {
+                response
+            }
+        }
         MessageKind::Notification => {
             notification(app, &session, &env, &body).await;
             respond::accepted()

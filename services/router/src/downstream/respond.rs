@@ -51,6 +51,30 @@ pub fn sse(rx: mpsc::Receiver<Bytes>, keep_alive: Duration) -> Response<Body> {
     response
 }
 
+/// The same answer as a one-event SSE stream (for `response_mode = "sse"`).
+/// Anything but a `200 application/json` answer is returned unchanged.
+pub fn as_sse(response: Response<Body>) -> Response<Body> {
+    if response.status() != StatusCode::OK || response.headers().get(CONTENT_TYPE) != Some(&JSON) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let message = match body {
+        Body::Full(Some(bytes)) => bytes,
+        Body::Parts(pieces) => {
+            let mut joined = bytes::BytesMut::with_capacity(pieces.iter().map(Bytes::len).sum());
+            for piece in pieces {
+                joined.extend_from_slice(&piece);
+            }
+            joined.freeze()
+        }
+        other => return Response::from_parts(parts, other),
+    };
+    parts.headers.insert(CONTENT_TYPE, SSE);
+    parts.headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache, no-transform"));
+    parts.headers.insert(ACCEL_BUFFERING.clone(), HeaderValue::from_static("no"));
+    Response::from_parts(parts, Body::full(switchboard_protocol::sse::encode_event(None, None, &message)))
+}
+
 /// A plain status with a short text body (for non-MCP paths).
 pub fn text(status: StatusCode, text: &'static str) -> Response<Body> {
     with_type(
