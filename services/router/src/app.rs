@@ -154,6 +154,9 @@ impl App {
                     self.list_changed(u, kind);
                     return None;
                 }
+                if method == Method::ResourcesUpdated {
+                    return Some(self.expose_updated_uri(u, env, message));
+                }
                 if method == Method::Cancelled {
                     let theirs = env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.request_id)?;
                     let ours = session.asked_as(u, theirs.get())?.to_string();
@@ -166,6 +169,22 @@ impl App {
                 None
             }
         }
+    }
+}
+
+impl App {
+    /// `notifications/resources/updated` names the upstream's URI; clients
+    /// subscribed to the exposed one.
+    fn expose_updated_uri(&self, u: usize, env: &Envelope<'_>, message: &Bytes) -> Bytes {
+        let raw = env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.uri);
+        let Some(raw) = raw else { return message.clone() };
+        let Some(uri) = switchboard_protocol::jsonrpc::as_str(raw) else { return message.clone() };
+        let exposed = self.catalog.expose_uri(u, &uri);
+        if exposed == uri {
+            return message.clone();
+        }
+        let exposed = jsonrpc::json_string(&exposed);
+        splice(message, &mut [Edit::new(span(message, raw.get()), &exposed)])
     }
 }
 

@@ -68,14 +68,22 @@ async fn python_sdk_through_the_router_to_everything_over_http_and_time_over_std
     assert_eq!(routed["results"][2], direct_time["results"][0], "convert_time");
     assert_eq!(routed["results"][0]["content"][0]["text"], "Echo: through the router");
 
-    // The same list as the upstreams give directly, only namespaced.
+    // The same list as the upstreams give directly, only namespaced; plus the
+    // tools server-everything offers only to clients that can answer sampling
+    // or elicitation (the catalog is fetched declaring both).
     let mut expected: Vec<String> = names(&direct_everything).iter().map(|n| format!("everything__{n}")).collect();
-    let direct_time_list = names(&direct_time).iter().map(|n| format!("time__{n}")).collect::<Vec<_>>();
-    expected.extend(direct_time_list);
-    let mut got: Vec<String> = tools.iter().map(|s| s.to_string()).collect();
-    got.sort();
-    expected.sort();
-    assert_eq!(got, expected);
+    expected.extend(names(&direct_time).iter().map(|n| format!("time__{n}")));
+    let got: Vec<String> = tools.iter().map(|s| s.to_string()).collect();
+    for name in &expected {
+        assert!(got.contains(name), "{name} missing from {got:?}");
+    }
+    let extra: Vec<&String> = got.iter().filter(|n| !expected.contains(n)).collect();
+    let gated = [
+        "everything__trigger-sampling-request",
+        "everything__trigger-elicitation-request",
+        "everything__trigger-url-elicitation",
+    ];
+    assert!(extra.iter().all(|n| gated.contains(&n.as_str())), "unexpected extra tools {extra:?}");
     router.stop().await;
 }
 
@@ -116,5 +124,73 @@ async fn python_sdk_over_stdio_through_switchboard_connect() {
     assert_eq!(bridged["tools"], direct["tools"], "the same catalog over stdio as over HTTP");
     assert_eq!(bridged["results"], direct["results"]);
     assert_eq!(bridged["results"][0]["content"][0]["text"], r#"{"via":"bridge"}"#);
+    router.stop().await;
+}
+
+/// What a router must relay, with a real server and the real Python SDK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_sampling_elicitation_subscriptions_and_colliding_clients_through_the_router() {
+    let (_everything, everything_url) = everything_http().await;
+    let router = Router::start(&http_upstream("everything", &everything_url, "timeout = \"30s\"")).await;
+    let out = run_python_client(
+        "fidelity.py",
+        &[&router.url, "everything__", "progress,sampling,elicitation,subscribe,collide"],
+    )
+    .await;
+    // Sampling and elicitation tools appear because the router declared the client's capabilities upstream.
+    let tools = names(&out);
+    assert!(tools.contains(&"everything__trigger-sampling-request"), "{tools:?}");
+    assert!(tools.contains(&"everything__trigger-elicitation-request"), "{tools:?}");
+
+    let progress = out["progress"]["progress"].as_array().unwrap();
+    assert_eq!(progress.len(), 3, "every progress notification arrives: {out}");
+    assert_eq!(progress[2]["progress"], 3.0);
+    assert!(out["sampling"].to_string().contains("four"), "the client's sampling answer reached the server: {out}");
+    assert!(out["elicitation"].to_string().to_lowercase().contains("decline"), "{out}");
+
+    let subscribed = out["subscribed"].as_str().unwrap();
+    assert_eq!(subscribed, "everything+demo://resource/dynamic/text/1");
+    let updates = out["updates"].as_array().unwrap();
+    assert!(!updates.is_empty(), "resources/updated arrives: {out}");
+    assert!(updates.iter().all(|u| u == subscribed), "for the URI the client subscribed to: {updates:?}");
+
+    // Two clients with the same request ids, at once: each sees only its own messages.
+    let a = &out["collide"]["a"];
+    let b = &out["collide"]["b"];
+    assert_eq!(a["progress"].as_array().unwrap().len(), 2, "{a}");
+    assert_eq!(b["progress"].as_array().unwrap().len(), 4, "{b}");
+    assert!(a["progress"].as_array().unwrap().iter().all(|p| p["total"] == 2.0), "{a}");
+    assert!(b["progress"].as_array().unwrap().iter().all(|p| p["total"] == 4.0), "{b}");
+    assert_eq!(a["echo"][0], "Echo: client-a");
+    assert_eq!(b["echo"][0], "Echo: client-b");
+    router.stop().await;
+}
+
+/// server-everything killed and restarted mid-session: the next call succeeds
+/// without the client re-initialising.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_restarted_mid_session_is_reinitialised() {
+    use switchboard_test_support::peers::{free_port, node_bin, wait_for_port, Process};
+    use switchboard_test_support::Client;
+    let port = free_port();
+    let start =
+        || Process::spawn(&node_bin("mcp-server-everything"), &["streamableHttp"], &[("PORT", &port.to_string())]);
+    let mut everything = start();
+    assert!(wait_for_port(port, std::time::Duration::from_secs(30)).await);
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let router = Router::start(&http_upstream("everything", &url, "")).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    let first = client.call_tool("everything__echo", json!({"message": "before"})).await;
+    assert_eq!(first["result"]["content"][0]["text"], "Echo: before");
+
+    everything.child.kill().await.unwrap();
+    let _ = everything.child.wait().await;
+    let _restarted = start();
+    assert!(wait_for_port(port, std::time::Duration::from_secs(30)).await);
+
+    let second = client.call_tool("everything__echo", json!({"message": "after"})).await;
+    assert_eq!(second["result"]["content"][0]["text"], "Echo: after", "{second}");
+    assert!(router.metric("switchboard_upstream_reinitializations_total", &["upstream=\"everything\""]).await >= 1.0);
     router.stop().await;
 }

@@ -88,9 +88,16 @@ impl Hello {
         .into_bytes()
     }
 
-    /// A hello declaring no client capabilities (for the router's own channels).
+    /// The hello of the router's own channels (catalog, shared stdio
+    /// processes). It declares sampling and elicitation, which a server only
+    /// uses while answering a call, so that tools a server offers only to
+    /// clients with those capabilities appear in the catalog; each client's
+    /// own channel declares exactly that client's capabilities. It never
+    /// declares roots, which a server may ask for at any time.
     pub fn router() -> Self {
-        Hello { protocol_version: ProtocolVersion::LATEST, capabilities: Arc::from(empty_object()) }
+        let capabilities =
+            RawValue::from_string(r#"{"sampling":{},"elicitation":{"form":{},"url":{}}}"#.into()).expect("valid JSON");
+        Hello { protocol_version: ProtocolVersion::LATEST, capabilities: Arc::from(capabilities) }
     }
 }
 
