@@ -38,6 +38,8 @@ pub enum Error {
     MissingSession,
     #[error("unknown or expired session: initialize a new one")]
     UnknownSession,
+    #[error("unknown or expired event stream in Last-Event-ID")]
+    UnknownStream,
     #[error("unsupported MCP-Protocol-Version {0:?} (supported: 2025-03-26, 2025-06-18, 2025-11-25)")]
     UnsupportedVersion(String),
     #[error("the router has reached its limit of {0} sessions; try again later")]
@@ -85,7 +87,7 @@ impl Error {
             Error::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Error::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Error::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
-            Error::UnknownSession => StatusCode::NOT_FOUND,
+            Error::UnknownSession | Error::UnknownStream => StatusCode::NOT_FOUND,
             Error::TooManySessions(_) | Error::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::OK,
         }
@@ -99,6 +101,7 @@ impl Error {
             | Error::UnsupportedMediaType(_)
             | Error::ForbiddenOrigin(_)
             | Error::MissingSession
+            | Error::UnknownStream
             | Error::UnsupportedVersion(_) => code::INVALID_REQUEST,
             Error::UnknownSession => code::REQUEST_TIMEOUT,
             Error::MethodNotFound(_) => code::METHOD_NOT_FOUND,
@@ -133,6 +136,7 @@ impl Error {
             Error::ForbiddenOrigin(_) => "origin",
             Error::MissingSession => "missing_session",
             Error::UnknownSession => "unknown_session",
+            Error::UnknownStream => "unknown_stream",
             Error::UnsupportedVersion(_) => "protocol_version",
             Error::TooManySessions(_) => "too_many_sessions",
             Error::MethodNotFound(_) => "method_not_found",

@@ -11,7 +11,7 @@
 //!   (`mod.rs`), forwarding and SSE relay (`forward.rs`), answers from the
 //!   catalog (`lists.rs`), responses (`respond.rs`).
 //! - `app.rs`: shared state, and what happens to messages upstreams send on their own.
-//! - `session.rs`: downstream sessions and their registry.
+//! - `session.rs`: downstream sessions and their registry; `events.rs`: their resumable SSE streams.
 //! - `catalog/`: the merged, namespaced, cached catalog (`naming.rs`, `cursor.rs`).
 //! - `upstream/`: the [`upstream::Transport`] and [`upstream::Channel`] traits,
 //!   one file per transport (`http.rs`, `stdio.rs`).
@@ -29,6 +29,7 @@ pub mod catalog;
 pub mod config;
 mod downstream;
 pub mod error;
+mod events;
 mod metrics;
 mod server;
 mod session;

@@ -28,13 +28,11 @@ pub enum Outcome {
     UpstreamFailed,
     /// The upstream did not answer in time.
     Timeout,
-    /// The client went away before the answer.
-    Abandoned,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 6] =
-        [Outcome::Ok, Outcome::Error, Outcome::Rejected, Outcome::UpstreamFailed, Outcome::Timeout, Outcome::Abandoned];
+    const ALL: [Outcome; 5] =
+        [Outcome::Ok, Outcome::Error, Outcome::Rejected, Outcome::UpstreamFailed, Outcome::Timeout];
 
     fn label(self) -> &'static str {
         match self {
@@ -43,14 +41,13 @@ impl Outcome {
             Outcome::Rejected => "rejected",
             Outcome::UpstreamFailed => "upstream_failed",
             Outcome::Timeout => "timeout",
-            Outcome::Abandoned => "abandoned",
         }
     }
 }
 
 /// Counters and a latency histogram for one (method, upstream) pair.
 pub struct RequestHandles {
-    outcomes: [IntCounter; 6],
+    outcomes: [IntCounter; 5],
     duration: Histogram,
 }
 

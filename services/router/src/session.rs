@@ -5,12 +5,14 @@
 //! capabilities, one upstream channel per upstream it has used (opened on
 //! first use, declaring the client's capabilities), the server-to-client
 //! requests relayed to it (so its answers find their way back), its requests
-//! in flight (so its cancellations do), and its outbox: the GET stream, or a
-//! bounded backlog while no GET stream is open.
+//! in flight (so its cancellations do), and its event streams (`events.rs`):
+//! stream 0 for messages not tied to a request (the GET stream, kept while no
+//! GET stream is open), and one per request answered as SSE, all resumable
+//! with `Last-Event-ID`.
 //!
 //! [`Sessions`] is the in-memory registry, sharded to keep lock hold times
 //! short. A session never sees another session's messages: everything it
-//! receives comes through its own channels or its own outbox.
+//! receives comes through its own channels or its own streams.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,18 +23,19 @@ use bytes::Bytes;
 use serde_json::value::RawValue;
 use switchboard_protocol::jsonrpc::{span, Envelope};
 use switchboard_protocol::rewrite::{splice, Edit};
-use switchboard_protocol::{sse, ProtocolVersion};
+use switchboard_protocol::ProtocolVersion;
 use tokio::sync::{mpsc, OnceCell};
 
 use crate::app::App;
 use crate::catalog::naming::fnv1a64;
 use crate::error::Error;
+use crate::events::Log;
 use crate::upstream::{Channel, Hello, Inbox};
 
-/// Messages kept for a session while it has no GET stream open.
-const BACKLOG: usize = 256;
-/// Messages buffered on an open GET stream before it counts as stalled.
-const STREAM_BUFFER: usize = 256;
+/// Events buffered between a stream's log and its HTTP response.
+const STREAM_BUFFER: usize = 64;
+/// Request streams kept for resumption.
+const KEPT_STREAMS: usize = 32;
 
 /// One client session.
 pub struct Session {
@@ -48,20 +51,18 @@ pub struct Session {
     /// Requests in flight: (hash of the client's id, upstream). A vector that
     /// keeps its capacity, so tracking a request costs no allocation.
     inflight: Mutex<Vec<(u64, usize)>>,
-    outbox: Mutex<Outbox>,
+    /// Stream 0: messages not tied to a request.
+    standalone: Arc<Log>,
+    /// Whether a GET stream was ever opened: upstream channels then listen.
+    listening: AtomicBool,
+    /// Recent request streams, for resumption.
+    streams: Mutex<VecDeque<Arc<Log>>>,
+    next_stream: AtomicU64,
     /// Milliseconds since the router started, at the last request.
     last_used: AtomicU64,
     epoch: Instant,
     closed: AtomicBool,
     me: Weak<Session>,
-}
-
-#[derive(Default)]
-struct Outbox {
-    live: Option<mpsc::Sender<Bytes>>,
-    backlog: VecDeque<Bytes>,
-    /// Set once a GET stream has been opened: upstream channels then listen.
-    listening: bool,
 }
 
 impl Session {
@@ -75,7 +76,10 @@ impl Session {
             asked: Mutex::new(HashMap::new()),
             next_asked: AtomicU64::new(1),
             inflight: Mutex::new(Vec::new()),
-            outbox: Mutex::new(Outbox::default()),
+            standalone: Log::new(0),
+            listening: AtomicBool::new(false),
+            streams: Mutex::new(VecDeque::new()),
+            next_stream: AtomicU64::new(1),
             last_used: AtomicU64::new(epoch.elapsed().as_millis() as u64),
             epoch,
             closed: AtomicBool::new(false),
@@ -118,7 +122,7 @@ impl Session {
                         })
                     }
                 };
-                if self.outbox.lock().expect("lock").listening {
+                if self.listening.load(Ordering::Relaxed) {
                     channel.listen();
                 }
                 Ok(channel)
@@ -141,46 +145,49 @@ impl Session {
         self.channels.iter().enumerate().filter_map(|(u, c)| c.get().map(|c| (u, c.clone()))).collect()
     }
 
-    /// Sends a message on the session's GET stream (as an SSE event), or keeps
-    /// it for when one opens.
+    /// Sends a message on the session's GET stream, or keeps it (bounded)
+    /// for when one opens.
     pub fn push(&self, message: Bytes) {
-        let message = sse::encode_event(None, None, &message);
-        let mut outbox = self.outbox.lock().expect("lock");
-        if let Some(live) = &outbox.live {
-            match live.try_send(message) {
-                Ok(()) => return,
-                Err(mpsc::error::TrySendError::Full(m)) | Err(mpsc::error::TrySendError::Closed(m)) => {
-                    outbox.live = None;
-                    outbox.backlog.push_back(m);
-                }
-            }
-        } else {
-            outbox.backlog.push_back(message);
-        }
-        while outbox.backlog.len() > BACKLOG {
-            outbox.backlog.pop_front();
-        }
+        self.standalone.push(&message);
     }
 
-    /// Opens (or takes over) the session's GET stream: the backlog first, then
-    /// live messages. Upstream channels start listening from now on.
-    pub fn open_stream(&self) -> mpsc::Receiver<Bytes> {
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        let channels = {
-            let mut outbox = self.outbox.lock().expect("lock");
-            while let Some(m) = outbox.backlog.pop_front() {
-                if tx.try_send(m).is_err() {
-                    break;
-                }
-            }
-            outbox.live = Some(tx);
-            outbox.listening = true;
-            self.open_channels()
-        };
-        for (_, channel) in channels {
-            channel.listen();
+    /// A new stream for the answer to one request.
+    pub fn new_stream(&self) -> Arc<Log> {
+        let log = Log::new(self.next_stream.fetch_add(1, Ordering::Relaxed));
+        let mut streams = self.streams.lock().expect("lock");
+        streams.push_back(log.clone());
+        while streams.len() > KEPT_STREAMS {
+            streams.pop_front();
         }
-        rx
+        log
+    }
+
+    /// Opens (or takes over) an SSE stream for a GET: the standalone stream
+    /// from where the last reader left it, or — with `Last-Event-ID` — any of
+    /// the session's streams from just after that event. Upstream channels
+    /// start listening from the first GET on.
+    pub fn open_stream(&self, resume: Option<(u64, u64)>) -> Result<mpsc::Receiver<Bytes>, Error> {
+        let (log, after) = match resume {
+            None => (self.standalone.clone(), self.standalone.undelivered()),
+            Some((0, seq)) => (self.standalone.clone(), Some(seq)),
+            Some((stream, seq)) => {
+                let streams = self.streams.lock().expect("lock");
+                let log = streams.iter().find(|l| l.stream == stream).cloned().ok_or(Error::UnknownStream)?;
+                (log, Some(seq))
+            }
+        };
+        // Only one response reads a stream at a time: a reconnecting client
+        // takes over from the connection it lost.
+        log.cut();
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let standalone = log.stream == 0;
+        tokio::spawn(log.reader(after, tx));
+        if standalone && !self.listening.swap(true, Ordering::Relaxed) {
+            for (_, channel) in self.open_channels() {
+                channel.listen();
+            }
+        }
+        Ok(rx)
     }
 
     /// Registers a server-to-client request from upstream `u` and returns it
@@ -238,9 +245,13 @@ impl Session {
         }
     }
 
-    /// Ends the GET stream (the client may reconnect).
+    /// Ends the responses reading the session's streams (the client may
+    /// reconnect, here or elsewhere).
     pub fn close_stream(&self) {
-        self.outbox.lock().expect("lock").live = None;
+        self.standalone.cut();
+        for log in self.streams.lock().expect("lock").iter() {
+            log.cut();
+        }
     }
 }
 
@@ -374,20 +385,22 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn backlog_is_bounded_and_drained_into_the_stream() {
+    async fn messages_wait_for_the_get_stream_and_a_new_get_takes_over() {
         let s = session();
-        for i in 0..(BACKLOG + 10) {
-            s.push(Bytes::from(i.to_string()));
-        }
-        let mut rx = s.open_stream();
-        let first = rx.recv().await.unwrap();
-        assert_eq!(&first[..], b"data: 10\n\n", "the oldest messages are dropped first");
-        s.push(Bytes::from_static(b"live"));
-        let mut last = first;
-        while let Ok(m) = rx.try_recv() {
-            last = m;
-        }
-        assert_eq!(&last[..], b"data: live\n\n");
+        s.push(Bytes::from_static(b"{\"n\":1}"));
+        let mut first = s.open_stream(None).unwrap();
+        let event = first.recv().await.unwrap();
+        assert_eq!(&event[..], b"id: 0-0\ndata: {\"n\":1}\n\n", "queued before the GET, with an event id");
+        // A second GET takes over: the first ends, the new one gets only what is new.
+        let mut second = s.open_stream(None).unwrap();
+        assert!(first.recv().await.is_none());
+        s.push(Bytes::from_static(b"{\"n\":2}"));
+        assert_eq!(&second.recv().await.unwrap()[..], b"id: 0-1\ndata: {\"n\":2}\n\n");
+        // Resuming from an event id replays what followed it.
+        let mut resumed = s.open_stream(Some((0, 0))).unwrap();
+        assert_eq!(&resumed.recv().await.unwrap()[..], b"id: 0-1\ndata: {\"n\":2}\n\n");
+        // An unknown stream is refused.
+        assert!(matches!(s.open_stream(Some((99, 0))), Err(Error::UnknownStream)));
     }
 
     #[test]

@@ -423,3 +423,43 @@ async fn shutdown_stops_stdio_children() {
         "the child is gone after shutdown"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_loses_a_stream_resumes_it_with_last_event_id() {
+    let (router, _web) = router_with_web_and_local().await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await; // negotiates 2025-11-25
+    let (status, _, mut stream) = client
+        .request_stream(
+            "tools/call",
+            json!({"name": "web__progress", "arguments": {"steps": 4, "interval_ms": 150}, "_meta": {"progressToken": "r"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let priming = stream.next_event(Duration::from_secs(5)).await.expect("a priming event");
+    assert!(priming.data.is_empty() && priming.retry.is_some(), "{priming:?}");
+    let first = stream.next_event(Duration::from_secs(5)).await.expect("the first progress event");
+    let first_id = first.id.clone().expect("every event has an id");
+    let first: Value = serde_json::from_slice(&first.data).unwrap();
+    assert_eq!(first["params"]["progress"], 1);
+    drop(stream); // the connection is lost mid-call
+
+    let (status, mut resumed) = client.resume_stream(Some(&first_id)).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut rest = Vec::new();
+    while let Some(message) = resumed.next(Duration::from_secs(5)).await {
+        let done = message.get("result").is_some();
+        rest.push(message);
+        if done {
+            break;
+        }
+    }
+    let progress: Vec<u64> = rest.iter().filter_map(|m| m["params"]["progress"].as_u64()).collect();
+    assert_eq!(progress, [2, 3, 4], "nothing lost, nothing repeated: {rest:?}");
+    assert_eq!(text_of(rest.last().unwrap()), "done after 4 steps");
+
+    // A stream the session never had is a 404.
+    let (status, _) = client.resume_stream(Some("999-0")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    router.stop().await;
+}

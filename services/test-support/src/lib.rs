@@ -350,16 +350,28 @@ impl Client {
 
     /// Opens the session's GET stream.
     pub async fn open_stream(&self) -> EventStream {
+        self.resume_stream(None).await.1
+    }
+
+    /// Opens a GET stream, resuming after `last_event_id` if given; returns
+    /// the status too.
+    pub async fn resume_stream(&self, last_event_id: Option<&str>) -> (StatusCode, EventStream) {
         let mut req = Request::new(Full::new(Bytes::new()));
         *req.uri_mut() = self.url.parse().expect("url");
         let h = req.headers_mut();
         h.insert("accept", HeaderValue::from_static("text/event-stream"));
+        if let Some(id) = last_event_id {
+            h.insert("last-event-id", HeaderValue::from_str(id).expect("ascii"));
+        }
         if let Some(session) = &self.session {
             h.insert("mcp-session-id", HeaderValue::from_str(session).expect("ascii"));
         }
         let resp = self.http.request(req).await.expect("GET");
-        assert_eq!(resp.status(), StatusCode::OK, "GET stream");
-        EventStream { body: Some(resp.into_body()), decoder: sse::Decoder::new(usize::MAX) }
+        let status = resp.status();
+        if last_event_id.is_none() {
+            assert_eq!(status, StatusCode::OK, "GET stream");
+        }
+        (status, EventStream { body: Some(resp.into_body()), decoder: sse::Decoder::new(usize::MAX) })
     }
 
     /// Ends the session.
@@ -377,13 +389,20 @@ pub struct EventStream {
 impl EventStream {
     /// The next message, or `None` if none arrives within `wait` or the stream ends.
     pub async fn next(&mut self, wait: Duration) -> Option<Value> {
+        loop {
+            let event = self.next_event(wait).await?;
+            if !event.data.is_empty() {
+                return Some(serde_json::from_slice(&event.data).expect("JSON event"));
+            }
+        }
+    }
+
+    /// The next SSE event as sent (priming events with empty data included).
+    pub async fn next_event(&mut self, wait: Duration) -> Option<sse::Event> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             if let Some(event) = self.decoder.next_event().expect("valid SSE") {
-                if event.data.is_empty() {
-                    continue;
-                }
-                return Some(serde_json::from_slice(&event.data).expect("JSON event"));
+                return Some(event);
             }
             let body = self.body.as_mut()?;
             match tokio::time::timeout_at(deadline, body.frame()).await {

@@ -17,7 +17,7 @@ use serde_json::Value;
 use switchboard_protocol::jsonrpc::{self, as_str, span, Envelope, MessageKind, Target};
 use switchboard_protocol::methods::ListKind;
 use switchboard_protocol::rewrite::{splice, Edit};
-use switchboard_protocol::{sse, Method};
+use switchboard_protocol::{Method, ProtocolVersion};
 use tokio::sync::mpsc;
 
 use super::respond;
@@ -25,9 +25,13 @@ use crate::app::App;
 use crate::body::Body;
 use crate::catalog::Snapshot;
 use crate::error::Error;
+use crate::events::Log;
 use crate::metrics::Outcome;
 use crate::session::Session;
-use crate::upstream::{MessageStream, Outgoing, Reply, UpstreamError};
+use crate::upstream::{Item, MessageStream, Outgoing, Reply, UpstreamError};
+
+/// The `retry:` hint sent with priming events.
+const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A request rewritten for its upstream.
 struct Resolved {
@@ -105,8 +109,14 @@ pub async fn forward(
                 deadline,
             };
             if accepts_sse {
+                let log = session.new_stream();
+                if session.version >= ProtocolVersion::V2025_11_25 {
+                    // Something to resume from before the first real event.
+                    log.prime(RETRY);
+                }
                 let (tx, rx) = mpsc::channel(64);
-                tokio::spawn(call.relay(stream, tx));
+                tokio::spawn(log.clone().reader(None, tx));
+                tokio::spawn(call.relay(stream, log));
                 respond::sse(rx, app.config.server.keep_alive)
             } else {
                 call.drain(stream).await
@@ -285,48 +295,52 @@ impl Call {
         }
     }
 
-    fn error_event(&self, err: &Error) -> Bytes {
-        let body = jsonrpc::error_response(Some(&self.id), err.code(), &err.to_string(), err.data().as_ref());
-        sse::encode_event(None, None, &body)
+    fn error_message(&self, err: &Error) -> Bytes {
+        jsonrpc::error_response(Some(&self.id), err.code(), &err.to_string(), err.data().as_ref())
     }
 
-    /// Relays the stream to the client as SSE until the response.
-    async fn relay(self, mut stream: Box<dyn MessageStream>, tx: mpsc::Sender<Bytes>) {
+    /// Relays the stream into the request's event log until the response.
+    /// The relay goes on if the client disconnects: a disconnect is not a
+    /// cancellation, and the client may resume with `Last-Event-ID`.
+    async fn relay(self, mut stream: Box<dyn MessageStream>, log: Arc<Log>) {
         let name = self.app.upstreams[self.upstream].name.clone();
         let outcome = loop {
             let next = tokio::select! {
-                next = stream.next() => next,
+                next = stream.next_item() => next,
                 () = tokio::time::sleep_until(self.deadline) => {
                     let timeout = self.app.upstreams[self.upstream].config.timeout;
-                    let _ = tx.send(self.error_event(&Error::UpstreamTimeout { upstream: name.clone(), after: timeout })).await;
+                    log.push(&self.error_message(&Error::UpstreamTimeout { upstream: name.clone(), after: timeout }));
                     cancel_upstream(&self.app, &self.session, self.upstream, &self.id, "timeout");
                     break Outcome::Timeout;
                 }
-                () = tx.closed() => break Outcome::Abandoned,
             };
             match next {
-                Some(Ok(message)) => match self.step(message) {
+                Some(Ok(Item::Message(message))) => match self.step(message) {
                     Step::Done(message, outcome) => {
-                        let _ = tx.send(sse::encode_event(None, None, &message)).await;
+                        log.push(&message);
                         break outcome;
                     }
-                    Step::Relay(out, _) => {
-                        if tx.send(sse::encode_event(None, None, &out)).await.is_err() {
-                            break Outcome::Abandoned;
-                        }
-                    }
+                    Step::Relay(out, _) => log.push(&out),
                     Step::Skip => {}
                 },
+                Some(Ok(Item::Paused)) => {
+                    // The upstream ended its stream early and will be resumed;
+                    // end ours likewise when the client can resume it.
+                    if self.session.version >= ProtocolVersion::V2025_11_25 {
+                        log.cut();
+                    }
+                }
                 Some(Err(e)) => {
-                    let _ = tx.send(self.error_event(&Error::upstream(&name, e))).await;
+                    log.push(&self.error_message(&Error::upstream(&name, e)));
                     break Outcome::UpstreamFailed;
                 }
                 None => {
-                    let _ = tx.send(self.error_event(&Error::upstream(&name, UpstreamError::Closed))).await;
+                    log.push(&self.error_message(&Error::upstream(&name, UpstreamError::Closed)));
                     break Outcome::UpstreamFailed;
                 }
             }
         };
+        log.close();
         self.finish(outcome);
     }
 

@@ -38,10 +38,12 @@ use crate::app::App;
 use crate::body::{Body, CollectError};
 use crate::config::ResponseMode;
 use crate::error::Error;
+use crate::events;
 use crate::metrics::Outcome;
 use crate::session::Session;
 
 static PROTOCOL_VERSION: http::HeaderName = http::HeaderName::from_static("mcp-protocol-version");
+static LAST_EVENT_ID: http::HeaderName = http::HeaderName::from_static("last-event-id");
 
 /// Serves one request to `/mcp`.
 pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
@@ -265,7 +267,11 @@ fn get(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
         return reject(app, None, Error::ShuttingDown);
     }
     session.touch();
-    respond::sse(session.open_stream(), app.config.server.keep_alive)
+    let resume = headers.get(&LAST_EVENT_ID).and_then(|v| v.to_str().ok()).and_then(events::parse_event_id);
+    match session.open_stream(resume) {
+        Ok(rx) => respond::sse(rx, app.config.server.keep_alive),
+        Err(e) => reject(app, None, e),
+    }
 }
 
 /// DELETE: ends the session and its upstream sessions.

@@ -34,7 +34,7 @@ use hyper_util::rt::TokioExecutor;
 use switchboard_protocol::{jsonrpc, sse};
 use tokio::task::JoinHandle;
 
-use super::{collect_response, h1, Handshake, Hello, Inbox, MessageStream, Outgoing, Reply, UpstreamError};
+use super::{collect_response, h1, Handshake, Hello, Inbox, Item, MessageStream, Outgoing, Reply, UpstreamError};
 use crate::body::CollectError;
 use crate::config::HttpConfig;
 use crate::metrics::Metrics;
@@ -534,6 +534,8 @@ struct SseStream {
     last_event_id: Option<String>,
     retry: Option<Duration>,
     resumes: u32,
+    /// The stream ended early; resume on the next call.
+    paused: bool,
 }
 
 impl SseStream {
@@ -545,16 +547,22 @@ impl SseStream {
             last_event_id: None,
             retry: None,
             resumes: 0,
+            paused: false,
         }
+    }
+
+    /// Whether the stream can be resumed with `Last-Event-ID`.
+    fn can_resume(&self) -> bool {
+        self.resume.is_some() && self.last_event_id.is_some() && self.resumes < 5
     }
 
     /// Reconnects with `Last-Event-ID`; false if that is not possible.
     async fn resume(&mut self) -> bool {
-        let (Some((shared, state)), Some(last)) = (&self.resume, &self.last_event_id) else { return false };
-        let Some(shared) = shared.upgrade() else { return false };
-        if self.resumes >= 5 {
+        if !self.can_resume() {
             return false;
         }
+        let (Some((shared, state)), Some(last)) = (&self.resume, &self.last_event_id) else { return false };
+        let Some(shared) = shared.upgrade() else { return false };
         self.resumes += 1;
         tokio::time::sleep(self.retry.unwrap_or(Duration::from_millis(100)).min(Duration::from_secs(10))).await;
         match shared.get(state, Some(last)).await {
@@ -570,7 +578,10 @@ impl SseStream {
 
 #[async_trait]
 impl MessageStream for SseStream {
-    async fn next(&mut self) -> Option<Result<Bytes, UpstreamError>> {
+    async fn next_item(&mut self) -> Option<Result<Item, UpstreamError>> {
+        if std::mem::take(&mut self.paused) && !self.resume().await {
+            return None;
+        }
         loop {
             match self.decoder.next_event() {
                 Err(e) => return Some(Err(UpstreamError::Protocol(e.to_string()))),
@@ -585,24 +596,20 @@ impl MessageStream for SseStream {
                         continue;
                     }
                     self.resumes = 0;
-                    return Some(Ok(event.data));
+                    return Some(Ok(Item::Message(event.data)));
                 }
                 Ok(None) => {}
             }
             match self.body.chunk().await {
                 Some(Ok(data)) => self.decoder.push(&data),
-                Some(Err(e)) => {
-                    if self.resume().await {
-                        continue;
-                    }
-                    return Some(Err(UpstreamError::Connect(format!("stream broke: {e}"))));
+                // The server ended (or lost) the stream before answering: if it
+                // gave an event id, we can resume with it; say so first.
+                Some(Err(_)) | None if self.can_resume() => {
+                    self.paused = true;
+                    return Some(Ok(Item::Paused));
                 }
-                None => {
-                    if self.resume().await {
-                        continue;
-                    }
-                    return None;
-                }
+                Some(Err(e)) => return Some(Err(UpstreamError::Connect(format!("stream broke: {e}")))),
+                None => return None,
             }
         }
     }

@@ -163,11 +163,32 @@ pub enum Reply {
     Stream(Box<dyn MessageStream>),
 }
 
+/// What a stream of related messages yields.
+pub enum Item {
+    /// A message.
+    Message(Bytes),
+    /// The upstream ended its stream before answering and the stream will
+    /// resume it (2025-11-25 SSE polling); the router may do the same to its
+    /// client.
+    Paused,
+}
+
 /// Messages related to one request, in order; the response is the last one.
 #[async_trait]
 pub trait MessageStream: Send {
-    /// The next message; `None` when the stream ended.
-    async fn next(&mut self) -> Option<Result<Bytes, UpstreamError>>;
+    /// The next message or pause; `None` when the stream ended.
+    async fn next_item(&mut self) -> Option<Result<Item, UpstreamError>>;
+
+    /// The next message, passing over pauses; `None` when the stream ended.
+    async fn next(&mut self) -> Option<Result<Bytes, UpstreamError>> {
+        loop {
+            match self.next_item().await? {
+                Ok(Item::Message(message)) => return Some(Ok(message)),
+                Ok(Item::Paused) => continue,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
 }
 
 /// Receives messages that are not tied to any request.

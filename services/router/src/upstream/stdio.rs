@@ -34,7 +34,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{mpsc, watch, Notify};
 
-use super::{Handshake, Hello, Inbox, MessageStream, Outgoing, Reply, UpstreamError};
+use super::{Handshake, Hello, Inbox, Item, MessageStream, Outgoing, Reply, UpstreamError};
 use crate::config::{StdioConfig, SAFE_ENV};
 use crate::metrics::Metrics;
 
@@ -590,9 +590,9 @@ struct Stream {
 
 #[async_trait]
 impl MessageStream for Stream {
-    async fn next(&mut self) -> Option<Result<Bytes, UpstreamError>> {
+    async fn next_item(&mut self) -> Option<Result<Item, UpstreamError>> {
         if let Some(first) = self.first.take() {
-            return Some(Ok(first));
+            return Some(Ok(Item::Message(first)));
         }
         if self.done {
             return None;
@@ -600,7 +600,7 @@ impl MessageStream for Stream {
         match self.rx.recv().await {
             Some((is_response, message)) => {
                 self.done = is_response;
-                Some(Ok(message))
+                Some(Ok(Item::Message(message)))
             }
             None => Some(Err(UpstreamError::Closed)),
         }

@@ -1,0 +1,248 @@
+//! Resumable SSE streams: every event the router sends a client is kept, for
+//! a while, in the log of the stream it belongs to, so that a client that
+//! reconnects with `Last-Event-ID` gets what it missed.
+//!
+//! A session has stream 0 (its GET stream) and one stream per request
+//! answered as SSE. Event ids are `STREAM-SEQ`, unique in the session. A
+//! reader ([`Log::reader`]) sends a log's events from a position onwards to
+//! one HTTP response, and ends when the log closes (the request was answered)
+//! or is *cut*: the router ends the response but keeps the log going, as
+//! when an upstream ends its stream early (2025-11-25 SSE polling) and the
+//! client is expected to come back with `Last-Event-ID`.
+//!
+//! Logs are bounded (events and bytes); a reader asking for events older than
+//! the log keeps gets what is left.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::sync::{mpsc, Notify};
+
+/// Events kept per stream.
+const MAX_EVENTS: usize = 512;
+/// Bytes kept per stream.
+const MAX_BYTES: usize = 4 << 20;
+
+/// One stream's events.
+pub struct Log {
+    /// The stream number within its session.
+    pub stream: u64,
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+struct State {
+    events: VecDeque<(u64, Bytes)>,
+    bytes: usize,
+    next: u64,
+    closed: bool,
+    /// Bumped by [`Log::cut`]; readers started before a cut end at it.
+    cuts: u64,
+    /// The highest sequence number a reader has sent.
+    delivered: Option<u64>,
+}
+
+impl Log {
+    /// An empty, open log.
+    pub fn new(stream: u64) -> Arc<Log> {
+        Arc::new(Log {
+            stream,
+            state: Mutex::new(State {
+                events: VecDeque::new(),
+                bytes: 0,
+                next: 0,
+                closed: false,
+                cuts: 0,
+                delivered: None,
+            }),
+            changed: Notify::new(),
+        })
+    }
+
+    /// Appends one message as an event with the next id.
+    pub fn push(&self, message: &[u8]) {
+        self.append(None, message);
+    }
+
+    /// Appends the priming event: an id, a `retry:` hint and empty data, so a
+    /// client has something to resume from before the first real event.
+    pub fn prime(&self, retry: Duration) {
+        self.append(Some(retry), b"");
+    }
+
+    fn append(&self, retry: Option<Duration>, data: &[u8]) {
+        {
+            let mut state = self.state.lock().expect("lock");
+            if state.closed {
+                return;
+            }
+            let seq = state.next;
+            state.next += 1;
+            let event = encode(self.stream, seq, retry, data);
+            state.bytes += event.len();
+            state.events.push_back((seq, event));
+            while state.events.len() > MAX_EVENTS || (state.bytes > MAX_BYTES && state.events.len() > 1) {
+                if let Some((_, old)) = state.events.pop_front() {
+                    state.bytes -= old.len();
+                }
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// No more events will come.
+    pub fn close(&self) {
+        self.state.lock().expect("lock").closed = true;
+        self.changed.notify_waiters();
+    }
+
+    /// Ends the responses reading this log now; later readers go on.
+    pub fn cut(&self) {
+        self.state.lock().expect("lock").cuts += 1;
+        self.changed.notify_waiters();
+    }
+
+    /// Where a new reader without `Last-Event-ID` starts: after everything a
+    /// reader already sent.
+    pub fn undelivered(&self) -> Option<u64> {
+        self.state.lock().expect("lock").delivered
+    }
+
+    /// Sends the events after `after` (all of them for `None`) into `tx` until
+    /// the log closes or is cut, or the receiver goes away. Run it as a task.
+    pub async fn reader(self: Arc<Self>, mut after: Option<u64>, tx: mpsc::Sender<Bytes>) {
+        let cuts = self.state.lock().expect("lock").cuts;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let (batch, done) = {
+                let state = self.state.lock().expect("lock");
+                let batch: Vec<(u64, Bytes)> =
+                    state.events.iter().filter(|(seq, _)| after.is_none_or(|a| *seq > a)).cloned().collect();
+                (batch, state.closed || state.cuts != cuts)
+            };
+            for (seq, event) in batch {
+                if tx.send(event).await.is_err() {
+                    return;
+                }
+                after = Some(seq);
+                let mut state = self.state.lock().expect("lock");
+                state.delivered = Some(state.delivered.map_or(seq, |d| d.max(seq)));
+            }
+            if done {
+                return;
+            }
+            tokio::select! {
+                () = &mut changed => {}
+                () = tx.closed() => return,
+            }
+        }
+    }
+}
+
+/// `id: STREAM-SEQ`, an optional `retry:`, then the data lines.
+fn encode(stream: u64, seq: u64, retry: Option<Duration>, data: &[u8]) -> Bytes {
+    let id = format!("{stream}-{seq}");
+    match retry {
+        None => switchboard_protocol::sse::encode_event(Some(&id), None, data),
+        Some(retry) => {
+            let mut out = BytesMut::with_capacity(48 + data.len());
+            out.put_slice(format!("id: {id}\nretry: {}\n", retry.as_millis()).as_bytes());
+            out.put_slice(&switchboard_protocol::sse::encode_event(None, None, data));
+            out.freeze()
+        }
+    }
+}
+
+/// Reads `STREAM-SEQ`.
+pub fn parse_event_id(text: &str) -> Option<(u64, u64)> {
+    let (stream, seq) = text.trim().split_once('-')?;
+    Some((stream.parse().ok()?, seq.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchboard_protocol::sse::Decoder;
+
+    async fn drain(log: Arc<Log>, after: Option<u64>) -> Vec<(String, Bytes)> {
+        let (tx, mut rx) = mpsc::channel(16);
+        let task = tokio::spawn(log.reader(after, tx));
+        let mut decoder = Decoder::new(usize::MAX);
+        let mut out = Vec::new();
+        while let Some(chunk) = rx.recv().await {
+            decoder.push(&chunk);
+            while let Some(event) = decoder.next_event().unwrap() {
+                out.push((event.id.unwrap_or_default(), event.data));
+            }
+        }
+        task.await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn a_reader_gets_everything_then_ends_when_the_log_closes() {
+        let log = Log::new(3);
+        log.prime(Duration::from_millis(500));
+        log.push(b"{\"a\":1}");
+        let reader = tokio::spawn(drain(log.clone(), None));
+        tokio::task::yield_now().await;
+        log.push(b"{\"b\":2}");
+        log.close();
+        let got = reader.await.unwrap();
+        let ids: Vec<&str> = got.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["3-0", "3-1", "3-2"]);
+        assert!(got[0].1.is_empty(), "the priming event has empty data");
+        assert_eq!(&got[2].1[..], b"{\"b\":2}");
+    }
+
+    #[tokio::test]
+    async fn resuming_after_an_id_replays_only_what_follows() {
+        let log = Log::new(1);
+        for i in 0..5 {
+            log.push(format!("{{\"n\":{i}}}").as_bytes());
+        }
+        log.close();
+        let (stream, seq) = parse_event_id("1-2").unwrap();
+        assert_eq!(stream, 1);
+        let got = drain(log, Some(seq)).await;
+        assert_eq!(got.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["1-3", "1-4"]);
+    }
+
+    #[tokio::test]
+    async fn a_cut_ends_current_readers_but_not_later_ones() {
+        let log = Log::new(2);
+        log.push(b"1");
+        let first = tokio::spawn(drain(log.clone(), None));
+        tokio::task::yield_now().await;
+        log.cut();
+        let got = first.await.unwrap();
+        assert_eq!(got.len(), 1);
+        log.push(b"2");
+        log.close();
+        let resumed = drain(log.clone(), Some(0)).await;
+        assert_eq!(resumed.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["2-1"]);
+        assert_eq!(log.undelivered(), Some(1));
+    }
+
+    #[test]
+    fn logs_are_bounded() {
+        let log = Log::new(0);
+        for _ in 0..(MAX_EVENTS + 10) {
+            log.push(b"x");
+        }
+        let state = log.state.lock().unwrap();
+        assert_eq!(state.events.len(), MAX_EVENTS);
+        assert_eq!(state.events.front().unwrap().0, 10, "the oldest events go first");
+    }
+
+    #[test]
+    fn event_ids() {
+        assert_eq!(parse_event_id("12-345"), Some((12, 345)));
+        assert_eq!(parse_event_id("nope"), None);
+        assert_eq!(parse_event_id("1-x"), None);
+    }
+}
