@@ -1,8 +1,9 @@
 //! The router's shared state: configuration, upstreams, catalog, sessions,
 //! metrics; and the rules for messages that come from upstreams on their own.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -10,6 +11,8 @@ use switchboard_protocol::jsonrpc::{self, span, Envelope, MessageKind, Target};
 use switchboard_protocol::methods::ListKind;
 use switchboard_protocol::rewrite::{splice, Edit};
 use switchboard_protocol::Method;
+
+use tokio::sync::mpsc;
 
 use crate::catalog::Catalog;
 use crate::config::Config;
@@ -27,6 +30,8 @@ pub struct App {
     /// When the router started; sessions measure idleness from it.
     pub epoch: Instant,
     shutting_down: AtomicBool,
+    /// Legacy HTTP+SSE connections waiting for their `initialize`.
+    legacy: Mutex<HashMap<Arc<str>, mpsc::Sender<Bytes>>>,
 }
 
 impl App {
@@ -60,6 +65,7 @@ impl App {
                 metrics,
                 epoch: Instant::now(),
                 shutting_down: AtomicBool::new(false),
+                legacy: Mutex::new(HashMap::new()),
             }
         })
     }
@@ -90,6 +96,19 @@ impl App {
                 }
             }
         });
+    }
+
+    /// Registers a legacy HTTP+SSE connection until its `initialize` arrives
+    /// (connections that closed meanwhile are forgotten).
+    pub fn legacy_connect(&self, id: Arc<str>, stream: mpsc::Sender<Bytes>) {
+        let mut legacy = self.legacy.lock().expect("lock");
+        legacy.retain(|_, s| !s.is_closed());
+        legacy.insert(id, stream);
+    }
+
+    /// Takes a legacy connection's stream for its `initialize`.
+    pub fn legacy_take(&self, id: &str) -> Option<mpsc::Sender<Bytes>> {
+        self.legacy.lock().expect("lock").remove(id).filter(|s| !s.is_closed())
     }
 
     /// Whether shutdown has begun.

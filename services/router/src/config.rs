@@ -107,6 +107,8 @@ pub enum TransportConfig {
     Http(HttpConfig),
     /// A child process speaking newline-delimited JSON.
     Stdio(StdioConfig),
+    /// Legacy HTTP+SSE (2024-11-05): `url` is the SSE endpoint.
+    Sse(HttpConfig),
 }
 
 /// `transport = "http"`.
@@ -438,7 +440,8 @@ impl RawConfig {
             let timeout = duration!(u.timeout, key("timeout"), Duration::from_secs(60));
             let list_timeout = duration!(u.list_timeout, key("list_timeout"), Duration::from_secs(5));
             let transport = match u.transport.as_deref() {
-                Some("http") | Some("streamable-http") => {
+                Some(kind @ ("http" | "streamable-http" | "sse")) => {
+                    let sse = kind == "sse";
                     for field in
                         ["command", "args", "env", "inherit_env", "cwd", "restart_max_backoff", "shutdown_grace"]
                     {
@@ -457,10 +460,13 @@ impl RawConfig {
                             Uri::from_static("http://invalid")
                         }
                         None => {
-                            bad(key("url"), "is required for transport = \"http\"".into());
+                            bad(key("url"), format!("is required for transport = \"{kind}\""));
                             Uri::from_static("http://invalid")
                         }
                     };
+                    if sse && u.http2.is_some() {
+                        bad(key("http2"), "only applies to transport = \"http\"".into());
+                    }
                     let mut headers = Vec::new();
                     for (k, v) in u.headers.unwrap_or_default() {
                         match (http::HeaderName::from_bytes(k.as_bytes()), http::HeaderValue::from_str(&v)) {
@@ -487,18 +493,23 @@ impl RawConfig {
                             _ => bad(key(&format!("headers.{k}")), "is not a valid HTTP header".into()),
                         }
                     }
-                    TransportConfig::Http(HttpConfig {
+                    let http = HttpConfig {
                         url,
                         headers,
                         http2: u.http2.unwrap_or(false),
                         connect_timeout: duration!(u.connect_timeout, key("connect_timeout"), Duration::from_secs(3)),
                         pool_max_idle: u.pool_max_idle.unwrap_or(256) as usize,
-                    })
+                    };
+                    if sse {
+                        TransportConfig::Sse(http)
+                    } else {
+                        TransportConfig::Http(http)
+                    }
                 }
                 Some("stdio") => {
                     for field in ["url", "headers", "http2", "connect_timeout", "pool_max_idle"] {
                         if u.has(field) {
-                            bad(key(field), "only applies to transport = \"http\"".into());
+                            bad(key(field), "only applies to transport = \"http\" or \"sse\"".into());
                         }
                     }
                     let command = match u.command.clone() {
@@ -522,19 +533,12 @@ impl RawConfig {
                         shutdown_grace: duration!(u.shutdown_grace, key("shutdown_grace"), Duration::from_secs(2)),
                     })
                 }
-                Some("sse") => {
-                    bad(
-                        key("transport"),
-                        "\"sse\" (legacy HTTP+SSE) is not supported yet; use \"http\" or \"stdio\"".into(),
-                    );
-                    continue;
-                }
                 Some(other) => {
-                    bad(key("transport"), format!("{other:?} is not \"http\" or \"stdio\""));
+                    bad(key("transport"), format!("{other:?} is not \"http\", \"sse\" or \"stdio\""));
                     continue;
                 }
                 None => {
-                    bad(key("transport"), "is required: \"http\" or \"stdio\"".into());
+                    bad(key("transport"), "is required: \"http\", \"sse\" or \"stdio\"".into());
                     continue;
                 }
             };

@@ -56,6 +56,7 @@ fn main() -> Result<()> {
                     switchboard::config::TransportConfig::Stdio(s) => {
                         format!("stdio {} {}", s.command, s.args.join(" "))
                     }
+                    switchboard::config::TransportConfig::Sse(h) => format!("sse {}", h.url),
                 };
                 let prefix =
                     if u.prefix.is_empty() { "(no prefix)".to_owned() } else { format!("prefix {:?}", u.prefix) };

@@ -75,7 +75,18 @@ pub async fn serve(listener: TcpListener, config: Config, shutdown: impl Future<
 }
 
 async fn route(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
-    match req.uri().path() {
+    let path = req.uri().path();
+    // Legacy HTTP+SSE, under any path prefix (kept in the endpoint it announces).
+    if let Some(prefix) = path.strip_suffix("/sse") {
+        if req.method() == http::Method::GET {
+            let prefix = prefix.to_owned();
+            return downstream::legacy::open(app, req.headers(), &prefix);
+        }
+    }
+    if (path.ends_with("/messages") || path.ends_with("/message")) && req.method() == http::Method::POST {
+        return downstream::legacy::message(app, req).await;
+    }
+    match path {
         "/mcp" => downstream::handle(app, req).await,
         "/metrics" => {
             let mut response = Response::new(Body::full(app.metrics.render()));

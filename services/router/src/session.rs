@@ -68,8 +68,19 @@ pub struct Session {
 impl Session {
     /// A new session with a fresh random id.
     pub fn new(version: ProtocolVersion, capabilities: Arc<RawValue>, upstreams: usize, epoch: Instant) -> Arc<Self> {
+        Self::with_id(new_session_id(), version, capabilities, upstreams, epoch)
+    }
+
+    /// A new session with a given id (a legacy HTTP+SSE connection's).
+    pub fn with_id(
+        id: Arc<str>,
+        version: ProtocolVersion,
+        capabilities: Arc<RawValue>,
+        upstreams: usize,
+        epoch: Instant,
+    ) -> Arc<Self> {
         Arc::new_cyclic(|me| Session {
-            id: new_session_id(),
+            id,
             version,
             capabilities,
             channels: (0..upstreams).map(|_| OnceCell::new()).collect(),
@@ -272,7 +283,7 @@ impl Inbox for SessionInbox {
 }
 
 /// 128 random bits as 32 hex digits.
-fn new_session_id() -> Arc<str> {
+pub fn new_session_id() -> Arc<str> {
     let mut raw = [0u8; 16];
     getrandom::fill(&mut raw).expect("the OS provides randomness");
     let mut id = String::with_capacity(32);

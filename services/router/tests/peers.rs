@@ -194,3 +194,44 @@ async fn an_upstream_restarted_mid_session_is_reinitialised() {
     assert!(router.metric("switchboard_upstream_reinitializations_total", &["upstream=\"everything\""]).await >= 1.0);
     router.stop().await;
 }
+
+/// The same relaying with server-everything behind the router over legacy
+/// HTTP+SSE and over stdio.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relaying_over_legacy_sse_and_stdio_upstreams() {
+    use switchboard_test_support::peers::everything_sse;
+    let (_everything, sse_url) = everything_sse().await;
+    let upstreams = format!(
+        "[[upstreams]]\nname = \"legacy\"\ntransport = \"sse\"\nurl = \"{sse_url}\"\ntimeout = \"30s\"\n{}",
+        stdio_upstream("local", &node_bin("mcp-server-everything"), &[])
+    );
+    let router = Router::start(&upstreams).await;
+    for prefix in ["legacy__", "local__"] {
+        let out =
+            run_python_client("fidelity.py", &[&router.url, prefix, "progress,sampling,elicitation,subscribe"]).await;
+        assert_eq!(out["progress"]["progress"].as_array().unwrap().len(), 3, "{prefix}: {out}");
+        assert!(out["sampling"].to_string().contains("four"), "{prefix}: {out}");
+        assert!(out["elicitation"].to_string().to_lowercase().contains("decline"), "{prefix}: {out}");
+        let subscribed = out["subscribed"].as_str().unwrap();
+        let updates = out["updates"].as_array().unwrap();
+        assert!(!updates.is_empty() && updates.iter().all(|u| u == subscribed), "{prefix}: {out}");
+    }
+    router.stop().await;
+}
+
+/// A client that speaks only legacy HTTP+SSE (the Python SDK's `sse_client`)
+/// uses the router's `/sse` endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_sse_client_through_the_router() {
+    use switchboard_test_support::{mock_named, MockServer};
+    let web = MockServer::start(mock_named("web")).await;
+    let router = Router::start(&http_upstream("web", &web.url, "")).await;
+    let sse_url = router.path("/sse");
+    let calls = json!([["web__echo", {"legacy": true}], ["web__progress", {"steps": 3}]]);
+    let out = run_python_client("legacy_client.py", &[&sse_url, &calls.to_string()]).await;
+    assert!(names(&out).contains(&"web__echo"));
+    assert_eq!(out["results"][0]["content"][0]["text"], r#"{"legacy":true}"#);
+    assert_eq!(out["results"][1]["content"][0]["text"], "done after 3 steps");
+    assert_eq!(out["progress"], json!([1.0, 2.0, 3.0]), "progress reaches a legacy client too");
+    router.stop().await;
+}

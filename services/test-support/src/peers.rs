@@ -95,6 +95,15 @@ pub async fn everything_http() -> (Process, String) {
     (process, format!("http://127.0.0.1:{port}/mcp"))
 }
 
+/// `@modelcontextprotocol/server-everything` over legacy HTTP+SSE on a free
+/// port. Returns the process and its `/sse` URL.
+pub async fn everything_sse() -> (Process, String) {
+    let port = free_port();
+    let process = Process::spawn(&node_bin("mcp-server-everything"), &["sse"], &[("PORT", &port.to_string())]);
+    assert!(wait_for_port(port, Duration::from_secs(30)).await, "server-everything did not start on port {port}");
+    (process, format!("http://127.0.0.1:{port}/sse"))
+}
+
 /// Runs one of the Python test clients against `url` with arguments and
 /// returns what it printed on stdout (it prints JSON), panicking with its
 /// stderr if it failed.

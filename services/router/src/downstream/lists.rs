@@ -41,69 +41,83 @@ struct InitializeParams<'a> {
     capabilities: Option<&'a RawValue>,
 }
 
-/// `initialize`: negotiates the version, creates the session and declares the
-/// merged capabilities of the upstreams.
+/// `initialize` over Streamable HTTP: negotiates the version, creates the
+/// session and declares the merged capabilities of the upstreams.
 pub async fn initialize(app: &Arc<App>, env: &Envelope<'_>, started: Instant) -> Response<Body> {
     let id = env.id.expect("a request has an id");
-    let result = async {
-        if app.shutting_down() {
-            return Err(Error::ShuttingDown);
-        }
-        let params = env.params.ok_or_else(|| Error::InvalidParams("initialize needs params".into()))?;
-        let params: InitializeParams<'_> =
-            serde_json::from_str(params.get()).map_err(|e| Error::InvalidParams(format!("initialize: {e}")))?;
-        let requested = params.protocol_version.as_deref().unwrap_or("");
-        let version = match ProtocolVersion::parse(requested) {
-            Some(v) if v.is_streamable_http() => v,
-            _ => ProtocolVersion::LATEST,
-        };
-        if app.sessions.len() >= app.config.server.max_sessions {
-            return Err(Error::TooManySessions(app.config.server.max_sessions));
-        }
-        let capabilities: Arc<RawValue> = match params.capabilities {
-            Some(c) if c.get().starts_with('{') => Arc::from(c.to_owned()),
-            _ => Arc::from(empty_object()),
-        };
-        // The first client may arrive before the catalog warm-up finished;
-        // wait for it once so the capabilities we declare are complete.
-        let snapshot = match app.catalog.current() {
-            s if s.generation > 0 => s,
-            _ => app.catalog.ensure(&[ListKind::Tools]).await,
-        };
-        let merged = &snapshot.merged;
-        let mut caps = json!({
-            "tools": {"listChanged": true},
-            "prompts": {"listChanged": true},
-            "resources": {"listChanged": true, "subscribe": merged.subscribe},
-        });
-        if merged.logging {
-            caps["logging"] = json!({});
-        }
-        if merged.completions {
-            caps["completions"] = json!({});
-        }
-        let mut result = json!({
-            "protocolVersion": version.as_str(),
-            "capabilities": caps,
-            "serverInfo": {"name": "switchboard", "title": "Switchboard MCP router", "version": env!("CARGO_PKG_VERSION")},
-        });
-        if let Some(instructions) = &merged.instructions {
-            result["instructions"] = Value::String(instructions.clone());
-        }
-        let session = Session::new(version, capabilities, app.upstreams.len(), app.epoch);
-        app.sessions.insert(session.clone());
-        app.metrics.set_sessions(app.sessions.len());
-        let body = jsonrpc::result_response(id, &serde_json::to_vec(&result).expect("serializable"));
+    let result = open_session(app, env, None).await.map(|(session, body)| {
         let mut response = respond::json(body);
         response
             .headers_mut()
             .insert(respond::SESSION_ID.clone(), HeaderValue::from_str(&session.id).expect("hex is a valid header"));
-        Ok(response)
-    }
-    .await;
+        response
+    });
     let outcome = if result.is_ok() { Outcome::Ok } else { Outcome::Rejected };
     app.metrics.request(Method::Initialize, None).record(outcome, started.elapsed());
     result.unwrap_or_else(|e| respond::error(Some(id), &e))
+}
+
+/// Creates the session an `initialize` asks for and returns it with the
+/// response message. `legacy_id` is the id of a legacy HTTP+SSE connection,
+/// which becomes the session's id and may negotiate 2024-11-05.
+pub async fn open_session(
+    app: &Arc<App>,
+    env: &Envelope<'_>,
+    legacy_id: Option<Arc<str>>,
+) -> Result<(Arc<Session>, bytes::Bytes), Error> {
+    let id = env.id.expect("a request has an id");
+    if app.shutting_down() {
+        return Err(Error::ShuttingDown);
+    }
+    let params = env.params.ok_or_else(|| Error::InvalidParams("initialize needs params".into()))?;
+    let params: InitializeParams<'_> =
+        serde_json::from_str(params.get()).map_err(|e| Error::InvalidParams(format!("initialize: {e}")))?;
+    let requested = params.protocol_version.as_deref().unwrap_or("");
+    let version = match ProtocolVersion::parse(requested) {
+        Some(v) if v.is_streamable_http() || legacy_id.is_some() => v,
+        _ => ProtocolVersion::LATEST,
+    };
+    if app.sessions.len() >= app.config.server.max_sessions {
+        return Err(Error::TooManySessions(app.config.server.max_sessions));
+    }
+    let capabilities: Arc<RawValue> = match params.capabilities {
+        Some(c) if c.get().starts_with('{') => Arc::from(c.to_owned()),
+        _ => Arc::from(empty_object()),
+    };
+    // The first client may arrive before the catalog warm-up finished;
+    // wait for it once so the capabilities we declare are complete.
+    let snapshot = match app.catalog.current() {
+        s if s.generation > 0 => s,
+        _ => app.catalog.ensure(&[ListKind::Tools]).await,
+    };
+    let merged = &snapshot.merged;
+    let mut caps = json!({
+        "tools": {"listChanged": true},
+        "prompts": {"listChanged": true},
+        "resources": {"listChanged": true, "subscribe": merged.subscribe},
+    });
+    if merged.logging {
+        caps["logging"] = json!({});
+    }
+    if merged.completions {
+        caps["completions"] = json!({});
+    }
+    let mut result = json!({
+        "protocolVersion": version.as_str(),
+        "capabilities": caps,
+        "serverInfo": {"name": "switchboard", "title": "Switchboard MCP router", "version": env!("CARGO_PKG_VERSION")},
+    });
+    if let Some(instructions) = &merged.instructions {
+        result["instructions"] = Value::String(instructions.clone());
+    }
+    let session = match legacy_id {
+        Some(legacy_id) => Session::with_id(legacy_id, version, capabilities, app.upstreams.len(), app.epoch),
+        None => Session::new(version, capabilities, app.upstreams.len(), app.epoch),
+    };
+    app.sessions.insert(session.clone());
+    app.metrics.set_sessions(app.sessions.len());
+    let body = jsonrpc::result_response(id, &serde_json::to_vec(&result).expect("serializable"));
+    Ok((session, body))
 }
 
 #[derive(Deserialize, Default)]

@@ -19,6 +19,7 @@
 //! response; this module never builds an error body by hand.
 
 mod forward;
+pub mod legacy;
 mod lists;
 pub mod respond;
 

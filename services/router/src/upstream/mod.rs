@@ -23,6 +23,7 @@
 
 mod h1;
 pub mod http;
+pub mod sse;
 pub mod stdio;
 
 use std::ops::Range;
@@ -191,6 +192,42 @@ pub trait MessageStream: Send {
     }
 }
 
+/// The messages of one request on a transport that multiplexes a single
+/// stream (stdio, legacy SSE): fed by the dispatcher through a channel of
+/// `(is_the_response, message)`. `G` is dropped with the stream (it
+/// unregisters the request).
+pub(crate) struct SinkStream<G> {
+    first: Option<Bytes>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<(bool, Bytes)>,
+    done: bool,
+    _guard: G,
+}
+
+impl<G: Send> SinkStream<G> {
+    pub(crate) fn new(first: Bytes, rx: tokio::sync::mpsc::UnboundedReceiver<(bool, Bytes)>, guard: G) -> Self {
+        SinkStream { first: Some(first), rx, done: false, _guard: guard }
+    }
+}
+
+#[async_trait]
+impl<G: Send> MessageStream for SinkStream<G> {
+    async fn next_item(&mut self) -> Option<Result<Item, UpstreamError>> {
+        if let Some(first) = self.first.take() {
+            return Some(Ok(Item::Message(first)));
+        }
+        if self.done {
+            return None;
+        }
+        match self.rx.recv().await {
+            Some((is_response, message)) => {
+                self.done = is_response;
+                Some(Ok(Item::Message(message)))
+            }
+            None => Some(Err(UpstreamError::Closed)),
+        }
+    }
+}
+
 /// Receives messages that are not tied to any request.
 pub trait Inbox: Send + Sync {
     /// Takes one message (a notification or a server-to-client request).
@@ -245,6 +282,7 @@ pub fn build(config: &UpstreamConfig, metrics: &Arc<Metrics>) -> Arc<dyn Transpo
     match &config.transport {
         TransportConfig::Http(http) => Arc::new(http::Transport::new(name, http, config.timeout, metrics.clone())),
         TransportConfig::Stdio(stdio) => Arc::new(stdio::Transport::start(name, stdio.clone(), metrics.clone())),
+        TransportConfig::Sse(sse) => Arc::new(sse::Transport::new(name, sse, config.timeout, metrics.clone())),
     }
 }
 

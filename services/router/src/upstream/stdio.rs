@@ -34,7 +34,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{mpsc, watch, Notify};
 
-use super::{Handshake, Hello, Inbox, Item, MessageStream, Outgoing, Reply, UpstreamError};
+use super::{Handshake, Hello, Inbox, Outgoing, Reply, SinkStream, UpstreamError};
 use crate::config::{StdioConfig, SAFE_ENV};
 use crate::metrics::Metrics;
 
@@ -504,9 +504,7 @@ impl super::Channel for Channel {
         match rx.recv().await {
             None => Err(UpstreamError::Closed),
             Some((true, response)) => Ok(Reply::Done(response)),
-            Some((false, first)) => {
-                Ok(Reply::Stream(Box::new(Stream { first: Some(first), rx, done: false, _guard: guard })))
-            }
+            Some((false, first)) => Ok(Reply::Stream(Box::new(SinkStream::new(first, rx, guard)))),
         }
     }
 
@@ -577,32 +575,6 @@ impl Drop for PendingGuard {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.upgrade() {
             shared.pending.lock().expect("lock").remove(&self.uid);
-        }
-    }
-}
-
-struct Stream {
-    first: Option<Bytes>,
-    rx: mpsc::UnboundedReceiver<(bool, Bytes)>,
-    done: bool,
-    _guard: PendingGuard,
-}
-
-#[async_trait]
-impl MessageStream for Stream {
-    async fn next_item(&mut self) -> Option<Result<Item, UpstreamError>> {
-        if let Some(first) = self.first.take() {
-            return Some(Ok(Item::Message(first)));
-        }
-        if self.done {
-            return None;
-        }
-        match self.rx.recv().await {
-            Some((is_response, message)) => {
-                self.done = is_response;
-                Some(Ok(Item::Message(message)))
-            }
-            None => Some(Err(UpstreamError::Closed)),
         }
     }
 }

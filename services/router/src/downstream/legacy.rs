@@ -1,0 +1,168 @@
+//! The legacy HTTP+SSE transport (MCP 2024-11-05), for clients that still
+//! speak it: `GET /sse` opens the connection and its first event, `endpoint`,
+//! names where to POST (`/messages?sessionId=…`, keeping any path prefix the
+//! router is reached under); every answer and server message then arrives on
+//! that one SSE stream.
+//!
+//! This is framing only: `initialize` creates an ordinary session whose id
+//! is the connection's, requests go through the same phases as on `/mcp`,
+//! and their answers (JSON, or relayed SSE events) are moved onto the
+//! session's stream 0, which the `/sse` response reads. Closing the `/sse`
+//! connection ends the session.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use switchboard_protocol::jsonrpc::{Envelope, MessageKind};
+use switchboard_protocol::sse;
+use tokio::sync::mpsc;
+
+use super::{check_content_type, check_origin, lists, notification, read_body, reject, request, respond};
+use crate::app::App;
+use crate::body::Body;
+use crate::error::Error;
+use crate::session::{new_session_id, Session};
+
+/// `GET …/sse`: a new connection; `prefix` is the path before `/sse`.
+pub fn open(app: &Arc<App>, headers: &HeaderMap, prefix: &str) -> Response<Body> {
+    if let Err(e) = check_origin(app, headers) {
+        return reject(app, None, e);
+    }
+    if app.shutting_down() {
+        return reject(app, None, Error::ShuttingDown);
+    }
+    let id = new_session_id();
+    let forwarded = headers.get("x-forwarded-prefix").and_then(|v| v.to_str().ok()).unwrap_or("");
+    let endpoint = format!("{}{prefix}/messages?sessionId={id}", forwarded.trim_end_matches('/'));
+    let (tx, rx) = mpsc::channel(64);
+    let _ = tx.try_send(sse::encode_event(None, Some("endpoint"), endpoint.as_bytes()));
+    app.legacy_connect(id, tx);
+    respond::sse(rx, app.config.server.keep_alive)
+}
+
+/// `POST …/messages?sessionId=ID`: one message from the client; answers go
+/// out on its `/sse` stream, the POST itself gets 202.
+pub async fn message(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
+    let started = Instant::now();
+    let (parts, body) = req.into_parts();
+    if let Err(e) = check_origin(app, &parts.headers).and_then(|()| check_content_type(&parts.headers)) {
+        return reject(app, None, e);
+    }
+    let Some(id) = parts
+        .uri
+        .query()
+        .and_then(|q| q.split('&').find_map(|pair| pair.strip_prefix("sessionId=")).filter(|id| !id.is_empty()))
+    else {
+        return reject(app, None, Error::MissingSession);
+    };
+    let id: Arc<str> = Arc::from(id);
+    let body = match read_body(app, &parts.headers, body).await {
+        Ok(body) => body,
+        Err(e) => return reject(app, None, e),
+    };
+    let env = match Envelope::parse(&body) {
+        Ok(env) => env,
+        Err(e) => return reject(app, None, Error::Parse(e)),
+    };
+
+    if env.kind == MessageKind::Request && env.method_str() == "initialize" {
+        let Some(stream) = app.legacy_take(&id) else {
+            return reject(app, env.id, Error::UnknownSession);
+        };
+        return match lists::open_session(app, &env, Some(id)).await {
+            Ok((session, answer)) => {
+                attach(app, &session, stream);
+                session.push(answer);
+                accepted()
+            }
+            Err(e) => respond::error(env.id, &e),
+        };
+    }
+
+    let Some(session) = app.sessions.get(&id) else {
+        return reject(app, env.id, Error::UnknownSession);
+    };
+    session.touch();
+    match env.kind {
+        MessageKind::Request => {
+            // Answer in the background; the answer goes out on the SSE stream.
+            let app = app.clone();
+            tokio::spawn(async move {
+                let Ok(env) = Envelope::parse(&body) else { return };
+                let response = request(&app, &session, &env, &body, true, started).await;
+                move_to_stream(&session, response).await;
+            });
+            accepted()
+        }
+        MessageKind::Notification => {
+            notification(app, &session, &env, &body).await;
+            accepted()
+        }
+        MessageKind::Response | MessageKind::Error => {
+            super::answer(app, &session, &env, &body).await;
+            accepted()
+        }
+    }
+}
+
+/// Feeds the session's stream 0 into the `/sse` response; when the client
+/// closes that connection, the session ends.
+fn attach(app: &Arc<App>, session: &Arc<Session>, stream: mpsc::Sender<Bytes>) {
+    let mut events = match session.open_stream(None) {
+        Ok(events) => events,
+        Err(_) => return,
+    };
+    let app = app.clone();
+    let session = session.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                event = events.recv() => match event {
+                    Some(event) => if stream.send(event).await.is_err() { break },
+                    None => break,
+                },
+                () = stream.closed() => break,
+            }
+        }
+        if let Some(session) = app.sessions.remove(&session.id) {
+            app.metrics.set_sessions(app.sessions.len());
+            session.close().await;
+        }
+    });
+}
+
+/// Moves one answer (a JSON body, or the messages of an SSE body) onto the
+/// session's stream 0.
+async fn move_to_stream(session: &Session, response: Response<Body>) {
+    let is_sse = response.headers().get(CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let mut body = response.into_body();
+    if !is_sse {
+        let Ok(collected) = body.collect().await;
+        let bytes = collected.to_bytes();
+        if !bytes.is_empty() {
+            session.push(bytes);
+        }
+        return;
+    }
+    let mut decoder = sse::Decoder::new(usize::MAX);
+    while let Some(Ok(frame)) = body.frame().await {
+        let Ok(data) = frame.into_data() else { continue };
+        decoder.push(&data);
+        while let Ok(Some(event)) = decoder.next_event() {
+            if !event.data.is_empty() {
+                session.push(event.data);
+            }
+        }
+    }
+}
+
+fn accepted() -> Response<Body> {
+    let mut response = Response::new(Body::full(Bytes::from_static(b"Accepted")));
+    *response.status_mut() = StatusCode::ACCEPTED;
+    response
+}
