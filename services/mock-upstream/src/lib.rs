@@ -77,6 +77,11 @@ impl Mock {
         self.server.stats.deleted.load(Ordering::Relaxed)
     }
 
+    /// The `requestId`s of the cancellations received, as JSON text.
+    pub fn cancelled(&self) -> Vec<String> {
+        self.server.stats.cancelled.lock().expect("lock").clone()
+    }
+
     /// How many sessions are live now.
     pub fn live_sessions(&self) -> usize {
         self.server.live_sessions()

@@ -68,6 +68,8 @@ pub(crate) struct Stats {
     pub initialize: AtomicU64,
     pub calls: AtomicU64,
     pub deleted: AtomicU64,
+    /// The `requestId`s of `notifications/cancelled` received, as written.
+    pub cancelled: Mutex<Vec<String>>,
 }
 
 /// What to answer.
@@ -198,6 +200,7 @@ const TOOLS: &[(&str, &str, &str)] = &[
         r#"{"type":"object","properties":{"uri":{"type":"string"}},"required":["uri"]}"#,
     ),
     ("exit", "Ends the server process (stdio only).", r#"{"type":"object","properties":{"code":{"type":"integer"}}}"#),
+    ("cancelled", "Lists the request ids of the cancellations this server received.", r#"{"type":"object"}"#),
 ];
 
 const SUPPORTED_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -277,7 +280,14 @@ impl Server {
                 session.resolve(id, body.clone());
                 Reply::Accepted
             }
-            MessageKind::Notification => Reply::Accepted,
+            MessageKind::Notification => {
+                if env.method_str() == "notifications/cancelled" {
+                    let params: Value =
+                        env.params.and_then(|p| serde_json::from_str(p.get()).ok()).unwrap_or(Value::Null);
+                    self.stats.cancelled.lock().expect("lock").push(params["requestId"].to_string());
+                }
+                Reply::Accepted
+            }
             MessageKind::Request => {
                 let reply = self.request(session, &env).await;
                 match reply {
@@ -564,6 +574,10 @@ impl Server {
                     }
                 }
                 Reply::Json(text_result(&format!("told {told} subscribers")))
+            }
+            "cancelled" => {
+                let seen = self.stats.cancelled.lock().expect("lock").clone();
+                Reply::Json(text_result(&serde_json::to_string(&seen).expect("serializable")))
             }
             "exit" if self.opts.allow_exit => {
                 let code = args["code"].as_i64().unwrap_or(0) as i32;

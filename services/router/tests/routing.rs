@@ -152,21 +152,89 @@ async fn progress_streams_as_sse_with_the_clients_token() {
 async fn server_to_client_requests_reach_the_client_and_its_answer_gets_back() {
     let (router, _web) = router_with_web_and_local().await;
     let mut client = Client::new(&router.url);
-    client.initialize_with(json!({"sampling": {}})).await;
-    for tool in ["web__sample", "local__sample"] {
-        let (status, headers, mut stream) =
-            client.request_stream("tools/call", json!({"name": tool, "arguments": {"prompt": "2+2?"}})).await;
-        assert_eq!(status, StatusCode::OK);
-        assert_eq!(headers["content-type"], "text/event-stream");
-        let ask = stream.next(Duration::from_secs(10)).await.expect("the sampling request");
-        assert_eq!(ask["method"], "sampling/createMessage", "{tool}: {ask}");
-        assert_eq!(ask["params"]["messages"][0]["content"]["text"], "2+2?");
-        let answer = json!({"jsonrpc": "2.0", "id": ask["id"], "result": {
-            "role": "assistant", "content": {"type": "text", "text": "four"}, "model": "test", "stopReason": "endTurn"}});
-        assert_eq!(client.post(answer).await.status, StatusCode::ACCEPTED);
-        let done = stream.next(Duration::from_secs(10)).await.expect("the tool result");
-        assert_eq!(text_of(&done), "sampled: four", "{tool}");
+    client.initialize_with(json!({"sampling": {}, "elicitation": {}, "roots": {"listChanged": true}})).await;
+    let cases = [
+        (
+            "sample",
+            json!({"prompt": "2+2?"}),
+            "sampling/createMessage",
+            json!({"role": "assistant", "content": {"type": "text", "text": "four"}, "model": "test", "stopReason": "endTurn"}),
+            "sampled: four",
+        ),
+        (
+            "elicit",
+            json!({"message": "Your name?"}),
+            "elicitation/create",
+            json!({"action": "accept", "content": {"answer": "Ada"}}),
+            "elicited: {\"action\":\"accept\",\"content\":{\"answer\":\"Ada\"}}",
+        ),
+        (
+            "roots",
+            json!({}),
+            "roots/list",
+            json!({"roots": [{"uri": "file:///work", "name": "work"}]}),
+            "roots: [{\"name\":\"work\",\"uri\":\"file:///work\"}]",
+        ),
+    ];
+    for upstream in ["web", "local"] {
+        for (tool, args, method, answer, expected) in &cases {
+            let tool = format!("{upstream}__{tool}");
+            let (status, headers, mut stream) =
+                client.request_stream("tools/call", json!({"name": tool, "arguments": args})).await;
+            assert_eq!(status, StatusCode::OK);
+            assert_eq!(headers["content-type"], "text/event-stream");
+            let ask = stream.next(Duration::from_secs(10)).await.expect("the server's request");
+            assert_eq!(ask["method"], *method, "{tool}: {ask}");
+            let reply = json!({"jsonrpc": "2.0", "id": ask["id"], "result": answer});
+            assert_eq!(client.post(reply).await.status, StatusCode::ACCEPTED);
+            let done = stream.next(Duration::from_secs(10)).await.expect("the tool result");
+            let text: Value = text_of(&done).into();
+            let text = text.as_str().unwrap();
+            // The mock prints JSON objects with sorted keys; compare parsed when JSON follows.
+            assert_eq!(normalize(text), normalize(expected), "{tool}");
+        }
     }
+    router.stop().await;
+}
+
+/// Parses `label: {json}` so key order does not matter.
+fn normalize(text: &str) -> (String, Value) {
+    match text.split_once(": ") {
+        Some((label, rest)) => (label.to_owned(), serde_json::from_str(rest).unwrap_or(Value::String(rest.to_owned()))),
+        None => (text.to_owned(), Value::Null),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_cancellations_reach_the_upstream_with_its_own_request_id() {
+    let (router, web) = router_with_web_and_local().await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    for upstream in ["web", "local"] {
+        let slow = client.clone();
+        let tool = format!("{upstream}__progress");
+        let call = tokio::spawn(async move {
+            slow.post(json!({"jsonrpc": "2.0", "id": "cancel-me", "method": "tools/call",
+                "params": {"name": tool, "arguments": {"steps": 4, "interval_ms": 100}, "_meta": {"progressToken": "c"}}}))
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let note = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "cancel-me", "reason": "test"}});
+        assert_eq!(client.post(note).await.status, StatusCode::ACCEPTED);
+        let _ = call.await;
+    }
+    // Over HTTP the upstream session is the client's own: the id passes through.
+    assert!(
+        eventually(Duration::from_secs(5), || async { web.mock.cancelled().contains(&"\"cancel-me\"".to_owned()) })
+            .await,
+        "{:?}",
+        web.mock.cancelled()
+    );
+    // Over stdio the shared process knows the request by the id the router gave it.
+    let seen = client.call_tool("local__cancelled", json!({})).await;
+    let seen: Vec<String> = serde_json::from_str(text_of(&seen)).unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0].parse::<u64>().is_ok(), "the child saw its own numeric id, not the client's: {seen:?}");
     router.stop().await;
 }
 
@@ -267,8 +335,8 @@ async fn composite_cursors_page_through_every_upstream() {
             None => break,
         }
     }
-    // 12 built-in tools each, plus 7 and 3 extra.
-    assert_eq!(names.len(), 12 + 7 + 12 + 3, "{names:?}");
+    // 13 built-in tools each, plus 7 and 3 extra.
+    assert_eq!(names.len(), 13 + 7 + 13 + 3, "{names:?}");
     assert_eq!(pages, names.len().div_ceil(5));
     let unique: std::collections::HashSet<_> = names.iter().collect();
     assert_eq!(unique.len(), names.len(), "no duplicates across pages");
@@ -348,11 +416,11 @@ async fn colliding_names_are_reported_and_the_first_upstream_wins() {
     client.initialize().await;
     let names = client.tool_names().await;
     assert_eq!(names.iter().filter(|n| *n == "echo").count(), 1, "{names:?}");
-    assert_eq!(names.len(), 12, "the second upstream's identical names are left out, not merged");
+    assert_eq!(names.len(), 13, "the second upstream's identical names are left out, not merged");
     client.call_tool("echo", json!({})).await;
     assert_eq!(first.mock.call_count(), 1);
     assert_eq!(second.mock.call_count(), 0);
-    assert!(router.metric("switchboard_catalog_collisions_total", &["list=\"tools\""]).await >= 12.0);
+    assert!(router.metric("switchboard_catalog_collisions_total", &["list=\"tools\""]).await >= 13.0);
     router.stop().await;
 }
 
