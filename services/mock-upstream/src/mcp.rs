@@ -201,6 +201,7 @@ const TOOLS: &[(&str, &str, &str)] = &[
     ),
     ("exit", "Ends the server process (stdio only).", r#"{"type":"object","properties":{"code":{"type":"integer"}}}"#),
     ("cancelled", "Lists the request ids of the cancellations this server received.", r#"{"type":"object"}"#),
+    ("ask_and_cancel", "Asks the client for sampling, then cancels that request.", r#"{"type":"object"}"#),
 ];
 
 const SUPPORTED_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -583,7 +584,7 @@ impl Server {
                 let code = args["code"].as_i64().unwrap_or(0) as i32;
                 std::process::exit(code)
             }
-            "progress" | "log" | "sample" | "elicit" | "roots" => {
+            "progress" | "log" | "sample" | "elicit" | "roots" | "ask_and_cancel" => {
                 let (tx, rx) = mpsc::unbounded_channel();
                 let token = call.meta.and_then(|m| m.progress_token).map(|t| t.get().to_owned());
                 let id = id.to_owned();
@@ -668,6 +669,19 @@ impl Server {
                     )
                     .await?;
                 Ok(text(format!("elicited: {answer}")))
+            }
+            "ask_and_cancel" => {
+                let id = session.next_id.fetch_add(1, Ordering::Relaxed);
+                let params = serde_json::to_vec(&json!({"messages": [], "maxTokens": 1})).expect("serializable");
+                let _ = out.send(jsonrpc::request(
+                    Some(id.to_string().as_bytes()),
+                    "sampling/createMessage",
+                    Some(&params),
+                ));
+                let cancel =
+                    serde_json::to_vec(&json!({"requestId": id, "reason": "changed my mind"})).expect("serializable");
+                let _ = out.send(jsonrpc::request(None, "notifications/cancelled", Some(&cancel)));
+                Ok(text(format!("cancelled request {id}")))
             }
             "roots" => {
                 let answer = session.ask(out, "roots/list", json!({})).await?;

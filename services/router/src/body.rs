@@ -121,3 +121,33 @@ where
     }
     Ok(joined.map(BytesMut::freeze).or(first).unwrap_or_default())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_sse_streams_get_keep_alive_comments() {
+        let (tx, rx) = mpsc::channel(4);
+        let mut body = Body::sse(rx, Duration::from_secs(15));
+        tx.send(Bytes::from_static(b"data: {}\n\n")).await.unwrap();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&first[..], b"data: {}\n\n");
+        // Nothing to send for 15 s: a comment keeps the connection alive.
+        let started = Instant::now();
+        let idle = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&idle[..], sse::KEEP_ALIVE);
+        assert!(started.elapsed() >= Duration::from_secs(15));
+        drop(tx);
+        assert!(body.frame().await.is_none(), "the stream ends when its sender goes");
+    }
+
+    #[tokio::test]
+    async fn collect_returns_a_single_chunk_as_is_and_refuses_oversized_bodies() {
+        let one = http_body_util::Full::new(Bytes::from_static(b"{\"a\":1}"));
+        assert_eq!(&collect(one, 100).await.unwrap()[..], b"{\"a\":1}");
+        let big = http_body_util::Full::new(Bytes::from(vec![b'x'; 200]));
+        assert!(matches!(collect(big, 100).await, Err(CollectError::TooLarge)));
+    }
+}

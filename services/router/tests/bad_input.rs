@@ -171,3 +171,26 @@ async fn initialize_negotiates_the_version() {
     assert!(client.tool_names().await.is_empty());
     router.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_legacy_endpoint_event_keeps_the_path_prefix() {
+    let router = Router::start("").await;
+    for (path, forwarded, expected) in [
+        ("/sse", None, "/messages?sessionId="),
+        ("/team-a/tools/sse", None, "/team-a/tools/messages?sessionId="),
+        ("/sse", Some("/behind/proxy"), "/behind/proxy/messages?sessionId="),
+    ] {
+        let mut client = Client::new(&router.path(path));
+        client.session = None;
+        let mut headers = vec![];
+        if let Some(prefix) = forwarded {
+            headers.push(("x-forwarded-prefix", prefix));
+        }
+        let mut stream = client.sse_get(&headers).await;
+        let endpoint = stream.next_event(std::time::Duration::from_secs(5)).await.expect("the endpoint event");
+        assert_eq!(endpoint.event.as_deref(), Some("endpoint"));
+        let data = String::from_utf8(endpoint.data.to_vec()).unwrap();
+        assert!(data.starts_with(expected), "{path}: {data}");
+    }
+    router.stop().await;
+}

@@ -134,7 +134,7 @@ async fn progress_sampling_elicitation_subscriptions_and_colliding_clients_throu
     let router = Router::start(&http_upstream("everything", &everything_url, "timeout = \"30s\"")).await;
     let out = run_python_client(
         "fidelity.py",
-        &[&router.url, "everything__", "progress,sampling,elicitation,subscribe,collide"],
+        &[&router.url, "everything__", "progress,sampling,elicitation,url_elicitation,subscribe,collide"],
     )
     .await;
     // Sampling and elicitation tools appear because the router declared the client's capabilities upstream.
@@ -147,6 +147,12 @@ async fn progress_sampling_elicitation_subscriptions_and_colliding_clients_throu
     assert_eq!(progress[2]["progress"], 3.0);
     assert!(out["sampling"].to_string().contains("four"), "the client's sampling answer reached the server: {out}");
     assert!(out["elicitation"].to_string().to_lowercase().contains("decline"), "{out}");
+    assert_eq!(
+        out["url_elicitation_modes"],
+        json!(["form", "url"]),
+        "form, then URL-mode elicitation reach the client: {out}"
+    );
+    assert!(out["url_elicitation"].to_string().to_lowercase().contains("declined"), "{out}");
 
     let subscribed = out["subscribed"].as_str().unwrap();
     assert_eq!(subscribed, "everything+demo://resource/dynamic/text/1");

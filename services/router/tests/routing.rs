@@ -197,6 +197,26 @@ async fn server_to_client_requests_reach_the_client_and_its_answer_gets_back() {
     router.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_cancelling_its_request_names_the_id_the_client_saw() {
+    let (router, _web) = router_with_web_and_local().await;
+    let mut client = Client::new(&router.url);
+    client.initialize_with(json!({"sampling": {}})).await;
+    for upstream in ["web", "local"] {
+        let (_, _, mut stream) = client
+            .request_stream("tools/call", json!({"name": format!("{upstream}__ask_and_cancel"), "arguments": {}}))
+            .await;
+        let ask = stream.next(Duration::from_secs(10)).await.expect("the sampling request");
+        assert_eq!(ask["method"], "sampling/createMessage");
+        let cancel = stream.next(Duration::from_secs(10)).await.expect("the cancellation");
+        assert_eq!(cancel["method"], "notifications/cancelled", "{upstream}: {cancel}");
+        assert_eq!(cancel["params"]["requestId"], ask["id"], "{upstream}: the id the client knows the request by");
+        let done = stream.next(Duration::from_secs(10)).await.expect("the result");
+        assert!(text_of(&done).starts_with("cancelled request"));
+    }
+    router.stop().await;
+}
+
 /// Parses `label: {json}` so key order does not matter.
 fn normalize(text: &str) -> (String, Value) {
     match text.split_once(": ") {
@@ -335,8 +355,8 @@ async fn composite_cursors_page_through_every_upstream() {
             None => break,
         }
     }
-    // 13 built-in tools each, plus 7 and 3 extra.
-    assert_eq!(names.len(), 13 + 7 + 13 + 3, "{names:?}");
+    // 14 built-in tools each, plus 7 and 3 extra.
+    assert_eq!(names.len(), 14 + 7 + 14 + 3, "{names:?}");
     assert_eq!(pages, names.len().div_ceil(5));
     let unique: std::collections::HashSet<_> = names.iter().collect();
     assert_eq!(unique.len(), names.len(), "no duplicates across pages");
@@ -416,11 +436,11 @@ async fn colliding_names_are_reported_and_the_first_upstream_wins() {
     client.initialize().await;
     let names = client.tool_names().await;
     assert_eq!(names.iter().filter(|n| *n == "echo").count(), 1, "{names:?}");
-    assert_eq!(names.len(), 13, "the second upstream's identical names are left out, not merged");
+    assert_eq!(names.len(), 14, "the second upstream's identical names are left out, not merged");
     client.call_tool("echo", json!({})).await;
     assert_eq!(first.mock.call_count(), 1);
     assert_eq!(second.mock.call_count(), 0);
-    assert!(router.metric("switchboard_catalog_collisions_total", &["list=\"tools\""]).await >= 13.0);
+    assert!(router.metric("switchboard_catalog_collisions_total", &["list=\"tools\""]).await >= 14.0);
     router.stop().await;
 }
 

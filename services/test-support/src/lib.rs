@@ -348,6 +348,21 @@ impl Client {
         (parts.status, parts.headers, EventStream { body: None, decoder })
     }
 
+    /// A plain SSE GET on this client's URL with extra headers (for the
+    /// legacy `/sse` endpoint).
+    pub async fn sse_get(&self, headers: &[(&str, &str)]) -> EventStream {
+        let mut req = Request::new(Full::new(Bytes::new()));
+        *req.uri_mut() = self.url.parse().expect("url");
+        req.headers_mut().insert("accept", HeaderValue::from_static("text/event-stream"));
+        for (k, v) in headers {
+            req.headers_mut()
+                .insert(HeaderName::from_bytes(k.as_bytes()).expect("name"), HeaderValue::from_str(v).expect("value"));
+        }
+        let resp = self.http.request(req).await.expect("GET");
+        assert_eq!(resp.status(), StatusCode::OK, "GET {}", self.url);
+        EventStream { body: Some(resp.into_body()), decoder: sse::Decoder::new(usize::MAX) }
+    }
+
     /// Opens the session's GET stream.
     pub async fn open_stream(&self) -> EventStream {
         self.resume_stream(None).await.1

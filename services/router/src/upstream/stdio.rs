@@ -79,8 +79,9 @@ struct Shared {
     next_id: AtomicU64,
     pending: Mutex<HashMap<u64, Pending>>,
     views: Mutex<HashMap<u64, View>>,
-    /// Server-to-client request id → the view it went to (for cancellations).
-    asked: Mutex<HashMap<Box<str>, u64>>,
+    /// Server-to-client request id → the view it went to and the request it
+    /// was relayed with (for cancellations).
+    asked: Mutex<HashMap<Box<str>, (u64, u64)>>,
     running: watch::Sender<Option<Arc<Running>>>,
     last_error: Mutex<String>,
     stop: Notify,
@@ -203,12 +204,20 @@ impl Shared {
                 }
             }
             Method::Cancelled => {
-                // The child gave up on a request it sent to a client.
+                // The child gave up on a request it sent to a client: tell that
+                // client where it got the request (the call's stream, if the
+                // call is still going, else its session).
                 let request_id = env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.request_id);
-                let view = request_id.and_then(|id| self.asked.lock().expect("lock").remove(id.get()));
-                if let Some(view) = view.and_then(|v| self.views.lock().expect("lock").get(&v).map(|v| v.inbox.clone()))
-                {
-                    view.deliver(line.clone());
+                let Some((view, uid)) = request_id.and_then(|id| self.asked.lock().expect("lock").remove(id.get()))
+                else {
+                    return;
+                };
+                if let Some(p) = self.pending.lock().expect("lock").get(&uid) {
+                    let _ = p.sink.send((false, line.clone()));
+                    return;
+                }
+                if let Some(inbox) = self.views.lock().expect("lock").get(&view).map(|v| v.inbox.clone()) {
+                    inbox.deliver(line.clone());
                 }
             }
             _ => match self.sole_pending() {
@@ -234,13 +243,13 @@ impl Shared {
                     .iter()
                     .filter(|(_, p)| p.view == view)
                     .max_by_key(|(uid, _)| **uid)
-                    .map(|(_, p)| (view, p.sink.clone())),
+                    .map(|(uid, p)| (view, *uid, p.sink.clone())),
                 _ => None,
             }
         };
         match target {
-            Some((view, sink)) => {
-                self.asked.lock().expect("lock").insert(id.get().into(), view);
+            Some((view, uid, sink)) => {
+                self.asked.lock().expect("lock").insert(id.get().into(), (view, uid));
                 let _ = sink.send((false, line.clone()));
             }
             None => {

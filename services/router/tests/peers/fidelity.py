@@ -4,7 +4,7 @@ prints what arrived as JSON.
 Usage: fidelity.py URL PREFIX FEATURES
   URL       the MCP endpoint (the router)
   PREFIX    the namespace of server-everything's tools there ("everything__")
-  FEATURES  comma-separated: progress, sampling, elicitation, subscribe, collide
+  FEATURES  comma-separated: progress, sampling, elicitation, url_elicitation, subscribe, collide
 """
 
 import asyncio
@@ -23,7 +23,11 @@ async def sampling(context, params):
     )
 
 
+modes = []
+
+
 async def elicitation(context, params):
+    modes.append(getattr(params, "mode", None) or "form")
     return types.ElicitResult(action="decline")
 
 
@@ -65,6 +69,10 @@ async def main():
         if "elicitation" in FEATURES:
             result = await client.call_tool(PREFIX + "trigger-elicitation-request", {})
             out["elicitation"] = texts(result)
+        if "url_elicitation" in FEATURES:
+            result = await client.call_tool(PREFIX + "trigger-url-elicitation", {"url": "https://example.com/consent"})
+            out["url_elicitation"] = texts(result)
+            out["url_elicitation_modes"] = modes
         if "subscribe" in FEATURES:
             uri = URI_PREFIX + "demo://resource/dynamic/text/1"
             await client.session.subscribe_resource(uri)
