@@ -42,6 +42,7 @@ pub fn tools() -> Value {
             json!({"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]})),
         tool("test_elicitation_sep1034_defaults", "Tests elicitation with default values per SEP-1034", empty_schema()),
         tool("test_elicitation_sep1330_enums", "Tests elicitation with enum schema improvements per SEP-1330", empty_schema()),
+        tool("test_reconnection", "Tests SSE stream disconnection and client reconnection (SEP-1699). Server will close the stream mid-call and send the result after client reconnects.", empty_schema()),
         tool("json_schema_2020_12_tool", "Tool with JSON Schema 2020-12 features for conformance testing (SEP-1613)", json!({
             "$schema": "https://json-schema.org/draft/2020-12/schema",
             "type": "object",

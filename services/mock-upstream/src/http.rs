@@ -17,7 +17,9 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use crate::body::Body;
-use crate::mcp::{Reply, Server};
+use std::sync::atomic::Ordering;
+
+use crate::mcp::{Reply, Server, Session};
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const MAX_BODY: usize = 64 << 20;
@@ -64,7 +66,10 @@ async fn route(server: Arc<Server>, req: Request<Incoming>) -> Response<Body> {
     let session_id = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
     match *req.method() {
         Method::POST => post(server, session_id, req).await,
-        Method::GET => get(server, session_id),
+        Method::GET => {
+            let last = req.headers().get("last-event-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            get(server, session_id, last)
+        }
         Method::DELETE => match session_id {
             Some(id) if server.close_session(&id) => plain(StatusCode::OK, ""),
             _ => unknown_session(&server),
@@ -103,6 +108,7 @@ async fn post(server: Arc<Server>, session_id: Option<String>, req: Request<Inco
         Reply::Json(bytes) => json(StatusCode::OK, bytes),
         Reply::Invalid(bytes) => json(StatusCode::BAD_REQUEST, bytes),
         Reply::Stream(rx) => sse_response(rx),
+        Reply::Polled(rx) => polled_response(&session, rx),
     };
     if new_session {
         response
@@ -117,16 +123,70 @@ fn looks_like_initialize(body: &[u8]) -> bool {
         && jsonrpc::Envelope::parse(body).is_ok_and(|env| env.method_str() == "initialize")
 }
 
-fn get(server: Arc<Server>, session_id: Option<String>) -> Response<Body> {
+fn get(server: Arc<Server>, session_id: Option<String>, last_event_id: Option<String>) -> Response<Body> {
     if server.opts.stateless {
         return plain(StatusCode::METHOD_NOT_ALLOWED, "this server has no GET stream");
     }
     let Some(session) = session_id.as_deref().and_then(|id| server.session(id)) else {
         return unknown_session(&server);
     };
+    if let Some((stream, seq)) = last_event_id.as_deref().and_then(|id| id.split_once('-')) {
+        let (Ok(stream), Ok(seq)) = (stream.parse::<u64>(), seq.parse::<usize>()) else {
+            return plain(StatusCode::BAD_REQUEST, "bad Last-Event-ID");
+        };
+        return resume(session, stream, seq);
+    }
     let (tx, rx) = mpsc::unbounded_channel();
     session.set_unsolicited(tx);
     sse_response(rx)
+}
+
+/// An SSE answer that ends right after its priming event; the messages are
+/// kept for a GET with `Last-Event-ID`.
+fn polled_response(session: &Arc<Session>, mut messages: mpsc::UnboundedReceiver<Bytes>) -> Response<Body> {
+    let stream = session.next_stream.fetch_add(1, Ordering::Relaxed);
+    session.polled.lock().expect("lock").insert(stream, Vec::new());
+    let session = session.clone();
+    tokio::spawn(async move {
+        while let Some(message) = messages.recv().await {
+            session.polled.lock().expect("lock").entry(stream).or_default().push(message);
+        }
+    });
+    let (tx, rx) = mpsc::unbounded_channel();
+    let _ = tx.send(Bytes::from(format!("id: {stream}-0\nretry: 100\ndata: \n\n")));
+    drop(tx);
+    let mut response = Response::new(Body::Stream(rx));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    response
+}
+
+/// Sends a polled stream's events after `seq` once they exist, then ends.
+fn resume(session: Arc<crate::mcp::Session>, stream: u64, seq: usize) -> Response<Body> {
+    if !session.polled.lock().expect("lock").contains_key(&stream) {
+        return plain(StatusCode::NOT_FOUND, "unknown stream");
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        for _ in 0..500 {
+            let ready: Vec<Bytes> = session
+                .polled
+                .lock()
+                .expect("lock")
+                .get(&stream)
+                .map(|e| e.iter().skip(seq).cloned().collect())
+                .unwrap_or_default();
+            if !ready.is_empty() {
+                for (i, message) in ready.iter().enumerate() {
+                    let _ = tx.send(sse::encode_event(Some(&format!("{stream}-{}", seq + i + 1)), None, message));
+                }
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    });
+    let mut response = Response::new(Body::Stream(rx));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    response
 }
 
 fn unknown_session(server: &Server) -> Response<Body> {

@@ -82,6 +82,10 @@ pub(crate) enum Reply {
     Invalid(Bytes),
     /// Related messages, then the response.
     Stream(mpsc::UnboundedReceiver<Bytes>),
+    /// Like `Stream`, but the server ends the SSE response right after a
+    /// priming event and the client must resume with `Last-Event-ID` (SSE
+    /// polling, 2025-11-25). Over stdio it is an ordinary stream.
+    Polled(mpsc::UnboundedReceiver<Bytes>),
 }
 
 /// One client's state.
@@ -91,6 +95,9 @@ pub(crate) struct Session {
     pending: Mutex<HashMap<u64, oneshot::Sender<Bytes>>>,
     next_id: AtomicU64,
     subscriptions: Mutex<HashSet<String>>,
+    /// Events of polled streams, by stream number, for `Last-Event-ID`.
+    pub(crate) polled: Mutex<HashMap<u64, Vec<Bytes>>>,
+    pub(crate) next_stream: AtomicU64,
 }
 
 impl Session {
@@ -101,6 +108,8 @@ impl Session {
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             subscriptions: Mutex::new(HashSet::new()),
+            polled: Mutex::new(HashMap::new()),
+            next_stream: AtomicU64::new(1),
         })
     }
 
@@ -202,6 +211,11 @@ const TOOLS: &[(&str, &str, &str)] = &[
     ("exit", "Ends the server process (stdio only).", r#"{"type":"object","properties":{"code":{"type":"integer"}}}"#),
     ("cancelled", "Lists the request ids of the cancellations this server received.", r#"{"type":"object"}"#),
     ("ask_and_cancel", "Asks the client for sampling, then cancels that request.", r#"{"type":"object"}"#),
+    (
+        "reconnect",
+        "Ends its SSE response early and answers after the client resumes (SSE polling).",
+        r#"{"type":"object"}"#,
+    ),
 ];
 
 const SUPPORTED_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -436,6 +450,12 @@ impl Server {
             "tools/call" => {
                 self.stats.calls.fetch_add(1, Ordering::Relaxed);
                 let name = p["name"].as_str().unwrap_or_default().to_owned();
+                if name == "test_reconnection" {
+                    return Some(Reply::Polled(delayed(
+                        id,
+                        "Reconnection test completed successfully. If you received this, the client properly reconnected after stream closure.",
+                    )));
+                }
                 if let Some(result) = conformance::immediate(&name) {
                     return Some(ok(result));
                 }
@@ -580,6 +600,7 @@ impl Server {
                 let seen = self.stats.cancelled.lock().expect("lock").clone();
                 Reply::Json(text_result(&serde_json::to_string(&seen).expect("serializable")))
             }
+            "reconnect" => Reply::Polled(delayed(id, "Reconnection test completed successfully.")),
             "exit" if self.opts.allow_exit => {
                 let code = args["code"].as_i64().unwrap_or(0) as i32;
                 std::process::exit(code)
@@ -702,6 +723,18 @@ impl Server {
             s.send_unsolicited(message.clone());
         }
     }
+}
+
+/// A channel that yields a text result after 100 ms.
+pub(crate) fn delayed(id: &RawValue, text: &str) -> mpsc::UnboundedReceiver<Bytes> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let result = serde_json::to_vec(&json!({"content": [{"type": "text", "text": text}]})).expect("serializable");
+    let message = jsonrpc::result_response(id, &result);
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = tx.send(message);
+    });
+    rx
 }
 
 /// `{"jsonrpc":"2.0","id":ID,"result":{"content":[{"type":"text","text":ARGS}]}}`,

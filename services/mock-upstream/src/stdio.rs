@@ -50,7 +50,7 @@ pub(crate) async fn serve(server: Arc<Server>) -> std::io::Result<()> {
                     Reply::Json(bytes) | Reply::Invalid(bytes) => {
                         let _ = out.send(bytes);
                     }
-                    Reply::Stream(mut rx) => {
+                    Reply::Stream(mut rx) | Reply::Polled(mut rx) => {
                         while let Some(message) = rx.recv().await {
                             let _ = out.send(message);
                         }

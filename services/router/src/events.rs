@@ -14,6 +14,7 @@
 //! the log keeps gets what is left.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -111,9 +112,14 @@ impl Log {
     }
 
     /// Sends the events after `after` (all of them for `None`) into `tx` until
-    /// the log closes or is cut, or the receiver goes away. Run it as a task.
-    pub async fn reader(self: Arc<Self>, mut after: Option<u64>, tx: mpsc::Sender<Bytes>) {
+    /// the log closes or is cut, or the receiver goes away. Spawn the future
+    /// it returns; it belongs to the cuts made after this call.
+    pub fn reader(self: Arc<Self>, after: Option<u64>, tx: mpsc::Sender<Bytes>) -> impl Future<Output = ()> + Send {
         let cuts = self.state.lock().expect("lock").cuts;
+        self.read(cuts, after, tx)
+    }
+
+    async fn read(self: Arc<Self>, cuts: u64, mut after: Option<u64>, tx: mpsc::Sender<Bytes>) {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);

@@ -11,10 +11,16 @@ use switchboard_test_support::{http_upstream, Router};
 
 fn stdio_upstream(name: &str, command: &std::path::Path, args: &[&str]) -> String {
     format!(
-        "[[upstreams]]\nname = \"{name}\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = {}\n",
+        "[[upstreams]]\nname = \"{name}\"\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = {}\nlist_timeout = \"20s\"\n",
         command.display(),
         serde_json::to_string(args).unwrap()
     )
+}
+
+/// Real peers start slower than our mock, above all on a busy machine: give
+/// their lists time, and retry a failed one quickly.
+async fn start_router(upstreams: &str) -> Router {
+    Router::start(&format!("[catalog]\nretry_after = \"250ms\"\n{upstreams}")).await
 }
 
 fn stdio_target(command: &std::path::Path, args: &[&str]) -> String {
@@ -30,9 +36,9 @@ async fn python_sdk_through_the_router_to_everything_over_http_and_time_over_std
     let (_everything, everything_url) = everything_http().await;
     let time = python_script("mcp-server-time");
     let time_args = ["--local-timezone", "UTC"];
-    let router = Router::start(&format!(
+    let router = start_router(&format!(
         "{}{}",
-        http_upstream("everything", &everything_url, ""),
+        http_upstream("everything", &everything_url, "list_timeout = \"20s\""),
         stdio_upstream("time", &time, &time_args)
     ))
     .await;
@@ -90,7 +96,7 @@ async fn python_sdk_through_the_router_to_everything_over_http_and_time_over_std
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_sdk_through_the_router_to_everything_over_stdio() {
     let everything = node_bin("mcp-server-everything");
-    let router = Router::start(&stdio_upstream("everything", &everything, &[])).await;
+    let router = start_router(&stdio_upstream("everything", &everything, &[])).await;
     let calls = json!([["everything__echo", {"message": "stdio"}], ["everything__get-sum", {"a": 20, "b": 22}]]);
     let routed = run_python_client("list_and_call.py", &[&router.url, &calls.to_string()]).await;
     assert!(names(&routed).contains(&"everything__echo"));
@@ -112,7 +118,7 @@ async fn python_sdk_over_stdio_through_switchboard_connect() {
     use switchboard_test_support::{mock_named, stdio_mock_upstream, MockServer};
     let web = MockServer::start(mock_named("web")).await;
     let router =
-        Router::start(&format!("{}{}", http_upstream("web", &web.url, ""), stdio_mock_upstream("local", ""))).await;
+        start_router(&format!("{}{}", http_upstream("web", &web.url, ""), stdio_mock_upstream("local", ""))).await;
     let bridge = stdio_target(
         std::path::Path::new(env!("CARGO_BIN_EXE_switchboard")),
         &["connect", &router.url, "--header", "X-Client: bridge-test"],
@@ -131,7 +137,8 @@ async fn python_sdk_over_stdio_through_switchboard_connect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_sampling_elicitation_subscriptions_and_colliding_clients_through_the_router() {
     let (_everything, everything_url) = everything_http().await;
-    let router = Router::start(&http_upstream("everything", &everything_url, "timeout = \"30s\"")).await;
+    let router =
+        start_router(&http_upstream("everything", &everything_url, "timeout = \"30s\"\nlist_timeout = \"20s\"")).await;
     let out = run_python_client(
         "fidelity.py",
         &[&router.url, "everything__", "progress,sampling,elicitation,url_elicitation,subscribe,collide"],
@@ -184,7 +191,7 @@ async fn an_upstream_restarted_mid_session_is_reinitialised() {
     let mut everything = start();
     assert!(wait_for_port(port, std::time::Duration::from_secs(30)).await);
     let url = format!("http://127.0.0.1:{port}/mcp");
-    let router = Router::start(&http_upstream("everything", &url, "")).await;
+    let router = start_router(&http_upstream("everything", &url, "list_timeout = \"20s\"")).await;
     let mut client = Client::new(&router.url);
     client.initialize().await;
     let first = client.call_tool("everything__echo", json!({"message": "before"})).await;
@@ -208,10 +215,10 @@ async fn relaying_over_legacy_sse_and_stdio_upstreams() {
     use switchboard_test_support::peers::everything_sse;
     let (_everything, sse_url) = everything_sse().await;
     let upstreams = format!(
-        "[[upstreams]]\nname = \"legacy\"\ntransport = \"sse\"\nurl = \"{sse_url}\"\ntimeout = \"30s\"\n{}",
+        "[[upstreams]]\nname = \"legacy\"\ntransport = \"sse\"\nurl = \"{sse_url}\"\ntimeout = \"30s\"\nlist_timeout = \"20s\"\n{}",
         stdio_upstream("local", &node_bin("mcp-server-everything"), &[])
     );
-    let router = Router::start(&upstreams).await;
+    let router = start_router(&upstreams).await;
     for prefix in ["legacy__", "local__"] {
         let out =
             run_python_client("fidelity.py", &[&router.url, prefix, "progress,sampling,elicitation,subscribe"]).await;
@@ -231,7 +238,7 @@ async fn relaying_over_legacy_sse_and_stdio_upstreams() {
 async fn a_legacy_sse_client_through_the_router() {
     use switchboard_test_support::{mock_named, MockServer};
     let web = MockServer::start(mock_named("web")).await;
-    let router = Router::start(&http_upstream("web", &web.url, "")).await;
+    let router = start_router(&http_upstream("web", &web.url, "")).await;
     let sse_url = router.path("/sse");
     let calls = json!([["web__echo", {"legacy": true}], ["web__progress", {"steps": 3}]]);
     let out = run_python_client("legacy_client.py", &[&sse_url, &calls.to_string()]).await;

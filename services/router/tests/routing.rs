@@ -355,8 +355,8 @@ async fn composite_cursors_page_through_every_upstream() {
             None => break,
         }
     }
-    // 14 built-in tools each, plus 7 and 3 extra.
-    assert_eq!(names.len(), 14 + 7 + 14 + 3, "{names:?}");
+    // 15 built-in tools each, plus 7 and 3 extra.
+    assert_eq!(names.len(), 15 + 7 + 15 + 3, "{names:?}");
     assert_eq!(pages, names.len().div_ceil(5));
     let unique: std::collections::HashSet<_> = names.iter().collect();
     assert_eq!(unique.len(), names.len(), "no duplicates across pages");
@@ -436,11 +436,11 @@ async fn colliding_names_are_reported_and_the_first_upstream_wins() {
     client.initialize().await;
     let names = client.tool_names().await;
     assert_eq!(names.iter().filter(|n| *n == "echo").count(), 1, "{names:?}");
-    assert_eq!(names.len(), 14, "the second upstream's identical names are left out, not merged");
+    assert_eq!(names.len(), 15, "the second upstream's identical names are left out, not merged");
     client.call_tool("echo", json!({})).await;
     assert_eq!(first.mock.call_count(), 1);
     assert_eq!(second.mock.call_count(), 0);
-    assert!(router.metric("switchboard_catalog_collisions_total", &["list=\"tools\""]).await >= 14.0);
+    assert!(router.metric("switchboard_catalog_collisions_total", &["list=\"tools\""]).await >= 15.0);
     router.stop().await;
 }
 
@@ -549,5 +549,27 @@ async fn a_client_that_loses_a_stream_resumes_it_with_last_event_id() {
     // A stream the session never had is a 404.
     let (status, _) = client.resume_stream(Some("999-0")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_polls_is_mirrored_and_the_client_resumes() {
+    let (router, _web) = router_with_web_and_local().await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    // The upstream ends its SSE answer after a priming event (2025-11-25 polling).
+    let (status, _, mut stream) =
+        client.request_stream("tools/call", json!({"name": "web__reconnect", "arguments": {}})).await;
+    assert_eq!(status, StatusCode::OK);
+    let priming = stream.next_event(Duration::from_secs(5)).await.expect("the router's priming event");
+    assert!(priming.data.is_empty() && priming.retry.is_some());
+    let id = priming.id.expect("an event id to resume from");
+    // The router ends its answer too, before the result.
+    assert!(stream.next_event(Duration::from_secs(5)).await.is_none(), "the POST stream closes mid-call");
+    // Resuming gets the result, which the router fetched by resuming upstream.
+    let (status, mut resumed) = client.resume_stream(Some(&id)).await;
+    assert_eq!(status, StatusCode::OK);
+    let result = resumed.next(Duration::from_secs(5)).await.expect("the result after reconnecting");
+    assert_eq!(text_of(&result), "Reconnection test completed successfully.");
     router.stop().await;
 }
