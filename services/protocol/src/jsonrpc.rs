@@ -268,6 +268,16 @@ impl<'a> Target<'a> {
     }
 }
 
+/// `params.progressToken` of a `notifications/progress`, raw.
+pub fn progress_token(params: &RawValue) -> Option<&RawValue> {
+    #[derive(Deserialize)]
+    struct Progress<'a> {
+        #[serde(borrow, default, rename = "progressToken")]
+        progress_token: Option<&'a RawValue>,
+    }
+    serde_json::from_str::<Progress<'_>>(params.get()).ok()?.progress_token
+}
+
 /// Reads a raw JSON value as a string, borrowing when it has no escapes.
 /// Returns `None` when the value is not a JSON string.
 pub fn as_str(raw: &RawValue) -> Option<Cow<'_, str>> {

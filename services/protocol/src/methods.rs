@@ -97,6 +97,15 @@ impl Method {
         NAMES.iter().map(|(m, _)| *m).chain(std::iter::once(Other))
     }
 
+    /// Whether a server may send requests or notifications while answering
+    /// this request (a tool call may ask for sampling; a list may not).
+    pub fn may_cause_messages(self) -> bool {
+        !matches!(
+            self,
+            Initialize | Ping | ToolsList | PromptsList | ResourcesList | ResourcesTemplatesList | LoggingSetLevel
+        )
+    }
+
     /// A `notifications/*/list_changed` notification, and for which list.
     pub fn list_changed(self) -> Option<ListKind> {
         match self {

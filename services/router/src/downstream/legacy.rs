@@ -22,7 +22,7 @@ use switchboard_protocol::jsonrpc::{Envelope, MessageKind};
 use switchboard_protocol::sse;
 use tokio::sync::mpsc;
 
-use super::{check_content_type, check_origin, lists, notification, read_body, reject, request, respond};
+use super::{check_origin, lists, notification, receive, reject, request, respond};
 use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
@@ -50,9 +50,6 @@ pub fn open(app: &Arc<App>, headers: &HeaderMap, prefix: &str) -> Response<Body>
 pub async fn message(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     let started = Instant::now();
     let (parts, body) = req.into_parts();
-    if let Err(e) = check_origin(app, &parts.headers).and_then(|()| check_content_type(&parts.headers)) {
-        return reject(app, None, e);
-    }
     let Some(id) = parts
         .uri
         .query()
@@ -61,7 +58,7 @@ pub async fn message(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
         return reject(app, None, Error::MissingSession);
     };
     let id: Arc<str> = Arc::from(id);
-    let body = match read_body(app, &parts.headers, body).await {
+    let body = match receive(app, &parts.headers, body).await {
         Ok(body) => body,
         Err(e) => return reject(app, None, e),
     };

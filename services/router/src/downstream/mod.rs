@@ -71,10 +71,7 @@ async fn post(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     let (parts, body) = req.into_parts();
 
     // 1. Transport checks.
-    if let Err(e) = check_origin(app, &parts.headers).and_then(|()| check_content_type(&parts.headers)) {
-        return reject(app, None, e);
-    }
-    let body = match read_body(app, &parts.headers, body).await {
+    let body = match receive(app, &parts.headers, body).await {
         Ok(body) => body,
         Err(e) => return reject(app, None, e),
     };
@@ -354,6 +351,13 @@ fn accepts_sse(headers: &HeaderMap) -> bool {
         }
     }
     !any
+}
+
+/// The transport checks of a POST (`Origin`, `Content-Type`, size), then its body.
+async fn receive(app: &App, headers: &HeaderMap, body: Incoming) -> Result<Bytes, Error> {
+    check_origin(app, headers)?;
+    check_content_type(headers)?;
+    read_body(app, headers, body).await
 }
 
 async fn read_body(app: &App, headers: &HeaderMap, body: Incoming) -> Result<Bytes, Error> {

@@ -336,6 +336,18 @@ fn invalid(message: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, message.to_owned())
 }
 
+/// Configured headers as raw `\r\nName: value` lines, for [`Request::extra`].
+pub fn raw_headers(headers: &[(http::HeaderName, http::HeaderValue)]) -> Vec<u8> {
+    let mut raw = Vec::new();
+    for (name, value) in headers {
+        raw.extend_from_slice(b"\r\n");
+        raw.extend_from_slice(name.as_str().as_bytes());
+        raw.extend_from_slice(b": ");
+        raw.extend_from_slice(value.as_bytes());
+    }
+    raw
+}
+
 /// Formats `n` in decimal into `buf` and returns the digits.
 fn itoa(mut n: usize, buf: &mut [u8; 20]) -> &[u8] {
     let mut i = buf.len();

@@ -98,13 +98,7 @@ impl Transport {
             let authority = authority.to_str().unwrap_or("localhost");
             Client::Http1(h1::Pool::new(address, authority, config.pool_max_idle, config.connect_timeout))
         };
-        let mut raw_headers = Vec::new();
-        for (name, value) in &config.headers {
-            raw_headers.extend_from_slice(b"\r\n");
-            raw_headers.extend_from_slice(name.as_str().as_bytes());
-            raw_headers.extend_from_slice(b": ");
-            raw_headers.extend_from_slice(value.as_bytes());
-        }
+        let raw_headers = h1::raw_headers(&config.headers);
         Transport {
             shared: Arc::new(Shared {
                 name,

@@ -17,7 +17,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::Uri;
-use serde_json::value::RawValue;
 use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind};
 use switchboard_protocol::{sse, Method};
 use tokio::sync::mpsc;
@@ -67,13 +66,7 @@ impl Transport {
         let host = config.url.host().unwrap_or("localhost");
         let port = config.url.port_u16().unwrap_or(80);
         let authority = config.url.authority().map_or("localhost", |a| a.as_str());
-        let mut raw_headers = Vec::new();
-        for (name, value) in &config.headers {
-            raw_headers.extend_from_slice(b"\r\n");
-            raw_headers.extend_from_slice(name.as_str().as_bytes());
-            raw_headers.extend_from_slice(b": ");
-            raw_headers.extend_from_slice(value.as_bytes());
-        }
+        let raw_headers = h1::raw_headers(&config.headers);
         Transport {
             shared: Arc::new(Shared {
                 name,
@@ -252,7 +245,7 @@ fn dispatch(connection: &Connection, inbox: &Arc<dyn Inbox>, shared: &Shared, me
             }
         }
         MessageKind::Notification if Method::from_name(env.method_str()) == Method::Progress => {
-            let token = env.params.and_then(progress_token).map(|t| t.get().to_owned());
+            let token = env.params.and_then(jsonrpc::progress_token).map(|t| t.get().to_owned());
             match token.and_then(|t| pending.values().find(|p| p.token.as_deref() == Some(&t)).map(|p| p.sink.clone()))
             {
                 Some(sink) => {
@@ -272,15 +265,6 @@ fn dispatch(connection: &Connection, inbox: &Arc<dyn Inbox>, shared: &Shared, me
             }
         }
     }
-}
-
-fn progress_token(params: &RawValue) -> Option<&RawValue> {
-    #[derive(serde::Deserialize)]
-    struct P<'a> {
-        #[serde(borrow, rename = "progressToken")]
-        progress_token: Option<&'a RawValue>,
-    }
-    serde_json::from_str::<P<'_>>(params.get()).ok()?.progress_token
 }
 
 /// One upstream session over legacy HTTP+SSE.

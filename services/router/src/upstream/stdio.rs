@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use serde_json::value::RawValue;
 use switchboard_protocol::jsonrpc::{self, as_str, span, Envelope, MessageKind, Target};
 use switchboard_protocol::rewrite::{splice, Edit};
 use switchboard_protocol::{ndjson, Method};
@@ -59,6 +58,9 @@ struct Pending {
     /// The request's progress token as the downstream wrote it.
     progress_token: Option<Box<str>>,
     sink: Sink,
+    /// Whether the server may send requests or notifications on its behalf
+    /// (a `tools/call` may; a list or the handshake may not).
+    may_cause: bool,
 }
 
 struct View {
@@ -176,7 +178,7 @@ impl Shared {
         match method {
             Method::Progress => {
                 let target = env.params.and_then(|p| Target::parse(p).ok());
-                let token_raw = env.params.and_then(|p| progress_token(p));
+                let token_raw = env.params.and_then(jsonrpc::progress_token);
                 let (Some(token_raw), Some(_)) = (token_raw, target) else { return };
                 let Ok(uid) = token_raw.get().parse::<u64>() else { return };
                 let pending = self.pending.lock().expect("lock");
@@ -237,11 +239,12 @@ impl Shared {
         }
         let target = {
             let pending = self.pending.lock().expect("lock");
-            let mut views = pending.values().map(|p| p.view).collect::<HashSet<_>>().into_iter();
+            let mut views =
+                pending.values().filter(|p| p.may_cause).map(|p| p.view).collect::<HashSet<_>>().into_iter();
             match (views.next(), views.next()) {
                 (Some(view), None) => pending
                     .iter()
-                    .filter(|(_, p)| p.view == view)
+                    .filter(|(_, p)| p.view == view && p.may_cause)
                     .max_by_key(|(uid, _)| **uid)
                     .map(|(uid, p)| (view, *uid, p.sink.clone())),
                 _ => None,
@@ -267,21 +270,12 @@ impl Shared {
     /// The sink of the only request in flight, if there is exactly one.
     fn sole_pending(&self) -> Option<Sink> {
         let pending = self.pending.lock().expect("lock");
-        if pending.len() == 1 {
-            pending.values().next().map(|p| p.sink.clone())
-        } else {
-            None
+        let mut causes = pending.values().filter(|p| p.may_cause);
+        match (causes.next(), causes.next()) {
+            (Some(p), None) => Some(p.sink.clone()),
+            _ => None,
         }
     }
-}
-
-fn progress_token(params: &RawValue) -> Option<&RawValue> {
-    #[derive(serde::Deserialize)]
-    struct P<'a> {
-        #[serde(borrow, rename = "progressToken")]
-        progress_token: Option<&'a RawValue>,
-    }
-    serde_json::from_str::<P<'_>>(params.get()).ok()?.progress_token
 }
 
 /// Starts, watches and restarts the child.
@@ -451,7 +445,7 @@ async fn initialize(shared: &Shared, stdin: &mpsc::UnboundedSender<Bytes>) -> Re
         .pending
         .lock()
         .expect("lock")
-        .insert(uid, Pending { view: 0, id: "0".into(), progress_token: None, sink: tx });
+        .insert(uid, Pending { view: 0, id: "0".into(), progress_token: None, sink: tx, may_cause: false });
     let hello = Hello::router();
     let request = jsonrpc::request(Some(uid.to_string().as_bytes()), "initialize", Some(&hello.params()));
     stdin.send(ndjson::encode(&request)).map_err(|_| UpstreamError::Closed)?;
@@ -503,11 +497,16 @@ impl super::Channel for Channel {
         }
         let line = ndjson::encode(&splice(body, &mut edits));
         let (tx, mut rx) = mpsc::unbounded_channel();
-        self.shared
-            .pending
-            .lock()
-            .expect("lock")
-            .insert(uid, Pending { view: self.view, id: original_id, progress_token, sink: tx });
+        self.shared.pending.lock().expect("lock").insert(
+            uid,
+            Pending {
+                view: self.view,
+                id: original_id,
+                progress_token,
+                sink: tx,
+                may_cause: out.method.may_cause_messages(),
+            },
+        );
         let guard = PendingGuard { shared: Arc::downgrade(&self.shared), uid };
         running.stdin.send(line).map_err(|_| UpstreamError::Closed)?;
         match rx.recv().await {
