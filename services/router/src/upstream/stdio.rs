@@ -15,8 +15,9 @@
 //! Messages a shared process sends outside any request cannot always be tied
 //! to one session: list changes go to every view (the catalog de-duplicates),
 //! resource updates to the views that subscribed, logging and server-to-client
-//! requests to the view with a request in flight when there is exactly one,
-//! and are otherwise dropped (logging) or refused (requests) and counted.
+//! requests to the one request in flight that could have caused them (a call,
+//! not a list or the router's own handshake) when there is exactly one, and
+//! are otherwise dropped (logging) or refused (requests) and counted.
 
 use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
@@ -267,7 +268,8 @@ impl Shared {
         }
     }
 
-    /// The sink of the only request in flight, if there is exactly one.
+    /// The sink of the only request in flight that could cause server
+    /// messages, if there is exactly one.
     fn sole_pending(&self) -> Option<Sink> {
         let pending = self.pending.lock().expect("lock");
         let mut causes = pending.values().filter(|p| p.may_cause);
