@@ -573,3 +573,30 @@ async fn an_upstream_that_polls_is_mirrored_and_the_client_resumes() {
     assert_eq!(text_of(&result), "Reconnection test completed successfully.");
     router.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_to_a_shared_stdio_upstream_are_counted_per_session() {
+    let (router, _web) = router_with_web_and_local().await;
+    let uri = "local+mock://local/hello";
+    let mut a = Client::new(&router.url);
+    a.initialize().await;
+    let mut b = Client::new(&router.url);
+    b.initialize().await;
+    let mut a_stream = a.open_stream().await;
+    let mut b_stream = b.open_stream().await;
+    assert_eq!(a.call("resources/subscribe", json!({"uri": uri})).await["result"], json!({}));
+    assert_eq!(b.call("resources/subscribe", json!({"uri": uri})).await["result"], json!({}));
+    // A leaves; the child must keep the subscription for B.
+    assert_eq!(a.call("resources/unsubscribe", json!({"uri": uri})).await["result"], json!({}));
+    let told = b.call_tool("local__touch", json!({"uri": "mock://local/hello"})).await;
+    assert_eq!(text_of(&told), "told 1 subscribers", "the child still has one subscriber: {told}");
+    let update = b_stream.next(Duration::from_secs(5)).await.expect("B hears the update");
+    assert_eq!(update["method"], "notifications/resources/updated");
+    assert_eq!(update["params"]["uri"], uri);
+    assert!(a_stream.next(Duration::from_millis(300)).await.is_none(), "A unsubscribed and hears nothing");
+    // B leaves too: now the child is told, and nobody hears the next touch.
+    b.call("resources/unsubscribe", json!({"uri": uri})).await;
+    let told = b.call_tool("local__touch", json!({"uri": "mock://local/hello"})).await;
+    assert_eq!(text_of(&told), "told 0 subscribers");
+    router.stop().await;
+}

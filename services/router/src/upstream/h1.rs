@@ -10,16 +10,19 @@
 //! where a general-purpose client spends much of its time on small messages.
 //!
 //! A connection goes back to the pool only after its response body was read to
-//! the end and the server did not ask to close it. A request on a reused
-//! connection that the server had already closed (it saw no byte of an answer)
-//! is retried once on a fresh connection.
+//! the end and the server did not ask to close it. Before reuse, a pooled
+//! connection is dropped if it idled past [`POOL_IDLE`] (shorter than the
+//! common 5 s server keep-alive) or if the server closed it or sent something
+//! unasked. A request is sent again, on a fresh connection, only when writing
+//! it to a reused connection failed: once written, it may have been acted on,
+//! so it is never repeated.
 //!
 //! This client speaks only what MCP servers need: `Content-Length` and
 //! chunked bodies, keep-alive, `Connection: close`. HTTP/2 upstreams use hyper.
 
 use std::io::{self, IoSlice};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -29,6 +32,8 @@ use tokio::net::TcpStream;
 const MAX_HEAD: usize = 64 << 10;
 /// Read buffer growth step.
 const READ_CHUNK: usize = 16 << 10;
+/// A pooled connection idle longer than this is not reused.
+pub const POOL_IDLE: Duration = Duration::from_secs(4);
 
 /// One upstream's connections.
 pub struct Pool {
@@ -46,6 +51,7 @@ pub struct Conn {
     io: TcpStream,
     read: BytesMut,
     head: Vec<u8>,
+    idle_since: Instant,
 }
 
 /// A request to send.
@@ -112,11 +118,18 @@ impl Pool {
         })
     }
 
+    /// An idle connection that is still usable, if there is one.
     fn checkout(&self) -> Option<Conn> {
-        self.idle.lock().expect("lock").pop()
+        loop {
+            let conn = self.idle.lock().expect("lock").pop()?;
+            if conn.idle_since.elapsed() < POOL_IDLE && conn.quiet() {
+                return Some(conn);
+            }
+        }
     }
 
-    fn checkin(&self, conn: Conn) {
+    fn checkin(&self, mut conn: Conn) {
+        conn.idle_since = Instant::now();
         let mut idle = self.idle.lock().expect("lock");
         if idle.len() < self.max_idle {
             idle.push(conn);
@@ -134,7 +147,12 @@ impl Pool {
             }
         };
         io.set_nodelay(true)?;
-        Ok(Conn { io, read: BytesMut::with_capacity(READ_CHUNK), head: Vec::with_capacity(512) })
+        Ok(Conn {
+            io,
+            read: BytesMut::with_capacity(READ_CHUNK),
+            head: Vec::with_capacity(512),
+            idle_since: Instant::now(),
+        })
     }
 
     /// Sends `req` and reads the response head. `want_session_id` copies the
@@ -162,8 +180,13 @@ impl Pool {
                         body,
                     });
                 }
-                Err(Exchange::Stale(_)) if reused && !retried => retried = true,
-                Err(Exchange::Stale(e)) | Err(Exchange::Failed(e)) => return Err(e),
+                // Nothing reached the server: safe to send again, on a new connection.
+                Err(Exchange::Unsent(_)) if reused && !retried => {
+                    retried = true;
+                    let conn = self.connect().await?;
+                    self.checkin(conn);
+                }
+                Err(Exchange::Unsent(e)) | Err(Exchange::Failed(e)) => return Err(e),
             }
         }
     }
@@ -178,8 +201,8 @@ struct Head {
 }
 
 enum Exchange {
-    /// The connection was closed before any byte of an answer: safe to retry.
-    Stale(io::Error),
+    /// Writing the request failed: the server has not seen it.
+    Unsent(io::Error),
     Failed(io::Error),
 }
 
@@ -191,7 +214,7 @@ impl Conn {
     async fn exchange(&mut self, host: &[u8], req: &Request<'_>, want_session_id: bool) -> Result<Head, Exchange> {
         self.write_request(host, req).await.map_err(|e| {
             if is_stale(&e) {
-                Exchange::Stale(e)
+                Exchange::Unsent(e)
             } else {
                 Exchange::Failed(e)
             }
@@ -243,8 +266,24 @@ impl Conn {
         self.io.read_buf(&mut self.read).await
     }
 
+    /// Whether an idle connection is still open and silent (without a syscall
+    /// unless the reactor saw it become readable).
+    fn quiet(&self) -> bool {
+        use futures_util::FutureExt;
+        if !self.read.is_empty() {
+            return false;
+        }
+        match self.io.ready(tokio::io::Interest::READABLE).now_or_never() {
+            None => true,
+            Some(Err(_)) => false,
+            // Readable while idle: closed (0 bytes) or unasked data; either way, unusable.
+            Some(Ok(_)) => {
+                matches!(self.io.try_read(&mut [0u8; 1]), Err(ref e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+        }
+    }
+
     async fn read_head(&mut self, want_session_id: bool) -> Result<Head, Exchange> {
-        let mut seen_any = !self.read.is_empty();
         loop {
             if !self.read.is_empty() {
                 let mut storage = [httparse::EMPTY_HEADER; 64];
@@ -269,17 +308,13 @@ impl Conn {
                 }
             }
             match self.fill().await {
-                Ok(0) if !seen_any => {
-                    return Err(Exchange::Stale(io::Error::new(
-                        io::ErrorKind::ConnectionReset,
+                Ok(0) => {
+                    return Err(Exchange::Failed(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
                         "closed before answering",
                     )))
                 }
-                Ok(0) => {
-                    return Err(Exchange::Failed(io::Error::new(io::ErrorKind::UnexpectedEof, "closed mid-answer")))
-                }
-                Ok(_) => seen_any = true,
-                Err(e) if !seen_any && is_stale(&e) => return Err(Exchange::Stale(e)),
+                Ok(_) => {}
                 Err(e) => return Err(Exchange::Failed(e)),
             }
         }
@@ -441,6 +476,9 @@ impl Body {
                                 return None;
                             }
                             continue;
+                        }
+                        if conn.read.len() > MAX_HEAD {
+                            return Some(Err(invalid("chunked trailers too large")));
                         }
                     }
                 },
@@ -604,18 +642,46 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_stale_pooled_connection_is_retried_on_a_fresh_one() {
+    async fn a_request_the_server_saw_is_never_sent_twice() {
         let (addr, connections) = canned(vec![
             b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
-            b"", // the server closes this connection instead of answering
+            b"", // the server reads this request, then closes without answering
             b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nagain",
         ])
         .await;
         let pool = Pool::new(addr.clone(), &addr, 4, Duration::from_secs(1));
         assert_eq!(&pool.send(&post(b"1"), false).await.unwrap().body.collect(64).await.unwrap()[..], b"ok");
-        let retried = pool.send(&post(b"2"), false).await.unwrap();
-        assert_eq!(&retried.body.collect(64).await.unwrap()[..], b"again");
+        assert!(pool.send(&post(b"2"), false).await.is_err(), "it may have been acted on: not repeated");
+        assert_eq!(&pool.send(&post(b"3"), false).await.unwrap().body.collect(64).await.unwrap()[..], b"again");
         assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn pooled_connections_the_server_closed_are_not_reused() {
+        // The server answers once per connection, then closes it.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut io, _) = listener.accept().await.unwrap();
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let _ = io.read(&mut buf).await;
+                    let _ = io.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await;
+                    // Keep-alive was promised, but the server closes anyway.
+                });
+            }
+        });
+        let pool = Pool::new(addr.clone(), &addr, 4, Duration::from_secs(1));
+        for _ in 0..3 {
+            let answer = pool.send(&post(b"x"), false).await.unwrap().body.collect(64).await.unwrap();
+            assert_eq!(&answer[..], b"ok");
+            tokio::time::sleep(Duration::from_millis(50)).await; // let the close arrive
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3, "each closed connection was replaced");
     }
 
     #[tokio::test]
@@ -631,9 +697,6 @@ mod tests {
         drop(pool.send(&post(b"2"), false).await.unwrap()); // body never read
         pool.send(&post(b"3"), false).await.unwrap().body.collect(64).await.unwrap();
         assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 3, "neither of the first two was reused");
-        // The third was pooled; the server closes it unanswered: one retry on a fresh connection, which fails too.
-        assert!(pool.send(&post(b"4"), false).await.is_err());
-        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 4);
     }
 
     #[test]

@@ -422,29 +422,32 @@ impl super::Channel for Channel {
             if status.is_success() && status != StatusCode::ACCEPTED {
                 return self.shared.read_reply(resp, Some(&state)).await;
             }
-            if (status == StatusCode::NOT_FOUND || status == StatusCode::BAD_REQUEST) && state.sid.is_some() && !retried
-            {
-                drain(resp).await;
+            if status == StatusCode::ACCEPTED {
+                return Err(UpstreamError::Protocol("it answered a request with 202 Accepted".into()));
+            }
+            let error = status_error(resp).await;
+            if session_lost(status, &error) && state.sid.is_some() && !retried {
                 self.reinitialize(&state).await?;
                 retried = true;
                 continue;
             }
-            if status == StatusCode::ACCEPTED {
-                return Err(UpstreamError::Protocol("it answered a request with 202 Accepted".into()));
-            }
-            return Err(status_error(resp).await);
+            return Err(error);
         }
     }
 
     async fn send(&self, message: Bytes) -> Result<(), UpstreamError> {
-        let state = self.state();
-        let resp = self.shared.post(message, Some(&state)).await?;
-        if resp.status.is_success() {
-            drain(resp).await;
-            Ok(())
-        } else {
-            Err(status_error(resp).await)
-        }
+        let limit = self.shared.handshake_timeout;
+        let work = async {
+            let state = self.state();
+            let resp = self.shared.post(message, Some(&state)).await?;
+            if resp.status.is_success() {
+                drain(resp).await;
+                Ok(())
+            } else {
+                Err(status_error(resp).await)
+            }
+        };
+        tokio::time::timeout(limit, work).await.unwrap_or(Err(UpstreamError::Timeout(limit)))
     }
 
     fn listen(&self) {
@@ -469,10 +472,24 @@ impl super::Channel for Channel {
         if state.sid.is_none() {
             return;
         }
-        let delete = self.shared.send(Method::DELETE, Bytes::new(), Some(&state), None, false);
-        if let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(2), delete).await {
-            drain(resp).await;
+        let delete = async {
+            if let Ok(resp) = self.shared.send(Method::DELETE, Bytes::new(), Some(&state), None, false).await {
+                drain(resp).await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), delete).await;
+    }
+}
+
+/// Whether an error answer means the upstream no longer knows our session:
+/// 404 (the spec's answer), or 400 about the session (what some servers send).
+fn session_lost(status: StatusCode, error: &UpstreamError) -> bool {
+    match (status, error) {
+        (StatusCode::NOT_FOUND, _) => true,
+        (StatusCode::BAD_REQUEST, UpstreamError::Status { detail, .. }) => {
+            detail.to_ascii_lowercase().contains("session")
         }
+        _ => false,
     }
 }
 
@@ -491,27 +508,45 @@ async fn listen_loop(channel: Weak<Channel>) {
         drop(me);
         match shared.get(&state, last_event_id.as_deref()).await {
             Ok(resp) if resp.status == StatusCode::METHOD_NOT_ALLOWED => return,
+            // Not an event stream: the server offers none.
+            Ok(resp) if resp.status.is_success() && !resp.event_stream => return,
             Ok(resp) if resp.status.is_success() => {
-                pause = Duration::from_millis(250);
                 let mut stream = SseStream::new(resp.body, None);
+                let mut delivered = false;
                 while let Some(message) = stream.next().await {
                     match message {
-                        Ok(message) => inbox.deliver(message),
+                        Ok(message) => {
+                            delivered = true;
+                            inbox.deliver(message);
+                        }
                         Err(_) => break,
                     }
                 }
                 if stream.last_event_id.is_some() {
                     last_event_id = stream.last_event_id.take();
                 }
-                if let Some(retry) = stream.retry {
-                    pause = retry.min(Duration::from_secs(30));
-                }
+                pause = match stream.retry {
+                    Some(retry) => retry.clamp(Duration::from_millis(100), Duration::from_secs(30)),
+                    None if delivered => Duration::from_millis(250),
+                    // Ended without a message: back off, so a server that
+                    // closes at once is not asked again and again.
+                    None => (pause * 2).min(Duration::from_secs(30)),
+                };
             }
             Ok(resp) => {
-                // The session may have expired; the next request re-initialises it.
-                drain(resp).await;
+                let status = resp.status;
+                let error = status_error(resp).await;
                 last_event_id = None;
                 pause = (pause * 2).min(Duration::from_secs(30));
+                // The upstream forgot the session (it restarted): initialise
+                // again now, or a control channel would never hear of changes.
+                if session_lost(status, &error) {
+                    if let Some(me) = channel.upgrade() {
+                        if me.reinitialize(&state).await.is_ok() {
+                            pause = Duration::from_millis(50);
+                        }
+                    }
+                }
             }
             Err(_) => pause = (pause * 2).min(Duration::from_secs(30)),
         }

@@ -50,7 +50,7 @@ struct Pending {
     sink: Sink,
 }
 
-/// One GET stream and what depends on it.
+/// One GET stream and what depends on it. Dropping it stops its reader.
 struct Connection {
     /// Where to POST (path and query).
     endpoint: String,
@@ -213,13 +213,25 @@ async fn read(
     inbox: Arc<dyn Inbox>,
     shared: Arc<Shared>,
 ) {
-    loop {
-        while let Ok(Some(event)) = decoder.next_event() {
-            if event.data.is_empty() || !event.is_message() {
-                continue;
+    'stream: loop {
+        loop {
+            match decoder.next_event() {
+                Ok(Some(event)) => {
+                    if event.data.is_empty() || !event.is_message() {
+                        continue;
+                    }
+                    let Some(connection) = connection.upgrade() else { return };
+                    dispatch(&connection, &inbox, &shared, event.data);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(upstream = %shared.name, error = %e, "legacy SSE stream refused");
+                    break 'stream;
+                }
             }
-            let Some(connection) = connection.upgrade() else { return };
-            dispatch(&connection, &inbox, &shared, event.data);
+        }
+        if connection.strong_count() == 0 {
+            return;
         }
         match body.chunk().await {
             Some(Ok(data)) => decoder.push(&data),
@@ -227,8 +239,17 @@ async fn read(
         }
     }
     if let Some(connection) = connection.upgrade() {
+        let mut pending = connection.pending.lock().expect("lock");
         connection.alive.store(false, Ordering::SeqCst);
-        connection.pending.lock().expect("lock").clear();
+        pending.clear();
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Some(reader) = self.reader.lock().expect("lock").take() {
+            reader.abort();
+        }
     }
 }
 
@@ -317,7 +338,14 @@ impl super::Channel for Channel {
         let id: Box<str> = String::from_utf8_lossy(&out.body[out.id.clone()]).into();
         let token = out.progress_token.clone().map(|r| String::from_utf8_lossy(&out.body[r]).into());
         let (tx, mut rx) = mpsc::unbounded_channel();
-        connection.pending.lock().expect("lock").insert(id.clone(), Pending { token, sink: tx });
+        {
+            let mut pending = connection.pending.lock().expect("lock");
+            // The reader clears `pending` when the stream ends; don't wait on a dead one.
+            if !connection.alive.load(Ordering::SeqCst) {
+                return Err(UpstreamError::Closed);
+            }
+            pending.insert(id.clone(), Pending { token, sink: tx });
+        }
         let guard = PendingGuard { connection: Arc::downgrade(&connection), id };
         self.shared.post(&connection.endpoint, &out.body).await?;
         match rx.recv().await {
@@ -328,8 +356,12 @@ impl super::Channel for Channel {
     }
 
     async fn send(&self, message: Bytes) -> Result<(), UpstreamError> {
-        let connection = self.live().await?;
-        self.shared.post(&connection.endpoint, &message).await
+        let limit = self.shared.handshake_timeout;
+        let work = async {
+            let connection = self.live().await?;
+            self.shared.post(&connection.endpoint, &message).await
+        };
+        tokio::time::timeout(limit, work).await.unwrap_or(Err(UpstreamError::Timeout(limit)))
     }
 
     fn listen(&self) {}
@@ -345,6 +377,7 @@ impl super::Channel for Channel {
         if let Some(reader) = reader {
             reader.abort();
         }
+        connection.pending.lock().expect("lock").clear();
     }
 }
 

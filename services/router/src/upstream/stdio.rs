@@ -12,6 +12,10 @@
 //! and on shutdown closes its stdin, then sends SIGTERM, then SIGKILL. The
 //! child's stderr is its log, forwarded to ours line by line.
 //!
+//! Subscriptions are counted across views: the child hears the first
+//! `resources/subscribe` of a URI and the last `resources/unsubscribe` (also
+//! when a session ends); the others are answered here.
+//!
 //! Messages a shared process sends outside any request cannot always be tied
 //! to one session: list changes go to every view (the catalog de-duplicates),
 //! resource updates to the views that subscribed, logging and server-to-client
@@ -85,6 +89,9 @@ struct Shared {
     /// Server-to-client request id → the view it went to and the request it
     /// was relayed with (for cancellations).
     asked: Mutex<HashMap<Box<str>, (u64, u64)>>,
+    /// How many views are subscribed to each URI: the child hears the first
+    /// subscribe and the last unsubscribe only.
+    subscribers: Mutex<HashMap<String, usize>>,
     running: watch::Sender<Option<Arc<Running>>>,
     last_error: Mutex<String>,
     stop: Notify,
@@ -103,6 +110,7 @@ impl Transport {
             pending: Mutex::new(HashMap::new()),
             views: Mutex::new(HashMap::new()),
             asked: Mutex::new(HashMap::new()),
+            subscribers: Mutex::new(HashMap::new()),
             running,
             last_error: Mutex::new("starting".into()),
             stop: Notify::new(),
@@ -359,7 +367,11 @@ async fn run(shared: &Arc<Shared>, mut child: Child) {
             let mut chunk = vec![0u8; 64 * 1024];
             loop {
                 let n = match stdout.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return,
+                    Ok(0) | Err(_) => {
+                        // stdout closed: nothing in flight can be answered.
+                        shared.fail_all_pending();
+                        return;
+                    }
                     Ok(n) => n,
                 };
                 decoder.push(&chunk[..n]);
@@ -476,7 +488,7 @@ struct Channel {
 
 impl Drop for Channel {
     fn drop(&mut self) {
-        self.shared.views.lock().expect("lock").remove(&self.view);
+        self.leave();
     }
 }
 
@@ -494,8 +506,15 @@ impl super::Channel for Channel {
             edits.push(Edit::new(range, uid_text.as_bytes()));
             original
         });
-        if matches!(out.method, Method::ResourcesSubscribe | Method::ResourcesUnsubscribe) {
-            self.track_subscription(&out);
+        if matches!(out.method, Method::ResourcesSubscribe | Method::ResourcesUnsubscribe)
+            && !self.track_subscription(&out)
+        {
+            // Another session keeps (or already holds) the child's subscription: answer here.
+            return Ok(Reply::Done(jsonrpc::result_response(
+                &serde_json::value::RawValue::from_string(original_id.into())
+                    .map_err(|e| UpstreamError::Protocol(e.to_string()))?,
+                b"{}",
+            )));
         }
         let line = ndjson::encode(&splice(body, &mut edits));
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -543,22 +562,66 @@ impl super::Channel for Channel {
     }
 
     async fn close(&self) {
-        self.shared.views.lock().expect("lock").remove(&self.view);
+        self.leave();
     }
 }
 
 impl Channel {
-    fn track_subscription(&self, out: &Outgoing) {
+    /// Records a subscribe or unsubscribe of this view; returns whether the
+    /// child must hear it (the first subscriber, or the last to leave).
+    fn track_subscription(&self, out: &Outgoing) -> bool {
         let uri = Envelope::parse(&out.body).ok().and_then(|env| {
             env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.uri.and_then(as_str).map(|u| u.into_owned()))
         });
-        let Some(uri) = uri else { return };
-        if let Some(view) = self.shared.views.lock().expect("lock").get_mut(&self.view) {
-            if out.method == Method::ResourcesSubscribe {
-                view.subscriptions.insert(uri);
-            } else {
-                view.subscriptions.remove(&uri);
+        let Some(uri) = uri else { return true };
+        let mut views = self.shared.views.lock().expect("lock");
+        let Some(view) = views.get_mut(&self.view) else { return true };
+        let mut subscribers = self.shared.subscribers.lock().expect("lock");
+        if out.method == Method::ResourcesSubscribe {
+            if !view.subscriptions.insert(uri.clone()) {
+                return false;
             }
+            let count = subscribers.entry(uri).or_default();
+            *count += 1;
+            *count == 1
+        } else {
+            if !view.subscriptions.remove(&uri) {
+                return false;
+            }
+            let count = subscribers.entry(uri.clone()).or_default();
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                subscribers.remove(&uri);
+                true
+            } else {
+                false
+            }
+        }
+    }
+
+    /// Removes this view; subscriptions only it held are ended in the child.
+    fn leave(&self) {
+        let Some(view) = self.shared.views.lock().expect("lock").remove(&self.view) else { return };
+        let mut ended = Vec::new();
+        {
+            let mut subscribers = self.shared.subscribers.lock().expect("lock");
+            for uri in view.subscriptions {
+                if let Some(count) = subscribers.get_mut(&uri) {
+                    *count -= 1;
+                    if *count == 0 {
+                        subscribers.remove(&uri);
+                        ended.push(uri);
+                    }
+                }
+            }
+        }
+        let stdin = self.shared.running.borrow().as_ref().map(|r| r.stdin.clone());
+        let Some(stdin) = stdin else { return };
+        for uri in ended {
+            let uid = self.shared.next_id.fetch_add(1, Ordering::Relaxed).to_string();
+            let params = serde_json::to_vec(&serde_json::json!({ "uri": uri })).expect("serializable");
+            let request = jsonrpc::request(Some(uid.as_bytes()), "resources/unsubscribe", Some(&params));
+            let _ = stdin.send(ndjson::encode(&request));
         }
     }
 
@@ -582,9 +645,18 @@ struct PendingGuard {
 }
 
 impl Drop for PendingGuard {
+    /// A request abandoned before its answer (the caller timed out or went
+    /// away) is cancelled in the child, under the id the child knows.
     fn drop(&mut self) {
-        if let Some(shared) = self.shared.upgrade() {
-            shared.pending.lock().expect("lock").remove(&self.uid);
+        let Some(shared) = self.shared.upgrade() else { return };
+        if shared.pending.lock().expect("lock").remove(&self.uid).is_none() {
+            return;
+        }
+        let params = format!(r#"{{"requestId":{},"reason":"the caller stopped waiting"}}"#, self.uid);
+        let note = jsonrpc::request(None, "notifications/cancelled", Some(params.as_bytes()));
+        let stdin = shared.running.borrow().as_ref().map(|r| r.stdin.clone());
+        if let Some(stdin) = stdin {
+            let _ = stdin.send(ndjson::encode(&note));
         }
     }
 }
