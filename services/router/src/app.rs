@@ -20,6 +20,12 @@ use crate::metrics::Metrics;
 use crate::session::{Session, Sessions};
 use crate::upstream::{self, Inbox, Upstream};
 
+/// A number for the router's own requests to upstreams, unique in this process.
+pub fn next_request_number() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 /// Everything a request handler needs.
 pub struct App {
     pub config: Config,
@@ -54,11 +60,18 @@ impl App {
             })
             .collect();
         Arc::new_cyclic(|me: &Weak<App>| {
-            let me = me.clone();
-            let inbox =
-                Box::new(move |u: usize| -> Arc<dyn Inbox> { Arc::new(ControlInbox { app: me.clone(), upstream: u }) });
+            let for_inbox = me.clone();
+            let inbox = Box::new(move |u: usize| -> Arc<dyn Inbox> {
+                Arc::new(ControlInbox { app: for_inbox.clone(), upstream: u })
+            });
+            let for_announce = me.clone();
+            let announce = Box::new(move |kind: ListKind| {
+                if let Some(app) = for_announce.upgrade() {
+                    app.announce(kind);
+                }
+            });
             App {
-                catalog: Catalog::new(upstreams.clone(), config.catalog.clone(), metrics.clone(), inbox),
+                catalog: Catalog::new(upstreams.clone(), config.catalog.clone(), metrics.clone(), inbox, announce),
                 config,
                 upstreams,
                 sessions: Sessions::default(),
@@ -142,10 +155,15 @@ impl App {
     /// seen it, tell every session once.
     pub fn list_changed(&self, u: usize, kind: ListKind) {
         if self.catalog.invalidate(u, kind) {
-            let note = jsonrpc::request(None, kind.changed_notification(), None);
-            for session in self.sessions.all() {
-                session.push(note.clone());
-            }
+            self.announce(kind);
+        }
+    }
+
+    /// Tells every session that a list changed.
+    fn announce(&self, kind: ListKind) {
+        let note = jsonrpc::request(None, kind.changed_notification(), None);
+        for session in self.sessions.all() {
+            session.push(note.clone());
         }
     }
 
@@ -178,7 +196,7 @@ impl App {
                 }
                 if method == Method::Cancelled {
                     let theirs = env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.request_id)?;
-                    let ours = session.asked_as(u, theirs.get())?.to_string();
+                    let ours = session.asked_cancelled(u, theirs.get())?.to_string();
                     return Some(splice(message, &mut [Edit::new(span(message, theirs.get()), ours.as_bytes())]));
                 }
                 Some(message.clone())

@@ -430,10 +430,14 @@ impl RawConfig {
             if !prefix.is_empty() {
                 if !valid_name(&prefix) {
                     bad(key("prefix"), format!("must be empty or 1 to 48 of {NAME_CHARS}"));
-                } else if !prefixes.insert(prefix.to_ascii_lowercase()) {
+                } else if !prefixes.insert(crate::catalog::naming::scheme_prefix(&prefix)) {
                     bad(
                         key("prefix"),
-                        format!("{prefix:?} is used by another upstream (prefixes are compared ignoring case)"),
+                        format!(
+                            "{prefix:?} is too close to another upstream's prefix: resource URIs would share the \
+                             scheme prefix {:?} (prefixes are compared ignoring case, with '_' as '-')",
+                            crate::catalog::naming::scheme_prefix(&prefix)
+                        ),
                     );
                 }
             }
@@ -694,6 +698,9 @@ mod tests {
         assert!(Config::from_toml(&base("", "")).is_ok());
         assert!(Config::from_toml(&base("x", "y")).is_ok());
         assert_eq!(problems(&base("x", "X"))[0].0, "upstreams[1].prefix");
+        // my_db and my-db would both namespace resource URIs as my-db+...
+        assert_eq!(problems(&base("my_db", "my-db"))[0].0, "upstreams[1].prefix");
+        assert_eq!(problems(&base("9x", "u9x"))[0].0, "upstreams[1].prefix");
     }
 
     #[test]

@@ -87,7 +87,9 @@ impl Error {
             Error::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Error::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Error::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
-            Error::UnknownSession | Error::UnknownStream => StatusCode::NOT_FOUND,
+            // Not 404: that would tell the client its session is gone.
+            Error::UnknownStream => StatusCode::BAD_REQUEST,
+            Error::UnknownSession => StatusCode::NOT_FOUND,
             Error::TooManySessions(_) | Error::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::OK,
         }

@@ -43,6 +43,8 @@ struct State {
     cuts: u64,
     /// The highest sequence number a reader has sent.
     delivered: Option<u64>,
+    /// Readers running now.
+    readers: usize,
 }
 
 impl Log {
@@ -57,6 +59,7 @@ impl Log {
                 closed: false,
                 cuts: 0,
                 delivered: None,
+                readers: 0,
             }),
             changed: Notify::new(),
         })
@@ -105,6 +108,17 @@ impl Log {
         self.changed.notify_waiters();
     }
 
+    /// Closed, with every event sent to a client: nothing left to replay.
+    pub fn finished(&self) -> bool {
+        let state = self.state.lock().expect("lock");
+        state.closed && state.delivered.map_or(state.next == 0, |d| d + 1 >= state.next)
+    }
+
+    /// Whether a reader is sending this log to a client now.
+    pub fn has_readers(&self) -> bool {
+        self.state.lock().expect("lock").readers > 0
+    }
+
     /// Where a new reader without `Last-Event-ID` starts: after everything a
     /// reader already sent.
     pub fn undelivered(&self) -> Option<u64> {
@@ -115,8 +129,17 @@ impl Log {
     /// the log closes or is cut, or the receiver goes away. Spawn the future
     /// it returns; it belongs to the cuts made after this call.
     pub fn reader(self: Arc<Self>, after: Option<u64>, tx: mpsc::Sender<Bytes>) -> impl Future<Output = ()> + Send {
-        let cuts = self.state.lock().expect("lock").cuts;
-        self.read(cuts, after, tx)
+        let cuts = {
+            let mut state = self.state.lock().expect("lock");
+            state.readers += 1;
+            state.cuts
+        };
+        let counted = ReaderCount(self.clone());
+        async move {
+            let log = counted.0.clone();
+            log.read(cuts, after, tx).await;
+            drop(counted);
+        }
     }
 
     async fn read(self: Arc<Self>, cuts: u64, mut after: Option<u64>, tx: mpsc::Sender<Bytes>) {
@@ -146,6 +169,15 @@ impl Log {
                 () = tx.closed() => return,
             }
         }
+    }
+}
+
+/// Counts a reader from its creation to its end, however it ends.
+struct ReaderCount(Arc<Log>);
+
+impl Drop for ReaderCount {
+    fn drop(&mut self) {
+        self.0.state.lock().expect("lock").readers -= 1;
     }
 }
 

@@ -28,11 +28,13 @@ pub enum Outcome {
     UpstreamFailed,
     /// The upstream did not answer in time.
     Timeout,
+    /// The client went away before a JSON answer (the request is cancelled upstream).
+    Abandoned,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 5] =
-        [Outcome::Ok, Outcome::Error, Outcome::Rejected, Outcome::UpstreamFailed, Outcome::Timeout];
+    const ALL: [Outcome; 6] =
+        [Outcome::Ok, Outcome::Error, Outcome::Rejected, Outcome::UpstreamFailed, Outcome::Timeout, Outcome::Abandoned];
 
     fn label(self) -> &'static str {
         match self {
@@ -41,13 +43,14 @@ impl Outcome {
             Outcome::Rejected => "rejected",
             Outcome::UpstreamFailed => "upstream_failed",
             Outcome::Timeout => "timeout",
+            Outcome::Abandoned => "abandoned",
         }
     }
 }
 
 /// Counters and a latency histogram for one (method, upstream) pair.
 pub struct RequestHandles {
-    outcomes: [IntCounter; 5],
+    outcomes: [IntCounter; 6],
     duration: Histogram,
 }
 

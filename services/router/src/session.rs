@@ -36,6 +36,8 @@ use crate::upstream::{Channel, Hello, Inbox};
 const STREAM_BUFFER: usize = 64;
 /// Request streams kept for resumption.
 const KEPT_STREAMS: usize = 32;
+/// Unanswered server-to-client requests remembered per session.
+pub const MAX_ASKED: usize = 1024;
 
 /// One client session.
 pub struct Session {
@@ -45,6 +47,9 @@ pub struct Session {
     pub version: ProtocolVersion,
     /// What the client declared in `initialize`.
     pub capabilities: Arc<RawValue>,
+    /// A legacy HTTP+SSE session: its answers travel on stream 0, which the
+    /// client cannot resume.
+    pub legacy: bool,
     channels: Box<[OnceCell<Arc<dyn Channel>>]>,
     asked: Mutex<HashMap<u64, (usize, Box<str>)>>,
     next_asked: AtomicU64,
@@ -68,12 +73,23 @@ pub struct Session {
 impl Session {
     /// A new session with a fresh random id.
     pub fn new(version: ProtocolVersion, capabilities: Arc<RawValue>, upstreams: usize, epoch: Instant) -> Arc<Self> {
-        Self::with_id(new_session_id(), version, capabilities, upstreams, epoch)
+        Self::build(new_session_id(), false, version, capabilities, upstreams, epoch)
     }
 
-    /// A new session with a given id (a legacy HTTP+SSE connection's).
-    pub fn with_id(
+    /// A legacy HTTP+SSE session, named by its connection's id.
+    pub fn legacy(
         id: Arc<str>,
+        version: ProtocolVersion,
+        capabilities: Arc<RawValue>,
+        upstreams: usize,
+        epoch: Instant,
+    ) -> Arc<Self> {
+        Self::build(id, true, version, capabilities, upstreams, epoch)
+    }
+
+    fn build(
+        id: Arc<str>,
+        legacy: bool,
         version: ProtocolVersion,
         capabilities: Arc<RawValue>,
         upstreams: usize,
@@ -81,6 +97,7 @@ impl Session {
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| Session {
             id,
+            legacy,
             version,
             capabilities,
             channels: (0..upstreams).map(|_| OnceCell::new()).collect(),
@@ -107,6 +124,12 @@ impl Session {
     pub fn idle(&self) -> Duration {
         let now = self.epoch.elapsed().as_millis() as u64;
         Duration::from_millis(now.saturating_sub(self.last_used.load(Ordering::Relaxed)))
+    }
+
+    /// Whether the session is in use even without new requests: a request
+    /// in flight, or a client reading its GET stream.
+    pub fn busy(&self) -> bool {
+        !self.inflight.lock().expect("lock").is_empty() || self.standalone.has_readers()
     }
 
     /// The channel to upstream `u`, opened on first use with this client's
@@ -166,6 +189,8 @@ impl Session {
     pub fn new_stream(&self) -> Arc<Log> {
         let log = Log::new(self.next_stream.fetch_add(1, Ordering::Relaxed));
         let mut streams = self.streams.lock().expect("lock");
+        // A stream whose every event reached the client needs no replay.
+        streams.retain(|l| !l.finished());
         streams.push_back(log.clone());
         while streams.len() > KEPT_STREAMS {
             streams.pop_front();
@@ -202,11 +227,20 @@ impl Session {
     }
 
     /// Registers a server-to-client request from upstream `u` and returns it
-    /// with an id of the router's, unique in this session.
+    /// with an id of the router's, unique in this session. At most
+    /// [`MAX_ASKED`] unanswered requests are remembered; the oldest go first.
     pub fn ask(&self, u: usize, env: &Envelope<'_>, message: &[u8]) -> Bytes {
         let their_id = env.id.expect("a request has an id");
         let ours = self.next_asked.fetch_add(1, Ordering::Relaxed);
-        self.asked.lock().expect("lock").insert(ours, (u, their_id.get().into()));
+        {
+            let mut asked = self.asked.lock().expect("lock");
+            asked.insert(ours, (u, their_id.get().into()));
+            if asked.len() > MAX_ASKED {
+                if let Some(oldest) = asked.keys().min().copied() {
+                    asked.remove(&oldest);
+                }
+            }
+        }
         let ours = ours.to_string();
         splice(message, &mut [Edit::new(span(message, their_id.get()), ours.as_bytes())])
     }
@@ -217,14 +251,13 @@ impl Session {
         self.asked.lock().expect("lock").remove(&ours)
     }
 
-    /// Our id for a relayed request, given the upstream's id (for its cancellations).
-    pub fn asked_as(&self, u: usize, their_id: &str) -> Option<u64> {
-        self.asked
-            .lock()
-            .expect("lock")
-            .iter()
-            .find(|(_, (up, id))| *up == u && **id == *their_id)
-            .map(|(ours, _)| *ours)
+    /// Our id for a relayed request the upstream cancelled (given its id); the
+    /// request is forgotten, as no answer will be taken.
+    pub fn asked_cancelled(&self, u: usize, their_id: &str) -> Option<u64> {
+        let mut asked = self.asked.lock().expect("lock");
+        let ours = asked.iter().find(|(_, (up, id))| *up == u && **id == *their_id).map(|(ours, _)| *ours)?;
+        asked.remove(&ours);
+        Some(ours)
     }
 
     /// Notes a request in flight to upstream `u`.
@@ -256,12 +289,12 @@ impl Session {
         }
     }
 
-    /// Ends the responses reading the session's streams (the client may
-    /// reconnect, here or elsewhere).
+    /// Ends the response reading the session's GET stream (the client may
+    /// reconnect, here or elsewhere). Answers in flight go on; a legacy
+    /// session's only stream carries its answers, so it is left alone.
     pub fn close_stream(&self) {
-        self.standalone.cut();
-        for log in self.streams.lock().expect("lock").iter() {
-            log.cut();
+        if !self.legacy {
+            self.standalone.cut();
         }
     }
 }
@@ -349,7 +382,7 @@ impl Sessions {
         for shard in &self.shards {
             let mut shard = shard.write().expect("lock");
             shard.retain(|_, s| {
-                if s.idle() > idle {
+                if s.idle() > idle && !s.busy() {
                     expired.push(s.clone());
                     false
                 } else {
@@ -389,10 +422,12 @@ mod tests {
         let id1 = Envelope::parse(&first).unwrap().id.unwrap().get().to_owned();
         let id2 = Envelope::parse(&second).unwrap().id.unwrap().get().to_owned();
         assert_ne!(id1, id2, "two upstreams using id 1 must not collide");
-        assert_eq!(s.asked_as(1, "1").map(|n| n.to_string()), Some(id2.clone()));
-        let raw = RawValue::from_string(id2).unwrap();
+        let raw = RawValue::from_string(id2.clone()).unwrap();
         assert_eq!(s.answered(&raw), Some((1, "1".into())));
         assert_eq!(s.answered(&raw), None, "an answer is routed once");
+        // An upstream cancelling its request: mapped, then forgotten.
+        assert_eq!(s.asked_cancelled(0, "1").map(|n| n.to_string()), Some(id1));
+        assert_eq!(s.asked_cancelled(0, "1"), None);
     }
 
     #[tokio::test]

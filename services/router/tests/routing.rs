@@ -423,6 +423,34 @@ async fn an_upstream_that_does_not_answer_in_time_gets_a_clear_error() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_has_its_request_cancelled_upstream() {
+    let web = MockServer::start(mock_named("web")).await;
+    let router = Router::start(&config(&http_upstream("web", &web.url, ""))).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    let caller = client.clone();
+    let call = tokio::spawn(async move {
+        caller
+            .post(json!({"jsonrpc": "2.0", "id": "gone", "method": "tools/call",
+                "params": {"name": "web__sleep", "arguments": {"ms": 10000}}}))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Dropping the request closes its connection before any answer.
+    call.abort();
+    let _ = call.await;
+    assert!(
+        eventually(Duration::from_secs(5), || async { web.mock.cancelled().contains(&"\"gone\"".to_owned()) }).await,
+        "{:?}",
+        web.mock.cancelled()
+    );
+    assert_eq!(router.metric("switchboard_requests_total", &["upstream=\"web\"", "outcome=\"abandoned\""]).await, 1.0);
+    // The router and the session carry on.
+    assert_eq!(text_of(&client.call_tool("web__echo", json!({"still": "here"})).await), r#"{"still":"here"}"#);
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn colliding_names_are_reported_and_the_first_upstream_wins() {
     let first = MockServer::start(mock_named("first")).await;
     let second = MockServer::start(mock_named("second")).await;
@@ -546,9 +574,10 @@ async fn a_client_that_loses_a_stream_resumes_it_with_last_event_id() {
     assert_eq!(progress, [2, 3, 4], "nothing lost, nothing repeated: {rest:?}");
     assert_eq!(text_of(rest.last().unwrap()), "done after 4 steps");
 
-    // A stream the session never had is a 404.
+    // A stream the session never had (or no longer keeps) is a 400, not a
+    // 404, which would tell the client its whole session is gone.
     let (status, _) = client.resume_stream(Some("999-0")).await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(status, StatusCode::BAD_REQUEST);
     router.stop().await;
 }
 

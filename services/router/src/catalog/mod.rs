@@ -160,6 +160,11 @@ struct ListState {
     items: Option<Arc<Vec<Map<String, Value>>>>,
     fresh: bool,
     failed_at: Option<Instant>,
+    /// A fetch is under way.
+    fetching: bool,
+    /// Bumped by every `list_changed`; a fetch that started before one is
+    /// not fresh when it ends.
+    changes: u64,
 }
 
 #[derive(Default)]
@@ -171,6 +176,9 @@ struct UpstreamState {
 
 /// Builds the inbox for an upstream's control channel.
 pub type InboxFactory = Box<dyn Fn(usize) -> Arc<dyn Inbox> + Send + Sync>;
+
+/// Tells clients that a list changed (an upstream was left out or came back).
+pub type Announce = Box<dyn Fn(ListKind) + Send + Sync>;
 
 /// The catalog of every upstream.
 pub struct Catalog {
@@ -185,6 +193,7 @@ pub struct Catalog {
     scheme_index: HashMap<String, usize>,
     unprefixed: Vec<usize>,
     inbox: InboxFactory,
+    announce: Announce,
 }
 
 impl Catalog {
@@ -194,6 +203,7 @@ impl Catalog {
         config: CatalogConfig,
         metrics: Arc<Metrics>,
         inbox: InboxFactory,
+        announce: Announce,
     ) -> Self {
         let scheme_prefixes: Vec<String> = upstreams.iter().map(|u| naming::scheme_prefix(&u.config.prefix)).collect();
         let scheme_index =
@@ -211,6 +221,7 @@ impl Catalog {
             scheme_index,
             unprefixed,
             inbox,
+            announce,
         }
     }
 
@@ -230,20 +241,40 @@ impl Catalog {
         if wanted.is_empty() {
             return self.snapshot.load_full();
         }
+        // Note what each list looked like as its fetch starts.
+        let started: Vec<u64> = wanted
+            .iter()
+            .map(|&(u, kind)| {
+                let mut state = self.states[u].lock().expect("lock");
+                let list = &mut state.lists[kind as usize];
+                list.fetching = true;
+                list.changes
+            })
+            .collect();
         let fetches = wanted.iter().map(|&(u, kind)| async move { (u, kind, self.fetch(u, kind).await) });
-        for (u, kind, result) in futures_util::future::join_all(fetches).await {
+        let mut membership_changed = Vec::new();
+        for ((u, kind, result), changes) in futures_util::future::join_all(fetches).await.into_iter().zip(started) {
             let upstream = &self.upstreams[u];
             self.metrics.catalog_refresh(&upstream.name, kind);
             let mut state = self.states[u].lock().expect("lock");
             let list = &mut state.lists[kind as usize];
+            list.fetching = false;
             match result {
                 Ok(items) => {
+                    // Back after being left out: clients may have listed without it.
+                    if list.failed_at.is_some() && !items.is_empty() {
+                        membership_changed.push(kind);
+                    }
                     list.items = Some(Arc::new(items));
-                    list.fresh = true;
+                    // A change announced during the fetch may not be in it.
+                    list.fresh = list.changes == changes;
                     list.failed_at = None;
                     self.metrics.set_upstream_up(&upstream.name, true);
                 }
                 Err(e) => {
+                    if list.items.as_ref().is_some_and(|i| !i.is_empty()) {
+                        membership_changed.push(kind);
+                    }
                     list.items = None;
                     list.fresh = false;
                     list.failed_at = Some(Instant::now());
@@ -255,11 +286,16 @@ impl Catalog {
             }
         }
         self.rebuild();
+        membership_changed.dedup();
+        for kind in membership_changed {
+            (self.announce)(kind);
+        }
         self.snapshot.load_full()
     }
 
-    /// Marks `kind` of upstream `u` stale. Returns whether it was fresh, so
-    /// that callers tell clients about a change once, not once per report.
+    /// Marks `kind` of upstream `u` stale. Returns whether it was fresh (or
+    /// being fetched), so that callers tell clients about a change once, not
+    /// once per report.
     pub fn invalidate(&self, u: usize, kind: ListKind) -> bool {
         let Some(state) = self.states.get(u) else { return false };
         let mut state = state.lock().expect("lock");
@@ -268,8 +304,9 @@ impl Catalog {
             if kind == ListKind::Resources { &[ListKind::Resources, ListKind::ResourceTemplates] } else { &[kind] };
         for k in kinds {
             let list = &mut state.lists[*k as usize];
-            was_fresh |= list.fresh;
+            was_fresh |= list.fresh || list.fetching;
             list.fresh = false;
+            list.changes += 1;
         }
         was_fresh
     }
@@ -342,7 +379,8 @@ impl Catalog {
                     Some(c) => serde_json::to_vec(&serde_json::json!({ "cursor": c })).expect("serializable"),
                     None => b"{}".to_vec(),
                 };
-                let id = format!("\"switchboard-list-{page}\"");
+                // Unique per request: one channel may carry several lists at once.
+                let id = format!("\"switchboard-{}-{page}-{}\"", kind.label(), crate::app::next_request_number());
                 let body = jsonrpc::request(Some(id.as_bytes()), kind.method(), Some(&params));
                 let id_start = body.windows(id.len()).position(|w| w == id.as_bytes()).expect("id is in the body");
                 let out = Outgoing {

@@ -55,8 +55,11 @@ pub async fn forward(
     let resolved = match resolve(app, method, env, body).await {
         Ok(resolved) => resolved,
         Err(e) => {
-            let outcome =
-                if e.side() == crate::error::Side::Upstream { Outcome::UpstreamFailed } else { Outcome::Error };
+            let outcome = match e {
+                _ if e.side() == crate::error::Side::Upstream => Outcome::UpstreamFailed,
+                Error::InvalidParams(_) => Outcome::Rejected,
+                _ => Outcome::Error,
+            };
             app.metrics.request(method, None).record(outcome, started.elapsed());
             return respond::error(Some(id), &e);
         }
@@ -76,26 +79,24 @@ pub async fn forward(
     let deadline = tokio::time::Instant::now() + upstream.config.timeout;
     let out = Outgoing { body: resolved.body, method, id: resolved.id, progress_token: resolved.progress_token };
     session.begin(id, u);
+    let inflight = Inflight { app, session, id, upstream: u, method, started, armed: true };
     let reply = tokio::time::timeout_at(deadline, channel.request(out)).await;
     match reply {
         Err(_) => {
-            session.end(id.get());
             cancel_upstream(app, session, u, id, "timeout");
-            metrics.record(Outcome::Timeout, started.elapsed());
+            inflight.finish(Outcome::Timeout);
             respond::error(
                 Some(id),
                 &Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout },
             )
         }
         Ok(Err(e)) => {
-            session.end(id.get());
-            metrics.record(Outcome::UpstreamFailed, started.elapsed());
+            inflight.finish(Outcome::UpstreamFailed);
             respond::error(Some(id), &Error::upstream(&upstream.name, e))
         }
         Ok(Ok(Reply::Done(message))) => {
-            session.end(id.get());
             let (message, outcome) = finish(app, u, method, message);
-            metrics.record(outcome, started.elapsed());
+            inflight.finish(outcome);
             respond::json(message)
         }
         Ok(Ok(Reply::Stream(stream))) => {
@@ -109,8 +110,10 @@ pub async fn forward(
                 deadline,
             };
             if accepts_sse {
+                // The relay does the bookkeeping from here, client or no client.
+                inflight.disarm();
                 let log = session.new_stream();
-                if session.version >= ProtocolVersion::V2025_11_25 {
+                if session.version >= ProtocolVersion::V2025_11_25 && !session.legacy {
                     // Something to resume from before the first real event.
                     log.prime(RETRY);
                 }
@@ -119,8 +122,47 @@ pub async fn forward(
                 tokio::spawn(call.relay(stream, log));
                 respond::sse(rx, app.config.server.keep_alive)
             } else {
-                call.drain(stream).await
+                let response = call.drain(stream).await;
+                inflight.disarm();
+                response
             }
+        }
+    }
+}
+
+/// The bookkeeping of a request in flight, done however the handler ends:
+/// if the client disconnects, hyper drops the handler mid-await, and the
+/// request is then recorded as abandoned and cancelled upstream.
+struct Inflight<'a> {
+    app: &'a Arc<App>,
+    session: &'a Arc<Session>,
+    id: &'a RawValue,
+    upstream: usize,
+    method: Method,
+    started: Instant,
+    armed: bool,
+}
+
+impl Inflight<'_> {
+    fn finish(mut self, outcome: Outcome) {
+        self.armed = false;
+        self.session.end(self.id.get());
+        self.app.metrics.request(self.method, Some(self.upstream)).record(outcome, self.started.elapsed());
+    }
+
+    /// Someone else does the bookkeeping.
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Inflight<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.session.end(self.id.get());
+            let metrics = self.app.metrics.request(self.method, Some(self.upstream));
+            metrics.record(Outcome::Abandoned, self.started.elapsed());
+            cancel_upstream(self.app, self.session, self.upstream, self.id, "the client disconnected");
         }
     }
 }
@@ -282,7 +324,7 @@ impl Call {
             }
         };
         if matches!(env.kind, MessageKind::Response | MessageKind::Error)
-            && env.id.is_some_and(|i| i.get() == self.id.get())
+            && env.id.is_some_and(|i| same_id(i, &self.id))
         {
             drop(env);
             let (message, outcome) = finish(&self.app, self.upstream, self.method, message);
@@ -326,7 +368,7 @@ impl Call {
                 Some(Ok(Item::Paused)) => {
                     // The upstream ended its stream early and will be resumed;
                     // end ours likewise when the client can resume it.
-                    if self.session.version >= ProtocolVersion::V2025_11_25 {
+                    if self.session.version >= ProtocolVersion::V2025_11_25 && !self.session.legacy {
                         log.cut();
                     }
                 }
@@ -389,4 +431,14 @@ impl Call {
         self.session.end(self.id.get());
         self.app.metrics.request(self.method, Some(self.upstream)).record(outcome, self.started.elapsed());
     }
+}
+
+/// Whether a response's id is the request's: byte-equal as a rule, equal as
+/// JSON values when an upstream reformats it (escapes in a string).
+fn same_id(a: &RawValue, b: &RawValue) -> bool {
+    a.get() == b.get()
+        || matches!(
+            (serde_json::from_str::<Value>(a.get()), serde_json::from_str::<Value>(b.get())),
+            (Ok(x), Ok(y)) if x == y
+        )
 }

@@ -18,7 +18,7 @@ use http::header::CONTENT_TYPE;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use switchboard_protocol::jsonrpc::{Envelope, MessageKind};
+use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind};
 use switchboard_protocol::sse;
 use tokio::sync::mpsc;
 
@@ -71,13 +71,19 @@ pub async fn message(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
         let Some(stream) = app.legacy_take(&id) else {
             return reject(app, env.id, Error::UnknownSession);
         };
-        return match lists::open_session(app, &env, Some(id)).await {
+        return match lists::open_session(app, &env, Some(id.clone())).await {
             Ok((session, answer)) => {
                 attach(app, &session, stream);
                 session.push(answer);
                 accepted()
             }
-            Err(e) => respond::error(env.id, &e),
+            Err(e) => {
+                // The answer belongs on the SSE stream; keep the connection for a retry.
+                let error = jsonrpc::error_response(env.id, e.code(), &e.to_string(), e.data().as_ref());
+                let _ = stream.try_send(sse::encode_event(None, None, &error));
+                app.legacy_connect(id, stream);
+                accepted()
+            }
         };
     }
 

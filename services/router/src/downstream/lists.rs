@@ -111,7 +111,7 @@ pub async fn open_session(
         result["instructions"] = Value::String(instructions.clone());
     }
     let session = match legacy_id {
-        Some(legacy_id) => Session::with_id(legacy_id, version, capabilities, app.upstreams.len(), app.epoch),
+        Some(legacy_id) => Session::legacy(legacy_id, version, capabilities, app.upstreams.len(), app.epoch),
         None => Session::new(version, capabilities, app.upstreams.len(), app.epoch),
     };
     app.sessions.insert(session.clone());

@@ -177,7 +177,8 @@ async fn set_level(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>) -
         let params = params.get().as_bytes().to_vec();
         async move {
             let upstream = &app.upstreams[u];
-            let request_id = b"\"switchboard-set-level\"";
+            let request_id = format!("\"switchboard-set-level-{}\"", crate::app::next_request_number());
+            let request_id = request_id.as_bytes();
             let message = jsonrpc::request(Some(request_id), "logging/setLevel", Some(&params));
             let start = message.windows(request_id.len()).position(|w| w == request_id).expect("id present");
             let out = crate::upstream::Outgoing {
@@ -195,7 +196,7 @@ async fn set_level(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>) -
                         after: upstream.config.timeout,
                     })?
                     .map_err(|e| Error::upstream(&upstream.name, e))?;
-                crate::upstream::collect_response(reply, "\"switchboard-set-level\"")
+                crate::upstream::collect_response(reply, std::str::from_utf8(request_id).expect("ascii"))
                     .await
                     .map_err(|e| Error::upstream(&upstream.name, e))
             }
@@ -261,11 +262,12 @@ fn get(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
     if let Err(e) = check_version(headers) {
         return reject(app, None, e);
     }
-    if app.shutting_down() {
+    let resume = headers.get(&LAST_EVENT_ID).and_then(|v| v.to_str().ok()).and_then(events::parse_event_id);
+    // While draining, answers in flight may still be resumed; nothing new starts.
+    if app.shutting_down() && resume.is_none_or(|(stream, _)| stream == 0) {
         return reject(app, None, Error::ShuttingDown);
     }
     session.touch();
-    let resume = headers.get(&LAST_EVENT_ID).and_then(|v| v.to_str().ok()).and_then(events::parse_event_id);
     match session.open_stream(resume) {
         Ok(rx) => respond::sse(rx, app.config.server.keep_alive),
         Err(e) => reject(app, None, e),
