@@ -435,8 +435,9 @@ async fn a_client_that_hangs_up_has_its_request_cancelled_upstream() {
                 "params": {"name": "web__sleep", "arguments": {"ms": 10000}}}))
             .await
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // Dropping the request closes its connection before any answer.
+    // Once the upstream has the request, hang up: dropping the request closes
+    // its connection before any answer.
+    assert!(eventually(Duration::from_secs(10), || async { web.mock.call_count() == 1 }).await);
     call.abort();
     let _ = call.await;
     assert!(

@@ -253,12 +253,15 @@ impl Catalog {
             .collect();
         let fetches = wanted.iter().map(|&(u, kind)| async move { (u, kind, self.fetch(u, kind).await) });
         let mut membership_changed = Vec::new();
+        let mut settled = Vec::with_capacity(wanted.len());
+        // First the items, then the snapshot, and only then the flags that
+        // let `ensure` return without waiting: a caller that sees a list
+        // fresh (or failed) must find the snapshot already built from it.
         for ((u, kind, result), changes) in futures_util::future::join_all(fetches).await.into_iter().zip(started) {
             let upstream = &self.upstreams[u];
             self.metrics.catalog_refresh(&upstream.name, kind);
             let mut state = self.states[u].lock().expect("lock");
             let list = &mut state.lists[kind as usize];
-            list.fetching = false;
             match result {
                 Ok(items) => {
                     // Back after being left out: clients may have listed without it.
@@ -266,9 +269,7 @@ impl Catalog {
                         membership_changed.push(kind);
                     }
                     list.items = Some(Arc::new(items));
-                    // A change announced during the fetch may not be in it.
-                    list.fresh = list.changes == changes;
-                    list.failed_at = None;
+                    settled.push((u, kind, changes, true));
                     self.metrics.set_upstream_up(&upstream.name, true);
                 }
                 Err(e) => {
@@ -276,8 +277,7 @@ impl Catalog {
                         membership_changed.push(kind);
                     }
                     list.items = None;
-                    list.fresh = false;
-                    list.failed_at = Some(Instant::now());
+                    settled.push((u, kind, changes, false));
                     self.metrics.catalog_failure(&upstream.name, kind);
                     self.metrics.set_upstream_up(&upstream.name, false);
                     tracing::warn!(upstream = %upstream.name, list = kind.label(), error = %e,
@@ -286,6 +286,14 @@ impl Catalog {
             }
         }
         self.rebuild();
+        for (u, kind, changes, ok) in settled {
+            let mut state = self.states[u].lock().expect("lock");
+            let list = &mut state.lists[kind as usize];
+            list.fetching = false;
+            // A change announced during the fetch may not be in it.
+            list.fresh = ok && list.changes == changes;
+            list.failed_at = if ok { None } else { Some(Instant::now()) };
+        }
         membership_changed.dedup();
         for kind in membership_changed {
             (self.announce)(kind);
