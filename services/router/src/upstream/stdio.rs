@@ -25,7 +25,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,9 @@ use crate::metrics::Metrics;
 
 /// Largest line accepted from a child.
 const MAX_LINE: usize = 64 << 20;
+/// Bytes queued for the child's stdin beyond which new messages are refused
+/// (the child is not reading); one message is always let through.
+const MAX_BACKLOG: usize = 2 * MAX_LINE;
 /// How long `open` waits for a (re)starting child.
 const START_WAIT: Duration = Duration::from_secs(20);
 
@@ -75,7 +78,7 @@ struct View {
 
 /// A running, initialised child.
 struct Running {
-    stdin: mpsc::UnboundedSender<Bytes>,
+    stdin: Stdin,
     handshake: Arc<Handshake>,
 }
 
@@ -156,7 +159,7 @@ impl Shared {
     }
 
     /// Routes one line the child wrote.
-    fn dispatch(&self, line: Bytes, stdin: &mpsc::UnboundedSender<Bytes>) {
+    fn dispatch(&self, line: Bytes, stdin: &Stdin) {
         let env = match Envelope::parse(&line) {
             Ok(env) => env,
             Err(e) => {
@@ -240,7 +243,7 @@ impl Shared {
         }
     }
 
-    fn server_request(&self, env: &Envelope<'_>, line: &Bytes, stdin: &mpsc::UnboundedSender<Bytes>) {
+    fn server_request(&self, env: &Envelope<'_>, line: &Bytes, stdin: &Stdin) {
         let id = env.id.expect("a request has an id");
         if env.method_str() == "ping" {
             let _ = stdin.send(ndjson::encode(&jsonrpc::result_response(id, b"{}")));
@@ -349,7 +352,7 @@ async fn run(shared: &Arc<Shared>, mut child: Child) {
     else {
         return;
     };
-    let (stdin_tx, stdin_rx) = mpsc::unbounded_channel::<Bytes>();
+    let (stdin_tx, stdin_rx) = Stdin::new(MAX_BACKLOG);
     let writer = tokio::spawn(write_stdin(stdin, stdin_rx));
     let name = shared.name.clone();
     let log = tokio::spawn(async move {
@@ -440,19 +443,61 @@ async fn stop_child(shared: &Shared, child: &mut Child) {
     let _ = child.kill().await;
 }
 
-async fn write_stdin(mut stdin: ChildStdin, mut rx: mpsc::UnboundedReceiver<Bytes>) {
-    while let Some(line) = rx.recv().await {
-        if stdin.write_all(&line).await.is_err() {
-            return;
-        }
-        if rx.is_empty() && stdin.flush().await.is_err() {
+async fn write_stdin(mut stdin: ChildStdin, mut queue: StdinQueue) {
+    while let Some(line) = queue.rx.recv().await {
+        let written = stdin.write_all(&line).await;
+        queue.written(line.len());
+        if written.is_err() || (queue.rx.is_empty() && stdin.flush().await.is_err()) {
             return;
         }
     }
     let _ = stdin.shutdown().await;
 }
 
-async fn initialize(shared: &Shared, stdin: &mpsc::UnboundedSender<Bytes>) -> Result<Handshake, UpstreamError> {
+/// The sending side of the child's stdin, shared by every session: unbounded
+/// in messages (senders never wait) but bounded in bytes, so a child that
+/// stops reading makes requests fail instead of the router's memory grow.
+#[derive(Clone)]
+struct Stdin {
+    tx: mpsc::UnboundedSender<Bytes>,
+    queued: Arc<AtomicUsize>,
+    limit: usize,
+}
+
+/// The writer task's side.
+struct StdinQueue {
+    rx: mpsc::UnboundedReceiver<Bytes>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl Stdin {
+    fn new(limit: usize) -> (Stdin, StdinQueue) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        (Stdin { tx, queued: queued.clone(), limit }, StdinQueue { rx, queued })
+    }
+
+    fn send(&self, line: Bytes) -> Result<(), UpstreamError> {
+        let len = line.len();
+        let before = self.queued.fetch_add(len, Ordering::Relaxed);
+        if before > 0 && before + len > self.limit {
+            self.queued.fetch_sub(len, Ordering::Relaxed);
+            return Err(UpstreamError::Down(format!("the process is not reading its stdin ({before} bytes queued)")));
+        }
+        self.tx.send(line).map_err(|_| {
+            self.queued.fetch_sub(len, Ordering::Relaxed);
+            UpstreamError::Closed
+        })
+    }
+}
+
+impl StdinQueue {
+    fn written(&self, len: usize) {
+        self.queued.fetch_sub(len, Ordering::Relaxed);
+    }
+}
+
+async fn initialize(shared: &Shared, stdin: &Stdin) -> Result<Handshake, UpstreamError> {
     let uid = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let (tx, mut rx) = mpsc::unbounded_channel();
     shared
@@ -462,7 +507,7 @@ async fn initialize(shared: &Shared, stdin: &mpsc::UnboundedSender<Bytes>) -> Re
         .insert(uid, Pending { view: 0, id: "0".into(), progress_token: None, sink: tx, may_cause: false });
     let hello = Hello::router();
     let request = jsonrpc::request(Some(uid.to_string().as_bytes()), "initialize", Some(&hello.params()));
-    stdin.send(ndjson::encode(&request)).map_err(|_| UpstreamError::Closed)?;
+    stdin.send(ndjson::encode(&request))?;
     let answer = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
             match rx.recv().await {
@@ -476,7 +521,7 @@ async fn initialize(shared: &Shared, stdin: &mpsc::UnboundedSender<Bytes>) -> Re
     .map_err(|_| UpstreamError::Timeout(Duration::from_secs(30)))??;
     let handshake = Handshake::from_response(&answer)?;
     let note = jsonrpc::request(None, "notifications/initialized", None);
-    stdin.send(ndjson::encode(&note)).map_err(|_| UpstreamError::Closed)?;
+    stdin.send(ndjson::encode(&note))?;
     Ok(handshake)
 }
 
@@ -529,7 +574,7 @@ impl super::Channel for Channel {
             },
         );
         let guard = PendingGuard { shared: Arc::downgrade(&self.shared), uid };
-        running.stdin.send(line).map_err(|_| UpstreamError::Closed)?;
+        running.stdin.send(line)?;
         match rx.recv().await {
             None => Err(UpstreamError::Closed),
             Some((true, response)) => Ok(Reply::Done(response)),
@@ -550,7 +595,7 @@ impl super::Channel for Channel {
             _ => Some(message.clone()),
         };
         if let Some(line) = line {
-            running.stdin.send(ndjson::encode(&line)).map_err(|_| UpstreamError::Closed)?;
+            running.stdin.send(ndjson::encode(&line))?;
         }
         Ok(())
     }
@@ -658,5 +703,30 @@ impl Drop for PendingGuard {
         if let Some(stdin) = stdin {
             let _ = stdin.send(ndjson::encode(&note));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_that_stops_reading_gets_a_bounded_backlog() {
+        let (stdin, mut queue) = Stdin::new(100);
+        // One message always goes, however large.
+        stdin.send(Bytes::from(vec![b'x'; 150])).unwrap();
+        let refused = stdin.send(Bytes::from_static(b"{}\n")).unwrap_err();
+        assert!(refused.to_string().contains("not reading its stdin (150 bytes queued)"), "{refused}");
+        // The writer catches up: room again.
+        let line = queue.rx.try_recv().unwrap();
+        queue.written(line.len());
+        for _ in 0..3 {
+            stdin.send(Bytes::from(vec![b'y'; 30])).unwrap();
+        }
+        assert!(stdin.send(Bytes::from(vec![b'y'; 30])).is_err(), "90 + 30 is over 100");
+        assert_eq!(queue.queued.load(Ordering::Relaxed), 90, "refused bytes are not counted");
+        drop(queue);
+        assert!(matches!(stdin.send(Bytes::from_static(b"{}\n")), Err(UpstreamError::Closed)));
+        assert_eq!(stdin.queued.load(Ordering::Relaxed), 90);
     }
 }
