@@ -501,6 +501,9 @@ async fn a_stdio_upstream_that_exits_is_restarted() {
     let router = Router::start(&config(&upstream)).await;
     let mut client = Client::new(&router.url);
     client.initialize().await;
+    let mut stream = client.open_stream().await;
+    let uri = "local+mock://local/hello";
+    assert_eq!(client.call("resources/subscribe", json!({"uri": uri})).await["result"], json!({}));
     let crashed = client.call_tool("local__exit", json!({"code": 3})).await;
     assert!(crashed["error"].is_object(), "{crashed}");
     let mut attempts = 0;
@@ -514,6 +517,12 @@ async fn a_stdio_upstream_that_exits_is_restarted() {
     };
     assert_eq!(text_of(&recovered), r#"{"back":true}"#);
     assert!(router.metric("switchboard_upstream_restarts_total", &["upstream=\"local\""]).await >= 1.0);
+    // The new process was subscribed again on the session's behalf.
+    let told = client.call_tool("local__touch", json!({"uri": "mock://local/hello"})).await;
+    assert_eq!(text_of(&told), "told 1 subscribers", "{told}");
+    let update = stream.next(Duration::from_secs(5)).await.expect("the update after the restart");
+    assert_eq!(update["method"], "notifications/resources/updated");
+    assert_eq!(update["params"]["uri"], uri);
     router.stop().await;
 }
 

@@ -392,6 +392,7 @@ async fn run(shared: &Arc<Shared>, mut child: Child) {
     match initialize(shared, &stdin_tx).await {
         Ok(handshake) => {
             tracing::info!(upstream = %shared.name, pid, version = %handshake.protocol_version, "upstream process ready");
+            resubscribe(shared, &stdin_tx);
             shared
                 .running
                 .send_replace(Some(Arc::new(Running { stdin: stdin_tx.clone(), handshake: Arc::new(handshake) })));
@@ -425,6 +426,22 @@ async fn run(shared: &Arc<Shared>, mut child: Child) {
     writer.abort();
     reader.abort();
     log.abort();
+}
+
+/// A restarted child knows nothing of the subscriptions sessions hold on it:
+/// subscribe it again to each (its answers are dropped, as nobody waits).
+fn resubscribe(shared: &Shared, stdin: &Stdin) {
+    let uris: Vec<String> = shared.subscribers.lock().expect("lock").keys().cloned().collect();
+    for uri in &uris {
+        let uid = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let params = format!(r#"{{"uri":{}}}"#, String::from_utf8_lossy(&jsonrpc::json_string(uri)));
+        let request =
+            jsonrpc::request(Some(uid.to_string().as_bytes()), "resources/subscribe", Some(params.as_bytes()));
+        let _ = stdin.send(ndjson::encode(&request));
+    }
+    if !uris.is_empty() {
+        tracing::info!(upstream = %shared.name, count = uris.len(), "subscriptions renewed in the new process");
+    }
 }
 
 /// Close stdin, wait; SIGTERM, wait; SIGKILL.
