@@ -481,6 +481,13 @@ async fn long_names_are_shortened_and_still_callable() {
     let mut client = Client::new(&router.url);
     client.initialize().await;
     client.call_tool(&format!("{prefix}__add_tool"), json!({"name": "an_even_longer_tool_name_that_goes_on"})).await;
+    // The upstream announces the new tool on its GET stream, which may reach
+    // the router after the call's answer: list until it shows.
+    assert!(
+        eventually(Duration::from_secs(5), || async { client.tool_names().await.iter().any(|n| n.len() == 64) }).await,
+        "the added tool never showed: {:?}",
+        client.tool_names().await
+    );
     let names = client.tool_names().await;
     assert!(
         names.iter().all(|n| n.len() <= 64 && n.bytes().all(|c| c.is_ascii_alphanumeric() || b"_.-".contains(&c))),
