@@ -20,12 +20,6 @@ use crate::metrics::Metrics;
 use crate::session::{Session, Sessions};
 use crate::upstream::{self, Inbox, Upstream};
 
-/// A number for the router's own requests to upstreams, unique in this process.
-pub fn next_request_number() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
 /// Everything a request handler needs.
 pub struct App {
     pub config: Config,

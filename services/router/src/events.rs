@@ -136,8 +136,7 @@ impl Log {
         };
         let counted = ReaderCount(self.clone());
         async move {
-            let log = counted.0.clone();
-            log.read(cuts, after, tx).await;
+            self.read(cuts, after, tx).await;
             drop(counted);
         }
     }

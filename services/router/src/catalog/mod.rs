@@ -29,7 +29,6 @@ use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{Map, Value};
 use switchboard_protocol::jsonrpc;
 use switchboard_protocol::methods::ListKind;
-use switchboard_protocol::Method;
 
 use crate::config::CatalogConfig;
 use crate::metrics::Metrics;
@@ -387,16 +386,7 @@ impl Catalog {
                     Some(c) => serde_json::to_vec(&serde_json::json!({ "cursor": c })).expect("serializable"),
                     None => b"{}".to_vec(),
                 };
-                // Unique per request: one channel may carry several lists at once.
-                let id = format!("\"switchboard-{}-{page}-{}\"", kind.label(), crate::app::next_request_number());
-                let body = jsonrpc::request(Some(id.as_bytes()), kind.method(), Some(&params));
-                let id_start = body.windows(id.len()).position(|w| w == id.as_bytes()).expect("id is in the body");
-                let out = Outgoing {
-                    method: Method::from_name(kind.method()),
-                    id: id_start..id_start + id.len(),
-                    progress_token: None,
-                    body,
-                };
+                let (out, id) = Outgoing::own(kind.method(), &params, &format!("{}-{page}", kind.label()));
                 let reply = channel.request(out).await.map_err(|e| e.to_string())?;
                 let message = collect_response(reply, &id).await.map_err(|e| e.to_string())?;
                 let mut value: Value = serde_json::from_slice(&message).map_err(|e| format!("invalid JSON: {e}"))?;

@@ -177,16 +177,7 @@ async fn set_level(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>) -
         let params = params.get().as_bytes().to_vec();
         async move {
             let upstream = &app.upstreams[u];
-            let request_id = format!("\"switchboard-set-level-{}\"", crate::app::next_request_number());
-            let request_id = request_id.as_bytes();
-            let message = jsonrpc::request(Some(request_id), "logging/setLevel", Some(&params));
-            let start = message.windows(request_id.len()).position(|w| w == request_id).expect("id present");
-            let out = crate::upstream::Outgoing {
-                body: message,
-                method: Method::LoggingSetLevel,
-                id: start..start + request_id.len(),
-                progress_token: None,
-            };
+            let (out, request_id) = crate::upstream::Outgoing::own("logging/setLevel", &params, "set-level");
             let result = async {
                 let channel = session.channel(app, u).await?;
                 let reply = tokio::time::timeout(upstream.config.timeout, channel.request(out))
@@ -196,7 +187,7 @@ async fn set_level(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>) -
                         after: upstream.config.timeout,
                     })?
                     .map_err(|e| Error::upstream(&upstream.name, e))?;
-                crate::upstream::collect_response(reply, std::str::from_utf8(request_id).expect("ascii"))
+                crate::upstream::collect_response(reply, &request_id)
                     .await
                     .map_err(|e| Error::upstream(&upstream.name, e))
             }

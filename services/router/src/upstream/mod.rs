@@ -156,6 +156,22 @@ pub struct Outgoing {
     pub progress_token: Option<Range<usize>>,
 }
 
+impl Outgoing {
+    /// A request of the router's own (a list, `logging/setLevel`), with an id
+    /// unique in this process, as one channel may carry several at once.
+    /// Returns the id too, to collect the answer by.
+    pub fn own(method: &str, params: &[u8], tag: &str) -> (Outgoing, String) {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = format!("\"switchboard-{tag}-{n}\"");
+        let body = switchboard_protocol::jsonrpc::request(Some(id.as_bytes()), method, Some(params));
+        let start = body.windows(id.len()).position(|w| w == id.as_bytes()).expect("the id is in the body");
+        let out =
+            Outgoing { body, method: Method::from_name(method), id: start..start + id.len(), progress_token: None };
+        (out, id)
+    }
+}
+
 /// The answer to a request.
 pub enum Reply {
     /// The response, complete.
