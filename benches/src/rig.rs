@@ -40,7 +40,9 @@ impl Rig {
     pub fn start(upstreams: usize, tools: usize) -> Rig {
         let mock =
             start_mock(Options { name: "bench".into(), stateless: true, extra_tools: tools, ..Options::default() });
-        let mut config = String::from("[log]\nlevel = \"warn\"\n[catalog]\nretry_after = \"60s\"\n");
+        let mut config = String::from(
+            "[log]\nlevel = \"warn\"\n[catalog]\nretry_after = \"60s\"\n[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n",
+        );
         for i in 0..upstreams {
             config.push_str(&format!(
                 "[[upstreams]]\nname = \"u{i}\"\ntransport = \"http\"\nurl = \"http://{mock}/mcp\"\nlist_timeout = \"30s\"\n"

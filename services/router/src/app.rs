@@ -14,11 +14,18 @@ use switchboard_protocol::Method;
 
 use tokio::sync::mpsc;
 
+use crate::audit::Audit;
 use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::ratelimit::Limiter;
 use crate::session::{Session, Sessions};
+use crate::store::Database;
+use crate::tenancy::Directory;
 use crate::upstream::{self, Inbox, Upstream};
+
+/// A legacy connection's stream, and the tenant that opened it.
+type LegacyConnection = (mpsc::Sender<Bytes>, Arc<str>);
 
 /// Everything a request handler needs.
 pub struct App {
@@ -27,19 +34,58 @@ pub struct App {
     pub catalog: Catalog,
     pub sessions: Sessions,
     pub metrics: Arc<Metrics>,
+    /// Tenants and API keys (an in-memory copy of the database's).
+    pub directory: Arc<Directory>,
+    pub limiter: Limiter,
+    /// `None` without a database or with `audit.enabled = false`.
+    pub audit: Option<Audit>,
+    pub database: Option<Database>,
     /// When the router started; sessions measure idleness from it.
     pub epoch: Instant,
     shutting_down: AtomicBool,
     /// Legacy HTTP+SSE connections waiting for their `initialize`.
-    legacy: Mutex<HashMap<Arc<str>, mpsc::Sender<Bytes>>>,
+    legacy: Mutex<HashMap<Arc<str>, LegacyConnection>>,
 }
 
 impl App {
     /// Builds the state and starts each upstream's transport (stdio children
-    /// are spawned here). Must run inside a Tokio runtime.
-    pub fn new(config: Config) -> Arc<App> {
+    /// are spawned here), the audit writer and the rate limiter. Must run
+    /// inside a Tokio runtime. Fails only if the audit spool cannot be opened
+    /// or a URL cannot be used.
+    pub fn new(config: Config) -> std::io::Result<Arc<App>> {
         let names: Vec<Arc<str>> = config.upstreams.iter().map(|u| Arc::from(u.name.as_str())).collect();
         let metrics = Metrics::new(&names);
+        let database = match &config.database.url {
+            Some(url) => Some(
+                Database::connect(url, config.database.connect_timeout)
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
+            ),
+            None => None,
+        };
+        let directory =
+            Arc::new(Directory::new(names.clone(), config.tenants.clone(), database.clone(), !config.auth.required));
+        let audit = match (&database, config.audit.enabled) {
+            (Some(db), true) => Some(Audit::start(
+                db.clone(),
+                &config.audit.spool,
+                crate::audit::Options {
+                    queue: config.audit.queue,
+                    batch: config.audit.batch,
+                    write_timeout: config.audit.write_timeout,
+                    retry_every: config.audit.retry_every,
+                },
+                metrics.clone(),
+            )?),
+            _ => None,
+        };
+        let redis = match &config.redis.url {
+            Some(url) => Some(
+                crate::ratelimit::cluster::Shared::new(url, &config.redis.key_prefix, config.redis.timeout)
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
+            ),
+            None => None,
+        };
+        let limiter = Limiter::new(redis, metrics.clone());
         let upstreams: Arc<[Arc<Upstream>]> = config
             .upstreams
             .iter()
@@ -53,7 +99,7 @@ impl App {
                 })
             })
             .collect();
-        Arc::new_cyclic(|me: &Weak<App>| {
+        Ok(Arc::new_cyclic(|me: &Weak<App>| {
             let for_inbox = me.clone();
             let inbox = Box::new(move |u: usize| -> Arc<dyn Inbox> {
                 Arc::new(ControlInbox { app: for_inbox.clone(), upstream: u })
@@ -70,15 +116,41 @@ impl App {
                 upstreams,
                 sessions: Sessions::default(),
                 metrics,
+                directory,
+                limiter,
+                audit,
+                database,
                 epoch: Instant::now(),
                 shutting_down: AtomicBool::new(false),
                 legacy: Mutex::new(HashMap::new()),
             }
-        })
+        }))
     }
 
-    /// Starts background work: the catalog warm-up and the session sweeper.
+    /// Migrates the database (if configured to) and loads tenants and keys;
+    /// a database that cannot be reached is logged, not fatal: the router
+    /// serves the tenants of its config file and retries in the background.
+    pub async fn prepare(&self) {
+        let Some(db) = &self.database else { return };
+        if self.config.database.migrate_on_start {
+            if let Err(e) = db.migrate().await {
+                tracing::error!(error = %e, "database migrations failed; run `switchboard migrate` to see why");
+            }
+        }
+        match self.directory.reload().await {
+            Ok(()) => self.metrics.set_directory_db(true),
+            Err(e) => {
+                self.metrics.set_directory_db(false);
+                tracing::warn!(error = %e, "cannot load tenants and keys from the database yet; retrying in the background");
+            }
+        }
+    }
+
+    /// Starts background work: the catalog warm-up, the session sweeper and
+    /// the tenant directory refresh.
     pub fn start(self: &Arc<Self>) {
+        let metrics = self.metrics.clone();
+        self.directory.start(self.config.database.refresh, move |up| metrics.set_directory_db(up));
         let app = self.clone();
         tokio::spawn(async move {
             app.catalog.ensure(&ListKind::ALL).await;
@@ -106,16 +178,21 @@ impl App {
     }
 
     /// Registers a legacy HTTP+SSE connection until its `initialize` arrives
-    /// (connections that closed meanwhile are forgotten).
-    pub fn legacy_connect(&self, id: Arc<str>, stream: mpsc::Sender<Bytes>) {
+    /// (connections that closed meanwhile are forgotten); `tenant` opened it.
+    pub fn legacy_connect(&self, id: Arc<str>, stream: mpsc::Sender<Bytes>, tenant: Arc<str>) {
         let mut legacy = self.legacy.lock().expect("lock");
-        legacy.retain(|_, s| !s.is_closed());
-        legacy.insert(id, stream);
+        legacy.retain(|_, (s, _)| !s.is_closed());
+        legacy.insert(id, (stream, tenant));
     }
 
-    /// Takes a legacy connection's stream for its `initialize`.
-    pub fn legacy_take(&self, id: &str) -> Option<mpsc::Sender<Bytes>> {
-        self.legacy.lock().expect("lock").remove(id).filter(|s| !s.is_closed())
+    /// Takes a legacy connection's stream for its `initialize`, if `tenant`
+    /// opened it.
+    pub fn legacy_take(&self, id: &str, tenant: &str) -> Option<mpsc::Sender<Bytes>> {
+        let mut legacy = self.legacy.lock().expect("lock");
+        if legacy.get(id).is_some_and(|(_, t)| &**t != tenant) {
+            return None;
+        }
+        legacy.remove(id).map(|(s, _)| s).filter(|s| !s.is_closed())
     }
 
     /// Whether shutdown has begun.
@@ -142,6 +219,9 @@ impl App {
         self.catalog.close().await;
         for upstream in self.upstreams.iter() {
             upstream.transport.shutdown().await;
+        }
+        if let Some(audit) = &self.audit {
+            audit.close(self.config.server.shutdown_grace).await;
         }
     }
 

@@ -22,6 +22,66 @@ pub struct Config {
     pub catalog: CatalogConfig,
     pub upstreams: Vec<UpstreamConfig>,
     pub log: LogConfig,
+    pub auth: AuthConfig,
+    pub database: DatabaseConfig,
+    pub redis: RedisConfig,
+    pub audit: AuditConfig,
+    pub admin: AdminConfig,
+    /// `[[tenants]]` declared in the file (the database wins on a name in both).
+    pub tenants: Vec<(String, crate::tenancy::Policy)>,
+}
+
+/// `[auth]`.
+#[derive(Debug, Clone)]
+pub struct AuthConfig {
+    /// `false` (`mode = "none"`): no API keys; every request is tenant `default`, which sees everything.
+    pub required: bool,
+}
+
+/// `[database]`: tenants, keys and the audit log.
+#[derive(Debug, Clone)]
+pub struct DatabaseConfig {
+    /// `postgres://…` or `sqlite:…`; `None` (`url = ""`) for no database.
+    pub url: Option<String>,
+    /// Apply migrations when the router starts.
+    pub migrate_on_start: bool,
+    /// How often replicas check for changed tenants and keys (PostgreSQL also notifies at once).
+    pub refresh: Duration,
+    /// Longest wait for a database connection.
+    pub connect_timeout: Duration,
+}
+
+/// `[redis]`: cluster-wide rate limits.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// `redis://host:port[/db]`; `None` for local limits only.
+    pub url: Option<String>,
+    /// Prefix of every key the router writes.
+    pub key_prefix: String,
+    /// Longest wait for one Redis answer before falling back to local limits.
+    pub timeout: Duration,
+}
+
+/// `[audit]`.
+#[derive(Debug, Clone)]
+pub struct AuditConfig {
+    /// Write audit records (needs a database).
+    pub enabled: bool,
+    /// The spool file used while the database is unreachable (one per replica).
+    pub spool: PathBuf,
+    pub queue: usize,
+    pub batch: usize,
+    pub write_timeout: Duration,
+    pub retry_every: Duration,
+}
+
+/// `[admin]`: the administration API.
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    /// Where it listens; `None` for no admin API.
+    pub listen: Option<SocketAddr>,
+    /// The bearer token it requires.
+    pub token: Option<String>,
 }
 
 /// `[server]`: the downstream listener and its limits.
@@ -214,6 +274,74 @@ pub struct RawConfig {
     pub upstreams: Vec<RawUpstream>,
     #[serde(default)]
     pub log: RawLog,
+    #[serde(default)]
+    pub auth: RawAuth,
+    #[serde(default)]
+    pub database: RawDatabase,
+    #[serde(default)]
+    pub redis: RawRedis,
+    #[serde(default)]
+    pub audit: RawAudit,
+    #[serde(default)]
+    pub admin: RawAdmin,
+    #[serde(default)]
+    pub tenants: Vec<RawTenant>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAuth {
+    pub mode: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDatabase {
+    pub url: Option<String>,
+    pub migrate_on_start: Option<bool>,
+    pub refresh: Option<RawDuration>,
+    pub connect_timeout: Option<RawDuration>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRedis {
+    pub url: Option<String>,
+    pub key_prefix: Option<String>,
+    pub timeout: Option<RawDuration>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAudit {
+    pub enabled: Option<bool>,
+    pub spool: Option<String>,
+    pub queue: Option<u64>,
+    pub batch: Option<u64>,
+    pub write_timeout: Option<RawDuration>,
+    pub retry_every: Option<RawDuration>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    pub listen: Option<String>,
+    pub token: Option<String>,
+}
+
+/// One `[[tenants]]` entry: a name and a [`crate::tenancy::Policy`].
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTenant {
+    pub name: Option<String>,
+    #[serde(default)]
+    pub upstreams: Vec<String>,
+    #[serde(default)]
+    pub tools: BTreeMap<String, crate::tenancy::ToolFilter>,
+    #[serde(default)]
+    pub limits: crate::tenancy::Limits,
+    #[serde(default)]
+    pub audit_arguments: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -299,14 +427,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "s" | "" => 1.0,
         "m" => 60.0,
         "h" => 3600.0,
-        other => return Err(format!("unknown unit {other:?} in {text:?} (use ms, s, m or h)")),
+        "d" => 86_400.0,
+        other => return Err(format!("unknown unit {other:?} in {text:?} (use ms, s, m, h or d)")),
     };
     Ok(Duration::from_secs_f64(value * scale))
 }
 
 const NAME_CHARS: &str = "letters, digits, '_' and '-'";
 
-fn valid_name(name: &str) -> bool {
+pub fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= 48 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
@@ -549,8 +678,103 @@ impl RawConfig {
             upstreams.push(UpstreamConfig { name, prefix, transport, timeout, list_timeout });
         }
 
+        // [auth], [database], [redis], [audit], [admin]
+        let auth = AuthConfig {
+            required: match self.auth.mode.as_deref().unwrap_or("keys") {
+                "keys" => true,
+                "none" => false,
+                other => {
+                    bad("auth.mode".into(), format!("{other:?} is not \"keys\" or \"none\""));
+                    true
+                }
+            },
+        };
+        let d = self.database;
+        let url = match d.url.as_deref() {
+            None => Some("sqlite:switchboard.db".to_owned()),
+            Some("") => None,
+            Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") || u.starts_with("sqlite:") => {
+                Some(u.to_owned())
+            }
+            Some(_) => {
+                bad("database.url".into(), "must be postgres://…, sqlite:… or \"\" for no database".into());
+                None
+            }
+        };
+        let database = DatabaseConfig {
+            url,
+            migrate_on_start: d.migrate_on_start.unwrap_or(true),
+            refresh: duration!(d.refresh, "database.refresh", Duration::from_secs(2)),
+            connect_timeout: duration!(d.connect_timeout, "database.connect_timeout", Duration::from_secs(3)),
+        };
+        let r = self.redis;
+        let redis = RedisConfig {
+            url: match r.url.as_deref() {
+                None | Some("") => None,
+                Some(u) if u.starts_with("redis://") => Some(u.to_owned()),
+                Some(_) => {
+                    bad("redis.url".into(), "must be redis://host:port or \"\" for none".into());
+                    None
+                }
+            },
+            key_prefix: r.key_prefix.unwrap_or_else(|| "switchboard:".into()),
+            timeout: duration!(r.timeout, "redis.timeout", Duration::from_millis(100)),
+        };
+        let a = self.audit;
+        let audit = AuditConfig {
+            enabled: a.enabled.unwrap_or(true),
+            spool: PathBuf::from(a.spool.unwrap_or_else(|| "switchboard-audit.spool".into())),
+            queue: a.queue.unwrap_or(65_536).max(1) as usize,
+            batch: a.batch.unwrap_or(500).clamp(1, 2000) as usize,
+            write_timeout: duration!(a.write_timeout, "audit.write_timeout", Duration::from_secs(5)),
+            retry_every: duration!(a.retry_every, "audit.retry_every", Duration::from_secs(1)),
+        };
+        let admin = AdminConfig {
+            listen: match self.admin.listen.as_deref() {
+                None | Some("") => None,
+                Some(l) => match l.parse::<SocketAddr>() {
+                    Ok(addr) => Some(addr),
+                    Err(_) => {
+                        bad("admin.listen".into(), "must be an address such as \"127.0.0.1:9090\"".into());
+                        None
+                    }
+                },
+            },
+            token: self.admin.token.filter(|t| !t.is_empty()),
+        };
+        if admin.listen.is_some() {
+            match &admin.token {
+                None => bad("admin.token".into(), "is required when admin.listen is set".into()),
+                Some(t) if t.len() < 16 => bad("admin.token".into(), "must be at least 16 characters".into()),
+                Some(_) => {}
+            }
+        }
+
+        // [[tenants]]
+        let upstream_names: Vec<&str> = upstreams.iter().map(|u: &UpstreamConfig| u.name.as_str()).collect();
+        let mut tenants = Vec::new();
+        let mut tenant_names = HashSet::new();
+        for (i, t) in self.tenants.into_iter().enumerate() {
+            let name = t.name.unwrap_or_default();
+            if !valid_name(&name) {
+                bad(format!("tenants[{i}].name"), format!("must be 1 to 48 of {NAME_CHARS}"));
+            } else if !tenant_names.insert(name.clone()) {
+                bad(format!("tenants[{i}].name"), format!("{name:?} is used by another tenant"));
+            }
+            let policy = crate::tenancy::Policy {
+                upstreams: t.upstreams,
+                tools: t.tools,
+                limits: t.limits,
+                audit_arguments: t.audit_arguments,
+            };
+            for (field, message) in policy.problems(&upstream_names) {
+                bad(format!("tenants[{i}].{field}"), message);
+            }
+            tenants.push((name, policy));
+        }
+
         if problems.is_empty() {
-            Ok(Config { server, catalog, upstreams, log })
+            Ok(Config { server, catalog, upstreams, log, auth, database, redis, audit, admin, tenants })
         } else {
             Err(ConfigError { problems })
         }

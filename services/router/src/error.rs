@@ -12,6 +12,11 @@ use switchboard_protocol::jsonrpc::{code, ParseError};
 
 use crate::upstream::UpstreamError;
 
+/// JSON-RPC code of a request refused for its API key (HTTP 401).
+pub const UNAUTHENTICATED: i64 = -32011;
+/// JSON-RPC code of a request refused by a rate limit (HTTP 429).
+pub const RATE_LIMITED: i64 = -32029;
+
 /// Who caused a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
@@ -62,6 +67,12 @@ pub enum Error {
     Upstream { upstream: Arc<str>, source: UpstreamError },
     #[error("the router is shutting down")]
     ShuttingDown,
+    #[error("{}", .0.message())]
+    Unauthenticated(crate::tenancy::AuthFailure),
+    #[error("rate limit exceeded: the {limit} limit allows no more requests now; retry after {retry_after:?}")]
+    RateLimited { limit: &'static str, retry_after: Duration },
+    #[error("too many requests in flight for this tenant (at most {0}); retry when one finishes")]
+    TooManyInFlight(u32),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -90,6 +101,8 @@ impl Error {
             // Not 404: that would tell the client its session is gone.
             Error::UnknownStream => StatusCode::BAD_REQUEST,
             Error::UnknownSession => StatusCode::NOT_FOUND,
+            Error::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Error::RateLimited { .. } | Error::TooManyInFlight(_) => StatusCode::TOO_MANY_REQUESTS,
             Error::TooManySessions(_) | Error::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::OK,
         }
@@ -112,6 +125,8 @@ impl Error {
             }
             Error::UnknownResource(_) => code::RESOURCE_NOT_FOUND,
             Error::UpstreamTimeout { .. } => code::REQUEST_TIMEOUT,
+            Error::Unauthenticated(_) => UNAUTHENTICATED,
+            Error::RateLimited { .. } | Error::TooManyInFlight(_) => RATE_LIMITED,
             Error::Upstream { .. } | Error::TooManySessions(_) | Error::ShuttingDown | Error::Internal(_) => {
                 code::INTERNAL_ERROR
             }
@@ -125,6 +140,10 @@ impl Error {
                 Some(serde_json::json!({ "upstream": &**upstream }))
             }
             Error::UnknownTool(name) => Some(serde_json::json!({ "tool": name })),
+            Error::RateLimited { limit, retry_after } => {
+                Some(serde_json::json!({ "limit": limit, "retryAfterMs": retry_after.as_millis() as u64 }))
+            }
+            Error::TooManyInFlight(max) => Some(serde_json::json!({ "limit": "concurrent", "max": max })),
             _ => None,
         }
     }
@@ -147,6 +166,8 @@ impl Error {
             Error::UpstreamTimeout { .. } => "upstream_timeout",
             Error::Upstream { .. } => "upstream_unavailable",
             Error::ShuttingDown => "shutting_down",
+            Error::Unauthenticated(_) => "unauthenticated",
+            Error::RateLimited { .. } | Error::TooManyInFlight(_) => "rate_limited",
             Error::Internal(_) => "internal",
         }
     }

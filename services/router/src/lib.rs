@@ -17,12 +17,19 @@
 //!   one file per transport (`http.rs`, `stdio.rs`).
 //! - [`bridge`]: `switchboard connect`, stdio to Streamable HTTP for clients that only launch commands.
 //! - [`config`]: the TOML file, validated into [`Config`].
+//! - [`tenancy`]: tenants, API keys and the in-memory directory of them;
+//!   [`store`]: the database (PostgreSQL or SQLite) behind it and the audit log.
+//! - `ratelimit/`: per-key, per-tenant and per-tool limits, local or in Redis.
+//! - `audit/`: the background audit writer and its disk spool.
+//! - [`admin`]: the administration HTTP API, and the operations the CLI shares with it.
 //! - `metrics.rs`, `error.rs`, `body.rs`.
 //!
 //! Invariants are listed in ARCHITECTURE.md.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 mod app;
+mod audit;
 mod body;
 pub mod bridge;
 pub mod catalog;
@@ -31,8 +38,11 @@ mod downstream;
 pub mod error;
 mod events;
 mod metrics;
+mod ratelimit;
 mod server;
 mod session;
+pub mod store;
+pub mod tenancy;
 pub mod upstream;
 
 pub use config::Config;

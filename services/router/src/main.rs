@@ -41,6 +41,127 @@ enum Command {
         /// The configuration file (TOML).
         file: PathBuf,
     },
+    /// Apply database migrations (idempotent).
+    Migrate {
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Manage tenants.
+    Tenants {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(subcommand)]
+        command: TenantCommand,
+    },
+    /// Manage API keys.
+    Keys {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
+    /// Read the audit log.
+    Audit {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
+}
+
+/// Where the database is: `--database-url`, else the config file's
+/// `database.url`, else `sqlite:switchboard.db`.
+#[derive(clap::Args)]
+struct DbArgs {
+    /// The configuration file (TOML); optional.
+    #[arg(long, short, default_value = "switchboard.toml", global = true)]
+    config: PathBuf,
+    /// postgres://… or sqlite:… (overrides database.url).
+    #[arg(long, global = true)]
+    database_url: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum TenantCommand {
+    /// Create a tenant.
+    Create {
+        name: String,
+        /// An upstream it subscribes to (repeatable); "*" for all.
+        #[arg(long = "upstream", short = 'u')]
+        upstreams: Vec<String>,
+        /// Only tools of UPSTREAM matching PATTERN ("UPSTREAM:PATTERN", repeatable; * and ? wildcards).
+        #[arg(long)]
+        allow: Vec<String>,
+        /// Hide tools of UPSTREAM matching PATTERN ("UPSTREAM:PATTERN", repeatable).
+        #[arg(long)]
+        deny: Vec<String>,
+        /// Requests per second per key ("RATE" or "RATE/BURST").
+        #[arg(long)]
+        key_rate: Option<String>,
+        /// Requests per second for the whole tenant ("RATE" or "RATE/BURST").
+        #[arg(long)]
+        tenant_rate: Option<String>,
+        /// Calls per second per tool ("RATE" or "RATE/BURST").
+        #[arg(long)]
+        tool_rate: Option<String>,
+        /// Forwarded requests in flight at once, per replica.
+        #[arg(long)]
+        concurrent: Option<u32>,
+        /// Store tools/call arguments in audit records.
+        #[arg(long)]
+        audit_arguments: bool,
+    },
+    /// List tenants (database and config file).
+    List {
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a tenant and its keys.
+    Delete { name: String },
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Create a key; prints the key (shown only this once) and nothing else.
+    Create {
+        #[arg(long)]
+        tenant: String,
+        /// A duration from now ("30d", "12h") or a date/time ("2026-12-31", "2026-12-31T12:00:00Z").
+        #[arg(long)]
+        expires: Option<String>,
+    },
+    /// List keys (prefixes only), with revoked and expired ones marked.
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a key by its prefix (routers stop accepting it within seconds).
+    Revoke { prefix: String },
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Print matching records as JSON lines, oldest first.
+    Query {
+        #[arg(long)]
+        tenant: Option<String>,
+        /// A duration ago ("15m", "7d"), a time ("2026-11-22T08:00:00Z") or a date.
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(long, default_value_t = 1000)]
+        limit: i64,
+    },
+    /// Print records as JSON lines as they arrive (Ctrl-C stops).
+    Tail {
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Start this far back (default: only new records).
+        #[arg(long)]
+        since: Option<String>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -83,6 +204,15 @@ fn main() -> Result<()> {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(switchboard::bridge::run(switchboard::bridge::Options { url, headers, timeout }))
         }
+        Command::Migrate { db } => admin_runtime()?.block_on(async {
+            let (admin, _) = open_admin(&db, false).await?;
+            admin.db.migrate().await.context("applying migrations")?;
+            eprintln!("migrations applied ({:?})", admin.db.backend());
+            Ok(())
+        }),
+        Command::Tenants { db, command } => admin_runtime()?.block_on(tenants(db, command)),
+        Command::Keys { db, command } => admin_runtime()?.block_on(keys(db, command)),
+        Command::Audit { db, command } => admin_runtime()?.block_on(audit(db, command)),
         Command::Serve { config, listen } => {
             let mut config = Config::load(&config).map_err(|e| anyhow::anyhow!("{}: {e}", config.display()))?;
             if let Some(listen) = listen {
@@ -94,7 +224,27 @@ fn main() -> Result<()> {
                 let listener = tokio::net::TcpListener::bind(config.server.listen)
                     .await
                     .with_context(|| format!("binding {}", config.server.listen))?;
+                let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+                let admin = match (config.admin.listen, &config.admin.token, &config.database.url) {
+                    (Some(addr), Some(token), Some(url)) => {
+                        let db = switchboard::store::Database::connect(url, config.database.connect_timeout)?;
+                        let listener = tokio::net::TcpListener::bind(addr)
+                            .await
+                            .with_context(|| format!("binding the admin API to {addr}"))?;
+                        tracing::info!(%addr, "admin API listening on http://{addr}/v1/");
+                        let admin = switchboard::admin::Admin::new(db, &config);
+                        Some(tokio::spawn(switchboard::admin::serve(listener, admin, token.clone(), async {
+                            let _ = admin_stopped.await;
+                        })))
+                    }
+                    (Some(_), _, None) => anyhow::bail!("admin.listen needs a database (database.url)"),
+                    _ => None,
+                };
                 switchboard::serve(listener, config, shutdown_signal()).await?;
+                let _ = stop_admin.send(());
+                if let Some(admin) = admin {
+                    let _ = admin.await;
+                }
                 Ok(())
             })
         }
@@ -132,4 +282,203 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
     }
+}
+
+fn admin_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build()
+}
+
+/// The admin operations over the database `db` names; migrated first
+/// (idempotent) unless `migrate` is false.
+async fn open_admin(db: &DbArgs, migrate: bool) -> Result<(switchboard::admin::Admin, Config)> {
+    let mut config = if db.config.exists() {
+        Config::load(&db.config).map_err(|e| anyhow::anyhow!("{}: {e}", db.config.display()))?
+    } else {
+        Config::from_toml("").map_err(|e| anyhow::anyhow!("{e}"))?
+    };
+    if let Some(url) = &db.database_url {
+        config.database.url = Some(url.clone());
+    }
+    let Some(url) = config.database.url.clone() else {
+        anyhow::bail!("no database: database.url is \"\" in {}; pass --database-url", db.config.display());
+    };
+    let database = switchboard::store::Database::connect(&url, config.database.connect_timeout)?;
+    if migrate && config.database.migrate_on_start {
+        database.migrate().await.context("applying migrations (see `switchboard migrate`)")?;
+    }
+    Ok((switchboard::admin::Admin::new(database, &config), config))
+}
+
+/// "RATE" or "RATE/BURST" (burst defaults to the rate, at least 1).
+fn rate(text: &str) -> Result<switchboard::tenancy::Rate> {
+    let (r, b) = text.split_once('/').unwrap_or((text, ""));
+    let per_second: f64 = r.trim().parse().with_context(|| format!("{text:?}: the rate is not a number"))?;
+    let burst: u32 = if b.is_empty() {
+        (per_second.ceil() as u32).max(1)
+    } else {
+        b.trim().parse().with_context(|| format!("{text:?}: the burst is not a whole number"))?
+    };
+    Ok(switchboard::tenancy::Rate { per_second, burst })
+}
+
+async fn tenants(db: DbArgs, command: TenantCommand) -> Result<()> {
+    let (admin, _) = open_admin(&db, true).await?;
+    match command {
+        TenantCommand::Create {
+            name,
+            upstreams,
+            allow,
+            deny,
+            key_rate,
+            tenant_rate,
+            tool_rate,
+            concurrent,
+            audit_arguments,
+        } => {
+            let mut policy = switchboard::tenancy::Policy { upstreams, audit_arguments, ..Default::default() };
+            for (list, is_allow) in [(allow, true), (deny, false)] {
+                for item in list {
+                    let (upstream, pattern) = item
+                        .split_once(':')
+                        .with_context(|| format!("{item:?}: write UPSTREAM:PATTERN, e.g. files:read_*"))?;
+                    let filter = policy.tools.entry(upstream.to_owned()).or_default();
+                    if is_allow { &mut filter.allow } else { &mut filter.deny }.push(pattern.to_owned());
+                }
+            }
+            policy.limits.key = key_rate.as_deref().map(rate).transpose()?;
+            policy.limits.tenant = tenant_rate.as_deref().map(rate).transpose()?;
+            policy.limits.tool = tool_rate.as_deref().map(rate).transpose()?;
+            policy.limits.concurrent = concurrent;
+            admin.create_tenant(&name, policy).await?;
+            eprintln!("tenant {name} created");
+        }
+        TenantCommand::List { json } => {
+            let tenants = admin.tenants().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&tenants)?);
+            } else {
+                println!("{:<24} {:<9} UPSTREAMS", "NAME", "SOURCE");
+                for t in tenants {
+                    println!("{:<24} {:<9} {}", t.name, t.source, t.policy.upstreams.join(","));
+                }
+            }
+        }
+        TenantCommand::Delete { name } => {
+            admin.delete_tenant(&name).await?;
+            eprintln!("tenant {name} deleted, with its keys");
+        }
+    }
+    Ok(())
+}
+
+async fn keys(db: DbArgs, command: KeyCommand) -> Result<()> {
+    let (admin, _) = open_admin(&db, true).await?;
+    match command {
+        KeyCommand::Create { tenant, expires } => {
+            let at = match expires.as_deref() {
+                None => None,
+                Some(text) => match switchboard::config::parse_duration(text) {
+                    Ok(d) => Some(switchboard::store::now_ms() + d.as_millis() as i64),
+                    Err(_) => Some(switchboard::admin::parse_time(text).with_context(|| {
+                        format!("--expires {text:?}: use a duration (\"30d\") or a date (\"2026-12-31\")")
+                    })?),
+                },
+            };
+            let created = admin.create_key(&tenant, at).await?;
+            println!("{}", created.key);
+        }
+        KeyCommand::List { tenant, json } => {
+            let keys = admin.keys(tenant.as_deref()).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&keys)?);
+            } else {
+                let now = switchboard::store::now_ms();
+                println!("{:<12} {:<24} {:<25} {:<25} STATUS", "PREFIX", "TENANT", "CREATED", "EXPIRES");
+                for k in keys {
+                    let status = if k.revoked_at_ms.is_some() {
+                        "revoked"
+                    } else if k.expires_at_ms.is_some_and(|at| at <= now) {
+                        "expired"
+                    } else {
+                        "active"
+                    };
+                    let expires = k.expires_at_ms.map_or_else(|| "never".to_owned(), switchboard::admin::format_time);
+                    println!(
+                        "{:<12} {:<24} {:<25} {:<25} {status}",
+                        k.prefix,
+                        k.tenant,
+                        switchboard::admin::format_time(k.created_at_ms),
+                        expires
+                    );
+                }
+            }
+        }
+        KeyCommand::Revoke { prefix } => {
+            admin.revoke_key(&prefix).await?;
+            eprintln!("key {prefix} revoked");
+        }
+    }
+    Ok(())
+}
+
+async fn audit(db: DbArgs, command: AuditCommand) -> Result<()> {
+    let (admin, _) = open_admin(&db, true).await?;
+    // Records go to stdout as JSON lines; a closed pipe (`| head`) ends the command quietly.
+    let print = |seq: i64, record: &switchboard::store::AuditRecord| -> Result<bool> {
+        use std::io::Write;
+        let mut value = serde_json::to_value(record)?;
+        value["seq"] = seq.into();
+        value["at"] = switchboard::admin::format_time(record.at_ms).into();
+        match writeln!(std::io::stdout().lock(), "{value}") {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    };
+    let since = |text: Option<String>| -> Result<Option<i64>> {
+        text.map(|t| switchboard::admin::parse_since(&t).map_err(anyhow::Error::msg)).transpose()
+    };
+    match command {
+        AuditCommand::Query { tenant, since: from, limit } => {
+            let query = switchboard::store::AuditQuery { tenant, since_ms: since(from)?, after_seq: None, limit };
+            for (seq, record) in admin.audit(&query).await? {
+                if !print(seq, &record)? {
+                    break;
+                }
+            }
+        }
+        AuditCommand::Tail { tenant, since: from } => {
+            let from = since(from)?;
+            // Without --since, start after the newest record.
+            let mut after = match from {
+                Some(_) => 0,
+                None => {
+                    let latest = admin.db.latest_audit_seq().await?;
+                    latest.unwrap_or(0)
+                }
+            };
+            loop {
+                let query = switchboard::store::AuditQuery {
+                    tenant: tenant.clone(),
+                    since_ms: from,
+                    after_seq: Some(after),
+                    limit: 1000,
+                };
+                let records = admin.audit(&query).await?;
+                for (seq, record) in &records {
+                    if !print(*seq, record)? {
+                        return Ok(());
+                    }
+                    after = *seq;
+                }
+                if records.len() < 1000 {
+                    tokio::select! {
+                        () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                        _ = tokio::signal::ctrl_c() => return Ok(()),
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -36,7 +36,7 @@ impl Outcome {
     const ALL: [Outcome; 6] =
         [Outcome::Ok, Outcome::Error, Outcome::Rejected, Outcome::UpstreamFailed, Outcome::Timeout, Outcome::Abandoned];
 
-    fn label(self) -> &'static str {
+    pub fn label(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",
             Outcome::Error => "error",
@@ -79,6 +79,20 @@ pub struct Metrics {
     catalog_refreshes: IntCounterVec,
     sessions: IntGauge,
     rejections: IntCounterVec,
+    guard: Guard,
+}
+
+/// Authentication, rate limits, the tenant directory and the audit writer.
+struct Guard {
+    auth_failures: IntCounterVec,
+    rate_limited: IntCounterVec,
+    ratelimit_redis_up: IntGauge,
+    ratelimit_fallbacks: IntCounter,
+    directory_db_up: IntGauge,
+    audit_queue: IntGauge,
+    audit_spool_bytes: IntGauge,
+    audit_records: IntCounterVec,
+    audit_write_failures: IntCounter,
 }
 
 const METHODS: usize = Method::Other as usize + 1;
@@ -175,6 +189,58 @@ impl Metrics {
             &["reason"]
         )
         .expect("valid"));
+        let guard = Guard {
+            auth_failures: reg!(IntCounterVec::new(
+                Opts::new(
+                    "switchboard_auth_failures_total",
+                    "Requests refused for their API key, by reason (missing, invalid, expired, wrong_tenant)."
+                ),
+                &["reason"]
+            )
+            .expect("valid")),
+            rate_limited: reg!(IntCounterVec::new(
+                Opts::new("switchboard_rate_limited_total", "Requests refused by a rate limit, by tenant and limit."),
+                &["tenant", "limit"]
+            )
+            .expect("valid")),
+            ratelimit_redis_up: reg!(IntGauge::new(
+                "switchboard_ratelimit_redis_up",
+                "1 while rate limits are shared through Redis, 0 while this replica falls back to local limits."
+            )
+            .expect("valid")),
+            ratelimit_fallbacks: reg!(IntCounter::new(
+                "switchboard_ratelimit_local_fallbacks_total",
+                "Rate-limit checks done locally because Redis was unreachable."
+            )
+            .expect("valid")),
+            directory_db_up: reg!(IntGauge::new(
+                "switchboard_tenant_directory_db_up",
+                "1 if the last refresh of tenants and keys reached the database, else 0."
+            )
+            .expect("valid")),
+            audit_queue: reg!(
+                IntGauge::new("switchboard_audit_queue_depth", "Audit records waiting for the writer.").expect("valid")
+            ),
+            audit_spool_bytes: reg!(IntGauge::new(
+                "switchboard_audit_spool_bytes",
+                "Bytes of audit records in the spool file waiting for replay."
+            )
+            .expect("valid")),
+            audit_records: reg!(IntCounterVec::new(
+                Opts::new(
+                    "switchboard_audit_records_total",
+                    "Audit records by what happened to them: written, spooled, replayed, overflow (queue full, \
+                     spooled by the request), lost."
+                ),
+                &["event"]
+            )
+            .expect("valid")),
+            audit_write_failures: reg!(IntCounter::new(
+                "switchboard_audit_write_failures_total",
+                "Failed or timed-out audit writes to the database."
+            )
+            .expect("valid")),
+        };
         for name in upstream_names {
             upstream_up.with_label_values(&[name]).set(0);
         }
@@ -196,6 +262,7 @@ impl Metrics {
             catalog_refreshes,
             sessions,
             rejections,
+            guard,
         })
     }
 
@@ -251,6 +318,58 @@ impl Metrics {
 
     pub fn rejected(&self, reason: &str) {
         self.rejections.with_label_values(&[reason]).inc();
+    }
+
+    pub fn auth_failed(&self, reason: &str) {
+        self.guard.auth_failures.with_label_values(&[reason]).inc();
+    }
+
+    pub fn rate_limited(&self, tenant: &str, limit: &str) {
+        self.guard.rate_limited.with_label_values(&[tenant, limit]).inc();
+    }
+
+    pub fn set_ratelimit_redis(&self, up: bool) {
+        self.guard.ratelimit_redis_up.set(up as i64);
+    }
+
+    pub fn ratelimit_fallback(&self) {
+        self.guard.ratelimit_fallbacks.inc();
+    }
+
+    pub fn set_directory_db(&self, up: bool) {
+        self.guard.directory_db_up.set(up as i64);
+    }
+
+    pub fn set_audit_queue(&self, depth: usize) {
+        self.guard.audit_queue.set(depth as i64);
+    }
+
+    pub fn set_audit_spool_bytes(&self, bytes: u64) {
+        self.guard.audit_spool_bytes.set(bytes as i64);
+    }
+
+    pub fn audit_written(&self, n: usize) {
+        self.guard.audit_records.with_label_values(&["written"]).inc_by(n as u64);
+    }
+
+    pub fn audit_spooled(&self, n: usize) {
+        self.guard.audit_records.with_label_values(&["spooled"]).inc_by(n as u64);
+    }
+
+    pub fn audit_replayed(&self, n: usize) {
+        self.guard.audit_records.with_label_values(&["replayed"]).inc_by(n as u64);
+    }
+
+    pub fn audit_overflow(&self) {
+        self.guard.audit_records.with_label_values(&["overflow"]).inc();
+    }
+
+    pub fn audit_lost(&self, n: usize) {
+        self.guard.audit_records.with_label_values(&["lost"]).inc_by(n as u64);
+    }
+
+    pub fn audit_write_failed(&self) {
+        self.guard.audit_write_failures.inc();
     }
 
     /// The exposition text for `/metrics`.

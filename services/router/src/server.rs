@@ -25,7 +25,8 @@ use crate::downstream::{self, respond};
 /// `server.shutdown_grace` to finish, and upstream sessions and child
 /// processes are closed.
 pub async fn serve(listener: TcpListener, config: Config, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
-    let app = App::new(config);
+    let app = App::new(config)?;
+    app.prepare().await;
     app.start();
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, upstreams = app.upstreams.len(), "switchboard listening on http://{addr}/mcp");

@@ -43,6 +43,8 @@ pub const MAX_ASKED: usize = 1024;
 pub struct Session {
     /// The router-issued `Mcp-Session-Id`.
     pub id: Arc<str>,
+    /// The tenant whose key created it: only that tenant's keys may use it.
+    pub tenant: Arc<str>,
     /// The negotiated protocol version.
     pub version: ProtocolVersion,
     /// What the client declared in `initialize`.
@@ -72,23 +74,32 @@ pub struct Session {
 
 impl Session {
     /// A new session with a fresh random id.
-    pub fn new(version: ProtocolVersion, capabilities: Arc<RawValue>, upstreams: usize, epoch: Instant) -> Arc<Self> {
-        Self::build(new_session_id(), false, version, capabilities, upstreams, epoch)
-    }
-
-    /// A legacy HTTP+SSE session, named by its connection's id.
-    pub fn legacy(
-        id: Arc<str>,
+    pub fn new(
+        tenant: Arc<str>,
         version: ProtocolVersion,
         capabilities: Arc<RawValue>,
         upstreams: usize,
         epoch: Instant,
     ) -> Arc<Self> {
-        Self::build(id, true, version, capabilities, upstreams, epoch)
+        Self::build(new_session_id(), tenant, false, version, capabilities, upstreams, epoch)
     }
 
+    /// A legacy HTTP+SSE session, named by its connection's id.
+    pub fn legacy(
+        id: Arc<str>,
+        tenant: Arc<str>,
+        version: ProtocolVersion,
+        capabilities: Arc<RawValue>,
+        upstreams: usize,
+        epoch: Instant,
+    ) -> Arc<Self> {
+        Self::build(id, tenant, true, version, capabilities, upstreams, epoch)
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn build(
         id: Arc<str>,
+        tenant: Arc<str>,
         legacy: bool,
         version: ProtocolVersion,
         capabilities: Arc<RawValue>,
@@ -97,6 +108,7 @@ impl Session {
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| Session {
             id,
+            tenant,
             legacy,
             version,
             capabilities,
@@ -401,7 +413,7 @@ mod tests {
     use crate::upstream::empty_object;
 
     fn session() -> Arc<Session> {
-        Session::new(ProtocolVersion::LATEST, Arc::from(empty_object()), 2, Instant::now())
+        Session::new(Arc::from("t"), ProtocolVersion::LATEST, Arc::from(empty_object()), 2, Instant::now())
     }
 
     #[test]
@@ -458,6 +470,7 @@ mod tests {
         assert!(sessions.get(&s.id).is_some());
         assert!(sessions.take_expired(Duration::from_secs(60)).is_empty());
         let old = Session::new(
+            Arc::from("t"),
             ProtocolVersion::LATEST,
             Arc::from(empty_object()),
             0,

@@ -8,8 +8,11 @@
 //!   and SSE events, for asserting on the wire.
 //! - [`peers`]: real peers installed by `scripts/install-peers` (the Python
 //!   SDK, the official servers).
+//! - [`services`]: PostgreSQL and Redis for tests: a fresh database on the
+//!   machine's server, or private instances a test may stop and start.
 
 pub mod peers;
+pub mod services;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -39,9 +42,20 @@ pub struct Router {
 }
 
 impl Router {
-    /// Starts the router with this configuration (TOML; `server.listen` is ignored).
+    /// Starts the router with this configuration (TOML; `server.listen` is
+    /// ignored). Unless the configuration has its own `[auth]` and
+    /// `[database]`, authentication is off and there is no database (so a
+    /// test of routing needs neither keys nor a database file).
     pub async fn start(config_toml: &str) -> Router {
-        let config = switchboard::Config::from_toml(config_toml).unwrap_or_else(|e| panic!("test config: {e}"));
+        let mut text = String::new();
+        if !config_toml.contains("[auth]") {
+            text.push_str("[auth]\nmode = \"none\"\n");
+        }
+        if !config_toml.contains("[database]") {
+            text.push_str("[database]\nurl = \"\"\n");
+        }
+        text.push_str(config_toml);
+        let config = switchboard::Config::from_toml(&text).unwrap_or_else(|e| panic!("test config: {e}"));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (stop, stopped) = oneshot::channel::<()>();
@@ -209,6 +223,8 @@ pub struct Client {
     pub url: String,
     pub session: Option<String>,
     pub protocol_version: String,
+    /// Sent as `Authorization: Bearer …` when set.
+    pub api_key: Option<String>,
     next_id: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -220,8 +236,14 @@ impl Client {
             url: url.to_owned(),
             session: None,
             protocol_version: "2025-11-25".into(),
+            api_key: None,
             next_id: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1)),
         }
+    }
+
+    /// A client that sends this API key.
+    pub fn with_key(url: &str, key: &str) -> Client {
+        Client { api_key: Some(key.to_owned()), ..Client::new(url) }
     }
 
     /// `initialize` with these capabilities, then `notifications/initialized`.
@@ -271,6 +293,7 @@ impl Client {
             h.insert("mcp-session-id", HeaderValue::from_str(session).expect("ascii"));
             h.insert("mcp-protocol-version", HeaderValue::from_str(&self.protocol_version).expect("ascii"));
         }
+        self.authorize(h);
         for (k, v) in headers {
             h.insert(HeaderName::from_bytes(k.as_bytes()).expect("name"), HeaderValue::from_str(v).expect("value"));
         }
@@ -331,6 +354,7 @@ impl Client {
         if let Some(session) = &self.session {
             h.insert("mcp-session-id", HeaderValue::from_str(session).expect("ascii"));
         }
+        self.authorize(h);
         let resp = self.http.request(req).await.expect("POST");
         let (parts, body) = resp.into_parts();
         let is_sse = parts.headers.get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
@@ -354,6 +378,7 @@ impl Client {
         let mut req = Request::new(Full::new(Bytes::new()));
         *req.uri_mut() = self.url.parse().expect("url");
         req.headers_mut().insert("accept", HeaderValue::from_static("text/event-stream"));
+        self.authorize(req.headers_mut());
         for (k, v) in headers {
             req.headers_mut()
                 .insert(HeaderName::from_bytes(k.as_bytes()).expect("name"), HeaderValue::from_str(v).expect("value"));
@@ -381,12 +406,19 @@ impl Client {
         if let Some(session) = &self.session {
             h.insert("mcp-session-id", HeaderValue::from_str(session).expect("ascii"));
         }
+        self.authorize(h);
         let resp = self.http.request(req).await.expect("GET");
         let status = resp.status();
         if last_event_id.is_none() {
             assert_eq!(status, StatusCode::OK, "GET stream");
         }
         (status, EventStream { body: Some(resp.into_body()), decoder: sse::Decoder::new(usize::MAX) })
+    }
+
+    fn authorize(&self, h: &mut HeaderMap) {
+        if let Some(key) = &self.api_key {
+            h.insert("authorization", HeaderValue::from_str(&format!("Bearer {key}")).expect("ascii"));
+        }
     }
 
     /// Ends the session.

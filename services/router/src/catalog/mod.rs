@@ -43,6 +43,8 @@ pub struct Item {
     pub exposed: Box<str>,
     /// The upstream's own name or URI, as a JSON string literal (ready to splice).
     pub original: Box<[u8]>,
+    /// The upstream's own name or URI (what tenant tool patterns match).
+    pub name: Box<str>,
     /// The item as clients see it, serialised.
     pub json: Bytes,
 }
@@ -103,6 +105,7 @@ impl Listing {
                 upstream: u,
                 exposed: exposed.into_boxed_str(),
                 original: jsonrpc::json_string(original).into_boxed_slice(),
+                name: original.into(),
                 json,
             });
         }

@@ -27,7 +27,10 @@ use crate::catalog::Snapshot;
 use crate::error::Error;
 use crate::events::Log;
 use crate::metrics::Outcome;
+use crate::ratelimit::InflightPermit;
 use crate::session::Session;
+use crate::store::AuditRecord;
+use crate::tenancy::{Principal, Tenant};
 use crate::upstream::{Item, MessageStream, Outgoing, Reply, UpstreamError};
 
 /// The `retry:` hint sent with priming events.
@@ -41,18 +44,62 @@ struct Resolved {
     progress_token: Option<Range<usize>>,
 }
 
+/// What a forwarded request leaves behind when it ends, however it ends:
+/// its audit record (when auditing) and its slot of the tenant's limit on
+/// requests in flight.
+pub struct Ledger {
+    pub draft: Option<AuditRecord>,
+    pub permit: Option<InflightPermit>,
+}
+
+impl Ledger {
+    /// Frees the slot and writes the audit record.
+    pub fn close(
+        &mut self,
+        app: &App,
+        upstream: Option<usize>,
+        outcome: Outcome,
+        error_code: Option<i64>,
+        response_bytes: usize,
+        started: Instant,
+    ) {
+        self.permit.take();
+        if let (Some(mut record), Some(audit)) = (self.draft.take(), app.audit.as_ref()) {
+            record.upstream = upstream.map(|u| app.upstreams[u].name.to_string());
+            record.outcome = outcome.label().to_owned();
+            record.error_code = error_code;
+            record.latency_us = started.elapsed().as_micros() as i64;
+            record.response_bytes = response_bytes as i64;
+            audit.record(record);
+        }
+    }
+}
+
+/// The `error.code` of an error response, if it is one.
+fn error_code(message: &[u8]) -> Option<i64> {
+    let env = Envelope::parse(message).ok()?;
+    #[derive(serde::Deserialize)]
+    struct Code {
+        code: i64,
+    }
+    serde_json::from_str::<Code>(env.error?.get()).ok().map(|c| c.code)
+}
+
 /// Resolves, forwards and answers one request.
+#[allow(clippy::too_many_arguments)]
 pub async fn forward(
     app: &Arc<App>,
+    who: &Principal,
     session: &Arc<Session>,
     method: Method,
     env: &Envelope<'_>,
     body: &Bytes,
     accepts_sse: bool,
     started: Instant,
+    mut ledger: Ledger,
 ) -> Response<Body> {
     let id = env.id.expect("a request has an id");
-    let resolved = match resolve(app, method, env, body).await {
+    let resolved = match resolve(app, &who.tenant, method, env, body).await {
         Ok(resolved) => resolved,
         Err(e) => {
             let outcome = match e {
@@ -61,6 +108,7 @@ pub async fn forward(
                 _ => Outcome::Error,
             };
             app.metrics.request(method, None).record(outcome, started.elapsed());
+            ledger.close(app, None, outcome, Some(e.code()), 0, started);
             return respond::error(Some(id), &e);
         }
     };
@@ -73,33 +121,36 @@ pub async fn forward(
             let outcome =
                 if matches!(e, Error::UpstreamTimeout { .. }) { Outcome::Timeout } else { Outcome::UpstreamFailed };
             metrics.record(outcome, started.elapsed());
+            ledger.close(app, Some(u), outcome, Some(e.code()), 0, started);
             return respond::error(Some(id), &e);
         }
     };
     let deadline = tokio::time::Instant::now() + upstream.config.timeout;
     let out = Outgoing { body: resolved.body, method, id: resolved.id, progress_token: resolved.progress_token };
     session.begin(id, u);
-    let inflight = Inflight { app, session, id, upstream: u, method, started, armed: true };
+    let inflight = Inflight { app, session, id, upstream: u, method, started, armed: true, ledger };
     let reply = tokio::time::timeout_at(deadline, channel.request(out)).await;
     match reply {
         Err(_) => {
             cancel_upstream(app, session, u, id, "timeout");
-            inflight.finish(Outcome::Timeout);
-            respond::error(
-                Some(id),
-                &Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout },
-            )
+            let e = Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout };
+            inflight.finish(Outcome::Timeout, Some(e.code()), 0);
+            respond::error(Some(id), &e)
         }
         Ok(Err(e)) => {
-            inflight.finish(Outcome::UpstreamFailed);
-            respond::error(Some(id), &Error::upstream(&upstream.name, e))
+            let e = Error::upstream(&upstream.name, e);
+            inflight.finish(Outcome::UpstreamFailed, Some(e.code()), 0);
+            respond::error(Some(id), &e)
         }
         Ok(Ok(Reply::Done(message))) => {
             let (message, outcome) = finish(app, u, method, message);
-            inflight.finish(outcome);
+            let code =
+                if outcome == Outcome::Error && inflight.ledger.draft.is_some() { error_code(&message) } else { None };
+            inflight.finish(outcome, code, message.len());
             respond::json(message)
         }
         Ok(Ok(Reply::Stream(stream))) => {
+            let mut inflight = inflight;
             let call = Call {
                 app: app.clone(),
                 session: session.clone(),
@@ -108,6 +159,8 @@ pub async fn forward(
                 id: id.to_owned(),
                 started,
                 deadline,
+                ledger: inflight.take_ledger(),
+                sent: 0,
             };
             if accepts_sse {
                 // The relay does the bookkeeping from here, client or no client.
@@ -141,13 +194,20 @@ struct Inflight<'a> {
     method: Method,
     started: Instant,
     armed: bool,
+    ledger: Ledger,
 }
 
 impl Inflight<'_> {
-    fn finish(mut self, outcome: Outcome) {
+    fn finish(mut self, outcome: Outcome, error_code: Option<i64>, response_bytes: usize) {
         self.armed = false;
         self.session.end(self.id.get());
         self.app.metrics.request(self.method, Some(self.upstream)).record(outcome, self.started.elapsed());
+        self.ledger.close(self.app, Some(self.upstream), outcome, error_code, response_bytes, self.started);
+    }
+
+    /// Hands the ledger to whoever finishes the request (a streamed answer).
+    fn take_ledger(&mut self) -> Ledger {
+        Ledger { draft: self.ledger.draft.take(), permit: self.ledger.permit.take() }
     }
 
     /// Someone else does the bookkeeping.
@@ -162,13 +222,22 @@ impl Drop for Inflight<'_> {
             self.session.end(self.id.get());
             let metrics = self.app.metrics.request(self.method, Some(self.upstream));
             metrics.record(Outcome::Abandoned, self.started.elapsed());
+            self.ledger.close(self.app, Some(self.upstream), Outcome::Abandoned, None, 0, self.started);
             cancel_upstream(self.app, self.session, self.upstream, self.id, "the client disconnected");
         }
     }
 }
 
 /// Finds the upstream and builds the rewritten body.
-async fn resolve(app: &Arc<App>, method: Method, env: &Envelope<'_>, body: &Bytes) -> Result<Resolved, Error> {
+/// Only what `tenant` sees resolves; anything else is unknown, exactly as if
+/// it did not exist.
+async fn resolve(
+    app: &Arc<App>,
+    tenant: &Tenant,
+    method: Method,
+    env: &Envelope<'_>,
+    body: &Bytes,
+) -> Result<Resolved, Error> {
     let params = env.params.ok_or_else(|| Error::InvalidParams(format!("{} needs params", method.as_str())))?;
     let target = Target::parse(params).map_err(|e| Error::InvalidParams(e.to_string()))?;
     let mut snapshot = app.catalog.current();
@@ -177,12 +246,12 @@ async fn resolve(app: &Arc<App>, method: Method, env: &Envelope<'_>, body: &Byte
             let kind = if method == Method::ToolsCall { ListKind::Tools } else { ListKind::Prompts };
             let raw = target.name.ok_or_else(|| Error::InvalidParams("params.name is required".into()))?;
             let name = as_str(raw).ok_or_else(|| Error::InvalidParams("params.name must be a string".into()))?;
-            let (u, original) = find(app, &mut snapshot, kind, &name).await?;
+            let (u, original) = find(app, tenant, &mut snapshot, kind, &name).await?;
             (u, raw, original)
         }
         Method::ResourcesRead | Method::ResourcesSubscribe | Method::ResourcesUnsubscribe => {
             let raw = target.uri.ok_or_else(|| Error::InvalidParams("params.uri is required".into()))?;
-            let (u, original) = resolve_uri(app, &snapshot, raw)?;
+            let (u, original) = resolve_uri(app, tenant, &snapshot, raw)?;
             (u, raw, original)
         }
         Method::CompletionComplete => {
@@ -194,12 +263,12 @@ async fn resolve(app: &Arc<App>, method: Method, env: &Envelope<'_>, body: &Byte
                         reference.name.ok_or_else(|| Error::InvalidParams("params.ref.name is required".into()))?;
                     let name =
                         as_str(raw).ok_or_else(|| Error::InvalidParams("params.ref.name must be a string".into()))?;
-                    let (u, original) = find(app, &mut snapshot, ListKind::Prompts, &name).await?;
+                    let (u, original) = find(app, tenant, &mut snapshot, ListKind::Prompts, &name).await?;
                     (u, raw, original)
                 }
                 Some("ref/resource") => {
                     let raw = reference.uri.ok_or_else(|| Error::InvalidParams("params.ref.uri is required".into()))?;
-                    let (u, original) = resolve_uri(app, &snapshot, raw)?;
+                    let (u, original) = resolve_uri(app, tenant, &snapshot, raw)?;
                     (u, raw, original)
                 }
                 other => return Err(Error::InvalidParams(format!("unknown ref type {other:?}"))),
@@ -228,31 +297,37 @@ async fn resolve(app: &Arc<App>, method: Method, env: &Envelope<'_>, body: &Byte
 /// Looks a tool or prompt up, refreshing the catalog once if it is missing.
 async fn find(
     app: &Arc<App>,
+    tenant: &Tenant,
     snapshot: &mut Arc<Snapshot>,
     kind: ListKind,
     name: &str,
 ) -> Result<(usize, Vec<u8>), Error> {
+    let unknown = || match kind {
+        ListKind::Prompts => Error::UnknownPrompt(name.to_owned()),
+        _ => Error::UnknownTool(name.to_owned()),
+    };
+    let visible = |item: &crate::catalog::Item| super::lists::sees(tenant, kind, item);
     if let Some(item) = snapshot.list(kind).get(name) {
-        return Ok((item.upstream, item.original.to_vec()));
+        return if visible(item) { Ok((item.upstream, item.original.to_vec())) } else { Err(unknown()) };
     }
     *snapshot = app.catalog.ensure(&[kind]).await;
     if let Some(item) = snapshot.list(kind).get(name) {
-        return Ok((item.upstream, item.original.to_vec()));
+        return if visible(item) { Ok((item.upstream, item.original.to_vec())) } else { Err(unknown()) };
     }
-    if let Some(u) = app.catalog.missing_upstream(kind, name) {
+    if let Some(u) = app.catalog.missing_upstream(kind, name).filter(|&u| tenant.sees_upstream(u)) {
         let why = format!("left out of the catalog after failing; retried every {:?}", app.catalog.retry_after());
         return Err(Error::upstream(&app.upstreams[u].name, UpstreamError::Down(why)));
     }
-    Err(match kind {
-        ListKind::Prompts => Error::UnknownPrompt(name.to_owned()),
-        _ => Error::UnknownTool(name.to_owned()),
-    })
+    Err(unknown())
 }
 
-fn resolve_uri(app: &App, snapshot: &Snapshot, raw: &RawValue) -> Result<(usize, Vec<u8>), Error> {
+fn resolve_uri(app: &App, tenant: &Tenant, snapshot: &Snapshot, raw: &RawValue) -> Result<(usize, Vec<u8>), Error> {
     let uri = as_str(raw).ok_or_else(|| Error::InvalidParams("the uri must be a string".into()))?;
-    let (u, original) =
-        app.catalog.resolve_uri(snapshot, &uri).ok_or_else(|| Error::UnknownResource(uri.to_string()))?;
+    let (u, original) = app
+        .catalog
+        .resolve_uri(snapshot, &uri)
+        .filter(|&(u, _)| tenant.sees_upstream(u))
+        .ok_or_else(|| Error::UnknownResource(uri.to_string()))?;
     Ok((u, jsonrpc::json_string(original)))
 }
 
@@ -301,6 +376,9 @@ struct Call {
     id: Box<RawValue>,
     started: Instant,
     deadline: tokio::time::Instant,
+    ledger: Ledger,
+    /// Bytes relayed to the client, for the audit record.
+    sent: usize,
 }
 
 /// What one upstream message means for the call.
@@ -344,7 +422,7 @@ impl Call {
     /// Relays the stream into the request's event log until the response.
     /// The relay goes on if the client disconnects: a disconnect is not a
     /// cancellation, and the client may resume with `Last-Event-ID`.
-    async fn relay(self, mut stream: Box<dyn MessageStream>, log: Arc<Log>) {
+    async fn relay(mut self, mut stream: Box<dyn MessageStream>, log: Arc<Log>) {
         let name = self.app.upstreams[self.upstream].name.clone();
         let outcome = loop {
             let next = tokio::select! {
@@ -353,16 +431,21 @@ impl Call {
                     let timeout = self.app.upstreams[self.upstream].config.timeout;
                     log.push(&self.error_message(&Error::UpstreamTimeout { upstream: name.clone(), after: timeout }));
                     cancel_upstream(&self.app, &self.session, self.upstream, &self.id, "timeout");
-                    break Outcome::Timeout;
+                    break (Outcome::Timeout, Some(switchboard_protocol::jsonrpc::code::REQUEST_TIMEOUT));
                 }
             };
             match next {
                 Some(Ok(Item::Message(message))) => match self.step(message) {
                     Step::Done(message, outcome) => {
                         log.push(&message);
-                        break outcome;
+                        self.sent += message.len();
+                        let code = if outcome == Outcome::Error { error_code(&message) } else { None };
+                        break (outcome, code);
                     }
-                    Step::Relay(out, _) => log.push(&out),
+                    Step::Relay(out, _) => {
+                        self.sent += out.len();
+                        log.push(&out)
+                    }
                     Step::Skip => {}
                 },
                 Some(Ok(Item::Paused)) => {
@@ -373,22 +456,24 @@ impl Call {
                     }
                 }
                 Some(Err(e)) => {
-                    log.push(&self.error_message(&Error::upstream(&name, e)));
-                    break Outcome::UpstreamFailed;
+                    let e = Error::upstream(&name, e);
+                    log.push(&self.error_message(&e));
+                    break (Outcome::UpstreamFailed, Some(e.code()));
                 }
                 None => {
-                    log.push(&self.error_message(&Error::upstream(&name, UpstreamError::Closed)));
-                    break Outcome::UpstreamFailed;
+                    let e = Error::upstream(&name, UpstreamError::Closed);
+                    log.push(&self.error_message(&e));
+                    break (Outcome::UpstreamFailed, Some(e.code()));
                 }
             }
         };
         log.close();
-        self.finish(outcome);
+        self.finish(outcome.0, outcome.1);
     }
 
     /// For a client that takes only JSON: waits for the response; server
     /// requests go to the session's GET stream, notifications are dropped.
-    async fn drain(self, mut stream: Box<dyn MessageStream>) -> Response<Body> {
+    async fn drain(mut self, mut stream: Box<dyn MessageStream>) -> Response<Body> {
         let name = self.app.upstreams[self.upstream].name.clone();
         let result = loop {
             let next = match tokio::time::timeout_at(self.deadline, stream.next()).await {
@@ -417,19 +502,23 @@ impl Call {
         };
         match result {
             Ok((message, outcome)) => {
-                self.finish(outcome);
+                self.sent += message.len();
+                let code = if outcome == Outcome::Error { error_code(&message) } else { None };
+                self.finish(outcome, code);
                 respond::json(message)
             }
             Err((e, outcome)) => {
-                self.finish(outcome);
+                self.finish(outcome, Some(e.code()));
                 respond::error(Some(&self.id), &e)
             }
         }
     }
 
-    fn finish(&self, outcome: Outcome) {
+    fn finish(&mut self, outcome: Outcome, error_code: Option<i64>) {
         self.session.end(self.id.get());
         self.app.metrics.request(self.method, Some(self.upstream)).record(outcome, self.started.elapsed());
+        let app = self.app.clone();
+        self.ledger.close(&app, Some(self.upstream), outcome, error_code, self.sent, self.started);
     }
 }
 

@@ -22,7 +22,7 @@ use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind};
 use switchboard_protocol::sse;
 use tokio::sync::mpsc;
 
-use super::{check_origin, lists, notification, receive, reject, request, respond};
+use super::{admit, authenticate, check_origin, lists, notification, receive, refuse, reject, request, respond};
 use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
@@ -33,6 +33,10 @@ pub fn open(app: &Arc<App>, headers: &HeaderMap, prefix: &str) -> Response<Body>
     if let Err(e) = check_origin(app, headers) {
         return reject(app, None, e);
     }
+    let who = match authenticate(app, headers) {
+        Ok(who) => who,
+        Err(e) => return refuse(app, None, headers, None, None, 0, e, Instant::now(), "GET /sse"),
+    };
     if app.shutting_down() {
         return reject(app, None, Error::ShuttingDown);
     }
@@ -41,7 +45,7 @@ pub fn open(app: &Arc<App>, headers: &HeaderMap, prefix: &str) -> Response<Body>
     let endpoint = format!("{}{prefix}/messages?sessionId={id}", forwarded.trim_end_matches('/'));
     let (tx, rx) = mpsc::channel(64);
     let _ = tx.try_send(sse::encode_event(None, Some("endpoint"), endpoint.as_bytes()));
-    app.legacy_connect(id, tx);
+    app.legacy_connect(id, tx, who.tenant.name.clone());
     respond::sse(rx, app.config.server.keep_alive)
 }
 
@@ -66,12 +70,21 @@ pub async fn message(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
         Ok(env) => env,
         Err(e) => return reject(app, None, Error::Parse(e)),
     };
+    let who = match authenticate(app, &parts.headers) {
+        Ok(who) => who,
+        Err(e) => return refuse(app, None, &parts.headers, None, Some(&env), body.len(), e, started, "POST"),
+    };
+    if env.kind == MessageKind::Request {
+        if let Err(e) = admit(app, &who, &env).await {
+            return refuse(app, Some(&who), &parts.headers, None, Some(&env), body.len(), e, started, "POST");
+        }
+    }
 
     if env.kind == MessageKind::Request && env.method_str() == "initialize" {
-        let Some(stream) = app.legacy_take(&id) else {
+        let Some(stream) = app.legacy_take(&id, &who.tenant.name) else {
             return reject(app, env.id, Error::UnknownSession);
         };
-        return match lists::open_session(app, &env, Some(id.clone())).await {
+        return match lists::open_session(app, &who, &env, Some(id.clone())).await {
             Ok((session, answer)) => {
                 attach(app, &session, stream);
                 session.push(answer);
@@ -81,13 +94,13 @@ pub async fn message(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
                 // The answer belongs on the SSE stream; keep the connection for a retry.
                 let error = jsonrpc::error_response(env.id, e.code(), &e.to_string(), e.data().as_ref());
                 let _ = stream.try_send(sse::encode_event(None, None, &error));
-                app.legacy_connect(id, stream);
+                app.legacy_connect(id, stream, who.tenant.name.clone());
                 accepted()
             }
         };
     }
 
-    let Some(session) = app.sessions.get(&id) else {
+    let Some(session) = app.sessions.get(&id).filter(|s| s.tenant == who.tenant.name) else {
         return reject(app, env.id, Error::UnknownSession);
     };
     session.touch();
@@ -95,9 +108,10 @@ pub async fn message(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
         MessageKind::Request => {
             // Answer in the background; the answer goes out on the SSE stream.
             let app = app.clone();
+            let headers = parts.headers;
             tokio::spawn(async move {
                 let Ok(env) = Envelope::parse(&body) else { return };
-                let response = request(&app, &session, &env, &body, true, started).await;
+                let response = request(&app, &who, &headers, &session, &env, &body, true, started).await;
                 move_to_stream(&session, response).await;
             });
             accepted()

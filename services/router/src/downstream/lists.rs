@@ -21,6 +21,7 @@ use crate::catalog::cursor::Cursor;
 use crate::error::Error;
 use crate::metrics::Outcome;
 use crate::session::Session;
+use crate::tenancy::{Principal, Tenant};
 use crate::upstream::empty_object;
 
 /// The list a `*/list` method asks for.
@@ -43,9 +44,9 @@ struct InitializeParams<'a> {
 
 /// `initialize` over Streamable HTTP: negotiates the version, creates the
 /// session and declares the merged capabilities of the upstreams.
-pub async fn initialize(app: &Arc<App>, env: &Envelope<'_>, started: Instant) -> Response<Body> {
+pub async fn initialize(app: &Arc<App>, who: &Principal, env: &Envelope<'_>, started: Instant) -> Response<Body> {
     let id = env.id.expect("a request has an id");
-    let result = open_session(app, env, None).await.map(|(session, body)| {
+    let result = open_session(app, who, env, None).await.map(|(session, body)| {
         let mut response = respond::json(body);
         response
             .headers_mut()
@@ -62,6 +63,7 @@ pub async fn initialize(app: &Arc<App>, env: &Envelope<'_>, started: Instant) ->
 /// which becomes the session's id and may negotiate 2024-11-05.
 pub async fn open_session(
     app: &Arc<App>,
+    who: &Principal,
     env: &Envelope<'_>,
     legacy_id: Option<Arc<str>>,
 ) -> Result<(Arc<Session>, bytes::Bytes), Error> {
@@ -111,8 +113,10 @@ pub async fn open_session(
         result["instructions"] = Value::String(instructions.clone());
     }
     let session = match legacy_id {
-        Some(legacy_id) => Session::legacy(legacy_id, version, capabilities, app.upstreams.len(), app.epoch),
-        None => Session::new(version, capabilities, app.upstreams.len(), app.epoch),
+        Some(legacy_id) => {
+            Session::legacy(legacy_id, who.tenant.name.clone(), version, capabilities, app.upstreams.len(), app.epoch)
+        }
+        None => Session::new(who.tenant.name.clone(), version, capabilities, app.upstreams.len(), app.epoch),
     };
     app.sessions.insert(session.clone());
     app.metrics.set_sessions(app.sessions.len());
@@ -125,9 +129,19 @@ struct ListParams {
     cursor: Option<String>,
 }
 
-/// One page of a merged list.
+/// Whether `tenant` sees an item of a list.
+pub fn sees(tenant: &Tenant, kind: ListKind, item: &crate::catalog::Item) -> bool {
+    match kind {
+        ListKind::Tools => tenant.sees_tool(item.upstream, &item.name),
+        _ => tenant.sees_upstream(item.upstream),
+    }
+}
+
+/// One page of a merged list, of the items `tenant` sees. Cursors count
+/// positions in the whole list, so a filtered page resumes where it ended.
 pub async fn list(
     app: &Arc<App>,
+    tenant: &Tenant,
     kind: ListKind,
     id: &RawValue,
     params: Option<&RawValue>,
@@ -143,7 +157,7 @@ pub async fn list(
     let page_size = app.config.catalog.page_size;
     let head = head(id, kind);
 
-    if page_size == 0 && params.cursor.is_none() {
+    if page_size == 0 && params.cursor.is_none() && tenant.unrestricted() {
         // The whole list, prebuilt: sent without copying it.
         return Ok(respond::json_parts(VecDeque::from([head, listing.all.clone(), Bytes::from_static(b"}}")])));
     }
@@ -165,20 +179,26 @@ pub async fn list(
             first + cursor.offset.min(count)
         }
     };
-    let end = if page_size == 0 { listing.items.len() } else { (start + page_size).min(listing.items.len()) };
-    let mut body = BytesMut::with_capacity(
-        head.len() + listing.items[start..end].iter().map(|i| i.json.len() + 1).sum::<usize>() + 128,
-    );
+    let mut body = BytesMut::with_capacity(head.len() + 4096);
     body.put_slice(&head);
     body.put_u8(b'[');
-    for (n, item) in listing.items[start..end].iter().enumerate() {
-        if n > 0 {
+    let mut shown = 0;
+    let mut end = start;
+    while end < listing.items.len() && (page_size == 0 || shown < page_size) {
+        let item = &listing.items[end];
+        end += 1;
+        if !sees(tenant, kind, item) {
+            continue;
+        }
+        if shown > 0 {
             body.put_u8(b',');
         }
         body.put_slice(&item.json);
+        shown += 1;
     }
     body.put_u8(b']');
-    if end < listing.items.len() {
+    // Only promise a next page if something the tenant sees is on it.
+    if listing.items[end..].iter().any(|i| sees(tenant, kind, i)) {
         let next = &listing.items[end];
         let &(_, first, _) =
             listing.spans.iter().find(|(up, _, _)| *up == next.upstream).expect("every item has a span");

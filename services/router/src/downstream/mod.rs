@@ -6,14 +6,16 @@
 //!
 //! 1. transport checks — `Origin`, `Content-Type`, body size;
 //! 2. parse the JSON-RPC envelope (nothing deeper);
-//! 3. session — `initialize` creates one, everything else must name a live one;
-//!    `MCP-Protocol-Version` must be supported;
-//! 4. route by message kind and method — answered locally (`ping`, lists,
-//!    `logging/setLevel`), or resolved to an upstream and forwarded
-//!    ([`forward`]), or relayed back (a client's answer to a server request);
-//! 5. record metrics.
-//!
-//! Authentication, tenancy and rate limiting slot in between 2 and 3.
+//! 3. authenticate — the API key names the tenant ([`crate::tenancy`]);
+//! 4. session — `initialize` creates one for the tenant, everything else must
+//!    name a live one of the same tenant; `MCP-Protocol-Version` must be
+//!    supported;
+//! 5. rate limit — requests only, per key, tenant and tool ([`crate::ratelimit`]);
+//! 6. route by message kind and method — answered locally (`ping`, lists
+//!    filtered to the tenant's catalog, `logging/setLevel`), or resolved to an
+//!    upstream the tenant sees and forwarded ([`forward`]), or relayed back
+//!    (a client's answer to a server request);
+//! 7. record metrics, and audit what reached an upstream or was refused.
 //!
 //! Errors are values of [`Error`] until [`respond::error`] turns them into a
 //! response; this module never builds an error body by hand.
@@ -41,7 +43,10 @@ use crate::config::ResponseMode;
 use crate::error::Error;
 use crate::events;
 use crate::metrics::Outcome;
+use crate::ratelimit::Decision;
 use crate::session::Session;
+use crate::store::AuditRecord;
+use crate::tenancy::Principal;
 
 static PROTOCOL_VERSION: http::HeaderName = http::HeaderName::from_static("mcp-protocol-version");
 static LAST_EVENT_ID: http::HeaderName = http::HeaderName::from_static("last-event-id");
@@ -82,11 +87,20 @@ async fn post(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
         Err(e) => return reject(app, None, Error::Parse(e)),
     };
 
-    // 3. The session.
+    // 3. Who is calling.
+    let who = match authenticate(app, &parts.headers) {
+        Ok(who) => who,
+        Err(e) => return refuse(app, None, &parts.headers, None, Some(&env), body.len(), e, started, "POST"),
+    };
+
+    // 4. The session.
     if env.kind == MessageKind::Request && env.method_str() == "initialize" {
-        return lists::initialize(app, &env, started).await;
+        if let Err(e) = admit(app, &who, &env).await {
+            return refuse(app, Some(&who), &parts.headers, None, Some(&env), body.len(), e, started, "POST");
+        }
+        return lists::initialize(app, &who, &env, started).await;
     }
-    let session = match session_of(app, &parts.headers) {
+    let session = match session_of(app, &parts.headers, &who) {
         Ok(session) => session,
         Err(e) => return reject(app, env.id, e),
     };
@@ -95,11 +109,18 @@ async fn post(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     }
     session.touch();
 
-    // 4. Route.
+    // 5. Rate limits.
+    if env.kind == MessageKind::Request {
+        if let Err(e) = admit(app, &who, &env).await {
+            return refuse(app, Some(&who), &parts.headers, Some(&session), Some(&env), body.len(), e, started, "POST");
+        }
+    }
+
+    // 6. Route.
     let accepts_sse = accepts_sse(&parts.headers);
     match env.kind {
         MessageKind::Request => {
-            let response = request(app, &session, &env, &body, accepts_sse, started).await;
+            let response = request(app, &who, &parts.headers, &session, &env, &body, accepts_sse, started).await;
             if accepts_sse && app.config.server.response_mode == ResponseMode::Sse {
                 respond::as_sse(response)
             } else {
@@ -118,8 +139,11 @@ async fn post(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
 }
 
 /// A request from the client: answered here or forwarded.
+#[allow(clippy::too_many_arguments)]
 async fn request(
     app: &Arc<App>,
+    who: &Principal,
+    headers: &HeaderMap,
     session: &Arc<Session>,
     env: &Envelope<'_>,
     body: &Bytes,
@@ -137,7 +161,7 @@ async fn request(
         Method::Ping => local(Ok(respond::json(jsonrpc::result_response(id, b"{}")))),
         Method::ToolsList | Method::PromptsList | Method::ResourcesList | Method::ResourcesTemplatesList => {
             let kind = lists::kind_of(method);
-            local(lists::list(app, kind, id, env.params).await)
+            local(lists::list(app, &who.tenant, kind, id, env.params).await)
         }
         Method::LoggingSetLevel => local(set_level(app, session, env).await),
         Method::ToolsCall
@@ -145,7 +169,28 @@ async fn request(
         | Method::ResourcesRead
         | Method::ResourcesSubscribe
         | Method::ResourcesUnsubscribe
-        | Method::CompletionComplete => forward::forward(app, session, method, env, body, accepts_sse, started).await,
+        | Method::CompletionComplete => {
+            let mut ledger = forward::Ledger {
+                draft: app
+                    .audit
+                    .as_ref()
+                    .map(|audit| draft(app, audit, Some(who), headers, Some(session), Some(env), body.len())),
+                permit: None,
+            };
+            if let Some(max) = who.tenant.limits.concurrent {
+                match app.limiter.enter(&who.tenant.name, max) {
+                    Some(permit) => ledger.permit = Some(permit),
+                    None => {
+                        let e = Error::TooManyInFlight(max);
+                        app.metrics.rate_limited(&who.tenant.name, "concurrent");
+                        ledger.close(app, None, Outcome::Rejected, Some(e.code()), 0, started);
+                        app.metrics.request(method, None).record(Outcome::Rejected, started.elapsed());
+                        return respond::error(Some(id), &e);
+                    }
+                }
+            }
+            forward::forward(app, who, session, method, env, body, accepts_sse, started, ledger).await
+        }
         Method::Initialize => unreachable!("handled before the session phase"),
         _ => {
             app.metrics.request(Method::Other, None).record(Outcome::Rejected, started.elapsed());
@@ -246,7 +291,15 @@ async fn answer(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>, body
 
 /// GET: the session's stream of messages not tied to a request.
 fn get(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
-    let session = match check_origin(app, headers).and_then(|()| session_of(app, headers)) {
+    let started = Instant::now();
+    if let Err(e) = check_origin(app, headers) {
+        return reject(app, None, e);
+    }
+    let who = match authenticate(app, headers) {
+        Ok(who) => who,
+        Err(e) => return refuse(app, None, headers, None, None, 0, e, started, "GET /mcp"),
+    };
+    let session = match session_of(app, headers, &who) {
         Ok(session) => session,
         Err(e) => return reject(app, None, e),
     };
@@ -270,11 +323,16 @@ async fn delete(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
     if let Err(e) = check_origin(app, headers) {
         return reject(app, None, e);
     }
-    let id = match headers.get(&respond::SESSION_ID).and_then(|v| v.to_str().ok()) {
-        Some(id) => id,
-        None => return reject(app, None, Error::MissingSession),
+    let who = match authenticate(app, headers) {
+        Ok(who) => who,
+        Err(e) => return refuse(app, None, headers, None, None, 0, e, Instant::now(), "DELETE /mcp"),
     };
-    match app.sessions.remove(id) {
+    // Checks the session exists and is this tenant's.
+    let id = match session_of(app, headers, &who) {
+        Ok(session) => session.id.clone(),
+        Err(e) => return reject(app, None, e),
+    };
+    match app.sessions.remove(&id) {
         Some(session) => {
             app.metrics.set_sessions(app.sessions.len());
             session.close().await;
@@ -286,10 +344,139 @@ async fn delete(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
     }
 }
 
-fn session_of(app: &App, headers: &HeaderMap) -> Result<Arc<Session>, Error> {
+/// The session a request names, if it is `who`'s tenant's. Another tenant's
+/// session is reported exactly like one that does not exist.
+pub(crate) fn session_of(app: &App, headers: &HeaderMap, who: &Principal) -> Result<Arc<Session>, Error> {
     let id = headers.get(&respond::SESSION_ID).ok_or(Error::MissingSession)?;
     let id = id.to_str().map_err(|_| Error::UnknownSession)?;
-    app.sessions.get(id).ok_or(Error::UnknownSession)
+    let session = app.sessions.get(id).ok_or(Error::UnknownSession)?;
+    if session.tenant != who.tenant.name {
+        app.metrics.auth_failed("wrong_tenant");
+        return Err(Error::UnknownSession);
+    }
+    Ok(session)
+}
+
+/// Phase 3: the caller, from its API key (or the open tenant when
+/// `auth.mode = "none"`).
+pub(crate) fn authenticate(app: &App, headers: &HeaderMap) -> Result<Principal, Error> {
+    app.directory.authenticate(headers, crate::store::now_ms()).map_err(|failure| {
+        app.metrics.auth_failed(failure.label());
+        Error::Unauthenticated(failure)
+    })
+}
+
+/// Phase 5: the rate limits of a request (key, tenant, and the tool for `tools/call`).
+pub(crate) async fn admit(app: &App, who: &Principal, env: &Envelope<'_>) -> Result<(), Error> {
+    let limits = &who.tenant.limits;
+    if limits.key.is_none() && limits.tenant.is_none() && limits.tool.is_none() {
+        return Ok(());
+    }
+    let tool = match (limits.tool.is_some() && env.method_str() == "tools/call", env.params) {
+        (true, Some(params)) => Target::parse(params).ok().and_then(|t| t.name).and_then(jsonrpc::as_str),
+        _ => None,
+    };
+    let checks = crate::ratelimit::checks(who, tool.as_deref());
+    match app.limiter.check(&checks).await {
+        Decision::Allow => Ok(()),
+        Decision::Deny { limit, retry_after } => {
+            app.metrics.rate_limited(&who.tenant.name, limit);
+            Err(Error::RateLimited { limit, retry_after })
+        }
+    }
+}
+
+/// A request refused by authentication or a limit: counted, audited, answered.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn refuse(
+    app: &App,
+    who: Option<&Principal>,
+    headers: &HeaderMap,
+    session: Option<&Arc<Session>>,
+    env: Option<&Envelope<'_>>,
+    request_bytes: usize,
+    err: Error,
+    started: Instant,
+    http: &'static str,
+) -> Response<Body> {
+    app.metrics.rejected(err.label());
+    let id = env.and_then(|e| e.id);
+    let response = respond::error(id, &err);
+    if let Some(audit) = &app.audit {
+        let mut record = draft(app, audit, who, headers, session, env, request_bytes);
+        if env.is_none() {
+            // Not a JSON-RPC message: name the HTTP request instead.
+            record.method = http.to_owned();
+        }
+        record.outcome = "refused".into();
+        record.error_code = Some(err.code());
+        record.latency_us = started.elapsed().as_micros() as i64;
+        audit.record(record);
+    }
+    response
+}
+
+/// The audit record of a request, before its outcome is known.
+pub(crate) fn draft(
+    app: &App,
+    audit: &crate::audit::Audit,
+    who: Option<&Principal>,
+    headers: &HeaderMap,
+    session: Option<&Arc<Session>>,
+    env: Option<&Envelope<'_>>,
+    request_bytes: usize,
+) -> AuditRecord {
+    let _ = app;
+    let target = env
+        .and_then(|e| e.params)
+        .and_then(|p| Target::parse(p).ok())
+        .and_then(|t| t.name.or(t.uri).or_else(|| t.reference.as_ref().and_then(|r| r.name.or(r.uri))));
+    let arguments = match (who, env) {
+        (Some(who), Some(env)) if who.tenant.audit_arguments => env.params.and_then(|p| {
+            #[derive(Deserialize)]
+            struct Args<'a> {
+                #[serde(borrow)]
+                arguments: Option<&'a RawValue>,
+            }
+            serde_json::from_str::<Args<'_>>(p.get()).ok().and_then(|a| a.arguments).map(|a| a.get().to_owned())
+        }),
+        _ => None,
+    };
+    let key_prefix = match who {
+        Some(who) if !who.key_prefix.is_empty() => Some(who.key_prefix.to_string()),
+        Some(_) => None,
+        // An unknown key: keep its prefix only if it has our format (never
+        // part of some other secret).
+        None => crate::tenancy::presented_key(headers)
+            .filter(|k| k.len() == 43 && k.starts_with("sb_"))
+            .map(|k| k[..crate::tenancy::PREFIX_LEN].to_owned()),
+    };
+    AuditRecord {
+        id: audit.new_id(),
+        at_ms: crate::store::now_ms(),
+        tenant: who.map(|w| w.tenant.name.to_string()),
+        key_prefix,
+        session: session.map(|s| s.id.to_string()),
+        method: env.map_or_else(String::new, |e| e.method_str().to_owned()),
+        target: target.and_then(jsonrpc::as_str).map(|t| t.into_owned()),
+        upstream: None,
+        outcome: String::new(),
+        error_code: None,
+        latency_us: 0,
+        request_bytes: request_bytes as i64,
+        response_bytes: 0,
+        trace_id: trace_id(headers),
+        arguments,
+    }
+}
+
+/// The trace id of a W3C `traceparent` header (`00-<trace id>-<span id>-<flags>`).
+fn trace_id(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get("traceparent")?.to_str().ok()?;
+    let mut parts = value.split('-');
+    let (_version, trace) = (parts.next()?, parts.next()?);
+    (trace.len() == 32 && trace.bytes().all(|b| b.is_ascii_hexdigit()) && trace != "0".repeat(32))
+        .then(|| trace.to_ascii_lowercase())
 }
 
 /// Browsers send `Origin`; a page on another site must not reach a local router.

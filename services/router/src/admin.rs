@@ -1,0 +1,531 @@
+//! Administration: tenants, API keys and the audit log, as operations shared
+//! by the CLI (`switchboard tenants|keys|audit`) and the admin HTTP API
+//! (`[admin] listen`, documented in `docs/admin-api.yaml`).
+//!
+//! Everything here writes to the database; routers pick changes up from it
+//! (notification or poll), never from this module directly. The admin API
+//! must never answer without the admin token, and never shows a key except
+//! once, in the answer that creates it.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::net::TcpListener;
+
+use crate::body::Body;
+use crate::config::Config;
+use crate::store::{now_ms, AuditQuery, AuditRecord, Database, KeyRow, StoreError, TenantRow};
+use crate::tenancy::{generate_key, Policy};
+
+/// The operations, over one database and the config file's tenants.
+#[derive(Clone)]
+pub struct Admin {
+    pub db: Database,
+    static_tenants: Vec<(String, Policy)>,
+    upstreams: Vec<String>,
+}
+
+/// What went wrong with an operation.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl AdminError {
+    fn status(&self) -> StatusCode {
+        match self {
+            AdminError::Invalid(_) => StatusCode::BAD_REQUEST,
+            AdminError::Store(StoreError::NotFound(_)) => StatusCode::NOT_FOUND,
+            AdminError::Store(StoreError::Exists(_)) => StatusCode::CONFLICT,
+            AdminError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+/// A tenant as listed: where it is declared.
+#[derive(Debug, Clone, Serialize)]
+pub struct TenantInfo {
+    pub name: String,
+    #[serde(flatten)]
+    pub policy: Policy,
+    /// `database` or `config`.
+    pub source: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_at_ms: Option<i64>,
+}
+
+/// A key just created: the only time the key itself is shown.
+#[derive(Debug, Clone, Serialize)]
+pub struct NewKey {
+    pub key: String,
+    #[serde(flatten)]
+    pub row: KeyRow,
+}
+
+impl Admin {
+    /// For the upstreams and `[[tenants]]` of `config`.
+    pub fn new(db: Database, config: &Config) -> Admin {
+        Admin {
+            db,
+            static_tenants: config.tenants.clone(),
+            upstreams: config.upstreams.iter().map(|u| u.name.clone()).collect(),
+        }
+    }
+
+    pub async fn create_tenant(&self, name: &str, policy: Policy) -> Result<TenantRow, AdminError> {
+        if !crate::config::valid_name(name) {
+            return Err(AdminError::Invalid(format!(
+                "tenant name {name:?}: use 1 to 48 of letters, digits, '_' and '-'"
+            )));
+        }
+        self.check_policy(&policy)?;
+        let row = TenantRow { name: name.to_owned(), policy, created_at_ms: now_ms() };
+        self.db.create_tenant(&row).await?;
+        Ok(row)
+    }
+
+    pub async fn update_tenant(&self, name: &str, policy: Policy) -> Result<(), AdminError> {
+        self.check_policy(&policy)?;
+        Ok(self.db.update_tenant(name, &policy).await?)
+    }
+
+    fn check_policy(&self, policy: &Policy) -> Result<(), AdminError> {
+        let names: Vec<&str> = self.upstreams.iter().map(String::as_str).collect();
+        let problems = policy.problems(&names);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(AdminError::Invalid(problems.iter().map(|(k, m)| format!("{k}: {m}")).collect::<Vec<_>>().join("; ")))
+        }
+    }
+
+    /// Every tenant: the database's, then those only in the config file.
+    pub async fn tenants(&self) -> Result<Vec<TenantInfo>, AdminError> {
+        let mut out: Vec<TenantInfo> = self
+            .db
+            .tenants()
+            .await?
+            .into_iter()
+            .map(|t| TenantInfo {
+                name: t.name,
+                policy: t.policy,
+                source: "database",
+                created_at_ms: Some(t.created_at_ms),
+            })
+            .collect();
+        for (name, policy) in &self.static_tenants {
+            if !out.iter().any(|t| &t.name == name) {
+                out.push(TenantInfo {
+                    name: name.clone(),
+                    policy: policy.clone(),
+                    source: "config",
+                    created_at_ms: None,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn tenant(&self, name: &str) -> Result<TenantInfo, AdminError> {
+        self.tenants()
+            .await?
+            .into_iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| AdminError::Store(StoreError::NotFound(format!("tenant {name:?}"))))
+    }
+
+    pub async fn delete_tenant(&self, name: &str) -> Result<(), AdminError> {
+        match self.db.delete_tenant(name).await {
+            Err(StoreError::NotFound(_)) if self.static_tenants.iter().any(|(n, _)| n == name) => {
+                Err(AdminError::Invalid(format!("tenant {name:?} is declared in the config file; remove it there")))
+            }
+            other => Ok(other?),
+        }
+    }
+
+    /// Creates a key for `tenant`, valid until `expires_at_ms` if given.
+    pub async fn create_key(&self, tenant: &str, expires_at_ms: Option<i64>) -> Result<NewKey, AdminError> {
+        self.tenant(tenant).await?;
+        if expires_at_ms.is_some_and(|at| at <= now_ms()) {
+            return Err(AdminError::Invalid("the expiry is in the past".into()));
+        }
+        let (key, prefix, hash) = generate_key();
+        let row = KeyRow {
+            prefix,
+            hash,
+            tenant: tenant.to_owned(),
+            created_at_ms: now_ms(),
+            expires_at_ms,
+            revoked_at_ms: None,
+        };
+        self.db.create_key(&row).await?;
+        Ok(NewKey { key, row })
+    }
+
+    pub async fn keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRow>, AdminError> {
+        Ok(self.db.keys(tenant, true).await?)
+    }
+
+    pub async fn revoke_key(&self, prefix: &str) -> Result<(), AdminError> {
+        Ok(self.db.revoke_key(prefix, now_ms()).await?)
+    }
+
+    pub async fn audit(&self, query: &AuditQuery) -> Result<Vec<(i64, AuditRecord)>, AdminError> {
+        Ok(self.db.query_audit(query).await?)
+    }
+}
+
+// ---- The HTTP API ----------------------------------------------------------
+
+/// Serves the admin API on `listener` until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    admin: Admin,
+    token: String,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let state = Arc::new((admin, token));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let state = state.clone();
+                let service = hyper::service::service_fn(move |req| {
+                    let state = state.clone();
+                    async move { Ok::<_, Infallible>(handle(&state.0, &state.1, req).await) }
+                });
+                tokio::spawn(async move {
+                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                });
+            }
+            () = &mut shutdown => return Ok(()),
+        }
+    }
+}
+
+fn reply(status: StatusCode, value: serde_json::Value) -> Response<Body> {
+    let mut response = Response::new(Body::full(Bytes::from(value.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(http::header::CONTENT_TYPE, crate::downstream::respond::JSON);
+    response
+}
+
+fn problem(status: StatusCode, message: impl std::fmt::Display) -> Response<Body> {
+    reply(status, json!({ "error": message.to_string() }))
+}
+
+/// Equal-time comparison: the admin token must not leak through timing.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    let (ha, hb) = (crate::tenancy::hash_bytes(a), crate::tenancy::hash_bytes(b));
+    ha.iter().zip(hb.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A tenant or its policy in a request body (the fields of `[[tenants]]`;
+/// `name` only when creating).
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct PolicyBody {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    upstreams: Vec<String>,
+    #[serde(default)]
+    tools: BTreeMap<String, crate::tenancy::ToolFilter>,
+    #[serde(default)]
+    limits: crate::tenancy::Limits,
+    #[serde(default)]
+    audit_arguments: bool,
+}
+
+impl From<PolicyBody> for Policy {
+    fn from(p: PolicyBody) -> Policy {
+        Policy { upstreams: p.upstreams, tools: p.tools, limits: p.limits, audit_arguments: p.audit_arguments }
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CreateKey {
+    /// `"30d"`, `"12h"`, … from now.
+    expires_in: Option<String>,
+    expires_at_ms: Option<i64>,
+}
+
+async fn handle(admin: &Admin, token: &str, req: Request<Incoming>) -> Response<Body> {
+    let presented = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if !same_secret(presented.as_bytes(), token.as_bytes()) {
+        let mut response =
+            problem(StatusCode::UNAUTHORIZED, "the admin API needs \"Authorization: Bearer <admin token>\"");
+        response.headers_mut().insert(
+            http::header::WWW_AUTHENTICATE,
+            http::HeaderValue::from_static(r#"Bearer realm="switchboard-admin""#),
+        );
+        return response;
+    }
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let query = req.uri().query().unwrap_or("").to_owned();
+    let body = match http_body_util::Limited::new(req.into_body(), 1 << 20).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return problem(StatusCode::BAD_REQUEST, format!("could not read the body: {e}")),
+    };
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let result = match (&method, segments.as_slice()) {
+        (&Method::GET, ["v1", "tenants"]) => admin.tenants().await.map(|t| (StatusCode::OK, json!({ "tenants": t }))),
+        (&Method::POST, ["v1", "tenants"]) => match serde_json::from_slice::<PolicyBody>(&body) {
+            Ok(mut p) => match p.name.take() {
+                Some(name) => admin.create_tenant(&name, p.into()).await.map(|t| (StatusCode::CREATED, json!(t))),
+                None => Err(AdminError::Invalid("body: name is required".into())),
+            },
+            Err(e) => Err(AdminError::Invalid(format!("body: {e}"))),
+        },
+        (&Method::GET, ["v1", "tenants", name]) => admin.tenant(name).await.map(|t| (StatusCode::OK, json!(t))),
+        (&Method::PUT, ["v1", "tenants", name]) => match serde_json::from_slice::<PolicyBody>(&body) {
+            Ok(p) if p.name.as_deref().is_some_and(|n| n != *name) => {
+                Err(AdminError::Invalid("body: a tenant cannot be renamed".into()))
+            }
+            Ok(p) => admin.update_tenant(name, p.into()).await.map(|()| (StatusCode::NO_CONTENT, json!(null))),
+            Err(e) => Err(AdminError::Invalid(format!("body: {e}"))),
+        },
+        (&Method::DELETE, ["v1", "tenants", name]) => {
+            admin.delete_tenant(name).await.map(|()| (StatusCode::NO_CONTENT, json!(null)))
+        }
+        (&Method::GET, ["v1", "tenants", name, "keys"]) => {
+            admin.keys(Some(name)).await.map(|k| (StatusCode::OK, json!({ "keys": k })))
+        }
+        (&Method::POST, ["v1", "tenants", name, "keys"]) => {
+            let parsed =
+                if body.is_empty() { Ok(CreateKey::default()) } else { serde_json::from_slice::<CreateKey>(&body) };
+            match parsed {
+                Ok(c) => match expiry(c.expires_in.as_deref(), c.expires_at_ms) {
+                    Ok(at) => admin.create_key(name, at).await.map(|k| (StatusCode::CREATED, json!(k))),
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(AdminError::Invalid(format!("body: {e}"))),
+            }
+        }
+        (&Method::GET, ["v1", "keys"]) => admin.keys(None).await.map(|k| (StatusCode::OK, json!({ "keys": k }))),
+        (&Method::DELETE, ["v1", "keys", prefix]) => {
+            admin.revoke_key(prefix).await.map(|()| (StatusCode::NO_CONTENT, json!(null)))
+        }
+        (&Method::GET, ["v1", "audit"]) => match audit_query(&query) {
+            Ok(q) => admin.audit(&q).await.map(|records| {
+                let records: Vec<serde_json::Value> = records
+                    .into_iter()
+                    .map(|(seq, r)| {
+                        let mut v = json!(r);
+                        v["seq"] = json!(seq);
+                        v["at"] = json!(format_time(r.at_ms));
+                        v
+                    })
+                    .collect();
+                (StatusCode::OK, json!({ "records": records }))
+            }),
+            Err(e) => Err(e),
+        },
+        (_, ["v1", ..]) => {
+            return problem(StatusCode::NOT_FOUND, format!("no route {method} {path}; see docs/admin-api.yaml"))
+        }
+        _ => return problem(StatusCode::NOT_FOUND, "the admin API is under /v1/"),
+    };
+    match result {
+        Ok((StatusCode::NO_CONTENT, _)) => {
+            let mut response = Response::new(Body::Empty);
+            *response.status_mut() = StatusCode::NO_CONTENT;
+            response
+        }
+        Ok((status, value)) => reply(status, value),
+        Err(e) => {
+            if e.status() == StatusCode::SERVICE_UNAVAILABLE {
+                tracing::warn!(error = %e, "admin API: database error");
+            }
+            problem(e.status(), e)
+        }
+    }
+}
+
+/// An expiry from `expires_in` (a duration from now) or `expires_at_ms`.
+pub fn expiry(expires_in: Option<&str>, expires_at_ms: Option<i64>) -> Result<Option<i64>, AdminError> {
+    match (expires_in, expires_at_ms) {
+        (Some(_), Some(_)) => Err(AdminError::Invalid("give expires_in or expires_at_ms, not both".into())),
+        (Some(text), None) => {
+            let d = crate::config::parse_duration(text).map_err(|e| AdminError::Invalid(format!("expires_in: {e}")))?;
+            Ok(Some(now_ms() + d.as_millis() as i64))
+        }
+        (None, at) => Ok(at),
+    }
+}
+
+fn audit_query(query: &str) -> Result<AuditQuery, AdminError> {
+    let mut q = AuditQuery { limit: 100, ..AuditQuery::default() };
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v);
+        match k {
+            "tenant" => q.tenant = Some(v),
+            "since" => q.since_ms = Some(parse_since(&v).map_err(AdminError::Invalid)?),
+            "after_seq" => {
+                q.after_seq = Some(v.parse().map_err(|_| AdminError::Invalid("after_seq: not a number".into()))?)
+            }
+            "limit" => {
+                q.limit =
+                    v.parse::<i64>().map_err(|_| AdminError::Invalid("limit: not a number".into()))?.clamp(1, 10_000)
+            }
+            other => return Err(AdminError::Invalid(format!("unknown query parameter {other:?}"))),
+        }
+    }
+    Ok(q)
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                match u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"), 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+// ---- Times -----------------------------------------------------------------
+
+/// `since` as Unix milliseconds: a duration ago (`"15m"`, `"2h"`, `"7d"`), an
+/// RFC 3339 UTC time (`"2026-11-22T08:00:00Z"`), a date (`"2026-11-22"`), or
+/// Unix milliseconds.
+pub fn parse_since(text: &str) -> Result<i64, String> {
+    let t = text.trim();
+    if let Ok(ms) = t.parse::<i64>() {
+        if ms > 100_000_000_000 {
+            return Ok(ms);
+        }
+    }
+    if let Ok(d) = crate::config::parse_duration(t) {
+        return Ok(now_ms() - d.as_millis() as i64);
+    }
+    parse_time(t).ok_or_else(|| {
+        format!("{text:?} is not a time: use a duration ago (\"15m\", \"7d\"), \"2026-11-22T08:00:00Z\" or a date")
+    })
+}
+
+/// Parses `YYYY-MM-DD[THH:MM[:SS[.fff]]][Z]` as UTC.
+pub fn parse_time(t: &str) -> Option<i64> {
+    let t = t.strip_suffix('Z').unwrap_or(t);
+    let (date, time) = t.split_once(['T', ' ']).unwrap_or((t, "00:00:00"));
+    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    if d.next().is_some() || !(1..=12).contains(&m) || !(1..=31).contains(&day) {
+        return None;
+    }
+    let mut parts = time.split(':');
+    let h: i64 = parts.next()?.parse().ok()?;
+    let min: i64 = parts.next().unwrap_or("0").parse().ok()?;
+    let sec: f64 = parts.next().unwrap_or("0").parse().ok()?;
+    if parts.next().is_some() || h > 23 || min > 59 || !(0.0..61.0).contains(&sec) {
+        return None;
+    }
+    Some((days_from_civil(y, m, day) * 86_400 + h * 3600 + min * 60) * 1000 + (sec * 1000.0).round() as i64)
+}
+
+/// Unix milliseconds as `2026-11-22T08:00:00.000Z`.
+pub fn format_time(ms: i64) -> String {
+    let (days, rem) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000
+    )
+}
+
+// Days since 1970-01-01 to and from a proleptic Gregorian date, by counting
+// 400-year eras of 146,097 days from 0000-03-01.
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (if m <= 2 { yoe + era * 400 + 1 } else { yoe + era * 400 }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_round_trip() {
+        assert_eq!(format_time(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(parse_time("1970-01-01T00:00:00Z"), Some(0));
+        let t = parse_time("2026-11-22T08:30:15.250Z").unwrap();
+        assert_eq!(format_time(t), "2026-11-22T08:30:15.250Z");
+        assert_eq!(parse_time("2024-02-29"), Some(1_709_164_800_000));
+        assert_eq!(format_time(1_709_164_800_000), "2024-02-29T00:00:00.000Z");
+        assert!(parse_time("2026-13-01").is_none());
+        assert!(parse_time("yesterday").is_none());
+        let ago = parse_since("1h").unwrap();
+        assert!((now_ms() - ago - 3_600_000).abs() < 5_000);
+    }
+
+    #[test]
+    fn query_strings() {
+        let q = audit_query("tenant=acme%2Dcorp&limit=5&since=2026-01-01").unwrap();
+        assert_eq!(q.tenant.as_deref(), Some("acme-corp"));
+        assert_eq!(q.limit, 5);
+        assert!(audit_query("colour=blue").is_err());
+    }
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret(b"abcdefghijklmnop", b"abcdefghijklmnop"));
+        assert!(!same_secret(b"abcdefghijklmnop", b"abcdefghijklmnoq"));
+        assert!(!same_secret(b"", b"abcdefghijklmnop"));
+    }
+}

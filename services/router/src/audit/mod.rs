@@ -1,0 +1,270 @@
+//! The audit log: one record per request that reaches an upstream, and per
+//! refused request, written to the database by a background task.
+//!
+//! The request path only hands a record to a bounded queue ([`Audit::record`])
+//! and never waits for the database. The writer takes what has queued (up to
+//! a batch) and writes it with one multi-row insert. When the database fails
+//! or is too slow, the batch goes to the [`spool`] file instead, and so does
+//! everything after it until the spool has been replayed, in order; so
+//! records reach the database in the order they were made, each exactly once
+//! (the database skips ids it already has). If the queue is full, the request
+//! path appends its record to the spool itself rather than drop it.
+
+pub mod spool;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, Notify};
+
+use crate::metrics::Metrics;
+use crate::store::{AuditRecord, Database};
+use spool::Spool;
+
+/// Tuning of the writer (from `[audit]`).
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub queue: usize,
+    pub batch: usize,
+    /// A write that takes longer counts as failed (the batch is spooled).
+    pub write_timeout: Duration,
+    /// After a failure, how long before the database is tried again.
+    pub retry_every: Duration,
+}
+
+/// The handle the request path uses.
+pub struct Audit {
+    queue: mpsc::Sender<AuditRecord>,
+    spool: Arc<Mutex<Spool>>,
+    metrics: Arc<Metrics>,
+    stop: Arc<Notify>,
+    done: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    ids: Ids,
+}
+
+impl Audit {
+    /// Opens the spool and starts the writer. Must run inside a Tokio runtime.
+    pub fn start(db: Database, spool_path: &Path, options: Options, metrics: Arc<Metrics>) -> std::io::Result<Audit> {
+        let spool = Arc::new(Mutex::new(Spool::open(spool_path)?));
+        {
+            let s = spool.lock().expect("lock");
+            if s.pending() {
+                tracing::info!(bytes = s.pending_bytes(), path = %spool_path.display(), "audit: spooled records from an earlier run will be replayed");
+            }
+            metrics.set_audit_spool_bytes(s.pending_bytes());
+        }
+        let (tx, rx) = mpsc::channel(options.queue.max(1));
+        let stop = Arc::new(Notify::new());
+        let writer =
+            Writer { db, rx, spool: spool.clone(), metrics: metrics.clone(), options, capacity: tx.max_capacity() };
+        let done = tokio::spawn(writer.run(stop.clone()));
+        Ok(Audit { queue: tx, spool, metrics, stop, done: Mutex::new(Some(done)), ids: Ids::new() })
+    }
+
+    /// A new record id, unique across replicas and restarts.
+    pub fn new_id(&self) -> String {
+        self.ids.next()
+    }
+
+    /// Queues a record; never waits. If the queue is full the record is
+    /// appended to the spool here instead.
+    pub fn record(&self, record: AuditRecord) {
+        match self.queue.try_send(record) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(record) | mpsc::error::TrySendError::Closed(record)) => {
+                self.metrics.audit_overflow();
+                let mut spool = self.spool.lock().expect("lock");
+                match spool.append(std::slice::from_ref(&record)) {
+                    Ok(()) => {
+                        self.metrics.audit_spooled(1);
+                        self.metrics.set_audit_spool_bytes(spool.pending_bytes());
+                    }
+                    Err(e) => {
+                        self.metrics.audit_lost(1);
+                        tracing::error!(error = %e, id = %record.id, "audit: record lost: queue full and the spool cannot be written");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes what is queued (to the database, or else the spool) and stops
+    /// the writer; waits at most `grace`.
+    pub async fn close(&self, grace: Duration) {
+        self.stop.notify_one();
+        let handle = self.done.lock().expect("lock").take();
+        if let Some(handle) = handle {
+            if tokio::time::timeout(grace, handle).await.is_err() {
+                tracing::warn!("audit: writer did not finish within {grace:?}; queued records are spooled on the next start only if they reached the spool");
+            }
+        }
+    }
+}
+
+/// Record ids: 64 random bits fixed per process, then a counter.
+struct Ids {
+    process: String,
+    counter: AtomicU64,
+}
+
+impl Ids {
+    fn new() -> Ids {
+        let mut bytes = [0u8; 8];
+        getrandom::fill(&mut bytes).expect("the operating system's random source");
+        Ids { process: crate::tenancy::hex(&bytes), counter: AtomicU64::new(0) }
+    }
+
+    fn next(&self) -> String {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        let mut id = String::with_capacity(32);
+        id.push_str(&self.process);
+        id.push_str(&crate::tenancy::hex(&n.to_be_bytes()));
+        id
+    }
+}
+
+struct Writer {
+    db: Database,
+    rx: mpsc::Receiver<AuditRecord>,
+    spool: Arc<Mutex<Spool>>,
+    metrics: Arc<Metrics>,
+    options: Options,
+    capacity: usize,
+}
+
+impl Writer {
+    async fn run(mut self, stop: Arc<Notify>) {
+        let mut batch: Vec<AuditRecord> = Vec::with_capacity(self.options.batch);
+        let mut retry_at = tokio::time::Instant::now();
+        let mut stopping = false;
+        loop {
+            let spooling = self.spool.lock().expect("lock").pending();
+            // While records wait in the spool, wake up to replay them even
+            // when no new ones arrive.
+            let wait = if spooling {
+                retry_at.max(tokio::time::Instant::now() + Duration::from_millis(50))
+            } else {
+                tokio::time::Instant::now() + Duration::from_secs(3600)
+            };
+            if !stopping {
+                tokio::select! {
+                    r = self.rx.recv() => match r {
+                        Some(r) => batch.push(r),
+                        None => stopping = true,
+                    },
+                    () = tokio::time::sleep_until(wait) => {}
+                    () = stop.notified() => {
+                        stopping = true;
+                        self.rx.close();
+                    }
+                }
+            }
+            while batch.len() < self.options.batch {
+                match self.rx.try_recv() {
+                    Ok(r) => batch.push(r),
+                    Err(_) => break,
+                }
+            }
+            self.metrics.set_audit_queue(self.capacity - self.rx.capacity());
+            if !batch.is_empty() {
+                self.write(&mut batch, &mut retry_at).await;
+            }
+            if self.spool.lock().expect("lock").pending() && tokio::time::Instant::now() >= retry_at {
+                self.replay(&mut retry_at).await;
+            }
+            if stopping && batch.is_empty() && self.rx.is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// Writes a batch to the database, or to the spool when records already
+    /// wait there (to keep order) or the database fails.
+    async fn write(&mut self, batch: &mut Vec<AuditRecord>, retry_at: &mut tokio::time::Instant) {
+        let spooling = self.spool.lock().expect("lock").pending();
+        if !spooling {
+            match tokio::time::timeout(self.options.write_timeout, self.db.insert_audit(batch)).await {
+                Ok(Ok(_)) => {
+                    self.metrics.audit_written(batch.len());
+                    batch.clear();
+                    return;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, records = batch.len(), "audit: database write failed; spooling to disk until it is back");
+                }
+                Err(_) => {
+                    tracing::warn!(timeout = ?self.options.write_timeout, records = batch.len(), "audit: database write timed out; spooling to disk until it is back");
+                }
+            }
+            self.metrics.audit_write_failed();
+            *retry_at = tokio::time::Instant::now() + self.options.retry_every;
+        }
+        self.spool_batch(batch);
+    }
+
+    fn spool_batch(&mut self, batch: &mut Vec<AuditRecord>) {
+        let mut spool = self.spool.lock().expect("lock");
+        match spool.append(batch) {
+            Ok(()) => self.metrics.audit_spooled(batch.len()),
+            Err(e) => {
+                self.metrics.audit_lost(batch.len());
+                tracing::error!(error = %e, records = batch.len(), "audit: records lost: the database and the spool both failed");
+            }
+        }
+        self.metrics.set_audit_spool_bytes(spool.pending_bytes());
+        batch.clear();
+    }
+
+    /// Replays the spool into the database, batch by batch, until it is
+    /// empty or the database fails again.
+    async fn replay(&mut self, retry_at: &mut tokio::time::Instant) {
+        loop {
+            let peeked = self.spool.lock().expect("lock").peek(self.options.batch);
+            let (records, offset, corrupt) = match peeked {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::error!(error = %e, "audit: cannot read the spool");
+                    *retry_at = tokio::time::Instant::now() + self.options.retry_every;
+                    return;
+                }
+            };
+            if corrupt > 0 {
+                self.metrics.audit_lost(corrupt);
+                tracing::error!(
+                    lines = corrupt,
+                    "audit: unreadable lines in the spool skipped (a write cut short by a crash)"
+                );
+            }
+            if !records.is_empty() {
+                match tokio::time::timeout(self.options.write_timeout, self.db.insert_audit(&records)).await {
+                    Ok(Ok(_)) => {
+                        self.metrics.audit_replayed(records.len());
+                        self.metrics.audit_written(records.len());
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "audit: database still unavailable");
+                        *retry_at = tokio::time::Instant::now() + self.options.retry_every;
+                        return;
+                    }
+                    Err(_) => {
+                        *retry_at = tokio::time::Instant::now() + self.options.retry_every;
+                        return;
+                    }
+                }
+            }
+            let mut spool = self.spool.lock().expect("lock");
+            if let Err(e) = spool.advance(offset) {
+                tracing::error!(error = %e, "audit: cannot record replay progress");
+                *retry_at = tokio::time::Instant::now() + self.options.retry_every;
+                return;
+            }
+            self.metrics.set_audit_spool_bytes(spool.pending_bytes());
+            if !spool.pending() {
+                tracing::info!("audit: spool replayed; writing to the database again");
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,498 @@
+//! The database: tenants, API keys and the audit log, on PostgreSQL or on an
+//! embedded SQLite file, through sqlx's `Any` driver with one set of queries.
+//!
+//! The schema lives in `migrations/postgres` and `migrations/sqlite` (the same
+//! tables; only the auto-increment column differs). Every change to tenants or
+//! keys bumps `config_version` in the same transaction, and on PostgreSQL also
+//! sends `NOTIFY switchboard_changes`; replicas watch for either and reload
+//! their in-memory copy ([`crate::tenancy`]). This module must never be called
+//! per request: the request path reads that copy only.
+
+use std::str::FromStr;
+use std::sync::Once;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+use tokio::sync::mpsc;
+
+/// The channel PostgreSQL replicas listen on.
+pub const CHANGES_CHANNEL: &str = "switchboard_changes";
+
+static POSTGRES: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
+static SQLITE: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqlite");
+
+/// What can go wrong with the database.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("{0} already exists")]
+    Exists(String),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("unsupported database URL {0:?}: use postgres://… or sqlite:…")]
+    Url(String),
+    #[error("stored policy of tenant {tenant:?} is not valid JSON: {error}")]
+    Policy { tenant: String, error: String },
+}
+
+/// Which server a [`Database`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+/// A tenant row.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TenantRow {
+    pub name: String,
+    pub policy: crate::tenancy::Policy,
+    pub created_at_ms: i64,
+}
+
+/// An API key row: never the key, only its hash and visible prefix.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct KeyRow {
+    pub prefix: String,
+    #[serde(skip_serializing)]
+    pub hash: String,
+    pub tenant: String,
+    pub created_at_ms: i64,
+    pub expires_at_ms: Option<i64>,
+    pub revoked_at_ms: Option<i64>,
+}
+
+/// One audit record.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AuditRecord {
+    /// Unique, chosen when the request is made (128 random bits, hex).
+    pub id: String,
+    pub at_ms: i64,
+    pub tenant: Option<String>,
+    pub key_prefix: Option<String>,
+    pub session: Option<String>,
+    pub method: String,
+    /// The tool, prompt or resource, as the client named it.
+    pub target: Option<String>,
+    pub upstream: Option<String>,
+    pub outcome: String,
+    pub error_code: Option<i64>,
+    pub latency_us: i64,
+    pub request_bytes: i64,
+    pub response_bytes: i64,
+    pub trace_id: Option<String>,
+    /// The call's arguments, only for tenants that opted in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+}
+
+/// A filter for reading the audit log back.
+#[derive(Debug, Clone, Default)]
+pub struct AuditQuery {
+    pub tenant: Option<String>,
+    pub since_ms: Option<i64>,
+    /// Only records inserted after this sequence number (for `tail`).
+    pub after_seq: Option<i64>,
+    pub limit: i64,
+}
+
+/// A connection pool to the configured database.
+#[derive(Clone)]
+pub struct Database {
+    pool: AnyPool,
+    backend: Backend,
+    url: String,
+}
+
+impl std::fmt::Debug for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Database").field("backend", &self.backend).finish_non_exhaustive()
+    }
+}
+
+const AUDIT_COLUMNS: &str = "id, at_ms, tenant, key_prefix, session, method, target, upstream, outcome, error_code, \
+                             latency_us, request_bytes, response_bytes, trace_id, arguments";
+
+impl Database {
+    /// Connects (lazily: the pool opens connections when first used, so a
+    /// router can start while its database is down). A SQLite file is
+    /// created if missing.
+    pub fn connect(url: &str, acquire_timeout: Duration) -> Result<Database, StoreError> {
+        static DRIVERS: Once = Once::new();
+        DRIVERS.call_once(sqlx::any::install_default_drivers);
+        let backend = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Backend::Postgres
+        } else if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else {
+            return Err(StoreError::Url(url.to_owned()));
+        };
+        let mut url = url.to_owned();
+        if backend == Backend::Sqlite && !url.contains("mode=") && !url.contains(":memory:") {
+            url.push_str(if url.contains('?') { "&mode=rwc" } else { "?mode=rwc" });
+        }
+        let options = sqlx::any::AnyConnectOptions::from_str(&url)?;
+        let pool = AnyPoolOptions::new()
+            .max_connections(if backend == Backend::Sqlite { 4 } else { 8 })
+            .acquire_timeout(acquire_timeout)
+            .connect_lazy_with(options);
+        Ok(Database { pool, backend, url })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Applies the migrations not yet applied (idempotent).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        match self.backend {
+            Backend::Postgres => POSTGRES.run(&self.pool).await?,
+            Backend::Sqlite => {
+                // WAL lets the router's audit writer and the CLI share the file.
+                sqlx::query("PRAGMA journal_mode = WAL").execute(&self.pool).await?;
+                SQLITE.run(&self.pool).await?
+            }
+        }
+        Ok(())
+    }
+
+    /// The number bumped by every change to tenants or keys.
+    pub async fn version(&self) -> Result<i64, StoreError> {
+        let row = sqlx::query("SELECT version FROM config_version WHERE id = 1").fetch_one(&self.pool).await?;
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
+    /// Every tenant and every key that is not revoked.
+    pub async fn load(&self) -> Result<(i64, Vec<TenantRow>, Vec<KeyRow>), StoreError> {
+        // Read the version first: a change racing with the load bumps it
+        // again, and the next poll reloads.
+        let version = self.version().await?;
+        let tenants = self.tenants().await?;
+        let keys = self.keys(None, false).await?;
+        Ok((version, tenants, keys))
+    }
+
+    pub async fn tenants(&self) -> Result<Vec<TenantRow>, StoreError> {
+        let rows =
+            sqlx::query("SELECT name, policy, created_at_ms FROM tenants ORDER BY name").fetch_all(&self.pool).await?;
+        rows.iter().map(tenant_row).collect()
+    }
+
+    pub async fn create_tenant(&self, tenant: &TenantRow) -> Result<(), StoreError> {
+        let policy = serde_json::to_string(&tenant.policy).expect("serializable");
+        let mut tx = self.pool.begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO tenants (name, policy, created_at_ms) VALUES ($1, $2, $3) ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(&tenant.name)
+        .bind(policy)
+        .bind(tenant.created_at_ms)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if inserted == 0 {
+            return Err(StoreError::Exists(format!("tenant {:?}", tenant.name)));
+        }
+        self.bump(&mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Replaces a tenant's policy.
+    pub async fn update_tenant(&self, name: &str, policy: &crate::tenancy::Policy) -> Result<(), StoreError> {
+        let policy = serde_json::to_string(policy).expect("serializable");
+        let mut tx = self.pool.begin().await?;
+        let n = sqlx::query("UPDATE tenants SET policy = $1 WHERE name = $2")
+            .bind(policy)
+            .bind(name)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if n == 0 {
+            return Err(StoreError::NotFound(format!("tenant {name:?}")));
+        }
+        self.bump(&mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Deletes a tenant and its keys (audit records stay).
+    pub async fn delete_tenant(&self, name: &str) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM api_keys WHERE tenant = $1").bind(name).execute(&mut *tx).await?;
+        let n = sqlx::query("DELETE FROM tenants WHERE name = $1").bind(name).execute(&mut *tx).await?.rows_affected();
+        if n == 0 {
+            return Err(StoreError::NotFound(format!("tenant {name:?}")));
+        }
+        self.bump(&mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Stores a key. The caller checks that its tenant exists (in the
+    /// database or the config file).
+    pub async fn create_key(&self, key: &KeyRow) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO api_keys (prefix, hash, tenant, created_at_ms, expires_at_ms, revoked_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, NULL)",
+        )
+        .bind(&key.prefix)
+        .bind(&key.hash)
+        .bind(&key.tenant)
+        .bind(key.created_at_ms)
+        .bind(key.expires_at_ms)
+        .execute(&mut *tx)
+        .await?;
+        self.bump(&mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Keys, of one tenant or all, with or without the revoked ones.
+    pub async fn keys(&self, tenant: Option<&str>, with_revoked: bool) -> Result<Vec<KeyRow>, StoreError> {
+        let mut q = Sql::new(
+            "SELECT prefix, hash, tenant, created_at_ms, expires_at_ms, revoked_at_ms FROM api_keys WHERE 1 = 1",
+        );
+        if let Some(t) = tenant {
+            q.and("tenant =", Param::Text(Some(t.to_owned())));
+        }
+        if !with_revoked {
+            q.text.push_str(" AND revoked_at_ms IS NULL");
+        }
+        q.text.push_str(" ORDER BY tenant, created_at_ms, prefix");
+        let rows = q.query().fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(KeyRow {
+                    prefix: r.try_get(0)?,
+                    hash: r.try_get(1)?,
+                    tenant: r.try_get(2)?,
+                    created_at_ms: r.try_get(3)?,
+                    expires_at_ms: r.try_get(4)?,
+                    revoked_at_ms: r.try_get(5)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Revokes a key by its prefix; `NotFound` if there is no such live key.
+    pub async fn revoke_key(&self, prefix: &str, now_ms: i64) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let n = sqlx::query("UPDATE api_keys SET revoked_at_ms = $1 WHERE prefix = $2 AND revoked_at_ms IS NULL")
+            .bind(now_ms)
+            .bind(prefix)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if n == 0 {
+            return Err(StoreError::NotFound(format!("live key {prefix:?}")));
+        }
+        self.bump(&mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn bump(&self, tx: &mut sqlx::Transaction<'_, sqlx::Any>) -> Result<(), StoreError> {
+        sqlx::query("UPDATE config_version SET version = version + 1 WHERE id = 1").execute(&mut **tx).await?;
+        if self.backend == Backend::Postgres {
+            sqlx::query("SELECT pg_notify($1, '')").bind(CHANGES_CHANNEL).execute(&mut **tx).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes audit records in one multi-row insert. Records already present
+    /// (same id) are skipped, so a batch may be written again safely.
+    pub async fn insert_audit(&self, records: &[AuditRecord]) -> Result<u64, StoreError> {
+        if records.is_empty() {
+            return Ok(0);
+        }
+        let mut q = Sql::new(&format!("INSERT INTO audit_log ({AUDIT_COLUMNS}) VALUES "));
+        for (i, r) in records.iter().enumerate() {
+            q.text.push_str(if i == 0 { "(" } else { ", (" });
+            let row = [
+                Param::Text(Some(r.id.clone())),
+                Param::Int(Some(r.at_ms)),
+                Param::Text(r.tenant.clone()),
+                Param::Text(r.key_prefix.clone()),
+                Param::Text(r.session.clone()),
+                Param::Text(Some(r.method.clone())),
+                Param::Text(r.target.clone()),
+                Param::Text(r.upstream.clone()),
+                Param::Text(Some(r.outcome.clone())),
+                Param::Int(r.error_code),
+                Param::Int(Some(r.latency_us)),
+                Param::Int(Some(r.request_bytes)),
+                Param::Int(Some(r.response_bytes)),
+                Param::Text(r.trace_id.clone()),
+                Param::Text(r.arguments.clone()),
+            ];
+            for (j, p) in row.into_iter().enumerate() {
+                if j > 0 {
+                    q.text.push_str(", ");
+                }
+                q.param(p);
+            }
+            q.text.push(')');
+        }
+        q.text.push_str(" ON CONFLICT (id) DO NOTHING");
+        Ok(q.query().execute(&self.pool).await?.rows_affected())
+    }
+
+    /// Reads audit records back, oldest first, with their sequence numbers.
+    pub async fn query_audit(&self, query: &AuditQuery) -> Result<Vec<(i64, AuditRecord)>, StoreError> {
+        let mut q = Sql::new(&format!("SELECT seq, {AUDIT_COLUMNS} FROM audit_log WHERE 1 = 1"));
+        if let Some(t) = &query.tenant {
+            q.and("tenant =", Param::Text(Some(t.clone())));
+        }
+        if let Some(since) = query.since_ms {
+            q.and("at_ms >=", Param::Int(Some(since)));
+        }
+        if let Some(after) = query.after_seq {
+            q.and("seq >", Param::Int(Some(after)));
+        }
+        q.text.push_str(" ORDER BY seq LIMIT ");
+        q.param(Param::Int(Some(query.limit.max(1))));
+        let rows = q.query().fetch_all(&self.pool).await?;
+        rows.iter().map(|r| Ok((r.try_get::<i64, _>(0)?, audit_row(r)?))).collect()
+    }
+
+    /// The sequence number of the newest audit record.
+    pub async fn latest_audit_seq(&self) -> Result<Option<i64>, StoreError> {
+        let row = sqlx::query("SELECT MAX(seq) FROM audit_log").fetch_one(&self.pool).await?;
+        Ok(row.try_get::<Option<i64>, _>(0)?)
+    }
+
+    /// How many audit records there are (for tests and the benchmark).
+    pub async fn count_audit(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
+        let mut q = Sql::new("SELECT COUNT(*) FROM audit_log WHERE 1 = 1");
+        if let Some(t) = tenant {
+            q.and("tenant =", Param::Text(Some(t.to_owned())));
+        }
+        let row = q.query().fetch_one(&self.pool).await?;
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
+    /// On PostgreSQL, a channel that receives `()` on every change to tenants
+    /// or keys, and also when the listening connection was lost and restored
+    /// (changes may have been missed). `None` on SQLite: poll [`Self::version`].
+    pub fn watch(&self) -> Option<mpsc::Receiver<()>> {
+        if self.backend != Backend::Postgres {
+            return None;
+        }
+        let (tx, rx) = mpsc::channel(1);
+        let url = self.url.clone();
+        tokio::spawn(async move {
+            loop {
+                let connected = async {
+                    let mut listener = sqlx::postgres::PgListener::connect(&url).await?;
+                    listener.listen(CHANGES_CHANNEL).await?;
+                    // Anything may have changed while we were not listening.
+                    let _ = tx.try_send(());
+                    loop {
+                        match listener.try_recv().await? {
+                            Some(_) => {}
+                            None => tracing::debug!("database change listener reconnecting"),
+                        }
+                        if tx.is_closed() {
+                            return Ok::<(), sqlx::Error>(());
+                        }
+                        let _ = tx.try_send(());
+                    }
+                }
+                .await;
+                if tx.is_closed() {
+                    return;
+                }
+                if let Err(e) = connected {
+                    tracing::debug!(error = %e, "database change listener failed; retrying");
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        Some(rx)
+    }
+}
+
+/// A bound value of a query built at run time.
+enum Param {
+    Text(Option<String>),
+    Int(Option<i64>),
+}
+
+/// SQL with `$n` placeholders, which both PostgreSQL and SQLite read
+/// (sqlx's query builder writes `?` for the `Any` driver, which PostgreSQL
+/// does not).
+struct Sql {
+    text: String,
+    params: Vec<Param>,
+}
+
+impl Sql {
+    fn new(text: &str) -> Sql {
+        Sql { text: text.to_owned(), params: Vec::new() }
+    }
+
+    fn param(&mut self, p: Param) {
+        self.params.push(p);
+        self.text.push('$');
+        self.text.push_str(&self.params.len().to_string());
+    }
+
+    /// ` AND <condition> $n`.
+    fn and(&mut self, condition: &str, p: Param) {
+        self.text.push_str(" AND ");
+        self.text.push_str(condition);
+        self.text.push(' ');
+        self.param(p);
+    }
+
+    fn query(&self) -> sqlx::query::Query<'_, sqlx::Any, sqlx::any::AnyArguments<'_>> {
+        let mut q = sqlx::query(&self.text);
+        for p in &self.params {
+            q = match p {
+                Param::Text(t) => q.bind(t.clone()),
+                Param::Int(i) => q.bind(*i),
+            };
+        }
+        q
+    }
+}
+
+fn tenant_row(r: &AnyRow) -> Result<TenantRow, StoreError> {
+    let name: String = r.try_get(0)?;
+    let policy: String = r.try_get(1)?;
+    let policy =
+        serde_json::from_str(&policy).map_err(|e| StoreError::Policy { tenant: name.clone(), error: e.to_string() })?;
+    Ok(TenantRow { name, policy, created_at_ms: r.try_get(2)? })
+}
+
+fn audit_row(r: &AnyRow) -> Result<AuditRecord, sqlx::Error> {
+    Ok(AuditRecord {
+        id: r.try_get(1)?,
+        at_ms: r.try_get(2)?,
+        tenant: r.try_get(3)?,
+        key_prefix: r.try_get(4)?,
+        session: r.try_get(5)?,
+        method: r.try_get(6)?,
+        target: r.try_get(7)?,
+        upstream: r.try_get(8)?,
+        outcome: r.try_get(9)?,
+        error_code: r.try_get(10)?,
+        latency_us: r.try_get(11)?,
+        request_bytes: r.try_get(12)?,
+        response_bytes: r.try_get(13)?,
+        trace_id: r.try_get(14)?,
+        arguments: r.try_get(15)?,
+    })
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}

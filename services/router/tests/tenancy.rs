@@ -1,0 +1,569 @@
+//! Tenants, API keys, rate limits and the audit log, against real
+//! PostgreSQL and Redis (the machine's, or private instances a test stops and
+//! starts) and the embedded SQLite default.
+
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use serde_json::{json, Value};
+use switchboard::admin::Admin;
+use switchboard::store::Database;
+use switchboard::tenancy::{Limits, Policy, Rate, ToolFilter};
+use switchboard::Config;
+use switchboard_test_support::services::{unique, PrivatePostgres, PrivateRedis, TempDatabase};
+use switchboard_test_support::{eventually, http_upstream, mock_named, Client, MockServer, Router};
+
+/// Two mock upstreams, `alpha` and `beta`, and the config text for a router
+/// with keys required, this database, and `extra` sections.
+async fn setup(database_url: &str, extra: &str) -> (MockServer, MockServer, String) {
+    let alpha = MockServer::start(mock_named("alpha")).await;
+    let beta = MockServer::start(mock_named("beta")).await;
+    let spool = std::env::temp_dir().join(unique("sb-spool-")).join("audit.spool");
+    let config = format!(
+        "[auth]\nmode = \"keys\"\n[database]\nurl = \"{database_url}\"\nrefresh = \"200ms\"\nconnect_timeout = \"1s\"\n\
+         [audit]\nspool = \"{}\"\nwrite_timeout = \"1s\"\nretry_every = \"200ms\"\n{extra}\n{}{}",
+        spool.display(),
+        http_upstream("alpha", &alpha.url, ""),
+        http_upstream("beta", &beta.url, ""),
+    );
+    (alpha, beta, config)
+}
+
+/// A second router config on the same database needs its own spool.
+fn with_own_spool(config: &str) -> String {
+    let spool = std::env::temp_dir().join(unique("sb-spool-")).join("audit.spool");
+    config
+        .lines()
+        .map(|l| if l.starts_with("spool = ") { format!("spool = \"{}\"", spool.display()) } else { l.to_owned() })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+async fn admin_for(config: &str) -> Admin {
+    let config = Config::from_toml(config).expect("config");
+    let db = Database::connect(config.database.url.as_deref().expect("a database"), Duration::from_secs(3)).unwrap();
+    db.migrate().await.expect("migrate");
+    Admin::new(db, &config)
+}
+
+fn policy(upstreams: &[&str]) -> Policy {
+    Policy { upstreams: upstreams.iter().map(|u| u.to_string()).collect(), ..Policy::default() }
+}
+
+fn tool_error(reply: &Value) -> (i64, String) {
+    (reply["error"]["code"].as_i64().unwrap_or(0), reply["error"]["message"].as_str().unwrap_or("").to_owned())
+}
+
+#[tokio::test]
+async fn migrations_apply_to_empty_databases_and_again() {
+    // PostgreSQL: an empty database, twice.
+    let pg = TempDatabase::create().await;
+    let db = Database::connect(&pg.url, Duration::from_secs(3)).unwrap();
+    db.migrate().await.expect("first migration on PostgreSQL");
+    db.migrate().await.expect("second migration on PostgreSQL is a no-op");
+    assert_eq!(db.version().await.unwrap(), 0);
+    assert_eq!(db.count_audit(None).await.unwrap(), 0);
+
+    // SQLite: a file that does not exist yet, twice; then the whole flow on
+    // it (the quickstart's database).
+    let dir = std::env::temp_dir().join(unique("sb-sqlite-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sqlite = format!("sqlite:{}", dir.join("switchboard.db").display());
+    let lite = Database::connect(&sqlite, Duration::from_secs(3)).unwrap();
+    lite.migrate().await.expect("first migration on SQLite");
+    lite.migrate().await.expect("second migration on SQLite is a no-op");
+
+    let (_alpha, _beta, config) = setup(&sqlite, "").await;
+    let admin = admin_for(&config).await;
+    admin.create_tenant("solo", policy(&["alpha"])).await.unwrap();
+    let key = admin.create_key("solo", None).await.unwrap().key;
+    let router = Router::start(&config).await;
+    let mut client = Client::with_key(&router.url, &key);
+    client.initialize().await;
+    let answer = client.call_tool("alpha__echo", json!({"text": "on sqlite"})).await;
+    assert!(answer["result"].is_object(), "{answer}");
+    assert!(
+        eventually(Duration::from_secs(10), || async { lite.count_audit(Some("solo")).await.unwrap() == 1 }).await,
+        "one audit record in SQLite"
+    );
+    router.stop().await;
+    pg.drop_now().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn each_tenant_sees_exactly_its_own_catalog() {
+    let pg = TempDatabase::create().await;
+    let (_alpha, _beta, config) = setup(&pg.url, "").await;
+    let admin = admin_for(&config).await;
+    let mut acme = policy(&["alpha"]);
+    acme.tools.insert("alpha".into(), ToolFilter { allow: vec![], deny: vec!["big".into(), "fail".into()] });
+    admin.create_tenant("acme", acme).await.unwrap();
+    admin.create_tenant("globex", policy(&["beta"])).await.unwrap();
+    let key_a = admin.create_key("acme", None).await.unwrap().key;
+    let key_b = admin.create_key("globex", None).await.unwrap().key;
+    let router = Router::start(&config).await;
+
+    // No key, a wrong key: 401 with a challenge, and the router stays healthy.
+    let anonymous = Client::new(&router.url);
+    let reply = anonymous.request("ping", json!({})).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    assert!(reply.headers.get("www-authenticate").unwrap().to_str().unwrap().starts_with("Bearer"));
+    assert_eq!(reply.json()["error"]["code"], -32011);
+    let forged = Client::with_key(&router.url, "sb_0000000000000000000000000000000000000000");
+    let reply = forged.request("ping", json!({})).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    assert!(reply.headers.get("www-authenticate").unwrap().to_str().unwrap().contains("invalid_token"));
+
+    let mut a = Client::with_key(&router.url, &key_a);
+    a.initialize().await;
+    let mut b = Client::with_key(&router.url, &key_b);
+    b.initialize().await;
+
+    let tools_a = a.tool_names().await;
+    let tools_b = b.tool_names().await;
+    assert!(tools_a.contains(&"alpha__echo".to_owned()), "{tools_a:?}");
+    assert!(tools_a.iter().all(|t| t.starts_with("alpha__")), "{tools_a:?}");
+    assert!(!tools_a.contains(&"alpha__big".to_owned()) && !tools_a.contains(&"alpha__fail".to_owned()));
+    assert!(tools_b.contains(&"beta__echo".to_owned()), "{tools_b:?}");
+    assert!(tools_b.iter().all(|t| t.starts_with("beta__")), "{tools_b:?}");
+    // Resources follow the subscriptions too.
+    let resources = a.call("resources/list", json!({})).await;
+    for r in resources["result"]["resources"].as_array().unwrap() {
+        assert!(r["uri"].as_str().unwrap().starts_with("alpha+"), "{r}");
+    }
+
+    // The other tenant's tool, and a denied one, fail exactly like a tool
+    // that does not exist anywhere.
+    let theirs = a.call_tool("beta__echo", json!({"text": "x"})).await;
+    let denied = a.call_tool("alpha__big", json!({})).await;
+    let nowhere = a.call_tool("gamma__echo", json!({})).await;
+    assert_eq!(tool_error(&theirs), (-32602, "unknown tool: beta__echo".into()));
+    assert_eq!(tool_error(&denied), (-32602, "unknown tool: alpha__big".into()));
+    assert_eq!(tool_error(&nowhere).0, -32602);
+    assert_eq!(theirs["error"]["data"], json!({"tool": "beta__echo"}));
+    let mine = a.call_tool("alpha__echo", json!({"text": "mine"})).await;
+    assert!(mine["result"]["content"][0]["text"].as_str().unwrap().contains("mine"), "{mine}");
+
+    // A's session with B's key: as if it did not exist, for POST, GET and DELETE.
+    let mut intruder = a.clone();
+    intruder.api_key = Some(key_b.clone());
+    assert_eq!(intruder.request("tools/list", json!({})).await.status, StatusCode::NOT_FOUND);
+    let (status, _) = intruder.resume_stream(Some("0-0")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(intruder.delete().await, StatusCode::NOT_FOUND);
+    // A's session is untouched.
+    assert_eq!(a.request("ping", json!({})).await.status, StatusCode::OK);
+    assert!(router.metric("switchboard_auth_failures_total", &["reason=\"wrong_tenant\""]).await >= 3.0);
+    assert!(router.metric("switchboard_auth_failures_total", &["reason=\"missing\""]).await >= 1.0);
+    assert_eq!(a.delete().await, StatusCode::OK);
+
+    router.stop().await;
+    pg.drop_now().await;
+}
+
+#[tokio::test]
+async fn key_lifecycle_through_the_admin_api_on_two_replicas() {
+    let pg = TempDatabase::create().await;
+    let (_alpha, _beta, config) = setup(&pg.url, "").await;
+    let admin = admin_for(&config).await;
+    let token = "an-admin-token-of-some-length";
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin_url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop_admin, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(switchboard::admin::serve(listener, admin, token.into(), async {
+        let _ = stopped.await;
+    }));
+    let http = reqwest_like::Http::new(token);
+
+    // The admin API wants its token.
+    let (status, _) = http.without_token("GET", &format!("{admin_url}/v1/tenants")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    let (status, body) =
+        http.send("POST", &format!("{admin_url}/v1/tenants"), json!({"name": "initech", "upstreams": ["alpha"]})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = http.send("POST", &format!("{admin_url}/v1/tenants"), json!({"name": "initech"})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (status, body) =
+        http.send("POST", &format!("{admin_url}/v1/tenants"), json!({"name": "bad", "upstreams": ["nope"]})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, created) = http.send("POST", &format!("{admin_url}/v1/tenants/initech/keys"), json!({})).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let key = created["key"].as_str().unwrap().to_owned();
+    let prefix = created["prefix"].as_str().unwrap().to_owned();
+    assert!(key.starts_with(&prefix) && created.get("hash").is_none(), "{created}");
+    // Listing shows the prefix, never the key or its hash.
+    let (_, listed) = http.send("GET", &format!("{admin_url}/v1/tenants/initech/keys"), Value::Null).await;
+    assert_eq!(listed["keys"][0]["prefix"], prefix.as_str());
+    assert!(!listed.to_string().contains(&key[PREFIX_LEN..]), "{listed}");
+
+    // Two replicas on one database: the key works on both.
+    let one = Router::start(&config).await;
+    let two = Router::start(&with_own_spool(&config)).await;
+    let mut c1 = Client::with_key(&one.url, &key);
+    c1.initialize().await;
+    let mut c2 = Client::with_key(&two.url, &key);
+    c2.initialize().await;
+
+    let (status, _) = http.send("DELETE", &format!("{admin_url}/v1/keys/{prefix}"), Value::Null).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let revoked = Instant::now();
+    for c in [&c1, &c2] {
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                c.request("ping", json!({})).await.status == StatusCode::UNAUTHORIZED
+            })
+            .await,
+            "a revoked key is refused within seconds on every replica"
+        );
+    }
+    eprintln!("revocation took effect on both replicas after {:?}", revoked.elapsed());
+    let (status, _) = http.send("DELETE", &format!("{admin_url}/v1/keys/{prefix}"), Value::Null).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // An expiring key works until its time, then gets 401 "expired".
+    let at = switchboard::store::now_ms() + 1500;
+    let (_, created) =
+        http.send("POST", &format!("{admin_url}/v1/tenants/initech/keys"), json!({"expires_at_ms": at})).await;
+    let short = Client::with_key(&one.url, created["key"].as_str().unwrap());
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            // Authenticated, but no session yet: 400, not 401.
+            short.request("ping", json!({})).await.status == StatusCode::BAD_REQUEST
+        })
+        .await,
+        "a new key is accepted within seconds"
+    );
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let reply = short.request("ping", json!({})).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    assert!(reply.json()["error"]["message"].as_str().unwrap().contains("expired"));
+
+    // Deleting the tenant removes its keys.
+    let (status, _) = http.send("DELETE", &format!("{admin_url}/v1/tenants/initech"), Value::Null).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (_, listed) = http.send("GET", &format!("{admin_url}/v1/keys"), Value::Null).await;
+    assert_eq!(listed["keys"], json!([]));
+
+    let _ = stop_admin.send(());
+    one.stop().await;
+    two.stop().await;
+    pg.drop_now().await;
+}
+
+const PREFIX_LEN: usize = switchboard::tenancy::PREFIX_LEN;
+
+#[tokio::test]
+async fn a_burst_over_the_limit_gets_429_with_retry_after() {
+    let pg = TempDatabase::create().await;
+    let (_alpha, _beta, config) = setup(&pg.url, "").await;
+    let admin = admin_for(&config).await;
+    let mut p = policy(&["alpha"]);
+    p.limits = Limits { key: Some(Rate { per_second: 0.5, burst: 3 }), ..Limits::default() };
+    admin.create_tenant("limited", p).await.unwrap();
+    let mut p = policy(&["alpha"]);
+    p.limits = Limits { tool: Some(Rate { per_second: 0.5, burst: 1 }), ..Limits::default() };
+    admin.create_tenant("tooly", p).await.unwrap();
+    let key = admin.create_key("limited", None).await.unwrap().key;
+    let tool_key = admin.create_key("tooly", None).await.unwrap().key;
+    let router = Router::start(&config).await;
+
+    let mut c = Client::with_key(&router.url, &key);
+    c.initialize().await; // 1 of 3
+    assert_eq!(c.request("ping", json!({})).await.status, StatusCode::OK);
+    assert_eq!(c.request("ping", json!({})).await.status, StatusCode::OK);
+    let refused = c.request("ping", json!({})).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = refused.headers.get("retry-after").unwrap().to_str().unwrap().parse().unwrap();
+    assert!((1..=2).contains(&retry), "Retry-After {retry}");
+    let error = &refused.json()["error"];
+    assert_eq!(error["code"], -32029);
+    assert_eq!(error["data"]["limit"], "key");
+    assert!(error["message"].as_str().unwrap().contains("key limit"), "{error}");
+    // Notifications are not limited.
+    assert_eq!(
+        c.post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await.status,
+        StatusCode::ACCEPTED
+    );
+
+    // The per-tool limit counts calls of one tool only.
+    let mut t = Client::with_key(&router.url, &tool_key);
+    t.initialize().await;
+    assert!(t.call_tool("alpha__echo", json!({})).await["result"].is_object());
+    let second = t.request("tools/call", json!({"name": "alpha__echo", "arguments": {}})).await;
+    assert_eq!(second.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(second.json()["error"]["data"]["limit"], "tool");
+    assert!(t.call_tool("alpha__add", json!({"a": 1, "b": 2})).await["result"].is_object());
+    assert!(router.metric("switchboard_rate_limited_total", &["tenant=\"limited\"", "limit=\"key\""]).await >= 1.0);
+
+    router.stop().await;
+    pg.drop_now().await;
+}
+
+#[tokio::test]
+async fn limits_are_shared_through_redis_and_local_when_it_is_gone() {
+    let mut redis = PrivateRedis::start();
+    let pg = TempDatabase::create().await;
+    let extra = format!("[redis]\nurl = \"{}\"\nkey_prefix = \"{}:\"\n", redis.url, unique("sbtest"));
+    let (_alpha, _beta, config) = setup(&pg.url, &extra).await;
+    let admin = admin_for(&config).await;
+    let mut p = policy(&["alpha"]);
+    p.limits = Limits { tenant: Some(Rate { per_second: 0.2, burst: 6 }), ..Limits::default() };
+    admin.create_tenant("shared", p).await.unwrap();
+    let key = admin.create_key("shared", None).await.unwrap().key;
+    let one = Router::start(&config).await;
+    let two = Router::start(&with_own_spool(&config)).await;
+
+    let mut c1 = Client::with_key(&one.url, &key);
+    c1.initialize().await; // 1
+    assert_eq!(c1.request("ping", json!({})).await.status, StatusCode::OK); // 2
+    let mut c2 = Client::with_key(&two.url, &key);
+    c2.initialize().await; // 3
+    for _ in 0..3 {
+        assert_eq!(c2.request("ping", json!({})).await.status, StatusCode::OK); // 4, 5, 6
+    }
+    assert_eq!(c2.request("ping", json!({})).await.status, StatusCode::TOO_MANY_REQUESTS);
+    // Replica one has seen only two requests itself: only a shared limit refuses.
+    let refused = c1.request("ping", json!({})).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "the limit is shared across replicas");
+    assert_eq!(refused.json()["error"]["data"]["limit"], "tenant");
+    assert_eq!(one.metric("switchboard_ratelimit_redis_up", &[]).await, 1.0);
+
+    // Redis goes away: both replicas keep serving, each with local limits.
+    redis.stop();
+    assert_eq!(c1.request("ping", json!({})).await.status, StatusCode::OK);
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        statuses.push(c1.request("ping", json!({})).await.status);
+    }
+    assert!(statuses.contains(&StatusCode::OK) && statuses.contains(&StatusCode::TOO_MANY_REQUESTS), "{statuses:?}");
+    assert_eq!(c2.request("tools/list", json!({})).await.status, StatusCode::OK);
+    assert_eq!(one.metric("switchboard_ratelimit_redis_up", &[]).await, 0.0);
+    assert!(one.metric("switchboard_ratelimit_local_fallbacks_total", &[]).await >= 1.0);
+
+    one.stop().await;
+    two.stop().await;
+    pg.drop_now().await;
+}
+
+#[tokio::test]
+async fn every_forwarded_call_leaves_one_audit_record() {
+    let pg = TempDatabase::create().await;
+    let (_alpha, _beta, config) = setup(&pg.url, "").await;
+    let admin = admin_for(&config).await;
+    let mut p = policy(&["alpha"]);
+    p.audit_arguments = true;
+    admin.create_tenant("audited", p).await.unwrap();
+    admin.create_tenant("private", policy(&["alpha"])).await.unwrap();
+    let created = admin.create_key("audited", None).await.unwrap();
+    let private_key = admin.create_key("private", None).await.unwrap().key;
+    let router = Router::start(&config).await;
+    let mut c = Client::with_key(&router.url, &created.key);
+    c.initialize().await;
+
+    const N: usize = 25;
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    for i in 0..N {
+        let body = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                          "params": {"name": "alpha__echo", "arguments": {"n": i}}});
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let reply = c.post_raw(bytes.into(), &[("traceparent", &format!("00-{trace}-00f067aa0ba902b7-01"))]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+    }
+    let unknown = c.call_tool("beta__echo", json!({})).await;
+    assert_eq!(unknown["error"]["code"], -32602);
+    let mut p = Client::with_key(&router.url, &private_key);
+    p.initialize().await;
+    p.call_tool("alpha__echo", json!({"secret": "not stored"})).await;
+    let refused = Client::with_key(&router.url, "sb_1234567890123456789012345678901234567890");
+    assert_eq!(refused.request("ping", json!({})).await.status, StatusCode::UNAUTHORIZED);
+
+    let db = Database::connect(&pg.url, Duration::from_secs(3)).unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            db.count_audit(Some("audited")).await.unwrap() == N as i64 + 1
+        })
+        .await,
+        "N calls and one unknown tool give N + 1 records"
+    );
+    let records = db
+        .query_audit(&switchboard::store::AuditQuery {
+            tenant: Some("audited".into()),
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let calls: Vec<_> = records.iter().map(|(_, r)| r).filter(|r| r.target.as_deref() == Some("alpha__echo")).collect();
+    assert_eq!(calls.len(), N);
+    for (i, r) in calls.iter().enumerate() {
+        assert_eq!(r.method, "tools/call");
+        assert_eq!(r.key_prefix.as_deref(), Some(created.row.prefix.as_str()));
+        assert_eq!(r.session.as_deref(), c.session.as_deref());
+        assert_eq!(r.upstream.as_deref(), Some("alpha"));
+        assert_eq!(r.outcome, "ok");
+        assert_eq!(r.error_code, None);
+        assert!(r.latency_us > 0 && r.request_bytes > 50 && r.response_bytes > 20, "{r:?}");
+        assert_eq!(r.trace_id.as_deref(), Some(trace));
+        assert_eq!(r.arguments.as_deref(), Some(format!("{{\"n\":{i}}}").as_str()), "in order, with arguments");
+    }
+    let unknown = records.iter().map(|(_, r)| r).find(|r| r.target.as_deref() == Some("beta__echo")).unwrap();
+    assert_eq!(
+        (unknown.outcome.as_str(), unknown.error_code, unknown.upstream.as_deref()),
+        ("error", Some(-32602), None)
+    );
+
+    // A tenant that did not opt in: no arguments. An unknown key: a refused record without a tenant.
+    assert!(
+        eventually(Duration::from_secs(10), || async { db.count_audit(Some("private")).await.unwrap() == 1 }).await
+    );
+    let private = db
+        .query_audit(&switchboard::store::AuditQuery {
+            tenant: Some("private".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(private[0].1.arguments, None);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let all =
+                db.query_audit(&switchboard::store::AuditQuery { limit: 1000, ..Default::default() }).await.unwrap();
+            all.iter().any(|(_, r)| {
+                r.outcome == "refused"
+                    && r.tenant.is_none()
+                    && r.error_code == Some(-32011)
+                    && r.key_prefix.as_deref() == Some("sb_12345678")
+            })
+        })
+        .await
+    );
+    router.stop().await;
+    pg.drop_now().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_records_survive_a_postgres_outage_exactly_once() {
+    let server = PrivatePostgres::start();
+    let pg = TempDatabase::create_on(&server.url).await;
+    let (_alpha, _beta, config) = setup(&pg.url, "").await;
+    let admin = admin_for(&config).await;
+    admin.create_tenant("outage", policy(&["alpha"])).await.unwrap();
+    let key = admin.create_key("outage", None).await.unwrap().key;
+    let router = Router::start(&config).await;
+    let mut c = Client::with_key(&router.url, &key);
+    c.initialize().await;
+
+    // Load from four clients while PostgreSQL stops and comes back.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = Vec::new();
+    for w in 0..4 {
+        let c = c.clone();
+        let stop = stop.clone();
+        load.push(tokio::spawn(async move {
+            let mut ok = 0u64;
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let reply =
+                    c.request("tools/call", json!({"name": "alpha__echo", "arguments": {"w": w, "i": i}})).await;
+                assert_eq!(
+                    reply.status,
+                    StatusCode::OK,
+                    "the router keeps serving: {}",
+                    String::from_utf8_lossy(&reply.body)
+                );
+                assert!(reply.response()["result"].is_object());
+                ok += 1;
+                i += 1;
+            }
+            ok
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.stop();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(router.metric("switchboard_audit_records_total", &["event=\"spooled\""]).await > 0.0, "records spooled");
+    server.resume();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut calls = 0;
+    for l in load {
+        calls += l.await.unwrap();
+    }
+    eprintln!("{calls} calls during the outage test");
+
+    let db = Database::connect(&pg.url, Duration::from_secs(3)).unwrap();
+    let expected = calls as i64;
+    let arrived = eventually(Duration::from_secs(20), || async {
+        db.count_audit(Some("outage")).await.is_ok_and(|n| n >= expected)
+    })
+    .await;
+    let got = db.count_audit(Some("outage")).await.unwrap();
+    assert!(arrived, "records arrive after the outage: {got} of {expected}");
+    let records = db
+        .query_audit(&switchboard::store::AuditQuery {
+            tenant: Some("outage".into()),
+            limit: 100_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let calls_recorded = records.iter().filter(|(_, r)| r.method == "tools/call").count() as i64;
+    assert_eq!(calls_recorded, expected, "every call exactly once");
+    let mut ids: Vec<&str> = records.iter().map(|(_, r)| r.id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), records.len(), "no record written twice");
+    assert!(router.metric("switchboard_audit_records_total", &["event=\"replayed\""]).await > 0.0);
+    assert_eq!(router.metric("switchboard_audit_records_total", &["event=\"lost\""]).await, 0.0);
+    assert_eq!(router.metric("switchboard_audit_spool_bytes", &[]).await, 0.0);
+    router.stop().await;
+    pg.drop_now().await;
+}
+
+/// A tiny JSON-over-HTTP client for the admin API.
+mod reqwest_like {
+    use bytes::Bytes;
+    use http::{Request, StatusCode};
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use serde_json::Value;
+
+    pub struct Http {
+        token: String,
+        client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    }
+
+    impl Http {
+        pub fn new(token: &str) -> Http {
+            Http {
+                token: token.into(),
+                client: Client::builder(TokioExecutor::new())
+                    .build(hyper_util::client::legacy::connect::HttpConnector::new()),
+            }
+        }
+
+        pub async fn send(&self, method: &str, url: &str, body: Value) -> (StatusCode, Value) {
+            self.request(method, url, body, true).await
+        }
+
+        pub async fn without_token(&self, method: &str, url: &str) -> (StatusCode, Value) {
+            self.request(method, url, Value::Null, false).await
+        }
+
+        async fn request(&self, method: &str, url: &str, body: Value, auth: bool) -> (StatusCode, Value) {
+            let bytes = if body.is_null() { Bytes::new() } else { Bytes::from(serde_json::to_vec(&body).unwrap()) };
+            let mut req = Request::builder().method(method).uri(url).header("content-type", "application/json");
+            if auth {
+                req = req.header("authorization", format!("Bearer {}", self.token));
+            }
+            let resp = self.client.request(req.body(Full::new(bytes)).unwrap()).await.expect("admin API");
+            let status = resp.status();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! PostgreSQL and Redis for tests, over real connections.
+//!
+//! - [`TempDatabase`]: a fresh database on the machine's PostgreSQL
+//!   (`SWITCHBOARD_TEST_POSTGRES`, default `postgres://postgres@127.0.0.1:5432/postgres`),
+//!   dropped by [`TempDatabase::drop_now`].
+//! - [`PrivatePostgres`]: a PostgreSQL server of the test's own (`initdb` and
+//!   `pg_ctl` in a temporary directory, on a free port) that the test may stop
+//!   and start; [`PrivateRedis`] likewise for `redis-server`.
+//! - [`redis_url`]: the machine's Redis, with [`unique`] key prefixes.
+//!
+//! Tests never assume an empty server: every name is unique.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use sqlx::Connection;
+
+/// A unique suffix for names (databases, key prefixes, files).
+pub fn unique(prefix: &str) -> String {
+    let mut bytes = [0u8; 6];
+    getrandom::fill(&mut bytes).expect("random");
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{prefix}{}_{hex}", std::process::id())
+}
+
+/// The machine's PostgreSQL, as an administrator URL.
+pub fn postgres_admin_url() -> String {
+    std::env::var("SWITCHBOARD_TEST_POSTGRES").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// The machine's Redis.
+pub fn redis_url() -> String {
+    std::env::var("SWITCHBOARD_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+fn with_database(admin_url: &str, name: &str) -> String {
+    match admin_url.rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{name}"),
+        None => format!("{admin_url}/{name}"),
+    }
+}
+
+/// A database created for one test.
+pub struct TempDatabase {
+    pub name: String,
+    /// Its `postgres://` URL.
+    pub url: String,
+    admin_url: String,
+}
+
+impl TempDatabase {
+    /// Creates an empty database on the machine's PostgreSQL.
+    pub async fn create() -> TempDatabase {
+        Self::create_on(&postgres_admin_url()).await
+    }
+
+    /// Creates an empty database on the server of `admin_url`.
+    pub async fn create_on(admin_url: &str) -> TempDatabase {
+        let name = unique("sb_test_");
+        let mut conn = sqlx::PgConnection::connect(admin_url)
+            .await
+            .unwrap_or_else(|e| panic!("PostgreSQL at {admin_url}: {e} (is it running? see TESTING in README)"));
+        sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.expect("CREATE DATABASE");
+        TempDatabase { url: with_database(admin_url, &name), name, admin_url: admin_url.to_owned() }
+    }
+
+    /// Drops the database (ending its connections).
+    pub async fn drop_now(self) {
+        if let Ok(mut conn) = sqlx::PgConnection::connect(&self.admin_url).await {
+            let _ =
+                sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)).execute(&mut conn).await;
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+fn pg_bin(tool: &str) -> PathBuf {
+    if let Ok(dir) = std::env::var("SWITCHBOARD_TEST_PG_BIN") {
+        return PathBuf::from(dir).join(tool);
+    }
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path().join("bin")).collect())
+        .unwrap_or_default();
+    versions.sort();
+    versions.pop().map(|d| d.join(tool)).unwrap_or_else(|| PathBuf::from(tool))
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
+/// Runs a PostgreSQL tool, as the `postgres` user when we are root (the
+/// server refuses to run as root).
+fn pg_command(tool: &str) -> Command {
+    if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(pg_bin(tool));
+        c
+    } else {
+        Command::new(pg_bin(tool))
+    }
+}
+
+/// A PostgreSQL server of the test's own.
+pub struct PrivatePostgres {
+    dir: PathBuf,
+    pub port: u16,
+    /// Administrator URL (database `postgres`).
+    pub url: String,
+}
+
+impl PrivatePostgres {
+    /// `initdb` and start, on a free port.
+    pub fn start() -> PrivatePostgres {
+        let dir = std::env::temp_dir().join(unique("sb-pg-"));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        if is_root() {
+            let status = Command::new("chown").arg("postgres").arg(&dir).status().expect("chown");
+            assert!(status.success(), "chown postgres {}", dir.display());
+        }
+        let out = pg_command("initdb")
+            .arg("-D")
+            .arg(dir.join("data"))
+            .args(["-A", "trust", "-U", "postgres", "--no-sync"])
+            .stdout(Stdio::null())
+            .output()
+            .expect("initdb (apt-get install postgresql)");
+        assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
+        let port = free_port();
+        let pg = PrivatePostgres { url: format!("postgres://postgres@127.0.0.1:{port}/postgres"), dir, port };
+        pg.resume();
+        pg
+    }
+
+    /// Starts the (stopped) server again, on the same port.
+    pub fn resume(&self) {
+        let out = pg_command("pg_ctl")
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .arg("-o")
+            .arg(format!("-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off", self.port, self.dir.display()))
+            .arg("-l")
+            .arg(self.dir.join("log"))
+            .args(["-w", "-t", "30", "start"])
+            .stdout(Stdio::null())
+            .output()
+            .expect("pg_ctl start");
+        assert!(out.status.success(), "pg_ctl start: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// Stops the server at once (connections are cut).
+    pub fn stop(&self) {
+        let _ = pg_command("pg_ctl")
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-m", "immediate", "-w", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A `redis-server` of the test's own.
+pub struct PrivateRedis {
+    pub port: u16,
+    pub url: String,
+    child: Option<Child>,
+}
+
+impl PrivateRedis {
+    pub fn start() -> PrivateRedis {
+        let port = free_port();
+        let mut redis = PrivateRedis { port, url: format!("redis://127.0.0.1:{port}"), child: None };
+        redis.resume();
+        redis
+    }
+
+    /// Starts the (stopped) server again, on the same port, empty.
+    pub fn resume(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server (apt-get install redis-server)");
+        self.child = Some(child);
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("redis-server did not start on port {}", self.port);
+    }
+
+    /// Kills the server.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
