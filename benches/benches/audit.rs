@@ -56,6 +56,8 @@ fn measure(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, db: &Dat
 
 fn audit(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    // The pool is created lazily but needs the runtime's context.
+    let _context = rt.enter();
 
     let dir = std::env::temp_dir().join(format!("sb-bench-audit-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");

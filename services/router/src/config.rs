@@ -928,6 +928,57 @@ mod tests {
     }
 
     #[test]
+    fn tenants_and_guard_sections() {
+        let config = Config::from_toml(
+            r#"
+            [database]
+            url = "postgres://postgres@127.0.0.1:5432/switchboard"
+            [redis]
+            url = "redis://127.0.0.1:6379"
+            [admin]
+            listen = "127.0.0.1:9091"
+            token = "a-token-long-enough"
+            [[upstreams]]
+            name = "Files"
+            transport = "stdio"
+            command = "x"
+            [[tenants]]
+            name = "acme"
+            upstreams = ["Files"]
+            audit_arguments = true
+            [tenants.tools.Files]
+            deny = ["delete_*"]
+            [tenants.limits]
+            key = { per_second = 20, burst = 40 }
+            concurrent = 4
+            "#,
+        )
+        .unwrap();
+        assert!(config.auth.required);
+        assert_eq!(config.redis.url.as_deref(), Some("redis://127.0.0.1:6379"));
+        let (name, policy) = &config.tenants[0];
+        assert_eq!(name, "acme");
+        // Upstream names keep their case as table keys too.
+        assert_eq!(policy.tools["Files"].deny, ["delete_*"]);
+        assert_eq!(policy.limits.key.unwrap().burst, 40);
+        assert_eq!(policy.limits.concurrent, Some(4));
+        assert!(policy.audit_arguments);
+
+        let p = problems(
+            "[auth]\nmode = \"maybe\"\n[database]\nurl = \"mysql://x\"\n[admin]\nlisten = \"127.0.0.1:1\"\n\
+             [[tenants]]\nname = \"t\"\nupstreams = [\"ghost\"]\n[tenants.limits]\ntool = { per_second = 0 }\n",
+        );
+        let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
+        for expected in
+            ["auth.mode", "database.url", "admin.token", "tenants[0].upstreams[0]", "tenants[0].limits.tool.per_second"]
+        {
+            assert!(keys.contains(&expected), "{expected} missing from {p:?}");
+        }
+        // No database: only config tenants, no audit.
+        assert!(Config::from_toml("[database]\nurl = \"\"\n").unwrap().database.url.is_none());
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));

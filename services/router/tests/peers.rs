@@ -248,3 +248,45 @@ async fn a_legacy_sse_client_through_the_router() {
     assert_eq!(out["progress"], json!([1.0, 2.0, 3.0]), "progress reaches a legacy client too");
     router.stop().await;
 }
+
+/// The Python SDK with an API key (sent by its HTTP client) sees only its
+/// tenant's catalog: server-everything for one tenant, mcp-server-time for
+/// the other, through one router backed by PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_with_a_tenant_key_sees_only_its_catalog() {
+    use switchboard_test_support::services::{unique, TempDatabase};
+    let pg = TempDatabase::create().await;
+    let (_everything, url) = everything_http().await;
+    let time = python_script("mcp-server-time");
+    let spool = std::env::temp_dir().join(unique("sb-spool-")).join("audit.spool");
+    let config = format!(
+        "[auth]\nmode = \"keys\"\n[database]\nurl = \"{}\"\nrefresh = \"200ms\"\n[audit]\nspool = \"{}\"\n\
+         [[tenants]]\nname = \"everyone\"\nupstreams = [\"everything\"]\n\
+         [[tenants]]\nname = \"timely\"\nupstreams = [\"time\"]\n{}{}",
+        pg.url,
+        spool.display(),
+        http_upstream("everything", &url, "list_timeout = \"20s\""),
+        stdio_upstream("time", &time, &["--local-timezone", "UTC"]),
+    );
+    let db = switchboard::store::Database::connect(&pg.url, std::time::Duration::from_secs(3)).unwrap();
+    db.migrate().await.unwrap();
+    let admin = switchboard::admin::Admin::new(db, &switchboard::Config::from_toml(&config).unwrap());
+    let key_everyone = admin.create_key("everyone", None).await.unwrap().key;
+    let key_timely = admin.create_key("timely", None).await.unwrap().key;
+    let router = start_router(&config).await;
+
+    let target = |key: &str| json!({"url": router.url, "key": key}).to_string();
+    let calls = json!([["everything__echo", {"message": "hi"}]]);
+    let everyone = run_python_client("list_and_call.py", &[&target(&key_everyone), &calls.to_string()]).await;
+    let tools = names(&everyone);
+    assert!(tools.contains(&"everything__echo") && tools.iter().all(|t| t.starts_with("everything__")), "{tools:?}");
+    assert_eq!(everyone["results"][0]["content"][0]["text"], "Echo: hi");
+
+    let calls = json!([["time__get_current_time", {"timezone": "UTC"}]]);
+    let timely = run_python_client("list_and_call.py", &[&target(&key_timely), &calls.to_string()]).await;
+    let tools = names(&timely);
+    assert!(tools.contains(&"time__get_current_time") && tools.iter().all(|t| t.starts_with("time__")), "{tools:?}");
+    assert!(timely["results"][0]["content"][0]["text"].as_str().unwrap().contains("UTC"), "{timely}");
+    router.stop().await;
+    pg.drop_now().await;
+}

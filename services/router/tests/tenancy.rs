@@ -297,6 +297,31 @@ async fn a_burst_over_the_limit_gets_429_with_retry_after() {
     assert!(t.call_tool("alpha__add", json!({"a": 1, "b": 2})).await["result"].is_object());
     assert!(router.metric("switchboard_rate_limited_total", &["tenant=\"limited\"", "limit=\"key\""]).await >= 1.0);
 
+    // At most one forwarded request in flight: a second waits its turn as 429.
+    let mut p = policy(&["alpha"]);
+    p.limits = Limits { concurrent: Some(1), ..Limits::default() };
+    admin.create_tenant("serial", p).await.unwrap();
+    let serial_key = admin.create_key("serial", None).await.unwrap().key;
+    let mut s = Client::with_key(&router.url, &serial_key);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            s.request("ping", json!({})).await.status == StatusCode::BAD_REQUEST
+        })
+        .await
+    );
+    s.initialize().await;
+    let slow = {
+        let s = s.clone();
+        tokio::spawn(async move { s.call_tool("alpha__sleep", json!({"ms": 1500})).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let busy = s.request("tools/call", json!({"name": "alpha__echo", "arguments": {}})).await;
+    assert_eq!(busy.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(busy.json()["error"]["data"]["limit"], "concurrent");
+    assert!(slow.await.unwrap()["result"].is_object());
+    // The slot is free again once the answer is complete.
+    assert!(s.call_tool("alpha__echo", json!({})).await["result"].is_object());
+
     router.stop().await;
     pg.drop_now().await;
 }
@@ -566,4 +591,94 @@ mod reqwest_like {
             (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
         }
     }
+}
+
+/// The CLI a newcomer uses: `migrate`, `tenants`, `keys`, `audit`, on SQLite.
+#[tokio::test]
+async fn the_cli_manages_tenants_keys_and_reads_the_audit_log() {
+    use std::process::Command;
+    let dir = std::env::temp_dir().join(unique("sb-cli-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite:{}", dir.join("cli.db").display());
+    let (_alpha, _beta, config) = setup(&url, "").await;
+    let file = dir.join("switchboard.toml");
+    std::fs::write(&file, &config).unwrap();
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+            .args(args)
+            .arg("--config")
+            .arg(&file)
+            .output()
+            .expect("switchboard");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    assert!(cli(&["migrate"]).0);
+    assert!(cli(&["migrate"]).0, "migrate twice");
+    let (ok, _, err) =
+        cli(&["tenants", "create", "cli-co", "--upstream", "alpha", "--deny", "alpha:big", "--key-rate", "50/100"]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = cli(&["tenants", "create", "cli-co", "--upstream", "alpha"]);
+    assert!(!ok && err.contains("already exists"), "{err}");
+    let (ok, _, err) = cli(&["tenants", "create", "typo", "--upstream", "alhpa"]);
+    assert!(!ok && err.contains("alhpa"), "{err}");
+    let (ok, out, _) = cli(&["tenants", "list", "--json"]);
+    let tenants: Value = serde_json::from_str(&out).unwrap();
+    assert!(ok && tenants[0]["name"] == "cli-co" && tenants[0]["limits"]["key"]["burst"] == 100, "{out}");
+
+    // `keys create` prints the key and nothing else.
+    let (ok, key, err) = cli(&["keys", "create", "--tenant", "cli-co", "--expires", "30d"]);
+    assert!(ok, "{err}");
+    let key = key.strip_suffix('\n').expect("one line").to_owned();
+    assert!(key.starts_with("sb_") && key.len() == 43 && !key.contains('\n'), "{key:?}");
+    let (ok, _, err) = cli(&["keys", "create", "--tenant", "nobody"]);
+    assert!(!ok && err.contains("nobody"), "{err}");
+
+    let router = Router::start(&config).await;
+    let mut c = Client::with_key(&router.url, &key);
+    c.initialize().await;
+    c.call_tool("alpha__echo", json!({"from": "cli"})).await;
+    let db = Database::connect(&url, Duration::from_secs(3)).unwrap();
+    assert!(eventually(Duration::from_secs(10), || async { db.count_audit(Some("cli-co")).await.unwrap() == 1 }).await);
+    let (ok, out, err) = cli(&["audit", "query", "--tenant", "cli-co", "--since", "10m"]);
+    assert!(ok, "{err}");
+    let line: Value = serde_json::from_str(out.lines().next().expect("a record")).unwrap();
+    assert_eq!((line["method"].as_str(), line["target"].as_str()), (Some("tools/call"), Some("alpha__echo")));
+    assert!(line["at"].as_str().unwrap().ends_with('Z'));
+
+    // `audit tail` follows new records.
+    let mut tail = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .args(["audit", "tail", "--tenant", "cli-co", "--config"])
+        .arg(&file)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    c.call_tool("alpha__add", json!({"a": 1, "b": 2})).await;
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(tail.stdout.take().unwrap()));
+    let next =
+        tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await.expect("tail prints").unwrap().unwrap();
+    assert!(next.contains("alpha__add"), "{next}");
+    let _ = tail.kill().await;
+
+    let prefix = &key[..PREFIX_LEN];
+    let (ok, out, _) = cli(&["keys", "list", "--tenant", "cli-co"]);
+    assert!(ok && out.contains(prefix) && out.contains("active") && !out.contains(&key[PREFIX_LEN..]), "{out}");
+    assert!(cli(&["keys", "revoke", prefix]).0);
+    let (_, out, _) = cli(&["keys", "list"]);
+    assert!(out.contains("revoked"), "{out}");
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            c.request("ping", json!({})).await.status == StatusCode::UNAUTHORIZED
+        })
+        .await
+    );
+    assert!(cli(&["tenants", "delete", "cli-co"]).0);
+    router.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

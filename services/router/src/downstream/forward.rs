@@ -522,6 +522,17 @@ impl Call {
     }
 }
 
+impl Drop for Call {
+    /// A call dropped before it finished (the client hung up while a
+    /// JSON-only answer was drained) still leaves its audit record.
+    fn drop(&mut self) {
+        if self.ledger.draft.is_some() || self.ledger.permit.is_some() {
+            let app = self.app.clone();
+            self.ledger.close(&app, Some(self.upstream), Outcome::Abandoned, None, self.sent, self.started);
+        }
+    }
+}
+
 /// Whether a response's id is the request's: byte-equal as a rule, equal as
 /// JSON values when an upstream reformats it (escapes in a string).
 fn same_id(a: &RawValue, b: &RawValue) -> bool {

@@ -1,8 +1,10 @@
 """List tools and call some, with the official Python SDK, and print JSON.
 
 Usage: list_and_call.py TARGET CALLS
-  TARGET  an http(s) URL of a Streamable HTTP endpoint, or a JSON object
-          {"command": ..., "args": [...]} for a stdio server
+  TARGET  an http(s) URL of a Streamable HTTP endpoint, a JSON object
+          {"url": ..., "key": ...} for one that wants an API key (sent as
+          Authorization: Bearer), or {"command": ..., "args": [...]} for a
+          stdio server
   CALLS   a JSON array of [tool name, arguments] pairs
 
 Prints {"tools": [names], "results": [call results as JSON]} on stdout.
@@ -12,13 +14,18 @@ import asyncio
 import json
 import sys
 
+import httpx2
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 
 def target(spec: str):
     if spec.startswith("http://") or spec.startswith("https://"):
         return spec
     params = json.loads(spec)
+    if "url" in params:
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {params['key']}"})
+        return streamable_http_client(params["url"], http_client=http)
     return StdioServerParameters(command=params["command"], args=params.get("args", []))
 
 
