@@ -293,7 +293,15 @@ async fn handle(admin: &Admin, token: &str, req: Request<Incoming>) -> Response<
         (&Method::GET, ["v1", "tenants"]) => admin.tenants().await.map(|t| (StatusCode::OK, json!({ "tenants": t }))),
         (&Method::POST, ["v1", "tenants"]) => match serde_json::from_slice::<PolicyBody>(&body) {
             Ok(mut p) => match p.name.take() {
-                Some(name) => admin.create_tenant(&name, p.into()).await.map(|t| (StatusCode::CREATED, json!(t))),
+                Some(name) => admin.create_tenant(&name, p.into()).await.map(|t| {
+                    let info = TenantInfo {
+                        name: t.name,
+                        policy: t.policy,
+                        source: "database",
+                        created_at_ms: Some(t.created_at_ms),
+                    };
+                    (StatusCode::CREATED, json!(info))
+                }),
                 None => Err(AdminError::Invalid("body: name is required".into())),
             },
             Err(e) => Err(AdminError::Invalid(format!("body: {e}"))),

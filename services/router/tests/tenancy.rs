@@ -183,6 +183,8 @@ async fn key_lifecycle_through_the_admin_api_on_two_replicas() {
     let (status, body) =
         http.send("POST", &format!("{admin_url}/v1/tenants"), json!({"name": "initech", "upstreams": ["alpha"]})).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!((body["name"].as_str(), body["source"].as_str()), (Some("initech"), Some("database")));
+    assert_eq!(body["upstreams"], json!(["alpha"]));
     let (status, body) = http.send("POST", &format!("{admin_url}/v1/tenants"), json!({"name": "initech"})).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     let (status, body) =
