@@ -174,7 +174,7 @@ async fn request(
                 draft: app
                     .audit
                     .as_ref()
-                    .map(|audit| draft(app, audit, Some(who), headers, Some(session), Some(env), body.len())),
+                    .map(|audit| draft(audit, Some(who), headers, Some(session), Some(env), body.len())),
                 permit: None,
             };
             if let Some(max) = who.tenant.limits.concurrent {
@@ -403,7 +403,7 @@ pub(crate) fn refuse(
     let id = env.and_then(|e| e.id);
     let response = respond::error(id, &err);
     if let Some(audit) = &app.audit {
-        let mut record = draft(app, audit, who, headers, session, env, request_bytes);
+        let mut record = draft(audit, who, headers, session, env, request_bytes);
         if env.is_none() {
             // Not a JSON-RPC message: name the HTTP request instead.
             record.method = http.to_owned();
@@ -418,7 +418,6 @@ pub(crate) fn refuse(
 
 /// The audit record of a request, before its outcome is known.
 pub(crate) fn draft(
-    app: &App,
     audit: &crate::audit::Audit,
     who: Option<&Principal>,
     headers: &HeaderMap,
@@ -426,7 +425,6 @@ pub(crate) fn draft(
     env: Option<&Envelope<'_>>,
     request_bytes: usize,
 ) -> AuditRecord {
-    let _ = app;
     let target = env
         .and_then(|e| e.params)
         .and_then(|p| Target::parse(p).ok())
