@@ -73,6 +73,7 @@ impl App {
                     batch: config.audit.batch,
                     write_timeout: config.audit.write_timeout,
                     retry_every: config.audit.retry_every,
+                    flush_every: config.audit.flush_every,
                 },
                 metrics.clone(),
             )?),

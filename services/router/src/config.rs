@@ -73,6 +73,8 @@ pub struct AuditConfig {
     pub batch: usize,
     pub write_timeout: Duration,
     pub retry_every: Duration,
+    /// How long the writer gathers records before an insert that is not full.
+    pub flush_every: Duration,
 }
 
 /// `[admin]`: the administration API.
@@ -320,6 +322,7 @@ pub struct RawAudit {
     pub batch: Option<u64>,
     pub write_timeout: Option<RawDuration>,
     pub retry_every: Option<RawDuration>,
+    pub flush_every: Option<RawDuration>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -728,6 +731,7 @@ impl RawConfig {
             batch: a.batch.unwrap_or(500).clamp(1, 2000) as usize,
             write_timeout: duration!(a.write_timeout, "audit.write_timeout", Duration::from_secs(5)),
             retry_every: duration!(a.retry_every, "audit.retry_every", Duration::from_secs(1)),
+            flush_every: duration!(a.flush_every, "audit.flush_every", Duration::from_millis(100)),
         };
         let admin = AdminConfig {
             listen: match self.admin.listen.as_deref() {

@@ -32,6 +32,10 @@ pub struct Options {
     pub write_timeout: Duration,
     /// After a failure, how long before the database is tried again.
     pub retry_every: Duration,
+    /// How long records are gathered before an insert that is not full: at
+    /// low rates one insert (one commit) per interval rather than one per
+    /// record.
+    pub flush_every: Duration,
 }
 
 /// The handle the request path uses.
@@ -40,12 +44,16 @@ pub struct Audit {
     spool: Arc<Mutex<Spool>>,
     metrics: Arc<Metrics>,
     stop: Arc<Notify>,
-    done: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    done: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
     ids: Ids,
 }
 
 impl Audit {
-    /// Opens the spool and starts the writer. Must run inside a Tokio runtime.
+    /// Opens the spool and starts the writer on a thread of its own, with
+    /// its own runtime and database pool: building and sending a batch of
+    /// hundreds of rows takes a millisecond or more of CPU, which on the
+    /// request threads' runtime would hold up requests behind it; as a
+    /// thread of its own the OS schedules it beside them.
     pub fn start(db: Database, spool_path: &Path, options: Options, metrics: Arc<Metrics>) -> std::io::Result<Audit> {
         let spool = Arc::new(Mutex::new(Spool::open(spool_path)?));
         {
@@ -57,9 +65,19 @@ impl Audit {
         }
         let (tx, rx) = mpsc::channel(options.queue.max(1));
         let stop = Arc::new(Notify::new());
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let db = {
+            let _context = runtime.enter();
+            db.separate_pool().map_err(std::io::Error::other)?
+        };
         let writer =
             Writer { db, rx, spool: spool.clone(), metrics: metrics.clone(), options, capacity: tx.max_capacity() };
-        let done = tokio::spawn(writer.run(stop.clone()));
+        let stop_writer = stop.clone();
+        std::thread::Builder::new().name("switchboard-audit".into()).spawn(move || {
+            runtime.block_on(writer.run(stop_writer));
+            let _ = done_tx.send(());
+        })?;
         Ok(Audit { queue: tx, spool, metrics, stop, done: Mutex::new(Some(done)), ids: Ids::new() })
     }
 
@@ -155,6 +173,24 @@ impl Writer {
                         None => stopping = true,
                     },
                     () = tokio::time::sleep_until(wait) => {}
+                    () = stop.notified() => {
+                        stopping = true;
+                        self.rx.close();
+                    }
+                }
+            }
+            // Let records gather until a batch is waiting or `flush_every`
+            // has passed since the first. Looking every 10 ms rather than
+            // waking for each record: a wake-up per record, across threads,
+            // costs the request path more than the insert saves.
+            let deadline = tokio::time::Instant::now() + self.options.flush_every;
+            while !stopping && !batch.is_empty() && batch.len() + self.rx.len() < self.options.batch {
+                let now = tokio::time::Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep_until(deadline.min(now + Duration::from_millis(10))) => {}
                     () = stop.notified() => {
                         stopping = true;
                         self.rx.close();
