@@ -42,7 +42,7 @@ pub struct Item {
     /// The name or URI clients see.
     pub exposed: Box<str>,
     /// The upstream's own name or URI, as a JSON string literal (ready to splice).
-    pub original: Box<[u8]>,
+    pub original: Arc<[u8]>,
     /// The upstream's own name or URI (what tenant tool patterns match).
     pub name: Box<str>,
     /// The item as clients see it, serialised.
@@ -104,7 +104,7 @@ impl Listing {
             self.items.push(Item {
                 upstream: u,
                 exposed: exposed.into_boxed_str(),
-                original: jsonrpc::json_string(original).into_boxed_slice(),
+                original: jsonrpc::json_string(original).into(),
                 name: original.into(),
                 json,
             });

@@ -241,7 +241,7 @@ async fn resolve(
     let params = env.params.ok_or_else(|| Error::InvalidParams(format!("{} needs params", method.as_str())))?;
     let target = Target::parse(params).map_err(|e| Error::InvalidParams(e.to_string()))?;
     let mut snapshot = app.catalog.current();
-    let (upstream, field, replacement): (usize, &RawValue, Vec<u8>) = match method {
+    let (upstream, field, replacement): (usize, &RawValue, Original) = match method {
         Method::ToolsCall | Method::PromptsGet => {
             let kind = if method == Method::ToolsCall { ListKind::Tools } else { ListKind::Prompts };
             let raw = target.name.ok_or_else(|| Error::InvalidParams("params.name is required".into()))?;
@@ -252,7 +252,7 @@ async fn resolve(
         Method::ResourcesRead | Method::ResourcesSubscribe | Method::ResourcesUnsubscribe => {
             let raw = target.uri.ok_or_else(|| Error::InvalidParams("params.uri is required".into()))?;
             let (u, original) = resolve_uri(app, tenant, &snapshot, raw)?;
-            (u, raw, original)
+            (u, raw, Original::Built(original))
         }
         Method::CompletionComplete => {
             let reference =
@@ -269,7 +269,7 @@ async fn resolve(
                 Some("ref/resource") => {
                     let raw = reference.uri.ok_or_else(|| Error::InvalidParams("params.ref.uri is required".into()))?;
                     let (u, original) = resolve_uri(app, tenant, &snapshot, raw)?;
-                    (u, raw, original)
+                    (u, raw, Original::Built(original))
                 }
                 other => return Err(Error::InvalidParams(format!("unknown ref type {other:?}"))),
             }
@@ -279,7 +279,7 @@ async fn resolve(
     let field_span = span(body, field.get());
     let id = span(body, env.id.expect("a request has an id").get());
     let token = target.progress_token.map(|t| span(body, t.get()));
-    if replacement.as_slice() == field.get().as_bytes() {
+    if *replacement == *field.get().as_bytes() {
         return Ok(Resolved { upstream, body: body.clone(), id, progress_token: token });
     }
     let delta = replacement.len() as isize - field_span.len() as isize;
@@ -294,6 +294,23 @@ async fn resolve(
     Ok(Resolved { upstream, body: rewritten, id: shift(id), progress_token: token.map(shift) })
 }
 
+/// A name or URI as its upstream knows it (JSON text): shared with the
+/// catalog (no copy per call), or built for this request.
+enum Original {
+    Shared(Arc<[u8]>),
+    Built(Vec<u8>),
+}
+
+impl std::ops::Deref for Original {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Original::Shared(bytes) => bytes,
+            Original::Built(bytes) => bytes,
+        }
+    }
+}
+
 /// Looks a tool or prompt up, refreshing the catalog once if it is missing.
 async fn find(
     app: &Arc<App>,
@@ -301,18 +318,18 @@ async fn find(
     snapshot: &mut Arc<Snapshot>,
     kind: ListKind,
     name: &str,
-) -> Result<(usize, Vec<u8>), Error> {
+) -> Result<(usize, Original), Error> {
     let unknown = || match kind {
         ListKind::Prompts => Error::UnknownPrompt(name.to_owned()),
         _ => Error::UnknownTool(name.to_owned()),
     };
     let visible = |item: &crate::catalog::Item| super::lists::sees(tenant, kind, item);
     if let Some(item) = snapshot.list(kind).get(name) {
-        return if visible(item) { Ok((item.upstream, item.original.to_vec())) } else { Err(unknown()) };
+        return if visible(item) { Ok((item.upstream, Original::Shared(item.original.clone()))) } else { Err(unknown()) };
     }
     *snapshot = app.catalog.ensure(&[kind]).await;
     if let Some(item) = snapshot.list(kind).get(name) {
-        return if visible(item) { Ok((item.upstream, item.original.to_vec())) } else { Err(unknown()) };
+        return if visible(item) { Ok((item.upstream, Original::Shared(item.original.clone()))) } else { Err(unknown()) };
     }
     if let Some(u) = app.catalog.missing_upstream(kind, name).filter(|&u| tenant.sees_upstream(u)) {
         let why = format!("left out of the catalog after failing; retried every {:?}", app.catalog.retry_after());

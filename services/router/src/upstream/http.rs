@@ -415,9 +415,16 @@ impl Channel {
 impl super::Channel for Channel {
     async fn request(&self, out: Outgoing) -> Result<Reply, UpstreamError> {
         let mut retried = false;
+        let mut body = Some(out.body);
         loop {
             let state = self.state();
-            let resp = self.shared.post(out.body.clone(), Some(&state)).await?;
+            // Only an upstream session can expire and make us send again:
+            // keep a copy of the body only then (a first copy of a spliced
+            // body costs an allocation).
+            let may_retry = state.sid.is_some() && !retried;
+            let send = if may_retry { body.clone() } else { body.take() };
+            let send = send.expect("the body is kept while a retry is possible");
+            let resp = self.shared.post(send, Some(&state)).await?;
             let status = resp.status;
             if status.is_success() && status != StatusCode::ACCEPTED {
                 return self.shared.read_reply(resp, Some(&state)).await;
