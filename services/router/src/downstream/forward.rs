@@ -325,11 +325,19 @@ async fn find(
     };
     let visible = |item: &crate::catalog::Item| super::lists::sees(tenant, kind, item);
     if let Some(item) = snapshot.list(kind).get(name) {
-        return if visible(item) { Ok((item.upstream, Original::Shared(item.original.clone()))) } else { Err(unknown()) };
+        return if visible(item) {
+            Ok((item.upstream, Original::Shared(item.original.clone())))
+        } else {
+            Err(unknown())
+        };
     }
     *snapshot = app.catalog.ensure(&[kind]).await;
     if let Some(item) = snapshot.list(kind).get(name) {
-        return if visible(item) { Ok((item.upstream, Original::Shared(item.original.clone()))) } else { Err(unknown()) };
+        return if visible(item) {
+            Ok((item.upstream, Original::Shared(item.original.clone())))
+        } else {
+            Err(unknown())
+        };
     }
     if let Some(u) = app.catalog.missing_upstream(kind, name).filter(|&u| tenant.sees_upstream(u)) {
         let why = format!("left out of the catalog after failing; retried every {:?}", app.catalog.retry_after());
