@@ -14,15 +14,21 @@
 //! - [`version`]: the MCP protocol versions we know.
 //! - [`sse`]: Server-Sent Events encoder and incremental decoder.
 //! - [`ndjson`]: newline-delimited JSON framing, as used over stdio.
+//! - [`edge`]: the edge protocol's frames (`##START` … `##END`), for devices
+//!   that connect out to the router over TCP.
+//! - [`schema`]: argument checks against a tool's JSON Schema (the subset
+//!   edge devices declare).
 //!
 //! Nothing here may allocate per byte of payload: a message is copied at most
 //! once, when a rewrite produces its new form.
 #![forbid(unsafe_code)]
 
+pub mod edge;
 pub mod jsonrpc;
 pub mod methods;
 pub mod ndjson;
 pub mod rewrite;
+pub mod schema;
 pub mod sse;
 pub mod version;
 
