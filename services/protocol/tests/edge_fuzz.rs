@@ -34,7 +34,10 @@ fn spec() -> impl Strategy<Value = Spec> {
 
 /// Encodes specs: text as text frames (split as the encoder likes), other
 /// payloads as JSON strings. Returns the wire bytes and the frames expected.
-fn wire(specs: &[Spec]) -> (Vec<u8>, Vec<(u8, [u8; 8], Vec<u8>)>) {
+/// A decoded frame's type, task id and payload.
+type Decoded = (u8, [u8; 8], Vec<u8>);
+
+fn wire(specs: &[Spec]) -> (Vec<u8>, Vec<Decoded>) {
     let mut out = BytesMut::new();
     let mut expected = Vec::new();
     for s in specs {
@@ -93,7 +96,7 @@ proptest! {
         let (bytes, expected) = wire(&specs);
         let (frames, errors) = feed(&bytes, &cuts);
         prop_assert!(errors.is_empty(), "{errors:?}");
-        let got: Vec<(u8, [u8; 8], Vec<u8>)> = frames.iter().map(|f| (f.kind, f.task, f.payload.to_vec())).collect();
+        let got: Vec<Decoded> = frames.iter().map(|f| (f.kind, f.task, f.payload.to_vec())).collect();
         prop_assert_eq!(got, expected);
         // Joined text frames give back the text; JSON payloads parse back.
         for s in &specs {
@@ -136,7 +139,7 @@ proptest! {
         let mut bytes = first[..keep].to_vec();
         bytes.extend_from_slice(&second);
         let (frames, _) = feed(&bytes, &cuts);
-        let got: Vec<(u8, [u8; 8], Vec<u8>)> = frames.iter().map(|f| (f.kind, f.task, f.payload.to_vec())).collect();
+        let got: Vec<Decoded> = frames.iter().map(|f| (f.kind, f.task, f.payload.to_vec())).collect();
         prop_assert!(got.ends_with(&expected), "{got:?}");
     }
 

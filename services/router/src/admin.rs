@@ -32,6 +32,8 @@ pub struct Admin {
     pub db: Database,
     static_tenants: Vec<(String, Policy)>,
     upstreams: Vec<String>,
+    /// The running router's edge devices (the HTTP API only).
+    edge: Option<Arc<crate::edge::Edge>>,
 }
 
 /// What went wrong with an operation.
@@ -81,7 +83,19 @@ impl Admin {
             db,
             static_tenants: config.tenants.clone(),
             upstreams: config.upstreams.iter().map(|u| u.name.clone()).collect(),
+            edge: None,
         }
+    }
+
+    /// With the running router's edge registry, for `GET /v1/edge/devices`.
+    pub fn with_edge(mut self, edge: Arc<crate::edge::Edge>) -> Admin {
+        self.edge = Some(edge);
+        self
+    }
+
+    /// The connected edge devices (of one tenant, or all) and their services.
+    pub fn edge_devices(&self, tenant: Option<&str>) -> Vec<serde_json::Value> {
+        self.edge.as_ref().map(|e| e.describe(tenant)).unwrap_or_default()
     }
 
     pub async fn create_tenant(&self, name: &str, policy: Policy) -> Result<TenantRow, AdminError> {
@@ -334,6 +348,14 @@ async fn handle(admin: &Admin, token: &str, req: Request<Incoming>) -> Response<
         (&Method::GET, ["v1", "keys"]) => admin.keys(None).await.map(|k| (StatusCode::OK, json!({ "keys": k }))),
         (&Method::DELETE, ["v1", "keys", prefix]) => {
             admin.revoke_key(prefix).await.map(|()| (StatusCode::NO_CONTENT, json!(null)))
+        }
+        (&Method::GET, ["v1", "edge", "devices"]) => {
+            let tenant = query
+                .split('&')
+                .filter_map(|pair| pair.split_once('='))
+                .find(|(k, _)| *k == "tenant")
+                .map(|(_, v)| v.to_owned());
+            Ok((StatusCode::OK, json!({ "devices": admin.edge_devices(tenant.as_deref()) })))
         }
         (&Method::GET, ["v1", "audit"]) => match audit_query(&query) {
             Ok(q) => admin.audit(&q).await.map(|records| {

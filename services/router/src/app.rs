@@ -40,6 +40,8 @@ pub struct App {
     /// `None` without a database or with `audit.enabled = false`.
     pub audit: Option<Audit>,
     pub database: Option<Database>,
+    /// Edge devices and their tools.
+    pub edge: Arc<crate::edge::Edge>,
     /// When the router started; sessions measure idleness from it.
     pub epoch: Instant,
     shutting_down: AtomicBool,
@@ -87,6 +89,14 @@ impl App {
             None => None,
         };
         let limiter = Limiter::new(redis, metrics.clone());
+        let reserved: Vec<String> = config
+            .upstreams
+            .iter()
+            .flat_map(|u| [u.name.clone(), u.prefix.clone()])
+            .filter(|p| !p.is_empty())
+            .collect();
+        let edge =
+            Arc::new(crate::edge::Edge::new(config.edge.clone(), &config.catalog.separator, reserved, metrics.clone()));
         let upstreams: Arc<[Arc<Upstream>]> = config
             .upstreams
             .iter()
@@ -121,6 +131,7 @@ impl App {
                 limiter,
                 audit,
                 database,
+                edge,
                 epoch: Instant::now(),
                 shutting_down: AtomicBool::new(false),
                 legacy: Mutex::new(HashMap::new()),
@@ -212,6 +223,7 @@ impl App {
 
     /// Last step of shutdown: end upstream sessions and stop child processes.
     pub async fn close(&self) {
+        self.edge.close_all();
         for session in self.sessions.all() {
             if let Some(session) = self.sessions.remove(&session.id) {
                 session.close().await;
@@ -231,6 +243,17 @@ impl App {
     pub fn list_changed(&self, u: usize, kind: ListKind) {
         if self.catalog.invalidate(u, kind) {
             self.announce(kind);
+        }
+    }
+
+    /// Tells `tenant`'s sessions that its tool list changed (an edge device
+    /// came, went or changed its services).
+    pub fn announce_tools(&self, tenant: &str) {
+        let note = jsonrpc::request(None, ListKind::Tools.changed_notification(), None);
+        for session in self.sessions.all() {
+            if &*session.tenant == tenant {
+                session.push(note.clone());
+            }
         }
     }
 

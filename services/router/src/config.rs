@@ -27,6 +27,7 @@ pub struct Config {
     pub redis: RedisConfig,
     pub audit: AuditConfig,
     pub admin: AdminConfig,
+    pub edge: EdgeConfig,
     /// `[[tenants]]` declared in the file (the database wins on a name in both).
     pub tenants: Vec<(String, crate::tenancy::Policy)>,
 }
@@ -84,6 +85,29 @@ pub struct AdminConfig {
     pub listen: Option<SocketAddr>,
     /// The bearer token it requires.
     pub token: Option<String>,
+}
+
+/// `[edge]`: devices that connect out to the router over framed TCP.
+#[derive(Debug, Clone)]
+pub struct EdgeConfig {
+    /// Where devices connect; `None` for no edge listener.
+    pub listen: Option<SocketAddr>,
+    /// TLS certificate chain and private key (PEM); both or neither.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Largest frame accepted from a device (markers included).
+    pub max_frame_bytes: usize,
+    /// A connection must register within this long.
+    pub register_timeout: Duration,
+    /// Longest wait for a device's answer to a call.
+    pub call_timeout: Duration,
+    /// A disconnected device's tools stay this long, for it to reconnect.
+    pub grace: Duration,
+    /// The tool (exposed name) that answers devices' text tasks; `None` for none.
+    pub task_handler: Option<String>,
+    /// Longest wait for the task handler's answer.
+    pub task_timeout: Duration,
+    /// At most this many devices connected at once.
+    pub max_devices: usize,
 }
 
 /// `[server]`: the downstream listener and its limits.
@@ -287,6 +311,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub admin: RawAdmin,
     #[serde(default)]
+    pub edge: RawEdge,
+    #[serde(default)]
     pub tenants: Vec<RawTenant>,
 }
 
@@ -330,6 +356,21 @@ pub struct RawAudit {
 pub struct RawAdmin {
     pub listen: Option<String>,
     pub token: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEdge {
+    pub listen: Option<String>,
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
+    pub max_frame_bytes: Option<u64>,
+    pub register_timeout: Option<RawDuration>,
+    pub call_timeout: Option<RawDuration>,
+    pub grace: Option<RawDuration>,
+    pub task_handler: Option<String>,
+    pub task_timeout: Option<RawDuration>,
+    pub max_devices: Option<u64>,
 }
 
 /// One `[[tenants]]` entry: a name and a [`crate::tenancy::Policy`].
@@ -754,6 +795,47 @@ impl RawConfig {
             }
         }
 
+        // [edge]
+        let e = self.edge;
+        let edge = EdgeConfig {
+            listen: match e.listen.as_deref() {
+                None | Some("") => None,
+                Some(l) => match l.parse::<SocketAddr>() {
+                    Ok(addr) => Some(addr),
+                    Err(_) => {
+                        bad("edge.listen".into(), "must be an address such as \"127.0.0.1:7000\"".into());
+                        None
+                    }
+                },
+            },
+            tls: match (e.tls_cert.filter(|c| !c.is_empty()), e.tls_key.filter(|k| !k.is_empty())) {
+                (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
+                (None, None) => None,
+                (Some(_), None) => {
+                    bad("edge.tls_key".into(), "is required with edge.tls_cert".into());
+                    None
+                }
+                (None, Some(_)) => {
+                    bad("edge.tls_cert".into(), "is required with edge.tls_key".into());
+                    None
+                }
+            },
+            max_frame_bytes: match e.max_frame_bytes {
+                None => 1 << 20,
+                Some(n) if (64..=(64 << 20)).contains(&n) => n as usize,
+                Some(_) => {
+                    bad("edge.max_frame_bytes".into(), "must be between 64 and 67108864".into());
+                    1 << 20
+                }
+            },
+            register_timeout: duration!(e.register_timeout, "edge.register_timeout", Duration::from_secs(10)),
+            call_timeout: duration!(e.call_timeout, "edge.call_timeout", Duration::from_secs(30)),
+            grace: duration!(e.grace, "edge.grace", Duration::from_secs(5)),
+            task_handler: e.task_handler.filter(|h| !h.is_empty()),
+            task_timeout: duration!(e.task_timeout, "edge.task_timeout", Duration::from_secs(120)),
+            max_devices: e.max_devices.unwrap_or(10_000).max(1) as usize,
+        };
+
         // [[tenants]]
         let upstream_names: Vec<&str> = upstreams.iter().map(|u: &UpstreamConfig| u.name.as_str()).collect();
         let mut tenants = Vec::new();
@@ -778,7 +860,7 @@ impl RawConfig {
         }
 
         if problems.is_empty() {
-            Ok(Config { server, catalog, upstreams, log, auth, database, redis, audit, admin, tenants })
+            Ok(Config { server, catalog, upstreams, log, auth, database, redis, audit, admin, edge, tenants })
         } else {
             Err(ConfigError { problems })
         }

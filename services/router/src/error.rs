@@ -55,6 +55,9 @@ pub enum Error {
     InvalidParams(String),
     #[error("unknown tool: {0}")]
     UnknownTool(String),
+    /// Arguments that do not match the tool's input schema (checked by the router).
+    #[error("invalid arguments for {tool}: {invalid}")]
+    InvalidArguments { tool: String, invalid: switchboard_protocol::schema::Invalid },
     #[error("unknown prompt: {0}")]
     UnknownPrompt(String),
     #[error("unknown resource: {0}")]
@@ -120,9 +123,11 @@ impl Error {
             | Error::UnsupportedVersion(_) => code::INVALID_REQUEST,
             Error::UnknownSession => code::REQUEST_TIMEOUT,
             Error::MethodNotFound(_) => code::METHOD_NOT_FOUND,
-            Error::InvalidParams(_) | Error::UnknownTool(_) | Error::UnknownPrompt(_) | Error::InvalidCursor(_) => {
-                code::INVALID_PARAMS
-            }
+            Error::InvalidParams(_)
+            | Error::InvalidArguments { .. }
+            | Error::UnknownTool(_)
+            | Error::UnknownPrompt(_)
+            | Error::InvalidCursor(_) => code::INVALID_PARAMS,
             Error::UnknownResource(_) => code::RESOURCE_NOT_FOUND,
             Error::UpstreamTimeout { .. } => code::REQUEST_TIMEOUT,
             Error::Unauthenticated(_) => UNAUTHENTICATED,
@@ -140,6 +145,9 @@ impl Error {
                 Some(serde_json::json!({ "upstream": &**upstream }))
             }
             Error::UnknownTool(name) => Some(serde_json::json!({ "tool": name })),
+            Error::InvalidArguments { tool, invalid } => {
+                Some(serde_json::json!({ "tool": tool, "path": invalid.path, "problem": invalid.message }))
+            }
             Error::RateLimited { limit, retry_after } => {
                 Some(serde_json::json!({ "limit": limit, "retryAfterMs": retry_after.as_millis() as u64 }))
             }
@@ -161,7 +169,7 @@ impl Error {
             Error::UnsupportedVersion(_) => "protocol_version",
             Error::TooManySessions(_) => "too_many_sessions",
             Error::MethodNotFound(_) => "method_not_found",
-            Error::InvalidParams(_) | Error::InvalidCursor(_) => "invalid_params",
+            Error::InvalidParams(_) | Error::InvalidArguments { .. } | Error::InvalidCursor(_) => "invalid_params",
             Error::UnknownTool(_) | Error::UnknownPrompt(_) | Error::UnknownResource(_) => "unknown_target",
             Error::UpstreamTimeout { .. } => "upstream_timeout",
             Error::Upstream { .. } => "upstream_unavailable",

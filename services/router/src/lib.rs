@@ -21,6 +21,7 @@
 //!   [`store`]: the database (PostgreSQL or SQLite) behind it and the audit log.
 //! - `ratelimit/`: per-key, per-tenant and per-tool limits, local or in Redis.
 //! - `audit/`: the background audit writer and its disk spool.
+//! - [`edge`]: devices that connect out over framed TCP and become tools of their tenant.
 //! - [`admin`]: the administration HTTP API, and the operations the CLI shares with it.
 //! - `metrics.rs`, `error.rs`, `body.rs`.
 //!
@@ -35,6 +36,7 @@ pub mod bridge;
 pub mod catalog;
 pub mod config;
 mod downstream;
+pub mod edge;
 pub mod error;
 mod events;
 mod metrics;
@@ -47,4 +49,4 @@ pub mod upstream;
 
 pub use config::Config;
 pub use error::Error;
-pub use server::serve;
+pub use server::{serve, serve_with, Listeners};

@@ -224,7 +224,6 @@ fn main() -> Result<()> {
                 let listener = tokio::net::TcpListener::bind(config.server.listen)
                     .await
                     .with_context(|| format!("binding {}", config.server.listen))?;
-                let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
                 let admin = match (config.admin.listen, &config.admin.token, &config.database.url) {
                     (Some(addr), Some(token), Some(url)) => {
                         let db = switchboard::store::Database::connect(url, config.database.connect_timeout)?;
@@ -232,19 +231,13 @@ fn main() -> Result<()> {
                             .await
                             .with_context(|| format!("binding the admin API to {addr}"))?;
                         tracing::info!(%addr, "admin API listening on http://{addr}/v1/");
-                        let admin = switchboard::admin::Admin::new(db, &config);
-                        Some(tokio::spawn(switchboard::admin::serve(listener, admin, token.clone(), async {
-                            let _ = admin_stopped.await;
-                        })))
+                        Some((listener, switchboard::admin::Admin::new(db, &config), token.clone()))
                     }
                     (Some(_), _, None) => anyhow::bail!("admin.listen needs a database (database.url)"),
                     _ => None,
                 };
-                switchboard::serve(listener, config, shutdown_signal()).await?;
-                let _ = stop_admin.send(());
-                if let Some(admin) = admin {
-                    let _ = admin.await;
-                }
+                let extra = switchboard::Listeners { edge: None, admin };
+                switchboard::serve_with(listener, extra, config, shutdown_signal()).await?;
                 Ok(())
             })
         }

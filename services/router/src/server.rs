@@ -25,11 +25,66 @@ use crate::downstream::{self, respond};
 /// `server.shutdown_grace` to finish, and upstream sessions and child
 /// processes are closed.
 pub async fn serve(listener: TcpListener, config: Config, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+    serve_with(listener, Listeners::default(), config, shutdown).await
+}
+
+/// The listeners besides the MCP endpoint's, bound by the caller (tests bind
+/// `127.0.0.1:0`). An edge listener not given here is bound from
+/// `edge.listen`, if set.
+#[derive(Default)]
+pub struct Listeners {
+    /// Edge devices (`[edge]`).
+    pub edge: Option<TcpListener>,
+    /// The admin API, its operations and its token (`[admin]`).
+    pub admin: Option<(TcpListener, crate::admin::Admin, String)>,
+}
+
+/// [`serve`], with the edge listener and the admin API: all of them stop
+/// together.
+pub async fn serve_with(
+    listener: TcpListener,
+    extra: Listeners,
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let edge_tls = match &config.edge.tls {
+        Some((cert, key)) => Some(crate::edge::listen::tls_acceptor(cert, key)?),
+        None => None,
+    };
+    let edge_listener = match (extra.edge, config.edge.listen) {
+        (Some(l), _) => Some(l),
+        (None, Some(addr)) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| std::io::Error::new(e.kind(), format!("binding the edge listener to {addr}: {e}")))?,
+        ),
+        (None, None) => None,
+    };
     let app = App::new(config)?;
     app.prepare().await;
     app.start();
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, upstreams = app.upstreams.len(), "switchboard listening on http://{addr}/mcp");
+    }
+    let (stop_others, others_stopped) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = others_stopped.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
+    let mut others = Vec::new();
+    if let Some(edge) = edge_listener {
+        others.push(tokio::spawn(crate::edge::listen::serve(app.clone(), edge, edge_tls, stopped())));
+    }
+    if let Some((admin_listener, admin, token)) = extra.admin {
+        let admin = admin.with_edge(app.edge.clone());
+        let stop = stopped();
+        others.push(tokio::spawn(async move {
+            if let Err(e) = crate::admin::serve(admin_listener, admin, token, stop).await {
+                tracing::error!(error = %e, "the admin API stopped");
+            }
+        }));
     }
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -69,6 +124,10 @@ pub async fn serve(listener: TcpListener, config: Config, shutdown: impl Future<
     let grace = app.config.server.shutdown_grace;
     if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
         tracing::warn!(?grace, "requests still in flight after the shutdown grace period; closing anyway");
+    }
+    let _ = stop_others.send(true);
+    for task in others {
+        let _ = task.await;
     }
     app.close().await;
     tracing::info!("shut down");

@@ -280,10 +280,16 @@ impl Directory {
     /// The caller of a request, from its `Authorization: Bearer` or
     /// `X-API-Key` header.
     pub fn authenticate(&self, headers: &HeaderMap, now_ms: i64) -> Result<Principal, AuthFailure> {
+        self.authenticate_key(presented_key(headers), now_ms)
+    }
+
+    /// The owner of an API key presented some other way (an edge device's
+    /// `register` message). With authentication off, the open tenant.
+    pub fn authenticate_key(&self, key: Option<&str>, now_ms: i64) -> Result<Principal, AuthFailure> {
         if let Some(open) = &self.open {
             return Ok(open.clone());
         }
-        let key = presented_key(headers).ok_or(AuthFailure::Missing)?;
+        let key = key.filter(|k| !k.is_empty()).ok_or(AuthFailure::Missing)?;
         let snapshot = self.snapshot.load();
         let live = snapshot.keys.get(&hash(key)).ok_or(AuthFailure::Invalid)?;
         if live.expires_at_ms.is_some_and(|at| at <= now_ms) {

@@ -37,6 +37,12 @@ pub struct Router {
     pub addr: SocketAddr,
     /// `http://ADDR/mcp`.
     pub url: String,
+    /// The edge listener, when the configuration has `edge.listen` (port 0
+    /// there: a free port on 127.0.0.1).
+    pub edge_addr: Option<SocketAddr>,
+    /// The admin API, when the configuration has `[admin]` and a database
+    /// (`admin.listen` is ignored likewise).
+    pub admin_addr: Option<SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
 }
@@ -58,11 +64,28 @@ impl Router {
         let config = switchboard::Config::from_toml(&text).unwrap_or_else(|e| panic!("test config: {e}"));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
+        let mut extra = switchboard::Listeners::default();
+        let mut edge_addr = None;
+        if let Some(wanted) = config.edge.listen {
+            // Port 0 in the test's config: any free port; else that one (a
+            // test restarting the router where devices reconnect).
+            let at = if wanted.port() == 0 { "127.0.0.1:0".parse().expect("address") } else { wanted };
+            let edge = TcpListener::bind(at).await.expect("bind the edge listener");
+            edge_addr = Some(edge.local_addr().expect("addr"));
+            extra.edge = Some(edge);
+        }
+        let mut admin_addr = None;
+        if let (Some(_), Some(token), Some(url)) = (config.admin.listen, &config.admin.token, &config.database.url) {
+            let db = switchboard::store::Database::connect(url, config.database.connect_timeout).expect("database");
+            let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            admin_addr = Some(admin.local_addr().expect("addr"));
+            extra.admin = Some((admin, switchboard::admin::Admin::new(db, &config), token.clone()));
+        }
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(switchboard::serve(listener, config, async {
+        let task = tokio::spawn(switchboard::serve_with(listener, extra, config, async {
             let _ = stopped.await;
         }));
-        Router { addr, url: format!("http://{addr}/mcp"), stop: Some(stop), task: Some(task) }
+        Router { addr, url: format!("http://{addr}/mcp"), edge_addr, admin_addr, stop: Some(stop), task: Some(task) }
     }
 
     /// A path on the router (`/metrics`, `/healthz`).
@@ -153,10 +176,20 @@ pub fn mock_named(name: &str) -> MockOptions {
 
 /// The `switchboard-mock` binary, built next to the test binaries.
 pub fn mock_binary() -> PathBuf {
+    sibling_binary("switchboard-mock")
+}
+
+/// The reference edge device binary (`switchboard-edge`), built next to
+/// the test binaries.
+pub fn edge_binary() -> PathBuf {
+    sibling_binary("switchboard-edge")
+}
+
+fn sibling_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let path = dir.join("switchboard-mock");
-    assert!(path.exists(), "{} is missing: run `cargo build --bins` (scripts/test does)", path.display());
+    let path = dir.join(name);
+    assert!(path.exists(), "{} is missing: run `cargo build --workspace --bins` (scripts/test does)", path.display());
     path
 }
 
@@ -466,9 +499,18 @@ impl EventStream {
 
 /// GETs a URL and returns its body as text.
 pub async fn get_text(url: &str) -> String {
+    get_text_with(url, &[]).await
+}
+
+/// GETs a URL with extra headers (`authorization`) and returns its body as text.
+pub async fn get_text_with(url: &str, headers: &[(&str, &str)]) -> String {
     let client: HyperClient<HttpConnector, Full<Bytes>> =
         HyperClient::builder(TokioExecutor::new()).build(HttpConnector::new());
-    let resp = client.get(url.parse().expect("url")).await.expect("GET");
+    let mut req = Request::builder().method(Method::GET).uri(url);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let resp = client.request(req.body(Full::new(Bytes::new())).expect("request")).await.expect("GET");
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     String::from_utf8_lossy(&body).into_owned()
 }

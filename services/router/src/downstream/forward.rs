@@ -63,9 +63,23 @@ impl Ledger {
         response_bytes: usize,
         started: Instant,
     ) {
+        self.close_named(app, upstream.map(|u| &*app.upstreams[u].name), outcome, error_code, response_bytes, started);
+    }
+
+    /// [`Ledger::close`] for a request answered by something other than a
+    /// configured upstream (an edge device).
+    pub fn close_named(
+        &mut self,
+        app: &App,
+        upstream: Option<&str>,
+        outcome: Outcome,
+        error_code: Option<i64>,
+        response_bytes: usize,
+        started: Instant,
+    ) {
         self.permit.take();
         if let (Some(mut record), Some(audit)) = (self.draft.take(), app.audit.as_ref()) {
-            record.upstream = upstream.map(|u| app.upstreams[u].name.to_string());
+            record.upstream = upstream.map(str::to_owned);
             record.outcome = outcome.label().to_owned();
             record.error_code = error_code;
             record.latency_us = started.elapsed().as_micros() as i64;
@@ -99,6 +113,11 @@ pub async fn forward(
     mut ledger: Ledger,
 ) -> Response<Body> {
     let id = env.id.expect("a request has an id");
+    if method == Method::ToolsCall {
+        if let Some(target) = crate::edge::target(app, &who.tenant.name, env) {
+            return respond::json(crate::edge::answer(app, target, id, started, ledger).await);
+        }
+    }
     let resolved = match resolve(app, &who.tenant, method, env, body).await {
         Ok(resolved) => resolved,
         Err(e) => {
@@ -344,6 +363,44 @@ async fn find(
         return Err(Error::upstream(&app.upstreams[u].name, UpstreamError::Down(why)));
     }
     Err(unknown())
+}
+
+/// Calls tool `name` (as `tenant` sees it) on behalf of the router itself,
+/// on `session`'s channel, and returns the tool result (the `result`
+/// object). Used for edge text tasks.
+pub(crate) async fn call_internal(
+    app: &Arc<App>,
+    tenant: &Tenant,
+    session: &Arc<Session>,
+    name: &str,
+    arguments: &Value,
+    timeout: std::time::Duration,
+) -> Result<Value, Error> {
+    let mut snapshot = app.catalog.current();
+    let (u, original) = find(app, tenant, &mut snapshot, ListKind::Tools, name).await?;
+    let upstream = &app.upstreams[u];
+    let mut params = Vec::with_capacity(original.len() + 64);
+    params.extend_from_slice(b"{\"name\":");
+    params.extend_from_slice(&original);
+    params.extend_from_slice(b",\"arguments\":");
+    params.extend_from_slice(&serde_json::to_vec(arguments).expect("serializable"));
+    params.push(b'}');
+    let (out, id) = Outgoing::own("tools/call", &params, "edge-task");
+    let work = async {
+        let channel = session.channel(app, u).await?;
+        let reply = channel.request(out).await.map_err(|e| Error::upstream(&upstream.name, e))?;
+        crate::upstream::collect_response(reply, &id).await.map_err(|e| Error::upstream(&upstream.name, e))
+    };
+    let message = tokio::time::timeout(timeout, work)
+        .await
+        .map_err(|_| Error::UpstreamTimeout { upstream: upstream.name.clone(), after: timeout })??;
+    let mut value: Value = serde_json::from_slice(&message)
+        .map_err(|e| Error::upstream(&upstream.name, UpstreamError::Protocol(e.to_string())))?;
+    if let Some(error) = value.get("error") {
+        let text = error.get("message").and_then(Value::as_str).unwrap_or("no message").to_owned();
+        return Err(Error::upstream(&upstream.name, UpstreamError::Protocol(format!("it answered an error: {text}"))));
+    }
+    Ok(value.get_mut("result").map(Value::take).unwrap_or(Value::Null))
 }
 
 fn resolve_uri(app: &App, tenant: &Tenant, snapshot: &Snapshot, raw: &RawValue) -> Result<(usize, Vec<u8>), Error> {

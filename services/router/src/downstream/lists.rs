@@ -157,9 +157,20 @@ pub async fn list(
     let page_size = app.config.catalog.page_size;
     let head = head(id, kind);
 
+    // The tenant's edge device tools come after the catalog's, on the last page.
+    let edge = if kind == ListKind::Tools { app.edge.view(&tenant.name) } else { None };
+
     if page_size == 0 && params.cursor.is_none() && tenant.unrestricted() {
         // The whole list, prebuilt: sent without copying it.
-        return Ok(respond::json_parts(VecDeque::from([head, listing.all.clone(), Bytes::from_static(b"}}")])));
+        let parts = match &edge {
+            None => VecDeque::from([head, listing.all.clone(), Bytes::from_static(b"}}")]),
+            Some(view) => {
+                let open = listing.all.slice(..listing.all.len() - 1); // without its `]`
+                let comma = if open.len() > 1 { &b","[..] } else { &b""[..] };
+                VecDeque::from([head, open, Bytes::from_static(comma), view.json.clone(), Bytes::from_static(b"]}}")])
+            }
+        };
+        return Ok(respond::json_parts(parts));
     }
 
     let start = match &params.cursor {
@@ -196,9 +207,16 @@ pub async fn list(
         body.put_slice(&item.json);
         shown += 1;
     }
+    let more = listing.items[end..].iter().any(|i| sees(tenant, kind, i));
+    if let (false, Some(view)) = (more, &edge) {
+        if shown > 0 {
+            body.put_u8(b',');
+        }
+        body.put_slice(&view.json);
+    }
     body.put_u8(b']');
     // Only promise a next page if something the tenant sees is on it.
-    if listing.items[end..].iter().any(|i| sees(tenant, kind, i)) {
+    if more {
         let next = &listing.items[end];
         let &(_, first, _) =
             listing.spans.iter().find(|(up, _, _)| *up == next.upstream).expect("every item has a span");

@@ -20,7 +20,7 @@
 //! Errors are values of [`Error`] until [`respond::error`] turns them into a
 //! response; this module never builds an error body by hand.
 
-mod forward;
+pub(crate) mod forward;
 pub mod legacy;
 mod lists;
 pub mod respond;

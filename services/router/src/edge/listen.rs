@@ -1,0 +1,481 @@
+//! The edge listener: accepts device connections (TCP, or TLS when
+//! `edge.tls_cert`/`edge.tls_key` are set) and runs each one.
+//!
+//! A connection is two tasks: this one reads and decodes frames and acts on
+//! them; a writer drains the link's queue of encoded frames to the socket.
+//! The first MCP message must be a `register` with a valid API key, within
+//! `edge.register_timeout`; anything else gets an `error` message and the
+//! connection is closed. After that:
+//! - `register` again replaces the device's services;
+//! - `result` completes the call with that `call_id` (an unknown one is
+//!   counted and dropped);
+//! - text frames (`0x04`) of one task id are joined until its `0x03`, then
+//!   handed to the task handler tool; its answer goes back as text frames of
+//!   the same task id and a `0x03`;
+//! - frames of an unknown type, or JSON that is not a known message, get an
+//!   `error` message and are counted; the connection stays up.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use serde_json::{json, Value};
+use switchboard_protocol::edge::{self as frames, Decoder, Frame, TaskId};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_rustls::rustls;
+use tokio_rustls::TlsAcceptor;
+
+use super::{Answer, Device, Link};
+use crate::app::App;
+use crate::session::Session;
+use crate::tenancy::Principal;
+
+/// A text task may gather at most this many frames' worth of bytes.
+const TASK_FRAMES: usize = 16;
+/// At most this many text tasks open at once on one connection.
+const MAX_OPEN_TASKS: usize = 64;
+
+/// Builds the TLS acceptor from PEM files.
+pub fn tls_acceptor(cert: &Path, key: &Path) -> std::io::Result<TlsAcceptor> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let invalid = |what: &str, e: &dyn std::fmt::Display| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("edge TLS {what}: {e}"))
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| invalid(&format!("certificate {}", cert.display()), &e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| invalid(&format!("certificate {}", cert.display()), &e))?;
+    if certs.is_empty() {
+        return Err(invalid("certificate", &format!("no certificate in {}", cert.display())));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| invalid(&format!("key {}", key.display()), &e))?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid("protocol versions", &e))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| invalid("certificate and key", &e))?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Accepts device connections until `shutdown`, then closes them all.
+pub async fn serve(app: Arc<App>, listener: TcpListener, tls: Option<TlsAcceptor>, shutdown: impl Future<Output = ()>) {
+    if let Ok(addr) = listener.local_addr() {
+        let scheme = if tls.is_some() { "tls" } else { "tcp" };
+        tracing::info!(%addr, "edge devices connect to {scheme}://{addr}");
+    }
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, remote) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "edge accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let app = app.clone();
+                match tls.clone() {
+                    None => {
+                        tokio::spawn(connection(app, stream, remote, false));
+                    }
+                    Some(acceptor) => {
+                        tokio::spawn(async move {
+                            let handshake = tokio::time::timeout(app.edge.config.register_timeout, acceptor.accept(stream)).await;
+                            match handshake {
+                                Ok(Ok(stream)) => connection(app, stream, remote, true).await,
+                                Ok(Err(e)) => {
+                                    app.metrics.edge.connection("tls_failed");
+                                    tracing::debug!(%remote, error = %e, "edge TLS handshake failed");
+                                }
+                                Err(_) => app.metrics.edge.connection("timeout"),
+                            }
+                        });
+                    }
+                }
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    app.edge.close_all();
+}
+
+/// What one connection knows about itself.
+struct Conn {
+    app: Arc<App>,
+    link: Arc<Link>,
+    principal: Option<Principal>,
+    device: Option<Arc<Device>>,
+    /// Text tasks being gathered; `None` once one grew too large (the rest
+    /// of it is dropped until its end frame).
+    tasks: HashMap<TaskId, Option<BytesMut>>,
+    /// The device's own session, for its text tasks' handler calls.
+    session: Option<Arc<Session>>,
+}
+
+/// What to do after a frame.
+enum Next {
+    Go,
+    Close,
+}
+
+/// Runs one device connection to its end.
+async fn connection<S>(app: Arc<App>, stream: S, remote: SocketAddr, tls: bool)
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (link, mut outgoing) = app.edge.link(remote, tls);
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let writer_link = link.clone();
+    let writer_task = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                next = outgoing.recv() => match next {
+                    Some(bytes) => {
+                        if writer.write_all(&bytes).await.is_err() {
+                            break;
+                        }
+                    }
+                    None => break,
+                },
+                () = writer_link.closed() => {
+                    // Whatever was queued before the close (an error message) still goes out.
+                    while let Ok(bytes) = outgoing.try_recv() {
+                        if writer.write_all(&bytes).await.is_err() {
+                            break;
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+        let _ = writer.shutdown().await;
+        writer_link.close();
+    });
+
+    let mut conn = Conn {
+        app: app.clone(),
+        link: link.clone(),
+        principal: None,
+        device: None,
+        tasks: HashMap::new(),
+        session: None,
+    };
+    let mut decoder = Decoder::new(app.edge.config.max_frame_bytes);
+    let register_by = tokio::time::Instant::now() + app.edge.config.register_timeout;
+    'read: loop {
+        while let Some(decoded) = decoder.next_frame() {
+            let next = match decoded {
+                Ok(frame) => conn.frame(frame).await,
+                Err(e) => {
+                    app.metrics.edge.frame_error(e.label());
+                    tracing::debug!(%remote, error = %e, "edge input skipped");
+                    Next::Go
+                }
+            };
+            if let Next::Close = next {
+                break 'read;
+            }
+        }
+        let registered = conn.device.is_some();
+        let buf = decoder.buffer_mut(16 * 1024);
+        tokio::select! {
+            read = reader.read_buf(buf) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            },
+            () = link.closed() => break,
+            () = tokio::time::sleep_until(register_by), if !registered => {
+                conn.error("register_timeout", &format!("no register message within {:?}", app.edge.config.register_timeout)).await;
+                app.metrics.edge.connection("timeout");
+                break;
+            }
+        }
+    }
+    if conn.device.is_none() && conn.principal.is_none() && !link.is_closed() {
+        app.metrics.edge.connection("closed");
+    }
+    link.close();
+    let _ = writer_task.await;
+    if let Some(session) = conn.session.take() {
+        session.close().await;
+    }
+    if let Some(device) = conn.device.take() {
+        tracing::info!(tenant = %device.tenant, device = %device.name, %remote, "edge device disconnected");
+        app.edge.refresh_gauges();
+        let grace = app.edge.config.grace;
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            if app.edge.remove_if_held(&device.tenant, &device.name, &link) {
+                tracing::info!(tenant = %device.tenant, device = %device.name, "edge device removed after its grace period");
+                app.announce_tools(&device.tenant);
+            }
+        });
+    }
+}
+
+impl Conn {
+    /// Sends an `error` message.
+    async fn error(&self, code: &str, message: &str) {
+        let _ = self.link.send_json(&json!({"type": "error", "data": {"code": code, "message": message}})).await;
+        self.app.metrics.edge.frame_out(frames::MCP);
+    }
+
+    async fn frame(&mut self, frame: Frame) -> Next {
+        let metrics = &self.app.metrics.edge;
+        metrics.frame_in(frame.kind);
+        match frame.kind {
+            frames::MCP => self.message(&frame.payload).await,
+            frames::TEXT | frames::END if self.device.is_none() => {
+                self.error("not_registered", "send a register message first").await;
+                self.app.metrics.edge.connection("invalid");
+                Next::Close
+            }
+            frames::TEXT => {
+                self.text(frame).await;
+                Next::Go
+            }
+            frames::END => {
+                self.end(frame.task).await;
+                Next::Go
+            }
+            other => {
+                metrics.frame_error("unknown_type");
+                let message = format!(
+                    "frame type 0x{other:02x} (task {}) is not one of 0x06 (MCP), 0x04 (text), 0x03 (end); ignored",
+                    frame.task_str()
+                );
+                self.error("unknown_frame_type", &message).await;
+                Next::Go
+            }
+        }
+    }
+
+    async fn message(&mut self, payload: &Bytes) -> Next {
+        let metrics = &self.app.metrics.edge;
+        let message: Value = match serde_json::from_slice(payload) {
+            Ok(Value::Object(m)) => Value::Object(m),
+            _ => {
+                metrics.frame_error("bad_json");
+                self.error("bad_json", "an MCP frame must hold one JSON object").await;
+                return Next::Go;
+            }
+        };
+        let kind = message.get("type").and_then(Value::as_str).unwrap_or("");
+        let data = message.get("data").cloned().unwrap_or(Value::Null);
+        match kind {
+            "register" => self.register(&data).await,
+            _ if self.device.is_none() => {
+                self.error("not_registered", "the first message must be {\"type\":\"register\",…}").await;
+                metrics.connection("invalid");
+                Next::Close
+            }
+            "result" => {
+                let call_id = match data.get("call_id") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(Value::Number(n)) => n.to_string(),
+                    _ => {
+                        metrics.frame_error("bad_json");
+                        self.error("bad_result", "a result needs data.call_id").await;
+                        return Next::Go;
+                    }
+                };
+                let result = data.get("result").cloned().unwrap_or(Value::Null);
+                let answer = Answer {
+                    success: result.get("success").and_then(Value::as_bool).unwrap_or(false),
+                    data: result.get("data").cloned(),
+                    error: result.get("error").cloned(),
+                };
+                if !self.link.answer(&call_id, answer) {
+                    metrics.frame_error("unknown_call_id");
+                    tracing::debug!(call_id, "edge result for no call in flight (late or unknown); dropped");
+                }
+                Next::Go
+            }
+            other => {
+                metrics.frame_error("unknown_message");
+                self.error("unknown_message", &format!("unknown message type {other:?}; expected register or result"))
+                    .await;
+                Next::Go
+            }
+        }
+    }
+
+    async fn register(&mut self, data: &Value) -> Next {
+        let app = self.app.clone();
+        let metrics = &app.metrics.edge;
+        let first = self.device.is_none();
+        let refuse = |code: &'static str, message: String| (code, message);
+        let result: Result<Arc<Device>, (&str, String)> = async {
+            let key = data.pointer("/auth/api_key").and_then(Value::as_str);
+            let principal = app.directory.authenticate_key(key, crate::store::now_ms()).map_err(|f| {
+                refuse(
+                    "unauthenticated",
+                    f.message().replace(
+                        "send it as \"Authorization: Bearer <key>\" or \"X-API-Key: <key>\"",
+                        "send it as data.auth.api_key",
+                    ),
+                )
+            })?;
+            if let Some(before) = &self.principal {
+                if before.tenant.name != principal.tenant.name {
+                    return Err(refuse("invalid", "a connection cannot change tenant".into()));
+                }
+            }
+            let name: Arc<str> = match (data.get("device"), &self.device) {
+                (Some(Value::String(n)), Some(d)) if *d.name != **n => {
+                    return Err(refuse(
+                        "invalid",
+                        format!("this connection is device {:?}; it cannot be renamed", d.name),
+                    ))
+                }
+                (_, Some(d)) => d.name.clone(),
+                (Some(Value::String(n)), None) => Arc::from(n.as_str()),
+                (None | Some(Value::Null), None) => Arc::from(generated_name()),
+                (Some(_), None) => return Err(refuse("invalid", "data.device must be a string".into())),
+            };
+            app.edge.check_device_name(&name).map_err(|e| refuse("invalid", e.to_string()))?;
+            let empty = serde_json::Map::new();
+            let registered = match data.get("services") {
+                None | Some(Value::Null) => &empty,
+                Some(Value::Object(s)) => s,
+                Some(_) => {
+                    return Err(refuse(
+                        "invalid",
+                        "data.services must be an object of name → {description, parameters}".into(),
+                    ))
+                }
+            };
+            let (services, refused) = app.edge.services(&name, registered);
+            let device = Device {
+                tenant: principal.tenant.name.clone(),
+                name,
+                services,
+                link: self.link.clone(),
+                registered_at_ms: crate::store::now_ms(),
+            };
+            let device = app.edge.register(device).map_err(|e| match e {
+                super::RegisterError::Full(_) => refuse("full", e.to_string()),
+                super::RegisterError::Invalid(m) => refuse("invalid", m),
+            })?;
+            *self.link.key_prefix.lock().expect("lock") = principal.key_prefix.clone();
+            self.principal = Some(principal);
+            let refused: serde_json::Map<String, Value> =
+                refused.into_iter().map(|(n, why)| (n, Value::String(why))).collect();
+            let reply = json!({
+                "type": "registered",
+                "data": {
+                    "device": &*device.name,
+                    "tools": device.services.iter().map(|s| s.tool.as_str()).collect::<Vec<_>>(),
+                    "refused": refused,
+                },
+            });
+            let _ = self.link.send_json(&reply).await;
+            metrics.frame_out(frames::MCP);
+            Ok(device)
+        }
+        .await;
+        match result {
+            Ok(device) => {
+                tracing::info!(tenant = %device.tenant, device = %device.name, remote = %self.link.remote, services = device.services.len(), "edge device registered");
+                if first {
+                    metrics.connection("registered");
+                }
+                app.announce_tools(&device.tenant);
+                self.device = Some(device);
+                Next::Go
+            }
+            Err((code, message)) => {
+                if first {
+                    metrics.connection(code);
+                }
+                self.error(code, &message).await;
+                Next::Close
+            }
+        }
+    }
+
+    async fn text(&mut self, frame: Frame) {
+        let limit = self.app.edge.config.max_frame_bytes * TASK_FRAMES;
+        if !self.tasks.contains_key(&frame.task) && self.tasks.len() >= MAX_OPEN_TASKS {
+            self.app.metrics.edge.task("too_many");
+            self.reply_text(frame.task, &format!("error: at most {MAX_OPEN_TASKS} text tasks may be open at once"))
+                .await;
+            return;
+        }
+        let slot = self.tasks.entry(frame.task).or_insert_with(|| Some(BytesMut::new()));
+        let Some(text) = slot else { return };
+        if text.len() + frame.payload.len() > limit {
+            *slot = None;
+            self.app.metrics.edge.task("too_large");
+            self.reply_text(frame.task, &format!("error: a text task may hold at most {limit} bytes")).await;
+            return;
+        }
+        text.extend_from_slice(&frame.payload);
+    }
+
+    async fn end(&mut self, task: TaskId) {
+        let Some(gathered) = self.tasks.remove(&task) else {
+            self.app.metrics.edge.frame_error("unknown_task");
+            return;
+        };
+        let Some(bytes) = gathered else { return }; // too large: already answered
+        let Ok(text) = String::from_utf8(bytes.to_vec()) else {
+            self.app.metrics.edge.task("bad_text");
+            self.reply_text(task, "error: the text of a task must be UTF-8").await;
+            return;
+        };
+        let principal = self.principal.clone().expect("registered");
+        let device = self.device.clone().expect("registered");
+        let session = self
+            .session
+            .get_or_insert_with(|| {
+                crate::session::Session::new(
+                    principal.tenant.name.clone(),
+                    switchboard_protocol::ProtocolVersion::LATEST,
+                    Arc::from(crate::upstream::empty_object()),
+                    self.app.upstreams.len(),
+                    self.app.epoch,
+                )
+            })
+            .clone();
+        let app = self.app.clone();
+        let link = self.link.clone();
+        tokio::spawn(async move {
+            let answer = super::task::run(&app, &principal, &device, &session, task, text).await;
+            send_text(&app, &link, task, &answer).await;
+        });
+    }
+
+    async fn reply_text(&self, task: TaskId, text: &str) {
+        send_text(&self.app, &self.link, task, text).await;
+    }
+}
+
+/// Sends `text` as text frames of `task`, then its end frame.
+async fn send_text(app: &App, link: &Link, task: TaskId, text: &str) {
+    let mut out = BytesMut::new();
+    let max_payload = app.edge.config.max_frame_bytes.saturating_sub(32).max(16);
+    let n = frames::encode_text(&task, 0, text, max_payload, &mut out);
+    frames::encode_end(&task, n as u16, &mut out);
+    for _ in 0..n {
+        app.metrics.edge.frame_out(frames::TEXT);
+    }
+    app.metrics.edge.frame_out(frames::END);
+    let _ = link.send_raw(out.freeze()).await;
+}
+
+/// A device name for a device that gave none.
+fn generated_name() -> String {
+    let mut bytes = [0u8; 4];
+    let _ = getrandom::fill(&mut bytes);
+    format!("device-{}", crate::tenancy::hex(&bytes))
+}
