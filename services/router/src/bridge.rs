@@ -236,6 +236,43 @@ async fn forward(channel: &dyn Channel, out: Outgoing, out_tx: &mpsc::UnboundedS
     Ok(())
 }
 
+/// Messages not tied to the call are not shown by `switchboard call`.
+struct Ignore;
+
+impl Inbox for Ignore {
+    fn deliver(&self, _message: Bytes) {}
+}
+
+/// `switchboard call`: one `tools/call` through a fresh session (initialize,
+/// call, end the session). Returns the JSON-RPC response.
+pub async fn call_tool(
+    url: http::Uri,
+    headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    timeout: Duration,
+    name: &str,
+    arguments: &serde_json::Value,
+) -> anyhow::Result<serde_json::Value> {
+    let config = HttpConfig { url, headers, http2: false, connect_timeout: Duration::from_secs(5), pool_max_idle: 1 };
+    let transport = upstream::http::Transport::new(Arc::from("router"), &config, timeout, Metrics::new(&[]));
+    let hello = Hello {
+        protocol_version: switchboard_protocol::ProtocolVersion::LATEST,
+        capabilities: Arc::from(upstream::empty_object()),
+    };
+    let channel = tokio::time::timeout(timeout, transport.open(&hello, Arc::new(Ignore)))
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer to initialize within {timeout:?}"))??;
+    let params = serde_json::json!({"name": name, "arguments": arguments}).to_string();
+    let (out, id) = Outgoing::own("tools/call", params.as_bytes(), "call");
+    let answer = tokio::time::timeout(timeout, async {
+        let reply = channel.request(out).await?;
+        upstream::collect_response(reply, &id).await
+    })
+    .await;
+    channel.close().await;
+    let answer = answer.map_err(|_| anyhow::anyhow!("no answer within {timeout:?}"))??;
+    Ok(serde_json::from_slice(&answer)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

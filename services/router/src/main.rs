@@ -36,6 +36,23 @@ enum Command {
         #[arg(long, default_value = "300s")]
         timeout: String,
     },
+    /// Call one tool through a router (or any MCP server) and print the
+    /// result as JSON: initialize, tools/call, end the session.
+    Call {
+        /// The MCP endpoint, e.g. http://127.0.0.1:8080/mcp.
+        url: http::Uri,
+        /// The tool's name, e.g. desk__get_current_time.
+        tool: String,
+        /// Its arguments, a JSON object.
+        #[arg(default_value = "{}")]
+        arguments: String,
+        /// An extra request header, "Name: value" (repeatable), e.g. an API key.
+        #[arg(long = "header", short = 'H')]
+        headers: Vec<String>,
+        /// Longest wait for the answer.
+        #[arg(long, default_value = "60s")]
+        timeout: String,
+    },
     /// Validate a configuration file and print what it configures.
     CheckConfig {
         /// The configuration file (TOML).
@@ -203,6 +220,35 @@ fn main() -> Result<()> {
                 switchboard::config::parse_duration(&timeout).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(switchboard::bridge::run(switchboard::bridge::Options { url, headers, timeout }))
+        }
+        Command::Call { url, tool, arguments, headers, timeout } => {
+            if url.scheme_str() != Some("http") {
+                anyhow::bail!("{url}: only http:// URLs are supported");
+            }
+            let arguments: serde_json::Value =
+                serde_json::from_str(&arguments).map_err(|e| anyhow::anyhow!("arguments: not JSON: {e}"))?;
+            if !arguments.is_object() {
+                anyhow::bail!("arguments: must be a JSON object, e.g. '{{\"format\":\"simple\"}}'");
+            }
+            let headers = headers
+                .iter()
+                .map(|h| switchboard::bridge::parse_header(h))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| anyhow::anyhow!("--header: {e}"))?;
+            let timeout =
+                switchboard::config::parse_duration(&timeout).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let answer = runtime.block_on(switchboard::bridge::call_tool(url, headers, timeout, &tool, &arguments))?;
+            match answer.get("result") {
+                Some(result) => {
+                    println!("{}", serde_json::to_string_pretty(result)?);
+                    if result.get("isError").and_then(serde_json::Value::as_bool) == Some(true) {
+                        std::process::exit(1);
+                    }
+                    Ok(())
+                }
+                None => anyhow::bail!("the call failed: {}", answer.get("error").unwrap_or(&answer)),
+            }
         }
         Command::Migrate { db } => admin_runtime()?.block_on(async {
             let (admin, _) = open_admin(&db, false).await?;

@@ -353,6 +353,25 @@ async fn the_reference_device_reconnects_to_a_restarted_router() {
     let answer = client.call_tool("desk__create_file", json!({"filename": "again.txt", "content": "back"})).await;
     assert_eq!(answer["result"]["structuredContent"]["bytes"], 4, "{answer}");
     assert_eq!(std::fs::read_to_string(sandbox.join("again.txt")).unwrap(), "back");
+
+    // The README's third command: `switchboard call`.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .args(["call", &router.url, "desk__get_current_time", r#"{"format":"detailed"}"#])
+        .args(["-H", &format!("Authorization: Bearer {key}")])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["structuredContent"]["timezone"], "UTC", "{result}");
+    let refused = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .args(["call", &router.url, "desk__get_current_time", r#"{"format":"long"}"#])
+        .args(["-H", &format!("Authorization: Bearer {key}")])
+        .output()
+        .await
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("arguments.format"));
     router.stop().await;
 }
 
