@@ -107,6 +107,11 @@ async fn main() {
             Err(e) => End::Lost(format!("cannot connect to {}: {e}", args.router)),
             Ok(tcp) => {
                 let _ = tcp.set_nodelay(true);
+                // Notice a router that vanished without closing (NAT, power loss).
+                let keepalive = socket2::TcpKeepalive::new()
+                    .with_time(Duration::from_secs(30))
+                    .with_interval(Duration::from_secs(10));
+                let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive);
                 match &tls {
                     None => session(tcp, &args, &sandbox).await,
                     Some(connector) => {
@@ -333,7 +338,11 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 }
 
 /// Writes `content` to `filename` inside `sandbox` (canonical), refusing
-/// any path that could lead out of it.
+/// any path that could lead out of it: absolute paths, `..` and `.`, and
+/// symbolic links anywhere on the way (directories are created one level
+/// at a time, each checked first). The file is written under a temporary
+/// name and renamed over the target, so a hard link or a link swapped in
+/// meanwhile is replaced, never written through.
 fn create_file(sandbox: &Path, filename: &str, content: &str) -> Result<Value, String> {
     let relative = Path::new(filename);
     if filename.is_empty() || relative.is_absolute() {
@@ -342,24 +351,44 @@ fn create_file(sandbox: &Path, filename: &str, content: &str) -> Result<Value, S
     if !relative.components().all(|c| matches!(c, Component::Normal(_))) {
         return Err(format!("{filename:?} escapes the sandbox: \"..\" and \".\" are not allowed"));
     }
-    let target = sandbox.join(relative);
-    let parent = target.parent().ok_or_else(|| format!("{filename:?} has no file name"))?;
-    std::fs::create_dir_all(parent).map_err(|e| format!("creating the directory for {filename:?}: {e}"))?;
-    // A symbolic link inside the sandbox could still point out of it.
-    let real_parent = parent.canonicalize().map_err(|e| e.to_string())?;
-    if !real_parent.starts_with(sandbox) {
-        return Err(format!("{filename:?} escapes the sandbox through a symbolic link"));
+    let components: Vec<&std::ffi::OsStr> = relative.iter().collect();
+    let (file, dirs) = components.split_last().ok_or_else(|| format!("{filename:?} has no file name"))?;
+    let mut dir = sandbox.to_path_buf();
+    for part in dirs {
+        dir.push(part);
+        match std::fs::symlink_metadata(&dir) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                return Err(format!("{filename:?} escapes the sandbox through a symbolic link"))
+            }
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => return Err(format!("{filename:?}: {} is not a directory", dir.display())),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                std::fs::create_dir(&dir).map_err(|e| format!("creating the directory for {filename:?}: {e}"))?
+            }
+            Err(e) => return Err(e.to_string()),
+        }
     }
+    let target = dir.join(file);
     match std::fs::symlink_metadata(&target) {
         Ok(meta) if meta.file_type().is_symlink() => {
             return Err(format!("{filename:?} is a symbolic link; refusing to write through it"))
         }
-        Ok(meta) if meta.is_dir() => return Err(format!("{filename:?} is a directory")),
+        Ok(meta) if !meta.is_file() => return Err(format!("{filename:?} exists and is not a regular file")),
         Ok(_) => {}
         Err(e) if e.kind() == ErrorKind::NotFound => {}
         Err(e) => return Err(e.to_string()),
     }
-    std::fs::write(&target, content).map_err(|e| format!("writing {filename:?}: {e}"))?;
+    let temporary = dir.join(format!(".{}.switchboard-edge-{}", file.to_string_lossy(), std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&temporary)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, content.as_bytes()))
+        .and_then(|()| std::fs::rename(&temporary, &target));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(format!("writing {filename:?}: {e}"));
+    }
     Ok(json!({"path": filename, "bytes": content.len()}))
 }
 
@@ -378,15 +407,25 @@ mod tests {
     #[test]
     fn create_file_stays_in_the_sandbox() {
         let dir = std::env::temp_dir().join(format!("sb-edge-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let sandbox = dir.canonicalize().unwrap();
+        std::fs::create_dir_all(dir.join("box")).unwrap();
+        let sandbox = dir.join("box").canonicalize().unwrap();
         assert!(create_file(&sandbox, "notes/a.txt", "hi").is_ok());
         assert_eq!(std::fs::read_to_string(sandbox.join("notes/a.txt")).unwrap(), "hi");
         for bad in ["../escape.txt", "/etc/passwd", "notes/../../x", "./a", ""] {
             assert!(create_file(&sandbox, bad, "x").is_err(), "{bad}");
         }
-        std::os::unix::fs::symlink("/tmp", sandbox.join("link")).unwrap();
+        let outside = dir.join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, sandbox.join("link")).unwrap();
         assert!(create_file(&sandbox, "link/x.txt", "x").unwrap_err().contains("symbolic link"));
+        assert!(create_file(&sandbox, "link/a/b/x.txt", "x").unwrap_err().contains("symbolic link"));
+        assert!(!outside.join("a").exists(), "no directory created through the link");
+        // A hard link to a file outside is replaced, not written through.
+        std::fs::write(outside.join("secret"), "keep").unwrap();
+        std::fs::hard_link(outside.join("secret"), sandbox.join("hard")).unwrap();
+        create_file(&sandbox, "hard", "new").unwrap();
+        assert_eq!(std::fs::read_to_string(outside.join("secret")).unwrap(), "keep");
+        assert_eq!(std::fs::read_to_string(sandbox.join("hard")).unwrap(), "new");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

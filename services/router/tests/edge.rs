@@ -398,6 +398,13 @@ async fn bad_devices_get_clear_errors_and_the_router_stays_healthy() {
     device.send(json!({"type": "result", "data": {"call_id": "1", "result": {}}})).await;
     assert_eq!(device.message().await.unwrap()["data"]["code"], "not_registered");
     assert!(device.frame().await.is_none());
+    // An unknown frame type before registering: error, closed.
+    let mut device = RawDevice::connect(edge).await;
+    let mut unknown = BytesMut::new();
+    frames::encode(0x09, b"task0042", 0, b"?", &mut unknown);
+    device.send_bytes(&unknown).await;
+    assert_eq!(device.message().await.unwrap()["data"]["code"], "not_registered");
+    assert!(device.frame().await.is_none());
     // Silence: closed after register_timeout.
     let mut device = RawDevice::connect(edge).await;
     assert_eq!(device.message().await.unwrap()["data"]["code"], "register_timeout");
@@ -410,6 +417,17 @@ async fn bad_devices_get_clear_errors_and_the_router_stays_healthy() {
     let registered = device.register(&key, "mixed", services).await;
     assert_eq!(registered["data"]["tools"], json!(["mixed__ok"]));
     assert!(registered["data"]["refused"]["bad"].as_str().unwrap().contains("type \"object\""));
+    // Two devices whose tool names would collide (`a` + `_b`, `a_` + `b`): the second is refused that tool.
+    let mut first = RawDevice::connect(edge).await;
+    assert_eq!(first.register(&key, "a", json!({"_b": {}})).await["data"]["tools"], json!(["a___b"]));
+    let mut second = RawDevice::connect(edge).await;
+    let clash = second.register(&key, "a_", json!({"b": {}, "c": {}})).await;
+    assert_eq!(clash["data"]["tools"], json!(["a___c"]), "{clash}");
+    assert!(clash["data"]["refused"]["b"].as_str().unwrap().contains("taken by device \"a\""));
+    // A second connection with the same name takes the device over; the first is closed.
+    let mut again = RawDevice::connect(edge).await;
+    assert_eq!(again.register(&key, "a", json!({"_b": {}})).await["type"], "registered");
+    assert!(first.frame().await.is_none(), "the replaced connection is closed");
 
     // Garbage, an unknown frame type, bad JSON, an unknown message and an
     // oversized frame: each answered or counted; the connection stays up.
@@ -483,6 +501,18 @@ async fn text_tasks_go_to_the_handler_tool_and_back() {
     assert_eq!(seqs, (0..seqs.len() as u16).collect::<Vec<_>>(), "seqs count up from 0, the end frame last");
     assert!(seqs.len() >= 3, "an answer of {} bytes takes several text frames", answer.len());
     assert_eq!(router.metric("switchboard_edge_tasks_total", &["outcome=\"answered\""]).await, 1.0);
+    // The handler call is audited as the device's tenant and key.
+    let audited = eventually(Duration::from_secs(10), || async {
+        let records = admin_get(&router, "/v1/audit?tenant=acme").await;
+        records["records"].as_array().unwrap().iter().any(|r| {
+            r["target"] == "agent__echo"
+                && r["upstream"] == "agent"
+                && r["outcome"] == "ok"
+                && r["key_prefix"].is_string()
+        })
+    })
+    .await;
+    assert!(audited, "{}", admin_get(&router, "/v1/audit?tenant=acme").await);
     router.stop().await;
 
     // With no handler configured: a clear error text, and the end frame.

@@ -34,10 +34,24 @@ use crate::app::App;
 use crate::session::Session;
 use crate::tenancy::Principal;
 
-/// A text task may gather at most this many frames' worth of bytes.
+/// The text tasks being gathered on one connection may hold, together, at
+/// most this many frames' worth of bytes.
 const TASK_FRAMES: usize = 16;
 /// At most this many text tasks open at once on one connection.
 const MAX_OPEN_TASKS: usize = 64;
+/// At most this many text tasks at their handler at once, per connection.
+const MAX_RUNNING_TASKS: usize = 4;
+/// A write to a device that takes longer than this ends the connection.
+const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// TCP keepalive, so that a device that vanished behind NAT is noticed
+/// (its calls then fail at once, and its grace period starts).
+fn keepalive(stream: &tokio::net::TcpStream) {
+    let params = socket2::TcpKeepalive::new()
+        .with_time(std::time::Duration::from_secs(30))
+        .with_interval(std::time::Duration::from_secs(10));
+    let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&params);
+}
 
 /// Builds the TLS acceptor from PEM files.
 pub fn tls_acceptor(cert: &Path, key: &Path) -> std::io::Result<TlsAcceptor> {
@@ -82,6 +96,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, tls: Option<TlsAcceptor
                     }
                 };
                 let _ = stream.set_nodelay(true);
+                keepalive(&stream);
                 let app = app.clone();
                 match tls.clone() {
                     None => {
@@ -114,9 +129,13 @@ struct Conn {
     link: Arc<Link>,
     principal: Option<Principal>,
     device: Option<Arc<Device>>,
-    /// Text tasks being gathered; `None` once one grew too large (the rest
+    /// Text tasks being gathered; `None` once one was refused (the rest
     /// of it is dropped until its end frame).
     tasks: HashMap<TaskId, Option<BytesMut>>,
+    /// Bytes held by `tasks`, all together.
+    task_bytes: usize,
+    /// Slots for text tasks at their handler.
+    running: Arc<tokio::sync::Semaphore>,
     /// The device's own session, for its text tasks' handler calls.
     session: Option<Arc<Session>>,
 }
@@ -140,24 +159,28 @@ where
             tokio::select! {
                 next = outgoing.recv() => match next {
                     Some(bytes) => {
-                        if writer.write_all(&bytes).await.is_err() {
+                        // A device that stops reading ends its connection.
+                        if !matches!(tokio::time::timeout(WRITE_TIMEOUT, writer.write_all(&bytes)).await, Ok(Ok(()))) {
                             break;
                         }
                     }
                     None => break,
                 },
                 () = writer_link.closed() => {
-                    // Whatever was queued before the close (an error message) still goes out.
-                    while let Ok(bytes) = outgoing.try_recv() {
-                        if writer.write_all(&bytes).await.is_err() {
-                            break;
+                    // Whatever was queued before the close (an error message) still goes out, briefly.
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), async {
+                        while let Ok(bytes) = outgoing.try_recv() {
+                            if writer.write_all(&bytes).await.is_err() {
+                                break;
+                            }
                         }
-                    }
+                    })
+                    .await;
                     break;
                 }
             }
         }
-        let _ = writer.shutdown().await;
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), writer.shutdown()).await;
         writer_link.close();
     });
 
@@ -167,12 +190,17 @@ where
         principal: None,
         device: None,
         tasks: HashMap::new(),
+        task_bytes: 0,
+        running: Arc::new(tokio::sync::Semaphore::new(MAX_RUNNING_TASKS)),
         session: None,
     };
     let mut decoder = Decoder::new(app.edge.config.max_frame_bytes);
     let register_by = tokio::time::Instant::now() + app.edge.config.register_timeout;
     'read: loop {
         while let Some(decoded) = decoder.next_frame() {
+            if link.is_closed() {
+                break 'read;
+            }
             let next = match decoded {
                 Ok(frame) => conn.frame(frame).await,
                 Err(e) => {
@@ -204,7 +232,7 @@ where
         app.metrics.edge.connection("closed");
     }
     link.close();
-    let _ = writer_task.await;
+    let _ = writer_task.await; // bounded: its writes time out
     if let Some(session) = conn.session.take() {
         session.close().await;
     }
@@ -223,10 +251,21 @@ where
 }
 
 impl Conn {
-    /// Sends an `error` message.
+    /// Sends an `error` message. A device that does not read its errors
+    /// (the queue is full) is disconnected rather than waited for.
     async fn error(&self, code: &str, message: &str) {
-        let _ = self.link.send_json(&json!({"type": "error", "data": {"code": code, "message": message}})).await;
-        self.app.metrics.edge.frame_out(frames::MCP);
+        if self.link.try_send_json(&json!({"type": "error", "data": {"code": code, "message": message}})) {
+            self.app.metrics.edge.frame_out(frames::MCP);
+        } else {
+            self.link.close();
+        }
+    }
+
+    /// Refuses anything but `register` before registration: error, close.
+    async fn not_registered(&self, message: &str) -> Next {
+        self.error("not_registered", message).await;
+        self.app.metrics.edge.connection("invalid");
+        Next::Close
     }
 
     async fn frame(&mut self, frame: Frame) -> Next {
@@ -235,9 +274,7 @@ impl Conn {
         match frame.kind {
             frames::MCP => self.message(&frame.payload).await,
             frames::TEXT | frames::END if self.device.is_none() => {
-                self.error("not_registered", "send a register message first").await;
-                self.app.metrics.edge.connection("invalid");
-                Next::Close
+                self.not_registered("send a register message first").await
             }
             frames::TEXT => {
                 self.text(frame).await;
@@ -246,6 +283,10 @@ impl Conn {
             frames::END => {
                 self.end(frame.task).await;
                 Next::Go
+            }
+            other if self.device.is_none() => {
+                metrics.frame_error("unknown_type");
+                self.not_registered(&format!("frame type 0x{other:02x} before register")).await
             }
             other => {
                 metrics.frame_error("unknown_type");
@@ -265,6 +306,9 @@ impl Conn {
             Ok(Value::Object(m)) => Value::Object(m),
             _ => {
                 metrics.frame_error("bad_json");
+                if self.device.is_none() {
+                    return self.not_registered("the first message must be a JSON register message").await;
+                }
                 self.error("bad_json", "an MCP frame must hold one JSON object").await;
                 return Next::Go;
             }
@@ -274,9 +318,7 @@ impl Conn {
         match kind {
             "register" => self.register(&data).await,
             _ if self.device.is_none() => {
-                self.error("not_registered", "the first message must be {\"type\":\"register\",…}").await;
-                metrics.connection("invalid");
-                Next::Close
+                self.not_registered("the first message must be {\"type\":\"register\",…}").await
             }
             "result" => {
                 let call_id = match data.get("call_id") {
@@ -354,7 +396,17 @@ impl Conn {
                     ))
                 }
             };
-            let (services, refused) = app.edge.services(&name, registered);
+            let (mut services, mut refused) = app.edge.services(&name, registered);
+            // A device tool must not shadow a tool the tenant already sees.
+            let snapshot = app.catalog.current();
+            let tools = snapshot.list(switchboard_protocol::methods::ListKind::Tools);
+            services.retain(|s| match tools.get(&s.tool) {
+                Some(item) if principal.tenant.sees_tool(item.upstream, &item.name) => {
+                    refused.push((s.name.clone(), format!("its tool name {:?} is an upstream's tool", s.tool)));
+                    false
+                }
+                _ => true,
+            });
             let device = Device {
                 tenant: principal.tenant.name.clone(),
                 name,
@@ -362,10 +414,11 @@ impl Conn {
                 link: self.link.clone(),
                 registered_at_ms: crate::store::now_ms(),
             };
-            let device = app.edge.register(device).map_err(|e| match e {
+            let (device, taken) = app.edge.register(device).map_err(|e| match e {
                 super::RegisterError::Full(_) => refuse("full", e.to_string()),
                 super::RegisterError::Invalid(m) => refuse("invalid", m),
             })?;
+            refused.extend(taken);
             *self.link.key_prefix.lock().expect("lock") = principal.key_prefix.clone();
             self.principal = Some(principal);
             let refused: serde_json::Map<String, Value> =
@@ -407,18 +460,22 @@ impl Conn {
         let limit = self.app.edge.config.max_frame_bytes * TASK_FRAMES;
         if !self.tasks.contains_key(&frame.task) && self.tasks.len() >= MAX_OPEN_TASKS {
             self.app.metrics.edge.task("too_many");
-            self.reply_text(frame.task, &format!("error: at most {MAX_OPEN_TASKS} text tasks may be open at once"))
-                .await;
+            self.tasks.insert(frame.task, None);
+            let message = format!("error: at most {MAX_OPEN_TASKS} text tasks may be open at once");
+            self.reply_text(frame.task, &message).await;
             return;
         }
         let slot = self.tasks.entry(frame.task).or_insert_with(|| Some(BytesMut::new()));
         let Some(text) = slot else { return };
-        if text.len() + frame.payload.len() > limit {
+        if self.task_bytes + frame.payload.len() > limit {
+            self.task_bytes -= text.len();
             *slot = None;
             self.app.metrics.edge.task("too_large");
-            self.reply_text(frame.task, &format!("error: a text task may hold at most {limit} bytes")).await;
+            let message = format!("error: the text tasks of one connection may hold at most {limit} bytes together");
+            self.reply_text(frame.task, &message).await;
             return;
         }
+        self.task_bytes += frame.payload.len();
         text.extend_from_slice(&frame.payload);
     }
 
@@ -427,8 +484,15 @@ impl Conn {
             self.app.metrics.edge.frame_error("unknown_task");
             return;
         };
-        let Some(bytes) = gathered else { return }; // too large: already answered
-        let Ok(text) = String::from_utf8(bytes.to_vec()) else {
+        let Some(bytes) = gathered else { return }; // refused: already answered
+        self.task_bytes -= bytes.len();
+        let Ok(permit) = self.running.clone().try_acquire_owned() else {
+            self.app.metrics.edge.task("too_many");
+            let message = format!("error: at most {MAX_RUNNING_TASKS} text tasks may be at the handler at once");
+            self.reply_text(task, &message).await;
+            return;
+        };
+        let Ok(text) = String::from_utf8(Vec::from(bytes)) else {
             self.app.metrics.edge.task("bad_text");
             self.reply_text(task, "error: the text of a task must be UTF-8").await;
             return;
@@ -452,6 +516,7 @@ impl Conn {
         tokio::spawn(async move {
             let answer = super::task::run(&app, &principal, &device, &session, task, text).await;
             send_text(&app, &link, task, &answer).await;
+            drop(permit);
         });
     }
 

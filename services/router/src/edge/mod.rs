@@ -127,16 +127,33 @@ impl Link {
     pub fn close(&self) {
         if !self.closed.swap(true, Ordering::AcqRel) {
             self.close_notify.notify_waiters();
-            self.close_notify.notify_one();
         }
         self.pending.lock().expect("lock").clear();
     }
 
     /// Completes when [`Link::close`] has been called.
     pub async fn closed(&self) {
-        while !self.is_closed() {
-            self.close_notify.notified().await;
+        loop {
+            // Registered before the check, so a close in between still wakes us.
+            let notified = self.close_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_closed() {
+                return;
+            }
+            notified.await;
         }
+    }
+
+    /// Queues a message only if there is room at once (error replies: a
+    /// peer that does not read must not stall the reader). `false` if not.
+    pub fn try_send_json(&self, message: &Value) -> bool {
+        if self.is_closed() {
+            return false;
+        }
+        let mut out = BytesMut::new();
+        frames::encode_json(self.next_seq(), &serde_json::to_vec(message).expect("serializable"), &mut out);
+        self.out.try_send(out.freeze()).is_ok()
     }
 
     /// Hands a `result` to the call waiting for it; `false` if none is.
@@ -171,6 +188,9 @@ pub enum RegisterError {
     #[error("this router already has its limit of {0} devices")]
     Full(usize),
 }
+
+/// A service left out of a registration, and why.
+pub type Refused = (String, String);
 
 /// Devices by (tenant, device name).
 type Devices = HashMap<(Arc<str>, Arc<str>), Arc<Device>>;
@@ -254,11 +274,7 @@ impl Edge {
 
     /// Builds the services of a `register` message. Services that cannot be
     /// tools are left out and reported by name.
-    pub fn services(
-        &self,
-        device: &str,
-        registered: &serde_json::Map<String, Value>,
-    ) -> (Vec<Service>, Vec<(String, String)>) {
+    pub fn services(&self, device: &str, registered: &serde_json::Map<String, Value>) -> (Vec<Service>, Vec<Refused>) {
         let mut services: Vec<Service> = Vec::new();
         let mut refused = Vec::new();
         for (name, spec) in registered {
@@ -304,19 +320,41 @@ impl Edge {
     /// Registers (or replaces) a device's services. If another connection
     /// held this device, it is closed: the newest connection wins. Returns
     /// the tenant whose tool list changed.
-    pub fn register(&self, device: Device) -> Result<Arc<Device>, RegisterError> {
-        let device = Arc::new(device);
+    /// Services whose tool name another device of the tenant already holds
+    /// are left out and returned with the reason.
+    pub fn register(&self, mut device: Device) -> Result<(Arc<Device>, Vec<Refused>), RegisterError> {
         let key = (device.tenant.clone(), device.name.clone());
+        let mut taken = Vec::new();
         let replaced = {
             let mut devices = self.devices.lock().expect("lock");
+            // A connection already closed (replaced meanwhile) must not
+            // take the device back from the live one.
+            if device.link.is_closed() {
+                return Err(RegisterError::Invalid("this connection is closed".into()));
+            }
             if !devices.contains_key(&key) && devices.len() >= self.config.max_devices {
                 return Err(RegisterError::Full(self.config.max_devices));
             }
+            device.services.retain(|s| {
+                let holder = devices
+                    .iter()
+                    .find(|((t, n), d)| *t == key.0 && *n != key.1 && d.services.iter().any(|o| o.tool == s.tool));
+                match holder {
+                    Some(((_, other), _)) => {
+                        taken
+                            .push((s.name.clone(), format!("its tool name {:?} is taken by device {other:?}", s.tool)));
+                        false
+                    }
+                    None => true,
+                }
+            });
+            let device = Arc::new(device);
             let replaced = devices.insert(key, device.clone());
             self.count.store(devices.len() as u64, Ordering::Relaxed);
             self.rebuild(&devices, &device.tenant);
-            replaced
+            (device, replaced)
         };
+        let (device, replaced) = replaced;
         if let Some(old) = replaced {
             if old.link.id != device.link.id {
                 tracing::info!(tenant = %device.tenant, device = %device.name, "a new connection replaces the device's old one");
@@ -324,7 +362,7 @@ impl Edge {
             }
         }
         self.update_gauges();
-        Ok(device)
+        Ok((device, taken))
     }
 
     /// Removes `device` if `link` still holds it (a newer connection may have
@@ -375,7 +413,7 @@ impl Edge {
         let mut by_name = HashMap::with_capacity(tools.len());
         for (name, d, i) in tools {
             if by_name.contains_key(name) {
-                continue; // two devices cannot share a name, so neither can tools
+                continue; // `register` refuses a tool name another device holds
             }
             if !json.is_empty() {
                 json.extend_from_slice(b",");
@@ -467,8 +505,17 @@ impl Edge {
             "type": "call",
             "data": {"call_id": call_id, "method": service.name, "params": arguments},
         });
+        let mut frame = BytesMut::new();
+        frames::encode_json(link.next_seq(), &serde_json::to_vec(&message).expect("serializable"), &mut frame);
+        if frame.len() > self.config.max_frame_bytes {
+            return Err(Error::InvalidParams(format!(
+                "the call is {} bytes as a frame; devices take frames of at most {} bytes (edge.max_frame_bytes)",
+                frame.len(),
+                self.config.max_frame_bytes
+            )));
+        }
         let deadline = tokio::time::Instant::now() + self.config.call_timeout;
-        let sent = tokio::time::timeout_at(deadline, link.send_json(&message)).await;
+        let sent = tokio::time::timeout_at(deadline, link.send_raw(frame.freeze())).await;
         match sent {
             Err(_) => return Err(Error::UpstreamTimeout { upstream, after: self.config.call_timeout }),
             Ok(Err(())) => return Err(Error::upstream(&upstream, UpstreamError::Closed)),
@@ -525,15 +572,17 @@ pub struct Target {
 /// catalog resolves it). Costs one atomic load when no device is registered.
 pub fn target(app: &crate::app::App, tenant: &str, env: &jsonrpc::Envelope<'_>) -> Option<Target> {
     let view = app.edge.view(tenant)?;
+    let params = env.params?;
+    // The name first (borrowed); the arguments are decoded only for a device tool.
+    let name = jsonrpc::Target::parse(params).ok()?.name.and_then(jsonrpc::as_str)?;
+    let (device, index) = view.by_name.get(&*name).cloned()?;
     #[derive(serde::Deserialize)]
     struct Call {
-        name: String,
         #[serde(default)]
         arguments: Option<Value>,
     }
-    let call: Call = serde_json::from_str(env.params?.get()).ok()?;
-    let (device, index) = view.by_name.get(&call.name).cloned()?;
-    Some(Target { device, index, arguments: call.arguments.unwrap_or_else(|| json!({})) })
+    let arguments = serde_json::from_str::<Call>(params.get()).ok().and_then(|c| c.arguments);
+    Some(Target { device, index, arguments: arguments.unwrap_or_else(|| json!({})) })
 }
 
 /// Calls a device tool for an MCP client and returns the JSON-RPC answer.

@@ -30,35 +30,79 @@ pub async fn run(
     };
     let arguments = json!({"text": text, "task_id": task_str(&task), "device": &*device.name});
     let timeout = app.edge.config.task_timeout;
-    let result = match app.edge.lookup(&principal.tenant.name, &handler) {
+    let started = std::time::Instant::now();
+    let (upstream, result) = match app.edge.lookup(&principal.tenant.name, &handler) {
         // The handler may itself be a device's tool.
-        Some((handler_device, index)) => app
-            .edge
-            .call(&handler_device, index, &arguments)
-            .await
-            .map(|bytes| serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null)),
+        Some((handler_device, index)) => {
+            let call = app.edge.call(&handler_device, index, &arguments);
+            let result = match tokio::time::timeout(timeout, call).await {
+                Ok(result) => result.map(|bytes| serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null)),
+                Err(_) => Err(crate::error::Error::UpstreamTimeout {
+                    upstream: Arc::from(format!("edge:{}", handler_device.name)),
+                    after: timeout,
+                }),
+            };
+            (Some(format!("edge:{}", handler_device.name)), result)
+        }
         None => {
-            crate::downstream::forward::call_internal(app, &principal.tenant, session, &handler, &arguments, timeout)
-                .await
+            let upstream = app
+                .catalog
+                .current()
+                .list(switchboard_protocol::methods::ListKind::Tools)
+                .get(&handler)
+                .map(|item| app.upstreams[item.upstream].name.to_string());
+            let result = crate::downstream::forward::call_internal(
+                app,
+                &principal.tenant,
+                session,
+                &handler,
+                &arguments,
+                timeout,
+            )
+            .await;
+            (upstream, result)
         }
     };
-    match result {
+    let (answer, outcome, code) = match result {
         Ok(result) => {
             let text = result_text(&result);
             if result.get("isError").and_then(Value::as_bool).unwrap_or(false) {
                 metrics.task("handler_failed");
-                format!("error: the task handler {handler} failed: {text}")
+                (format!("error: the task handler {handler} failed: {text}"), "error", None)
             } else {
                 metrics.task("answered");
-                text
+                (text, "ok", None)
             }
         }
         Err(e) => {
             metrics.task("handler_failed");
             tracing::info!(handler, device = %device.name, error = %e, "edge text task: the handler failed");
-            format!("error: the task handler {handler} failed: {e}")
+            let outcome =
+                if matches!(e, crate::error::Error::UpstreamTimeout { .. }) { "timeout" } else { "upstream_failed" };
+            (format!("error: the task handler {handler} failed: {e}"), outcome, Some(e.code()))
         }
+    };
+    // The handler call is audited like a client's call, as the device's key.
+    if let Some(audit) = &app.audit {
+        audit.record(crate::store::AuditRecord {
+            id: audit.new_id(),
+            at_ms: crate::store::now_ms(),
+            tenant: Some(principal.tenant.name.to_string()),
+            key_prefix: Some(principal.key_prefix.to_string()).filter(|p| !p.is_empty()),
+            session: Some(session.id.to_string()),
+            method: "tools/call".into(),
+            target: Some(handler.clone()),
+            upstream,
+            outcome: outcome.into(),
+            error_code: code,
+            latency_us: started.elapsed().as_micros() as i64,
+            request_bytes: text.len() as i64,
+            response_bytes: answer.len() as i64,
+            trace_id: None,
+            arguments: principal.tenant.audit_arguments.then(|| arguments.to_string()),
+        });
     }
+    answer
 }
 
 /// The text of a tool result: its text contents, one per line; else its
