@@ -211,13 +211,7 @@ fn main() -> Result<()> {
                     "{url}: only http:// URLs are supported (put a TLS-terminating proxy in front for https)"
                 );
             }
-            let headers = headers
-                .iter()
-                .map(|h| switchboard::bridge::parse_header(h))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| anyhow::anyhow!("--header: {e}"))?;
-            let timeout =
-                switchboard::config::parse_duration(&timeout).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;
+            let (headers, timeout) = client_options(&headers, &timeout)?;
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(switchboard::bridge::run(switchboard::bridge::Options { url, headers, timeout }))
         }
@@ -230,13 +224,7 @@ fn main() -> Result<()> {
             if !arguments.is_object() {
                 anyhow::bail!("arguments: must be a JSON object, e.g. '{{\"format\":\"simple\"}}'");
             }
-            let headers = headers
-                .iter()
-                .map(|h| switchboard::bridge::parse_header(h))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| anyhow::anyhow!("--header: {e}"))?;
-            let timeout =
-                switchboard::config::parse_duration(&timeout).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;
+            let (headers, timeout) = client_options(&headers, &timeout)?;
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             let answer = runtime.block_on(switchboard::bridge::call_tool(url, headers, timeout, &tool, &arguments))?;
             match answer.get("result") {
@@ -321,6 +309,19 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
     }
+}
+
+/// `--header` and `--timeout` of the commands that call a router (`connect`, `call`).
+type ClientOptions = (Vec<(http::HeaderName, http::HeaderValue)>, std::time::Duration);
+
+fn client_options(headers: &[String], timeout: &str) -> Result<ClientOptions> {
+    let headers = headers
+        .iter()
+        .map(|h| switchboard::bridge::parse_header(h))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("--header: {e}"))?;
+    let timeout = switchboard::config::parse_duration(timeout).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;
+    Ok((headers, timeout))
 }
 
 fn admin_runtime() -> std::io::Result<tokio::runtime::Runtime> {

@@ -62,6 +62,14 @@ async fn tenants(config: &str) -> (String, String) {
     (admin.create_key("acme", None).await.unwrap().key, admin.create_key("globex", None).await.unwrap().key)
 }
 
+/// A router on a fresh database in `dir` with tenants `acme` and `globex`;
+/// returns it with a key of each.
+async fn start(dir: &Path, edge_extra: &str, extra: &str) -> (Router, String, String) {
+    let config = config(dir, edge_extra, extra);
+    let (key_a, key_b) = tenants(&config).await;
+    (Router::start(&config).await, key_a, key_b)
+}
+
 /// The reference device, connected to `edge` with `key`.
 fn reference_device(edge: SocketAddr, key: &str, device: &str, sandbox: &Path, extra: &[&str]) -> Process {
     let mut args = vec!["--router".to_owned(), edge.to_string(), "--device".into(), device.into()];
@@ -147,9 +155,7 @@ fn slow_service() -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reference_device_serves_its_tenant_through_the_python_sdk() {
     let dir = temp_dir("sb-edge-");
-    let config = config(&dir, "", "");
-    let (key_a, key_b) = tenants(&config).await;
-    let router = Router::start(&config).await;
+    let (router, key_a, key_b) = start(&dir, "", "").await;
     let edge = router.edge_addr.unwrap();
     let sandbox = dir.join("sandbox");
     let _device = reference_device(edge, &key_a, "desk", &sandbox, &[]);
@@ -244,9 +250,7 @@ async fn reference_device_serves_its_tenant_through_the_python_sdk() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_that_drops_mid_call_fails_the_call_promptly_and_can_come_back() {
     let dir = temp_dir("sb-edge-");
-    let config = config(&dir, "grace = \"500ms\"\ncall_timeout = \"30s\"", "");
-    let (key, _) = tenants(&config).await;
-    let router = Router::start(&config).await;
+    let (router, key, _) = start(&dir, "grace = \"500ms\"\ncall_timeout = \"30s\"", "").await;
     let edge = router.edge_addr.unwrap();
     let mut client = Client::with_key(&router.url, &key);
     client.initialize().await;
@@ -378,9 +382,7 @@ async fn the_reference_device_reconnects_to_a_restarted_router() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_devices_get_clear_errors_and_the_router_stays_healthy() {
     let dir = temp_dir("sb-edge-");
-    let config = config(&dir, "register_timeout = \"300ms\"\nmax_frame_bytes = 4096", "");
-    let (key, _) = tenants(&config).await;
-    let router = Router::start(&config).await;
+    let (router, key, _) = start(&dir, "register_timeout = \"300ms\"\nmax_frame_bytes = 4096", "").await;
     let edge = router.edge_addr.unwrap();
 
     // A wrong key: an error message, then the connection closes.
@@ -468,9 +470,7 @@ async fn text_tasks_go_to_the_handler_tool_and_back() {
     let agent = MockServer::start(mock_named("agent")).await;
     let dir = temp_dir("sb-edge-");
     let upstream = http_upstream("agent", &agent.url, "");
-    let with_handler = config(&dir, "task_handler = \"agent__echo\"\nmax_frame_bytes = 256", &upstream);
-    let (key, _) = tenants(&with_handler).await;
-    let router = Router::start(&with_handler).await;
+    let (router, key, _) = start(&dir, "task_handler = \"agent__echo\"\nmax_frame_bytes = 256", &upstream).await;
     let mut device = RawDevice::connect(router.edge_addr.unwrap()).await;
     assert_eq!(device.register(&key, "desk", json!({})).await["type"], "registered");
 
@@ -517,9 +517,7 @@ async fn text_tasks_go_to_the_handler_tool_and_back() {
 
     // With no handler configured: a clear error text, and the end frame.
     let dir = temp_dir("sb-edge-");
-    let without = config(&dir, "", "");
-    let (key, _) = tenants(&without).await;
-    let router = Router::start(&without).await;
+    let (router, key, _) = start(&dir, "", "").await;
     let mut device = RawDevice::connect(router.edge_addr.unwrap()).await;
     assert_eq!(device.register(&key, "desk", json!({})).await["type"], "registered");
     let mut out = BytesMut::new();
@@ -597,9 +595,7 @@ async fn the_reference_device_over_tls_and_its_text_task() {
         dir.join("router.pem").display(),
         dir.join("router.key").display()
     );
-    let config = config(&dir, &tls, &http_upstream("agent", &agent.url, ""));
-    let (key, _) = tenants(&config).await;
-    let router = Router::start(&config).await;
+    let (router, key, _) = start(&dir, &tls, &http_upstream("agent", &agent.url, "")).await;
     let edge = router.edge_addr.unwrap();
 
     // A plain TCP device cannot talk to a TLS listener.

@@ -319,7 +319,7 @@ impl Edge {
 
     /// Registers (or replaces) a device's services. If another connection
     /// held this device, it is closed: the newest connection wins. Returns
-    /// the tenant whose tool list changed.
+    /// the device as registered.
     /// Services whose tool name another device of the tenant already holds
     /// are left out and returned with the reason.
     pub fn register(&self, mut device: Device) -> Result<(Arc<Device>, Vec<Refused>), RegisterError> {
@@ -476,11 +476,12 @@ impl Edge {
         let service = &device.services[index];
         switchboard_protocol::schema::check(&service.schema, arguments, "arguments")
             .map_err(|invalid| Error::InvalidArguments { tool: service.tool.clone(), invalid })?;
-        let upstream: Arc<str> = Arc::from(format!("edge:{}", device.name));
+        // Named in errors only: built when one happens.
+        let upstream = || -> Arc<str> { Arc::from(format!("edge:{}", device.name)) };
         let link = &device.link;
         if link.is_closed() {
             return Err(Error::upstream(
-                &upstream,
+                &upstream(),
                 UpstreamError::Down(format!(
                     "the device is disconnected; its tools stay listed for {:?} in case it reconnects",
                     self.config.grace
@@ -499,7 +500,7 @@ impl Edge {
         }
         let _waiter = Waiter(link, &call_id);
         if link.is_closed() {
-            return Err(Error::upstream(&upstream, UpstreamError::Closed));
+            return Err(Error::upstream(&upstream(), UpstreamError::Closed));
         }
         let message = json!({
             "type": "call",
@@ -517,18 +518,18 @@ impl Edge {
         let deadline = tokio::time::Instant::now() + self.config.call_timeout;
         let sent = tokio::time::timeout_at(deadline, link.send_raw(frame.freeze())).await;
         match sent {
-            Err(_) => return Err(Error::UpstreamTimeout { upstream, after: self.config.call_timeout }),
-            Ok(Err(())) => return Err(Error::upstream(&upstream, UpstreamError::Closed)),
+            Err(_) => return Err(Error::UpstreamTimeout { upstream: upstream(), after: self.config.call_timeout }),
+            Ok(Err(())) => return Err(Error::upstream(&upstream(), UpstreamError::Closed)),
             Ok(Ok(())) => self.metrics.edge.frame_out(frames::MCP),
         }
         let answer = tokio::select! {
             answer = rx => answer,
             () = tokio::time::sleep_until(deadline) => {
-                return Err(Error::UpstreamTimeout { upstream, after: self.config.call_timeout });
+                return Err(Error::UpstreamTimeout { upstream: upstream(), after: self.config.call_timeout });
             }
         };
         let answer = answer.map_err(|_| {
-            Error::upstream(&upstream, UpstreamError::Down("the device disconnected before answering".into()))
+            Error::upstream(&upstream(), UpstreamError::Down("the device disconnected before answering".into()))
         })?;
         Ok(tool_result(answer))
     }
