@@ -38,11 +38,17 @@ impl Rig {
     /// pointing at one stateless mock with `tools` extra tools; an initialized
     /// session is ready.
     pub fn start(upstreams: usize, tools: usize) -> Rig {
+        Rig::start_with(upstreams, tools, "")
+    }
+
+    /// [`Rig::start`] with more configuration (whole sections, TOML).
+    pub fn start_with(upstreams: usize, tools: usize, extra: &str) -> Rig {
         let mock =
             start_mock(Options { name: "bench".into(), stateless: true, extra_tools: tools, ..Options::default() });
         let mut config = String::from(
             "[log]\nlevel = \"warn\"\n[catalog]\nretry_after = \"60s\"\n[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n",
         );
+        config.push_str(extra);
         for i in 0..upstreams {
             config.push_str(&format!(
                 "[[upstreams]]\nname = \"u{i}\"\ntransport = \"http\"\nurl = \"http://{mock}/mcp\"\nlist_timeout = \"30s\"\n"

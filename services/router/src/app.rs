@@ -17,9 +17,11 @@ use tokio::sync::mpsc;
 use crate::audit::Audit;
 use crate::catalog::Catalog;
 use crate::config::Config;
+use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::ratelimit::Limiter;
 use crate::session::{Session, Sessions};
+use crate::session_store::{Repair, SessionStore, Stored, Touch};
 use crate::store::Database;
 use crate::tenancy::Directory;
 use crate::upstream::{self, Inbox, Upstream};
@@ -32,7 +34,10 @@ pub struct App {
     pub config: Config,
     pub upstreams: Arc<[Arc<Upstream>]>,
     pub catalog: Catalog,
+    /// This replica's live sessions (for stored ones, a cache of the store).
     pub sessions: Sessions,
+    /// Where sessions live between requests: memory, or Redis shared by replicas.
+    pub store: Arc<dyn SessionStore>,
     pub metrics: Arc<Metrics>,
     /// Tenants and API keys (an in-memory copy of the database's).
     pub directory: Arc<Directory>,
@@ -83,12 +88,16 @@ impl App {
         };
         let redis = match &config.redis.url {
             Some(url) => Some(
-                crate::ratelimit::cluster::Shared::new(url, &config.redis.key_prefix, config.redis.timeout)
+                crate::redis_link::RedisLink::new(url, &config.redis.key_prefix, config.redis.timeout)
                     .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
             ),
             None => None,
         };
-        let limiter = Limiter::new(redis, metrics.clone());
+        let store = crate::session_store::build(
+            redis.clone().filter(|_| config.sessions.redis),
+            config.server.session_idle_timeout,
+        );
+        let limiter = Limiter::new(redis.map(crate::ratelimit::cluster::Shared::new), metrics.clone());
         let reserved: Vec<String> = config
             .upstreams
             .iter()
@@ -126,6 +135,7 @@ impl App {
                 config,
                 upstreams,
                 sessions: Sessions::default(),
+                store,
                 metrics,
                 directory,
                 limiter,
@@ -177,14 +187,7 @@ impl App {
                 };
                 tokio::time::sleep(period).await;
                 let Some(app) = app.upgrade() else { return };
-                let expired = app.sessions.take_expired(app.config.server.session_idle_timeout);
-                if !expired.is_empty() {
-                    tracing::debug!(count = expired.len(), "sessions expired");
-                    app.metrics.set_sessions(app.sessions.len());
-                    for session in expired {
-                        session.close().await;
-                    }
-                }
+                app.sweep_sessions().await;
             }
         });
     }
@@ -222,11 +225,17 @@ impl App {
     }
 
     /// Last step of shutdown: end upstream sessions and stop child processes.
+    /// Sessions in a shared store go on at other replicas: their upstream
+    /// sessions are left open for them.
     pub async fn close(&self) {
         self.edge.close_all();
         for session in self.sessions.all() {
             if let Some(session) = self.sessions.remove(&session.id) {
-                session.close().await;
+                if session.stored && self.store.shared() {
+                    session.detach().await;
+                } else {
+                    session.close().await;
+                }
             }
         }
         self.catalog.close().await;
@@ -294,7 +303,7 @@ impl App {
                 }
                 if method == Method::Cancelled {
                     let theirs = env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.request_id)?;
-                    let ours = session.asked_cancelled(u, theirs.get())?.to_string();
+                    let ours = session.asked_cancelled(u, theirs.get());
                     return Some(splice(message, &mut [Edit::new(span(message, theirs.get()), ours.as_bytes())]));
                 }
                 Some(message.clone())
@@ -307,7 +316,206 @@ impl App {
     }
 }
 
+/// A replica forgets a stored session it has not used for this long (at
+/// most; less if sessions expire sooner), while other replicas may go on
+/// with it.
+const LOCAL_KEEP: Duration = Duration::from_secs(300);
+
+/// Sessions across replicas: the local registry is a cache of the store.
 impl App {
+    /// How often a replica asks the store about a session it is using.
+    fn check_every(&self) -> Duration {
+        self.config.sessions.cache.min(self.config.server.session_idle_timeout / 4)
+    }
+
+    /// The index of the upstream named `name`.
+    fn upstream_index(&self, name: &str) -> Option<usize> {
+        self.upstreams.iter().position(|u| &*u.name == name)
+    }
+
+    /// Registers a new session here and, if it is a stored one, in the
+    /// store. A store that cannot be reached is logged: the session then
+    /// lives on this replica, and is written to the store when it answers
+    /// again ([`Touch::Unknown`]).
+    pub async fn add_session(&self, session: &Arc<Session>) {
+        self.sessions.insert(session.clone());
+        self.metrics.set_sessions(self.sessions.len());
+        if session.stored {
+            if let Err(e) = self.store.create(&session.id, &session.to_stored(self)).await {
+                self.metrics.session_store_error("create");
+                tracing::warn!(error = %e, "new session not in the session store; only this replica serves it until the store answers");
+            }
+        }
+    }
+
+    /// The live session `id`: this replica's copy (checked against the
+    /// store at most once per `sessions.cache`), or the store's, which this
+    /// replica then continues. `Ok(None)`: no such session.
+    pub async fn find_session(&self, id: &str) -> Result<Option<Arc<Session>>, Error> {
+        if let Some(session) = self.sessions.get(id) {
+            if session.stored && session.due_for_check(self.check_every()) && !self.still_live(&session).await {
+                return Ok(None);
+            }
+            return Ok(Some(session));
+        }
+        if !self.store.shared() {
+            return Ok(None);
+        }
+        let stored = match self.store.load(id).await {
+            Ok(Some(stored)) => stored,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                self.metrics.session_store_error("load");
+                tracing::debug!(error = %e, "cannot load a session from the store");
+                return Err(Error::SessionStoreDown);
+            }
+        };
+        let known =
+            stored.upstreams.iter().filter_map(|(name, at)| Some((self.upstream_index(name)?, at.clone()))).collect();
+        let Some(session) = Session::adopt(Arc::from(id), &stored.record, known, self.upstreams.len(), self.epoch)
+        else {
+            tracing::warn!(session = id, "a stored session names an unknown protocol version; treated as unknown");
+            return Ok(None);
+        };
+        let session = self.sessions.insert_if_absent(session);
+        self.metrics.session_adopted();
+        self.metrics.set_sessions(self.sessions.len());
+        Ok(Some(session))
+    }
+
+    /// Asks the store whether a session this replica holds is still live
+    /// (which slides its expiry). One that ended elsewhere is forgotten
+    /// here; one the store lost is written back. If the store cannot be
+    /// reached, the session goes on here.
+    async fn still_live(&self, session: &Arc<Session>) -> bool {
+        match self.check_store(session).await {
+            Some(true) | None => true,
+            Some(false) => {
+                // Ended through another replica, which ended the upstream
+                // sessions it knew of; end the ones opened here too (a second
+                // DELETE of one is harmless).
+                if let Some(session) = self.sessions.remove(&session.id) {
+                    self.metrics.set_sessions(self.sessions.len());
+                    session.close().await;
+                }
+                false
+            }
+        }
+    }
+
+    /// Whether the store has the session live (sliding its expiry), after
+    /// writing it back if the store had lost it; `None` if the store cannot
+    /// be reached.
+    async fn check_store(&self, session: &Session) -> Option<bool> {
+        match self.store.touch(&session.id).await {
+            Ok(Touch::Alive) => Some(true),
+            Ok(Touch::Ended) => Some(false),
+            Ok(Touch::Unknown) => match self.store.repair(&session.id, &session.to_stored(self)).await {
+                Ok(Repair::Written) => {
+                    self.metrics.session_repaired();
+                    tracing::info!(session = %session.id, "session written back to the session store, which had lost it");
+                    Some(true)
+                }
+                Ok(Repair::Live) => Some(true),
+                Ok(Repair::Ended) => Some(false),
+                Err(e) => {
+                    self.metrics.session_store_error("repair");
+                    tracing::debug!(error = %e, "cannot write a session back to the store");
+                    None
+                }
+            },
+            Err(e) => {
+                self.metrics.session_store_error("touch");
+                tracing::debug!(error = %e, "cannot check a session in the store; serving it from this replica");
+                None
+            }
+        }
+    }
+
+    /// Ends a session for good (DELETE, expiry): its channels here and every
+    /// upstream session the store lists for it, wherever it was opened.
+    pub async fn end_session(&self, local: Option<Arc<Session>>, stored: Option<Stored>) {
+        let mut closed: Vec<Option<upstream::UpstreamSession>> = vec![None; self.upstreams.len()];
+        if let Some(session) = &local {
+            for (u, channel) in session.open_channels() {
+                closed[u] = channel.upstream_session();
+            }
+            session.close().await;
+        }
+        for (name, at) in stored.iter().flat_map(|s| s.upstreams.iter()) {
+            let Some(u) = self.upstream_index(name) else { continue };
+            // Closed just now, unless another replica moved it elsewhere.
+            if closed[u].as_ref() == Some(at) {
+                continue;
+            }
+            let discard: Arc<dyn Inbox> = Arc::new(upstream::Discard);
+            if let Some(channel) = self.upstreams[u].transport.resume(&upstream::Hello::router(), discard, at) {
+                channel.close().await;
+            }
+        }
+    }
+
+    /// One round of the session sweeper: sessions the store says expired are
+    /// ended (each by exactly one replica); stored sessions in use here
+    /// (a request in flight, a GET stream) are kept live in the store;
+    /// stored sessions unused here for a while are forgotten here (a shared
+    /// store keeps them for other replicas); this replica's own sessions
+    /// (legacy) expire when idle.
+    pub async fn sweep_sessions(&self) {
+        let idle = self.config.server.session_idle_timeout;
+        match self.store.take_expired(1000).await {
+            Ok(expired) => {
+                if !expired.is_empty() {
+                    tracing::debug!(count = expired.len(), "sessions expired");
+                }
+                for (id, stored) in expired {
+                    // Used here since the store last heard of it (touches
+                    // are at most `check_every` apart): it is not idle.
+                    if let Some(session) = self.sessions.get(&id).filter(|s| s.idle() < idle) {
+                        if self.store.create(&id, &session.to_stored(self)).await.is_ok() {
+                            continue;
+                        }
+                    }
+                    let local = self.sessions.remove(&id);
+                    self.end_session(local, Some(stored)).await;
+                }
+            }
+            Err(e) => {
+                self.metrics.session_store_error("take_expired");
+                tracing::debug!(error = %e, "cannot sweep expired sessions from the store");
+            }
+        }
+        for session in self.sessions.all() {
+            if !session.stored {
+                continue;
+            }
+            if session.busy() {
+                if session.due_for_check(self.check_every()) {
+                    self.still_live(&session).await;
+                }
+            } else if self.store.shared() && session.idle() > idle.min(LOCAL_KEEP) {
+                // Forgotten here only once the store has it for the others
+                // (written back if it had lost it); kept while the store
+                // cannot be reached.
+                match self.check_store(&session).await {
+                    Some(true) => {
+                        if let Some(session) = self.sessions.remove(&session.id) {
+                            session.detach().await;
+                        }
+                    }
+                    Some(false) => {
+                        self.still_live(&session).await;
+                    }
+                    None => {}
+                }
+            }
+        }
+        for session in self.sessions.take_expired(idle, |s| !s.stored) {
+            session.close().await;
+        }
+        self.metrics.set_sessions(self.sessions.len());
+    }
+
     /// `notifications/resources/updated` names the upstream's URI; clients
     /// subscribed to the exposed one.
     fn expose_updated_uri(&self, u: usize, env: &Envelope<'_>, message: &Bytes) -> Bytes {

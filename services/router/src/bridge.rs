@@ -79,6 +79,8 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
 
     let config = HttpConfig {
         url: options.url.clone(),
+        replicas: vec![options.url.clone()],
+        health_interval: Duration::from_secs(2),
         headers: options.headers,
         http2: false,
         connect_timeout: Duration::from_secs(5),
@@ -191,7 +193,7 @@ async fn initialize(
         Some(c) => Arc::from(c.to_owned()),
         None => Arc::from(upstream::empty_object()),
     };
-    let hello = Hello { protocol_version: version, capabilities };
+    let hello = Hello { protocol_version: version, capabilities, affinity: Arc::from("") };
     let inbox: Arc<dyn Inbox> = Arc::new(Stdout(out_tx.clone()));
     let channel = tokio::time::timeout(timeout, transport.open(&hello, inbox))
         .await
@@ -252,11 +254,20 @@ pub async fn call_tool(
     name: &str,
     arguments: &serde_json::Value,
 ) -> anyhow::Result<serde_json::Value> {
-    let config = HttpConfig { url, headers, http2: false, connect_timeout: Duration::from_secs(5), pool_max_idle: 1 };
+    let config = HttpConfig {
+        replicas: vec![url.clone()],
+        url,
+        health_interval: Duration::from_secs(2),
+        headers,
+        http2: false,
+        connect_timeout: Duration::from_secs(5),
+        pool_max_idle: 1,
+    };
     let transport = upstream::http::Transport::new(Arc::from("router"), &config, timeout, Metrics::new(&[]));
     let hello = Hello {
         protocol_version: switchboard_protocol::ProtocolVersion::LATEST,
         capabilities: Arc::from(upstream::empty_object()),
+        affinity: Arc::from(""),
     };
     let channel = tokio::time::timeout(timeout, transport.open(&hello, Arc::new(Ignore)))
         .await

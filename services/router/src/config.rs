@@ -25,6 +25,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub database: DatabaseConfig,
     pub redis: RedisConfig,
+    pub sessions: SessionsConfig,
     pub audit: AuditConfig,
     pub admin: AdminConfig,
     pub edge: EdgeConfig,
@@ -61,6 +62,16 @@ pub struct RedisConfig {
     pub key_prefix: String,
     /// Longest wait for one Redis answer before falling back to local limits.
     pub timeout: Duration,
+}
+
+/// `[sessions]`: where sessions live.
+#[derive(Debug, Clone)]
+pub struct SessionsConfig {
+    /// `redis`: in Redis (`[redis] url`), shared by every replica; else in memory.
+    pub redis: bool,
+    /// How long a replica uses its local copy of a session before checking
+    /// the store again (which also slides the expiry there).
+    pub cache: Duration,
 }
 
 /// `[audit]`.
@@ -200,7 +211,13 @@ pub enum TransportConfig {
 /// `transport = "http"`.
 #[derive(Debug, Clone)]
 pub struct HttpConfig {
+    /// The first of `replicas`.
     pub url: Uri,
+    /// Every URL of the upstream (`urls`, or just `url`): replicas of one
+    /// server, sessions spread over them by consistent hashing.
+    pub replicas: Vec<Uri>,
+    /// How often replicas are checked (with several).
+    pub health_interval: Duration,
     /// Extra headers on every request (the router's own credentials for this upstream).
     pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
     /// Use HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1.
@@ -307,6 +324,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub redis: RawRedis,
     #[serde(default)]
+    pub sessions: RawSessions,
+    #[serde(default)]
     pub audit: RawAudit,
     #[serde(default)]
     pub admin: RawAdmin,
@@ -337,6 +356,13 @@ pub struct RawRedis {
     pub url: Option<String>,
     pub key_prefix: Option<String>,
     pub timeout: Option<RawDuration>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSessions {
+    pub store: Option<String>,
+    pub cache: Option<RawDuration>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -428,6 +454,8 @@ pub struct RawUpstream {
     pub list_timeout: Option<RawDuration>,
     // http
     pub url: Option<String>,
+    pub urls: Option<Vec<String>>,
+    pub health_interval: Option<RawDuration>,
     pub headers: Option<BTreeMap<String, String>>,
     pub http2: Option<bool>,
     pub connect_timeout: Option<RawDuration>,
@@ -626,21 +654,55 @@ impl RawConfig {
                             bad(key(field), "only applies to transport = \"stdio\"".into());
                         }
                     }
-                    let url = match u.url.as_deref().map(str::parse::<Uri>) {
-                        Some(Ok(url)) if url.scheme_str() == Some("http") && url.host().is_some() => url,
-                        Some(Ok(url)) if url.scheme_str() == Some("https") => {
-                            bad(key("url"), "https upstreams are not supported yet: put a TLS-terminating proxy in front, or use http on a private network".into());
-                            url
-                        }
-                        Some(_) => {
-                            bad(key("url"), "must be an http:// URL such as \"http://127.0.0.1:3001/mcp\"".into());
-                            Uri::from_static("http://invalid")
-                        }
-                        None => {
-                            bad(key("url"), format!("is required for transport = \"{kind}\""));
-                            Uri::from_static("http://invalid")
+                    let parse_url = |field: &str, text: &str, bad: &mut dyn FnMut(String, String)| -> Uri {
+                        match text.parse::<Uri>() {
+                            Ok(url) if url.scheme_str() == Some("http") && url.host().is_some() => url,
+                            Ok(url) if url.scheme_str() == Some("https") => {
+                                bad(key(field), "https upstreams are not supported yet: put a TLS-terminating proxy in front, or use http on a private network".into());
+                                url
+                            }
+                            _ => {
+                                bad(key(field), "must be an http:// URL such as \"http://127.0.0.1:3001/mcp\"".into());
+                                Uri::from_static("http://invalid")
+                            }
                         }
                     };
+                    let replicas: Vec<Uri> = match (u.url.as_deref(), u.urls.as_deref()) {
+                        (Some(url), None) => vec![parse_url("url", url, &mut bad)],
+                        (None, Some(urls)) if !urls.is_empty() && !sse => {
+                            let parsed: Vec<Uri> = urls
+                                .iter()
+                                .enumerate()
+                                .map(|(i, url)| parse_url(&format!("urls[{i}]"), url, &mut bad))
+                                .collect();
+                            for (i, url) in parsed.iter().enumerate() {
+                                if parsed[..i].contains(url) {
+                                    bad(key(&format!("urls[{i}]")), "is listed twice".into());
+                                }
+                            }
+                            parsed
+                        }
+                        (None, Some(_)) if sse => {
+                            bad(key("urls"), "only applies to transport = \"http\"; give one url".into());
+                            vec![Uri::from_static("http://invalid")]
+                        }
+                        (None, Some(_)) => {
+                            bad(key("urls"), "must list at least one URL".into());
+                            vec![Uri::from_static("http://invalid")]
+                        }
+                        (Some(_), Some(_)) => {
+                            bad(key("urls"), "give either url or urls, not both".into());
+                            vec![Uri::from_static("http://invalid")]
+                        }
+                        (None, None) => {
+                            bad(key("url"), format!("is required for transport = \"{kind}\""));
+                            vec![Uri::from_static("http://invalid")]
+                        }
+                    };
+                    let url = replicas[0].clone();
+                    if u.health_interval.is_some() && replicas.len() < 2 {
+                        bad(key("health_interval"), "only applies to an upstream with several urls".into());
+                    }
                     if sse && u.http2.is_some() {
                         bad(key("http2"), "only applies to transport = \"http\"".into());
                     }
@@ -672,6 +734,8 @@ impl RawConfig {
                     }
                     let http = HttpConfig {
                         url,
+                        replicas,
+                        health_interval: duration!(u.health_interval, key("health_interval"), Duration::from_secs(2)),
                         headers,
                         http2: u.http2.unwrap_or(false),
                         connect_timeout: duration!(u.connect_timeout, key("connect_timeout"), Duration::from_secs(3)),
@@ -684,7 +748,9 @@ impl RawConfig {
                     }
                 }
                 Some("stdio") => {
-                    for field in ["url", "headers", "http2", "connect_timeout", "pool_max_idle"] {
+                    for field in
+                        ["url", "urls", "health_interval", "headers", "http2", "connect_timeout", "pool_max_idle"]
+                    {
                         if u.has(field) {
                             bad(key(field), "only applies to transport = \"http\" or \"sse\"".into());
                         }
@@ -763,6 +829,31 @@ impl RawConfig {
             },
             key_prefix: r.key_prefix.unwrap_or_else(|| "switchboard:".into()),
             timeout: duration!(r.timeout, "redis.timeout", Duration::from_millis(100)),
+        };
+        let ss = self.sessions;
+        let sessions = SessionsConfig {
+            redis: match ss.store.as_deref().unwrap_or("memory") {
+                "memory" => false,
+                "redis" => {
+                    if redis.url.is_none() {
+                        bad("sessions.store".into(), "\"redis\" needs [redis] url".into());
+                    }
+                    true
+                }
+                other => {
+                    bad("sessions.store".into(), format!("{other:?} is not \"memory\" or \"redis\""));
+                    false
+                }
+            },
+            // Zero is allowed: check the store on every request.
+            cache: match ss.cache.as_ref().map(RawDuration::parse) {
+                None => Duration::from_secs(2),
+                Some(Ok(d)) => d,
+                Some(Err(e)) => {
+                    bad("sessions.cache".into(), e);
+                    Duration::from_secs(2)
+                }
+            },
         };
         let a = self.audit;
         let audit = AuditConfig {
@@ -860,7 +951,7 @@ impl RawConfig {
         }
 
         if problems.is_empty() {
-            Ok(Config { server, catalog, upstreams, log, auth, database, redis, audit, admin, edge, tenants })
+            Ok(Config { server, catalog, upstreams, log, auth, database, redis, sessions, audit, admin, edge, tenants })
         } else {
             Err(ConfigError { problems })
         }
@@ -871,6 +962,8 @@ impl RawUpstream {
     fn has(&self, field: &str) -> bool {
         match field {
             "url" => self.url.is_some(),
+            "urls" => self.urls.is_some(),
+            "health_interval" => self.health_interval.is_some(),
             "headers" => self.headers.is_some(),
             "http2" => self.http2.is_some(),
             "connect_timeout" => self.connect_timeout.is_some(),
@@ -989,6 +1082,46 @@ mod tests {
         ] {
             assert!(keys.contains(&expected), "{expected} missing from {p:?}");
         }
+    }
+
+    #[test]
+    fn the_redis_session_store_needs_redis() {
+        let p = problems("[sessions]\nstore = \"redis\"\n");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].0, "sessions.store");
+        let p = problems("[sessions]\nstore = \"etcd\"\n");
+        assert_eq!(p[0].0, "sessions.store");
+        let config = Config::from_toml(
+            "[sessions]\nstore = \"redis\"\ncache = \"500ms\"\n[redis]\nurl = \"redis://127.0.0.1:6379\"\n",
+        )
+        .unwrap();
+        assert!(config.sessions.redis);
+        assert_eq!(config.sessions.cache, Duration::from_millis(500));
+        assert!(!Config::from_toml("").unwrap().sessions.redis, "memory by default");
+    }
+
+    #[test]
+    fn upstream_replicas() {
+        let config = Config::from_toml(
+            "[[upstreams]]\nname = \"w\"\ntransport = \"http\"\nurls = [\"http://a:1/mcp\", \"http://b:1/mcp\"]\nhealth_interval = \"500ms\"\n",
+        )
+        .unwrap();
+        let TransportConfig::Http(http) = &config.upstreams[0].transport else { panic!("http") };
+        assert_eq!(http.replicas.len(), 2);
+        assert_eq!(http.url, http.replicas[0]);
+        assert_eq!(http.health_interval, Duration::from_millis(500));
+        for (toml, key) in [
+            ("url = \"http://a/mcp\"\nurls = [\"http://b/mcp\"]", "upstreams[0].urls"),
+            ("urls = []", "upstreams[0].urls"),
+            ("urls = [\"http://a/mcp\", \"http://a/mcp\"]", "upstreams[0].urls[1]"),
+            ("urls = [\"ftp://a\"]", "upstreams[0].urls[0]"),
+            ("url = \"http://a/mcp\"\nhealth_interval = \"1s\"", "upstreams[0].health_interval"),
+        ] {
+            let p = problems(&format!("[[upstreams]]\nname = \"w\"\ntransport = \"http\"\n{toml}\n"));
+            assert!(p.iter().any(|(k, _)| k == key), "{toml}: {p:?}");
+        }
+        let p = problems("[[upstreams]]\nname = \"w\"\ntransport = \"sse\"\nurls = [\"http://a/sse\"]\n");
+        assert!(p.iter().any(|(k, _)| k == "upstreams[0].urls"), "{p:?}");
     }
 
     #[test]

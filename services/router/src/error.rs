@@ -43,6 +43,10 @@ pub enum Error {
     MissingSession,
     #[error("unknown or expired session: initialize a new one")]
     UnknownSession,
+    /// The session is not on this replica and the shared store cannot be
+    /// reached to load it (not a 404: the session may well be alive).
+    #[error("the session store is unreachable, so this replica cannot load the session; retry shortly")]
+    SessionStoreDown,
     #[error("unknown or expired event stream in Last-Event-ID")]
     UnknownStream,
     #[error("unsupported MCP-Protocol-Version {0:?} (supported: 2025-03-26, 2025-06-18, 2025-11-25)")]
@@ -85,7 +89,9 @@ impl Error {
     pub fn side(&self) -> Side {
         match self {
             Error::UpstreamTimeout { .. } | Error::Upstream { .. } => Side::Upstream,
-            Error::Internal(_) | Error::ShuttingDown | Error::TooManySessions(_) => Side::Internal,
+            Error::Internal(_) | Error::ShuttingDown | Error::TooManySessions(_) | Error::SessionStoreDown => {
+                Side::Internal
+            }
             _ => Side::Downstream,
         }
     }
@@ -106,7 +112,9 @@ impl Error {
             Error::UnknownSession => StatusCode::NOT_FOUND,
             Error::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Error::RateLimited { .. } | Error::TooManyInFlight(_) => StatusCode::TOO_MANY_REQUESTS,
-            Error::TooManySessions(_) | Error::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            Error::TooManySessions(_) | Error::ShuttingDown | Error::SessionStoreDown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             _ => StatusCode::OK,
         }
     }
@@ -132,9 +140,11 @@ impl Error {
             Error::UpstreamTimeout { .. } => code::REQUEST_TIMEOUT,
             Error::Unauthenticated(_) => UNAUTHENTICATED,
             Error::RateLimited { .. } | Error::TooManyInFlight(_) => RATE_LIMITED,
-            Error::Upstream { .. } | Error::TooManySessions(_) | Error::ShuttingDown | Error::Internal(_) => {
-                code::INTERNAL_ERROR
-            }
+            Error::Upstream { .. }
+            | Error::TooManySessions(_)
+            | Error::ShuttingDown
+            | Error::SessionStoreDown
+            | Error::Internal(_) => code::INTERNAL_ERROR,
         }
     }
 
@@ -165,6 +175,7 @@ impl Error {
             Error::ForbiddenOrigin(_) => "origin",
             Error::MissingSession => "missing_session",
             Error::UnknownSession => "unknown_session",
+            Error::SessionStoreDown => "session_store_down",
             Error::UnknownStream => "unknown_stream",
             Error::UnsupportedVersion(_) => "protocol_version",
             Error::TooManySessions(_) => "too_many_sessions",

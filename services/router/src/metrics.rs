@@ -78,6 +78,11 @@ pub struct Metrics {
     catalog_collisions: IntCounterVec,
     catalog_refreshes: IntCounterVec,
     sessions: IntGauge,
+    sessions_adopted: IntCounter,
+    sessions_repaired: IntCounter,
+    session_store_errors: IntCounterVec,
+    upstream_sessions_resumed: IntCounterVec,
+    upstream_replica_up: IntGaugeVec,
     rejections: IntCounterVec,
     guard: Guard,
     /// Edge devices and their connections.
@@ -243,7 +248,39 @@ impl Metrics {
             &["upstream", "list"]
         )
         .expect("valid"));
-        let sessions = reg!(IntGauge::new("switchboard_sessions", "Live downstream sessions.").expect("valid"));
+        let sessions =
+            reg!(IntGauge::new("switchboard_sessions", "Live downstream sessions on this replica.").expect("valid"));
+        let sessions_adopted = reg!(IntCounter::new(
+            "switchboard_sessions_adopted_total",
+            "Sessions this replica loaded from the shared session store to continue them."
+        )
+        .expect("valid"));
+        let sessions_repaired = reg!(IntCounter::new(
+            "switchboard_sessions_repaired_total",
+            "Live sessions written back to the session store after it lost them (a Redis restart)."
+        )
+        .expect("valid"));
+        let session_store_errors = reg!(IntCounterVec::new(
+            Opts::new("switchboard_session_store_errors_total", "Session store operations that failed, by operation."),
+            &["op"]
+        )
+        .expect("valid"));
+        let upstream_replica_up = reg!(IntGaugeVec::new(
+            Opts::new(
+                "switchboard_upstream_replica_up",
+                "For an upstream with several urls: 1 while a replica accepts connections, else 0."
+            ),
+            &["upstream", "replica"]
+        )
+        .expect("valid"));
+        let upstream_sessions_resumed = reg!(IntCounterVec::new(
+            Opts::new(
+                "switchboard_upstream_sessions_resumed_total",
+                "Upstream sessions continued without a handshake (opened earlier, maybe by another replica)."
+            ),
+            &["upstream"]
+        )
+        .expect("valid"));
         let rejections = reg!(IntCounterVec::new(
             Opts::new(
                 "switchboard_http_rejections_total",
@@ -385,6 +422,11 @@ impl Metrics {
             catalog_collisions,
             catalog_refreshes,
             sessions,
+            sessions_adopted,
+            sessions_repaired,
+            session_store_errors,
+            upstream_sessions_resumed,
+            upstream_replica_up,
             rejections,
             guard,
             edge,
@@ -439,6 +481,26 @@ impl Metrics {
 
     pub fn set_sessions(&self, n: usize) {
         self.sessions.set(n as i64);
+    }
+
+    pub fn session_adopted(&self) {
+        self.sessions_adopted.inc();
+    }
+
+    pub fn session_repaired(&self) {
+        self.sessions_repaired.inc();
+    }
+
+    pub fn session_store_error(&self, op: &str) {
+        self.session_store_errors.with_label_values(&[op]).inc();
+    }
+
+    pub fn set_upstream_replica_up(&self, upstream: &str, replica: &str, up: bool) {
+        self.upstream_replica_up.with_label_values(&[upstream, replica]).set(i64::from(up));
+    }
+
+    pub fn upstream_session_resumed(&self, upstream: &str) {
+        self.upstream_sessions_resumed.with_label_values(&[upstream]).inc();
     }
 
     pub fn rejected(&self, reason: &str) {

@@ -30,14 +30,13 @@ use crate::app::App;
 use crate::catalog::naming::fnv1a64;
 use crate::error::Error;
 use crate::events::Log;
-use crate::upstream::{Channel, Hello, Inbox};
+use crate::session_store::{Record, Stored};
+use crate::upstream::{Channel, Hello, Inbox, UpstreamSession};
 
 /// Events buffered between a stream's log and its HTTP response.
 const STREAM_BUFFER: usize = 64;
 /// Request streams kept for resumption.
 const KEPT_STREAMS: usize = 32;
-/// Unanswered server-to-client requests remembered per session.
-pub const MAX_ASKED: usize = 1024;
 
 /// One client session.
 pub struct Session {
@@ -52,9 +51,15 @@ pub struct Session {
     /// A legacy HTTP+SSE session: its answers travel on stream 0, which the
     /// client cannot resume.
     pub legacy: bool,
+    /// Kept in the session store (a Streamable HTTP session), so that other
+    /// replicas can continue it; legacy and edge sessions are this replica's.
+    pub stored: bool,
+    /// When the store last confirmed the session is live (ms since `epoch`).
+    checked_ms: AtomicU64,
+    /// Upstream sessions that other replicas may continue, by upstream:
+    /// loaded from the store (channels resume them on first use) or opened here.
+    known: Mutex<HashMap<usize, UpstreamSession>>,
     channels: Box<[OnceCell<Arc<dyn Channel>>]>,
-    asked: Mutex<HashMap<u64, (usize, Box<str>)>>,
-    next_asked: AtomicU64,
     /// Requests in flight: (hash of the client's id, upstream). A vector that
     /// keeps its capacity, so tracking a request costs no allocation.
     inflight: Mutex<Vec<(u64, usize)>>,
@@ -69,11 +74,24 @@ pub struct Session {
     last_used: AtomicU64,
     epoch: Instant,
     closed: AtomicBool,
+    /// Closed by [`detach`](Session::detach): the session goes on elsewhere.
+    detached: AtomicBool,
     me: Weak<Session>,
 }
 
+/// What kind of session to build.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// This replica's only, with a fresh id (an edge device's tasks).
+    Private,
+    /// A legacy HTTP+SSE connection's.
+    Legacy,
+    /// In the session store.
+    Stored,
+}
+
 impl Session {
-    /// A new session with a fresh random id.
+    /// A session of this replica only, with a fresh random id.
     pub fn new(
         tenant: Arc<str>,
         version: ProtocolVersion,
@@ -81,7 +99,36 @@ impl Session {
         upstreams: usize,
         epoch: Instant,
     ) -> Arc<Self> {
-        Self::build(new_session_id(), tenant, false, version, capabilities, upstreams, epoch)
+        Self::build(new_session_id(), tenant, Kind::Private, version, capabilities, upstreams, epoch)
+    }
+
+    /// A new Streamable HTTP session with a fresh random id, to be kept in
+    /// the session store.
+    pub fn stored(
+        tenant: Arc<str>,
+        version: ProtocolVersion,
+        capabilities: Arc<RawValue>,
+        upstreams: usize,
+        epoch: Instant,
+    ) -> Arc<Self> {
+        Self::build(new_session_id(), tenant, Kind::Stored, version, capabilities, upstreams, epoch)
+    }
+
+    /// A stored session another replica created (or this one, before it
+    /// forgot it), continuing its upstream sessions: `known` by upstream index.
+    pub fn adopt(
+        id: Arc<str>,
+        record: &Record,
+        known: HashMap<usize, UpstreamSession>,
+        upstreams: usize,
+        epoch: Instant,
+    ) -> Option<Arc<Self>> {
+        let version = ProtocolVersion::parse(&record.version)?;
+        let capabilities: Arc<RawValue> = Arc::from(RawValue::from_string(record.capabilities.clone()).ok()?);
+        let session =
+            Self::build(id, Arc::from(record.tenant.as_str()), Kind::Stored, version, capabilities, upstreams, epoch);
+        *session.known.lock().expect("lock") = known;
+        Some(session)
     }
 
     /// A legacy HTTP+SSE session, named by its connection's id.
@@ -93,36 +140,39 @@ impl Session {
         upstreams: usize,
         epoch: Instant,
     ) -> Arc<Self> {
-        Self::build(id, tenant, true, version, capabilities, upstreams, epoch)
+        Self::build(id, tenant, Kind::Legacy, version, capabilities, upstreams, epoch)
     }
 
     #[allow(clippy::too_many_arguments)]
     fn build(
         id: Arc<str>,
         tenant: Arc<str>,
-        legacy: bool,
+        kind: Kind,
         version: ProtocolVersion,
         capabilities: Arc<RawValue>,
         upstreams: usize,
         epoch: Instant,
     ) -> Arc<Self> {
+        let now_ms = epoch.elapsed().as_millis() as u64;
         Arc::new_cyclic(|me| Session {
             id,
             tenant,
-            legacy,
+            legacy: kind == Kind::Legacy,
+            stored: kind == Kind::Stored,
+            checked_ms: AtomicU64::new(now_ms),
+            known: Mutex::new(HashMap::new()),
             version,
             capabilities,
             channels: (0..upstreams).map(|_| OnceCell::new()).collect(),
-            asked: Mutex::new(HashMap::new()),
-            next_asked: AtomicU64::new(1),
             inflight: Mutex::new(Vec::new()),
             standalone: Log::new(0),
             listening: AtomicBool::new(false),
             streams: Mutex::new(VecDeque::new()),
             next_stream: AtomicU64::new(1),
-            last_used: AtomicU64::new(epoch.elapsed().as_millis() as u64),
+            last_used: AtomicU64::new(now_ms),
             epoch,
             closed: AtomicBool::new(false),
+            detached: AtomicBool::new(false),
             me: me.clone(),
         })
     }
@@ -153,19 +203,35 @@ impl Session {
         let upstream = &app.upstreams[u];
         let channel = self.channels[u]
             .get_or_try_init(|| async {
-                let hello = Hello { protocol_version: self.version, capabilities: self.capabilities.clone() };
+                let hello = Hello {
+                    protocol_version: self.version,
+                    capabilities: self.capabilities.clone(),
+                    affinity: self.id.clone(),
+                };
                 let inbox: Arc<dyn Inbox> =
                     Arc::new(SessionInbox { app: Arc::downgrade(app), session: self.me.clone(), upstream: u });
-                let opened =
-                    tokio::time::timeout(upstream.config.timeout, upstream.transport.open(&hello, inbox)).await;
-                let channel = match opened {
-                    Ok(Ok(channel)) => channel,
-                    Ok(Err(e)) => return Err(Error::upstream(&upstream.name, e)),
-                    Err(_) => {
-                        return Err(Error::UpstreamTimeout {
-                            upstream: upstream.name.clone(),
-                            after: upstream.config.timeout,
-                        })
+                let known = self.known.lock().expect("lock").get(&u).cloned();
+                let resumed = known.and_then(|at| upstream.transport.resume(&hello, inbox.clone(), &at));
+                let channel = match resumed {
+                    Some(channel) => {
+                        app.metrics.upstream_session_resumed(&upstream.name);
+                        channel
+                    }
+                    None => {
+                        let opened =
+                            tokio::time::timeout(upstream.config.timeout, upstream.transport.open(&hello, inbox)).await;
+                        let channel = match opened {
+                            Ok(Ok(channel)) => channel,
+                            Ok(Err(e)) => return Err(Error::upstream(&upstream.name, e)),
+                            Err(_) => {
+                                return Err(Error::UpstreamTimeout {
+                                    upstream: upstream.name.clone(),
+                                    after: upstream.config.timeout,
+                                })
+                            }
+                        };
+                        self.remember_upstream(app, u, channel.as_ref()).await;
+                        channel
                     }
                 };
                 if self.listening.load(Ordering::Relaxed) {
@@ -175,10 +241,70 @@ impl Session {
             })
             .await?;
         if self.closed.load(Ordering::Relaxed) {
-            channel.close().await;
+            // Forgotten here while it opened: others may go on with it.
+            if self.detached.load(Ordering::Relaxed) {
+                channel.detach().await;
+            } else {
+                channel.close().await;
+            }
             return Err(Error::UnknownSession);
         }
         Ok(channel.clone())
+    }
+
+    /// The channel to upstream `u` if it is open here, or if the store
+    /// recorded an upstream session with it that this replica can resume;
+    /// never a new upstream session.
+    pub async fn existing_channel(&self, app: &Arc<App>, u: usize) -> Option<Arc<dyn Channel>> {
+        if let Some(channel) = self.open_channel(u) {
+            return Some(channel);
+        }
+        if !self.known.lock().expect("lock").contains_key(&u) {
+            return None;
+        }
+        self.channel(app, u).await.ok()
+    }
+
+    /// Records the upstream session `channel` is on, here and (for a stored
+    /// session) in the store, so that other replicas continue it. A store
+    /// that cannot be reached is logged: the session goes on here.
+    pub async fn remember_upstream(&self, app: &App, u: usize, channel: &dyn Channel) {
+        let Some(at) = channel.upstream_session() else { return };
+        let changed = self.known.lock().expect("lock").insert(u, at.clone()).as_ref() != Some(&at);
+        if changed && self.stored {
+            if let Err(e) = app.store.set_upstream(&self.id, &app.upstreams[u].name, &at).await {
+                app.metrics.session_store_error("set_upstream");
+                tracing::warn!(error = %e, upstream = %app.upstreams[u].name, "upstream session not recorded in the session store");
+            }
+        }
+    }
+
+    /// The session as the store keeps it.
+    pub fn to_stored(&self, app: &App) -> Stored {
+        let upstreams = self
+            .known
+            .lock()
+            .expect("lock")
+            .iter()
+            .map(|(u, at)| (app.upstreams[*u].name.to_string(), at.clone()))
+            .collect();
+        Stored {
+            record: Record {
+                tenant: self.tenant.to_string(),
+                version: self.version.as_str().to_owned(),
+                capabilities: self.capabilities.get().to_owned(),
+            },
+            upstreams,
+        }
+    }
+
+    /// Whether the store should be asked again whether the session is live
+    /// (at most once per `every`); claims the check for the caller.
+    pub fn due_for_check(&self, every: Duration) -> bool {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let checked = self.checked_ms.load(Ordering::Relaxed);
+        now.saturating_sub(checked) >= every.as_millis() as u64
+            && self.checked_ms.compare_exchange(checked, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
     }
 
     /// The channel to upstream `u` if it is already open.
@@ -238,38 +364,54 @@ impl Session {
         Ok(rx)
     }
 
-    /// Registers a server-to-client request from upstream `u` and returns it
-    /// with an id of the router's, unique in this session. At most
-    /// [`MAX_ASKED`] unanswered requests are remembered; the oldest go first.
+    /// A server-to-client request from upstream `u`, with an id of the
+    /// router's that says where the answer goes: `"u.n42"` for the
+    /// upstream's id `42`, `"u.x<hex>"` for any other id (its JSON, in hex).
+    /// Any replica can route the client's answer from the id alone
+    /// ([`answered`](Self::answered)), and two upstreams using the same id
+    /// get different ones.
     pub fn ask(&self, u: usize, env: &Envelope<'_>, message: &[u8]) -> Bytes {
         let their_id = env.id.expect("a request has an id");
-        let ours = self.next_asked.fetch_add(1, Ordering::Relaxed);
-        {
-            let mut asked = self.asked.lock().expect("lock");
-            asked.insert(ours, (u, their_id.get().into()));
-            if asked.len() > MAX_ASKED {
-                if let Some(oldest) = asked.keys().min().copied() {
-                    asked.remove(&oldest);
-                }
-            }
-        }
-        let ours = ours.to_string();
+        let ours = relay_id(u, their_id.get());
         splice(message, &mut [Edit::new(span(message, their_id.get()), ours.as_bytes())])
     }
 
-    /// Takes the record of a relayed request, given the id the client answered with.
+    /// Where the client's answer to a relayed request goes: the upstream and
+    /// its own id (JSON), from the id the client answered with. `None` for an
+    /// id the router did not make.
     pub fn answered(&self, id: &RawValue) -> Option<(usize, Box<str>)> {
-        let ours: u64 = id.get().parse().ok()?;
-        self.asked.lock().expect("lock").remove(&ours)
+        let text = switchboard_protocol::jsonrpc::as_str(id)?;
+        let (u, rest) = text.split_once('.')?;
+        let u: usize = u.parse().ok()?;
+        if u >= self.channels.len() {
+            return None;
+        }
+        let theirs = if let Some(digits) = rest.strip_prefix('n') {
+            // Exactly as `relay_id` writes them: no leading zeros, at most 19 digits.
+            let number = digits.strip_prefix('-').unwrap_or(digits);
+            let canonical = !number.is_empty()
+                && number.len() <= 19
+                && number.bytes().all(|b| b.is_ascii_digit())
+                && (number == "0" || !number.starts_with('0'));
+            if !canonical {
+                return None;
+            }
+            digits.to_owned()
+        } else {
+            let hex = rest.strip_prefix('x')?;
+            let raw = decode_hex(hex)?;
+            // Only a JSON string or number may go back into a message.
+            match serde_json::from_slice::<serde_json::Value>(&raw).ok()? {
+                serde_json::Value::String(_) | serde_json::Value::Number(_) => String::from_utf8(raw).ok()?,
+                _ => return None,
+            }
+        };
+        Some((u, theirs.into_boxed_str()))
     }
 
-    /// Our id for a relayed request the upstream cancelled (given its id); the
-    /// request is forgotten, as no answer will be taken.
-    pub fn asked_cancelled(&self, u: usize, their_id: &str) -> Option<u64> {
-        let mut asked = self.asked.lock().expect("lock");
-        let ours = asked.iter().find(|(_, (up, id))| *up == u && **id == *their_id).map(|(ours, _)| *ours)?;
-        asked.remove(&ours);
-        Some(ours)
+    /// Our id for a relayed request the upstream cancelled (given its id).
+    pub fn asked_cancelled(&self, u: usize, their_id: &str) -> String {
+        relay_id(u, their_id)
     }
 
     /// Notes a request in flight to upstream `u`.
@@ -290,6 +432,17 @@ impl Session {
     pub fn inflight_upstream(&self, id: &RawValue) -> Option<usize> {
         let key = fnv1a64(id.get().as_bytes());
         self.inflight.lock().expect("lock").iter().find(|(k, _)| *k == key).map(|(_, u)| *u)
+    }
+
+    /// Stops serving the session here while it goes on at other replicas:
+    /// its stream ends and its channels stop, leaving upstream sessions open.
+    pub async fn detach(&self) {
+        self.detached.store(true, Ordering::Relaxed);
+        self.closed.store(true, Ordering::Relaxed);
+        self.close_stream();
+        for (_, channel) in self.open_channels() {
+            channel.detach().await;
+        }
     }
 
     /// Ends the session: closes its stream and its upstream sessions.
@@ -325,6 +478,43 @@ impl Inbox for SessionInbox {
             session.push(out);
         }
     }
+
+    fn session_changed(&self) {
+        let (Some(app), Some(session)) = (self.app.upgrade(), self.session.upgrade()) else { return };
+        let u = self.upstream;
+        tokio::spawn(async move {
+            if let Some(channel) = session.open_channel(u) {
+                session.remember_upstream(&app, u, channel.as_ref()).await;
+            }
+        });
+    }
+}
+
+/// The id a relayed request gets (a JSON string): see [`Session::ask`].
+fn relay_id(u: usize, their_id: &str) -> String {
+    let is_integer = {
+        let digits = their_id.strip_prefix('-').unwrap_or(their_id);
+        !digits.is_empty() && digits.len() <= 19 && digits.bytes().all(|b| b.is_ascii_digit())
+    };
+    if is_integer {
+        format!("\"{u}.n{their_id}\"")
+    } else {
+        let mut id = format!("\"{u}.x");
+        for b in their_id.bytes() {
+            id.push(char::from_digit(u32::from(b >> 4), 16).expect("hex"));
+            id.push(char::from_digit(u32::from(b & 15), 16).expect("hex"));
+        }
+        id.push('"');
+        id
+    }
+}
+
+fn decode_hex(hex: &str) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) || hex.len() > 2048 {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16);
+    hex.as_bytes().chunks(2).map(|p| Some((digit(p[0])? * 16 + digit(p[1])?) as u8)).collect()
 }
 
 /// 128 random bits as 32 hex digits.
@@ -360,8 +550,20 @@ impl Sessions {
 
     /// Adds a session.
     pub fn insert(&self, session: Arc<Session>) {
-        self.shard(&session.id).write().expect("lock").insert(session.id.clone(), session);
+        if self.shard(&session.id).write().expect("lock").insert(session.id.clone(), session).is_none() {
+            self.count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Adds a session unless one with its id is there; returns the one kept.
+    pub fn insert_if_absent(&self, session: Arc<Session>) -> Arc<Session> {
+        let mut shard = self.shard(&session.id).write().expect("lock");
+        if let Some(existing) = shard.get(&session.id) {
+            return existing.clone();
+        }
+        shard.insert(session.id.clone(), session.clone());
         self.count.fetch_add(1, Ordering::Relaxed);
+        session
     }
 
     /// The session with this id.
@@ -388,13 +590,14 @@ impl Sessions {
         self.shards.iter().flat_map(|s| s.read().expect("lock").values().cloned().collect::<Vec<_>>()).collect()
     }
 
-    /// Removes and returns the sessions idle for longer than `idle`.
-    pub fn take_expired(&self, idle: Duration) -> Vec<Arc<Session>> {
+    /// Removes and returns the sessions `which` picks that are idle for
+    /// longer than `idle` and not busy.
+    pub fn take_expired(&self, idle: Duration, which: impl Fn(&Session) -> bool) -> Vec<Arc<Session>> {
         let mut expired = Vec::new();
         for shard in &self.shards {
             let mut shard = shard.write().expect("lock");
             shard.retain(|_, s| {
-                if s.idle() > idle && !s.busy() {
+                if which(s) && s.idle() > idle && !s.busy() {
                     expired.push(s.clone());
                     false
                 } else {
@@ -425,7 +628,7 @@ mod tests {
     }
 
     #[test]
-    fn relayed_requests_get_session_unique_ids_and_map_back() {
+    fn relayed_requests_get_ids_that_route_their_answers_from_any_replica() {
         let s = session();
         let msg = br#"{"jsonrpc":"2.0","id":1,"method":"sampling/createMessage","params":{}}"#;
         let env = Envelope::parse(msg).unwrap();
@@ -434,12 +637,33 @@ mod tests {
         let id1 = Envelope::parse(&first).unwrap().id.unwrap().get().to_owned();
         let id2 = Envelope::parse(&second).unwrap().id.unwrap().get().to_owned();
         assert_ne!(id1, id2, "two upstreams using id 1 must not collide");
+        // Another replica's copy of the session routes the answer too: the id says it all.
+        let elsewhere = session();
         let raw = RawValue::from_string(id2.clone()).unwrap();
-        assert_eq!(s.answered(&raw), Some((1, "1".into())));
-        assert_eq!(s.answered(&raw), None, "an answer is routed once");
-        // An upstream cancelling its request: mapped, then forgotten.
-        assert_eq!(s.asked_cancelled(0, "1").map(|n| n.to_string()), Some(id1));
-        assert_eq!(s.asked_cancelled(0, "1"), None);
+        assert_eq!(elsewhere.answered(&raw), Some((1, "1".into())));
+        // String ids, even with quotes and escapes inside, come back byte for byte.
+        let msg = br#"{"jsonrpc":"2.0","id":"a\"b.c","method":"roots/list"}"#;
+        let relayed = s.ask(0, &Envelope::parse(msg).unwrap(), msg);
+        let ours = Envelope::parse(&relayed).unwrap().id.unwrap().get().to_owned();
+        let raw = RawValue::from_string(ours).unwrap();
+        assert_eq!(elsewhere.answered(&raw), Some((0, r#""a\"b.c""#.into())));
+        // An upstream cancelling its request: the same id the client saw.
+        assert_eq!(s.asked_cancelled(0, "1"), id1);
+        // Ids the router did not make, or that would smuggle JSON in, are refused.
+        for forged in [
+            r#""9.n1""#,
+            r#""0.n1,2""#,
+            r#""0.x7b7d""#,
+            r#""0.xzz""#,
+            "5",
+            r#""n1""#,
+            r#""0.n""#,
+            r#""0.n01""#,
+            r#""0.n12345678901234567890""#,
+        ] {
+            let raw = RawValue::from_string(forged.into()).unwrap();
+            assert_eq!(elsewhere.answered(&raw), None, "{forged}");
+        }
     }
 
     #[tokio::test]
@@ -468,7 +692,7 @@ mod tests {
         sessions.insert(s.clone());
         assert_eq!(sessions.len(), 1);
         assert!(sessions.get(&s.id).is_some());
-        assert!(sessions.take_expired(Duration::from_secs(60)).is_empty());
+        assert!(sessions.take_expired(Duration::from_secs(60), |_| true).is_empty());
         let old = Session::new(
             Arc::from("t"),
             ProtocolVersion::LATEST,
@@ -478,7 +702,7 @@ mod tests {
         );
         old.last_used.store(0, Ordering::Relaxed);
         sessions.insert(old.clone());
-        let expired = sessions.take_expired(Duration::from_secs(60));
+        let expired = sessions.take_expired(Duration::from_secs(60), |_| true);
         assert_eq!(expired.len(), 1);
         assert_eq!(expired[0].id, old.id);
         assert_eq!(sessions.len(), 1);

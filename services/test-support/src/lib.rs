@@ -179,6 +179,12 @@ pub fn mock_binary() -> PathBuf {
     sibling_binary("switchboard-mock")
 }
 
+/// The router binary (`switchboard`), built next to the test binaries, for
+/// tests that kill a router process.
+pub fn router_binary() -> PathBuf {
+    sibling_binary("switchboard")
+}
+
 /// The reference edge device binary (`switchboard-edge`), built next to
 /// the test binaries.
 pub fn edge_binary() -> PathBuf {

@@ -22,7 +22,9 @@ use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind};
 use switchboard_protocol::sse;
 use tokio::sync::mpsc;
 
-use super::{admit, authenticate, check_origin, lists, notification, receive, refuse, reject, request, respond};
+use super::{
+    admit, authenticate, check_origin, lists, notification, receive, refuse, reject, reject_unread, request, respond,
+};
 use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
@@ -64,7 +66,7 @@ pub async fn message(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     let id: Arc<str> = Arc::from(id);
     let body = match receive(app, &parts.headers, body).await {
         Ok(body) => body,
-        Err(e) => return reject(app, None, e),
+        Err(e) => return reject_unread(app, e),
     };
     let env = match Envelope::parse(&body) {
         Ok(env) => env,
@@ -121,7 +123,7 @@ pub async fn message(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
             accepted()
         }
         MessageKind::Response | MessageKind::Error => {
-            super::answer(app, &session, &env, &body).await;
+            super::answer(app, &who, &session, &env, &body).await;
             accepted()
         }
     }

@@ -55,7 +55,7 @@ static LAST_EVENT_ID: http::HeaderName = http::HeaderName::from_static("last-eve
 pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     match *req.method() {
         HttpMethod::POST => post(app, req).await,
-        HttpMethod::GET => get(app, req.headers()),
+        HttpMethod::GET => get(app, req.headers()).await,
         HttpMethod::DELETE => delete(app, req.headers()).await,
         _ => {
             let mut response = respond::text(StatusCode::METHOD_NOT_ALLOWED, "use POST, GET or DELETE\n");
@@ -71,6 +71,14 @@ fn reject(app: &App, id: Option<&RawValue>, err: Error) -> Response<Body> {
     respond::error(id, &err)
 }
 
+/// Refuses a request whose body may be partly unread: the connection is
+/// closed rather than left for the client to reuse while the server drops it.
+fn reject_unread(app: &App, err: Error) -> Response<Body> {
+    let mut response = reject(app, None, err);
+    response.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
 async fn post(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     let started = Instant::now();
     let (parts, body) = req.into_parts();
@@ -78,7 +86,7 @@ async fn post(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     // 1. Transport checks.
     let body = match receive(app, &parts.headers, body).await {
         Ok(body) => body,
-        Err(e) => return reject(app, None, e),
+        Err(e) => return reject_unread(app, e),
     };
 
     // 2. The envelope.
@@ -100,7 +108,7 @@ async fn post(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
         }
         return lists::initialize(app, &who, &env, started).await;
     }
-    let session = match session_of(app, &parts.headers, &who) {
+    let session = match session_of(app, &parts.headers, &who).await {
         Ok(session) => session,
         Err(e) => return reject(app, env.id, e),
     };
@@ -132,7 +140,7 @@ async fn post(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
             respond::accepted()
         }
         MessageKind::Response | MessageKind::Error => {
-            answer(app, &session, &env, &body).await;
+            answer(app, &who, &session, &env, &body).await;
             respond::accepted()
         }
     }
@@ -271,9 +279,9 @@ async fn notification(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>
 }
 
 /// The client's answer to a request an upstream sent it.
-async fn answer(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>, body: &Bytes) {
+async fn answer(app: &Arc<App>, who: &Principal, session: &Arc<Session>, env: &Envelope<'_>, body: &Bytes) {
     let Some(id) = env.id else { return };
-    let Some((u, their_id)) = session.answered(id) else {
+    let Some((u, their_id)) = session.answered(id).filter(|(u, _)| who.tenant.sees_upstream(*u)) else {
         app.metrics.relay_dropped("", "unknown_answer");
         tracing::debug!(id = id.get(), "client answered a request the router does not know");
         return;
@@ -282,15 +290,21 @@ async fn answer(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>, body
         body,
         &mut [switchboard_protocol::rewrite::Edit::new(jsonrpc::span(body, id.get()), their_id.as_bytes())],
     );
-    if let Some(channel) = session.open_channel(u) {
-        if let Err(e) = channel.send(restored).await {
-            tracing::warn!(upstream = %app.upstreams[u].name, error = %e, "answer to a server request not delivered");
-        }
+    // The request may have come through another replica: the channel
+    // continues the same upstream session, whichever replica opened it. An
+    // answer never opens an upstream session (no request of one awaits it).
+    let Some(channel) = session.existing_channel(app, u).await else {
+        app.metrics.relay_dropped(&app.upstreams[u].name, "unknown_answer");
+        tracing::debug!(id = id.get(), "client answered for an upstream session this session does not have");
+        return;
+    };
+    if let Err(e) = channel.send(restored).await {
+        tracing::warn!(upstream = %app.upstreams[u].name, error = %e, "answer to a server request not delivered");
     }
 }
 
 /// GET: the session's stream of messages not tied to a request.
-fn get(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
+async fn get(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
     let started = Instant::now();
     if let Err(e) = check_origin(app, headers) {
         return reject(app, None, e);
@@ -299,7 +313,7 @@ fn get(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
         Ok(who) => who,
         Err(e) => return refuse(app, None, headers, None, None, 0, e, started, "GET /mcp"),
     };
-    let session = match session_of(app, headers, &who) {
+    let session = match session_of(app, headers, &who).await {
         Ok(session) => session,
         Err(e) => return reject(app, None, e),
     };
@@ -327,29 +341,46 @@ async fn delete(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
         Ok(who) => who,
         Err(e) => return refuse(app, None, headers, None, None, 0, e, Instant::now(), "DELETE /mcp"),
     };
-    // Checks the session exists and is this tenant's.
-    let id = match session_of(app, headers, &who) {
-        Ok(session) => session.id.clone(),
+    // Checks the session exists and is this tenant's (loading it if another
+    // replica created it).
+    let session = match session_of(app, headers, &who).await {
+        Ok(session) => session,
         Err(e) => return reject(app, None, e),
     };
-    match app.sessions.remove(&id) {
-        Some(session) => {
-            app.metrics.set_sessions(app.sessions.len());
-            session.close().await;
-            let mut response = Response::new(Body::Empty);
-            *response.status_mut() = StatusCode::OK;
-            response
+    // The store first: if it cannot be reached, other replicas would go on
+    // with the session, so it is not ended anywhere and the client is told
+    // to retry.
+    let stored = if session.stored {
+        match app.store.remove(&session.id).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                app.metrics.session_store_error("remove");
+                tracing::warn!(error = %e, "DELETE refused: the session store is unreachable");
+                return reject(app, None, Error::SessionStoreDown);
+            }
         }
-        None => reject(app, None, Error::UnknownSession),
-    }
+    } else {
+        None
+    };
+    let Some(session) = app.sessions.remove(&session.id) else {
+        return reject(app, None, Error::UnknownSession);
+    };
+    app.metrics.set_sessions(app.sessions.len());
+    app.end_session(Some(session), stored).await;
+    let mut response = Response::new(Body::Empty);
+    *response.status_mut() = StatusCode::OK;
+    response
 }
 
 /// The session a request names, if it is `who`'s tenant's. Another tenant's
 /// session is reported exactly like one that does not exist.
-pub(crate) fn session_of(app: &App, headers: &HeaderMap, who: &Principal) -> Result<Arc<Session>, Error> {
+pub(crate) async fn session_of(app: &App, headers: &HeaderMap, who: &Principal) -> Result<Arc<Session>, Error> {
     let id = headers.get(&respond::SESSION_ID).ok_or(Error::MissingSession)?;
     let id = id.to_str().map_err(|_| Error::UnknownSession)?;
-    let session = app.sessions.get(id).ok_or(Error::UnknownSession)?;
+    if id.is_empty() || id.len() > 128 {
+        return Err(Error::UnknownSession);
+    }
+    let session = app.find_session(id).await?.ok_or(Error::UnknownSession)?;
     if session.tenant != who.tenant.name {
         app.metrics.auth_failed("wrong_tenant");
         return Err(Error::UnknownSession);

@@ -4,14 +4,12 @@
 //! not matter. Callers fall back to local limits on any error; this module
 //! must never make a request wait longer than `timeout` for Redis.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use redis::aio::ConnectionManager;
-use tokio::sync::OnceCell;
+use std::time::Duration;
 
 use super::{gcra, Check, Decision};
+pub use crate::redis_link::RedisError;
+use crate::redis_link::RedisLink;
 
 /// KEYS: one per limit. ARGV: per key, the interval and the capacity (µs).
 /// Returns `{0, 0}` when every limit passes (and takes them), or
@@ -37,98 +35,36 @@ end
 return {0, 0}
 ";
 
-/// The Redis connection shared by the limiter (and later the session store).
+/// The limiter's side of the shared Redis link: the script.
 pub struct Shared {
-    client: redis::Client,
-    connection: OnceCell<ConnectionManager>,
-    prefix: String,
-    timeout: Duration,
+    link: Arc<RedisLink>,
     script: redis::Script,
-    /// While now (ms since `epoch`) is before this, do not try Redis.
-    retry_at_ms: AtomicU64,
-    epoch: Instant,
-}
-
-/// Why Redis could not decide.
-#[derive(Debug, thiserror::Error)]
-pub enum RedisError {
-    #[error("{0}")]
-    Redis(#[from] redis::RedisError),
-    #[error("no answer within {0:?}")]
-    Timeout(Duration),
-    #[error("not retried yet after a failure")]
-    Backoff,
-    #[error("unexpected answer from the rate-limit script")]
-    Answer,
 }
 
 impl Shared {
-    /// `url` is `redis://host:port[/db]`; nothing connects until first use.
-    pub fn new(url: &str, prefix: &str, timeout: Duration) -> Result<Arc<Shared>, redis::RedisError> {
-        Ok(Arc::new(Shared {
-            client: redis::Client::open(url)?,
-            connection: OnceCell::new(),
-            prefix: prefix.to_owned(),
-            timeout,
-            script: redis::Script::new(SCRIPT),
-            retry_at_ms: AtomicU64::new(0),
-            epoch: Instant::now(),
-        }))
+    pub fn new(link: Arc<RedisLink>) -> Arc<Shared> {
+        Arc::new(Shared { link, script: redis::Script::new(SCRIPT) })
     }
 
-    async fn connection(&self) -> Result<ConnectionManager, RedisError> {
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(self.timeout.max(Duration::from_millis(200)))
-            .set_response_timeout(self.timeout)
-            .set_number_of_retries(1);
-        let manager = self
-            .connection
-            .get_or_try_init(|| async {
-                tokio::time::timeout(
-                    self.timeout.max(Duration::from_millis(200)),
-                    self.client.get_connection_manager_with_config(config),
-                )
-                .await
-                .map_err(|_| RedisError::Timeout(self.timeout))?
-                .map_err(RedisError::from)
-            })
-            .await?;
-        Ok(manager.clone())
-    }
-
-    /// Runs the script for `checks`.
+    /// Runs the script for `checks` (one round trip).
     pub async fn check(&self, checks: &[Check]) -> Result<Decision, RedisError> {
-        let now = self.epoch.elapsed().as_millis() as u64;
-        if now < self.retry_at_ms.load(Ordering::Relaxed) {
-            return Err(RedisError::Backoff);
-        }
-        let result = self.run(checks).await;
-        if result.is_err() {
-            self.retry_at_ms.store(now + 1000, Ordering::Relaxed);
-        }
-        result
-    }
-
-    async fn run(&self, checks: &[Check]) -> Result<Decision, RedisError> {
-        let mut connection = self.connection().await?;
         let mut invocation = self.script.prepare_invoke();
         for check in checks {
-            invocation.key(format!("{}rl:{}", self.prefix, check.subject));
+            invocation.key(format!("{}rl:{}", self.link.prefix, check.subject));
         }
         for check in checks {
             let (interval, capacity) = gcra(check.rate);
             invocation.arg(interval).arg(capacity);
         }
-        let answer: Vec<i64> = tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection))
-            .await
-            .map_err(|_| RedisError::Timeout(self.timeout))??;
+        let answer: Vec<i64> =
+            self.link.call(|mut connection| async move { Ok(invocation.invoke_async(&mut connection).await?) }).await?;
         match answer.as_slice() {
             [0, _] => Ok(Decision::Allow),
             [i, wait] if *i >= 1 && (*i as usize) <= checks.len() => Ok(Decision::Deny {
                 limit: checks[*i as usize - 1].limit,
                 retry_after: Duration::from_micros((*wait).max(0) as u64),
             }),
-            _ => Err(RedisError::Answer),
+            other => Err(RedisError::Answer(format!("{other:?} from the rate-limit script"))),
         }
     }
 }

@@ -53,14 +53,113 @@ const UNKNOWN: u8 = 0;
 const STATELESS: u8 = 1;
 const STATEFUL: u8 = 2;
 
-/// A Streamable HTTP upstream.
+/// A Streamable HTTP upstream: one server, or several replicas of one.
 pub struct Transport {
-    shared: Arc<Shared>,
+    replicas: Arc<Replicas>,
+    /// Checks the replicas' health (with several).
+    health: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The replicas of one upstream, and which of them are up.
+struct Replicas {
+    name: Arc<str>,
+    members: Vec<Arc<Shared>>,
+    up: Vec<AtomicBool>,
+    /// Failed periodic probes in a row, per replica.
+    failures: Vec<std::sync::atomic::AtomicU32>,
+    connect_timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl Replicas {
+    /// The replica for `key` (a session id, or "" for the router's own
+    /// channels) by rendezvous hashing over the replicas that are up (all of
+    /// them if none is), leaving out `avoid`: a key keeps its replica while
+    /// that replica is up, and only the keys of a replica that goes down move.
+    fn pick(&self, key: &str, avoid: Option<usize>) -> usize {
+        let score = |i: usize| {
+            let mut bytes = Vec::with_capacity(key.len() + self.members[i].replica.len() + 1);
+            bytes.extend_from_slice(key.as_bytes());
+            bytes.push(0);
+            bytes.extend_from_slice(self.members[i].replica.as_bytes());
+            crate::catalog::naming::fnv1a64(&bytes)
+        };
+        let candidates: Vec<usize> = (0..self.members.len()).filter(|&i| Some(i) != avoid).collect();
+        let live: Vec<usize> = candidates.iter().copied().filter(|&i| self.is_up(i)).collect();
+        let pool = if live.is_empty() { &candidates } else { &live };
+        pool.iter().copied().max_by_key(|&i| score(i)).unwrap_or(0)
+    }
+
+    fn is_up(&self, i: usize) -> bool {
+        self.up[i].load(Ordering::Relaxed)
+    }
+
+    fn several(&self) -> bool {
+        self.members.len() > 1
+    }
+
+    /// Records replica `i`'s health, logging changes.
+    fn mark(&self, i: usize, up: bool) {
+        if self.up[i].swap(up, Ordering::Relaxed) != up {
+            let replica = &self.members[i].replica;
+            if up {
+                tracing::info!(upstream = %self.name, %replica, "upstream replica is up again");
+            } else {
+                tracing::warn!(upstream = %self.name, %replica, "upstream replica is down; its sessions move to another");
+            }
+        }
+        self.metrics.set_upstream_replica_up(&self.name, &self.members[i].replica, up);
+    }
+
+    /// Whether replica `i` accepts a TCP connection now.
+    async fn accepts(&self, i: usize) -> bool {
+        let address = &self.members[i].address;
+        matches!(tokio::time::timeout(self.connect_timeout, tokio::net::TcpStream::connect(address)).await, Ok(Ok(_)))
+    }
+
+    /// After a request to replica `i` could not connect: whether it accepts
+    /// connections now; if not, it is marked down at once.
+    async fn probe(&self, i: usize) -> bool {
+        let up = self.accepts(i).await;
+        if !up {
+            self.mark(i, false);
+        }
+        up
+    }
+
+    /// A periodic check of replica `i`: up at the first success, down after
+    /// two failures in a row (one lost probe does not move its sessions).
+    async fn check(&self, i: usize) {
+        if self.accepts(i).await {
+            self.failures[i].store(0, Ordering::Relaxed);
+            self.mark(i, true);
+        } else if self.failures[i].fetch_add(1, Ordering::Relaxed) + 1 >= 2 {
+            self.mark(i, false);
+        }
+    }
+}
+
+/// Checks every replica every `every`, until the replicas are dropped.
+async fn health_loop(replicas: Weak<Replicas>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(replicas) = replicas.upgrade() else { return };
+        let checks = (0..replicas.members.len()).map(|i| replicas.check(i));
+        futures_util::future::join_all(checks).await;
+    }
 }
 
 struct Shared {
     name: Arc<str>,
+    /// Its place among the upstream's replicas.
+    index: usize,
     url: Uri,
+    /// The URL as text: which replica an upstream session is on.
+    replica: String,
+    /// `host:port`, for health probes.
+    address: String,
+    /// The last handshake's answer, for channels resumed without one.
+    last_handshake: Mutex<Option<Arc<Handshake>>>,
     /// `Host`, prebuilt (the client would otherwise build it per request).
     host: HeaderValue,
     /// The request target (path and query).
@@ -77,8 +176,47 @@ struct Shared {
 }
 
 impl Transport {
-    /// A transport for `config`; connects lazily.
+    /// A transport for `config`; connects lazily. With several replicas,
+    /// starts their health checks (so it must run inside a Tokio runtime).
     pub fn new(name: Arc<str>, config: &HttpConfig, timeout: Duration, metrics: Arc<Metrics>) -> Self {
+        let members: Vec<Arc<Shared>> = config
+            .replicas
+            .iter()
+            .enumerate()
+            .map(|(index, url)| Arc::new(Shared::new(name.clone(), index, url, config, timeout, metrics.clone())))
+            .collect();
+        let replicas = Arc::new(Replicas {
+            name,
+            up: members.iter().map(|_| AtomicBool::new(true)).collect(),
+            failures: members.iter().map(|_| Default::default()).collect(),
+            members,
+            connect_timeout: config.connect_timeout,
+            metrics,
+        });
+        let health = if replicas.several() {
+            for i in 0..replicas.members.len() {
+                replicas.mark(i, true);
+            }
+            Some(tokio::spawn(health_loop(Arc::downgrade(&replicas), config.health_interval)))
+        } else {
+            None
+        };
+        Transport { replicas, health: Mutex::new(health) }
+    }
+}
+
+impl Shared {
+    fn new(
+        name: Arc<str>,
+        index: usize,
+        url: &Uri,
+        config: &HttpConfig,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Shared {
+        let host = url.host().unwrap_or("localhost");
+        let port = url.port_u16().unwrap_or(80);
+        let address = format!("{host}:{port}");
         let client = if config.http2 {
             let mut connector = HttpConnector::new();
             connector.set_nodelay(true);
@@ -91,28 +229,26 @@ impl Transport {
                     .build(connector),
             ))
         } else {
-            let authority = host_header(&config.url);
-            let host = config.url.host().unwrap_or("localhost");
-            let port = config.url.port_u16().unwrap_or(80);
-            let address = format!("{host}:{port}");
+            let authority = host_header(url);
             let authority = authority.to_str().unwrap_or("localhost");
-            Client::Http1(h1::Pool::new(address, authority, config.pool_max_idle, config.connect_timeout))
+            Client::Http1(h1::Pool::new(address.clone(), authority, config.pool_max_idle, config.connect_timeout))
         };
-        let raw_headers = h1::raw_headers(&config.headers);
-        Transport {
-            shared: Arc::new(Shared {
-                name,
-                host: host_header(&config.url),
-                path: config.url.path_and_query().map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
-                url: config.url.clone(),
-                headers: config.headers.clone(),
-                raw_headers,
-                client,
-                handshake_timeout: timeout.min(Duration::from_secs(30)),
-                metrics,
-                statefulness: AtomicU8::new(UNKNOWN),
-                stateless_handshake: Mutex::new(None),
-            }),
+        Shared {
+            name,
+            index,
+            host: host_header(url),
+            path: url.path_and_query().map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
+            url: url.clone(),
+            replica: url.to_string(),
+            address,
+            last_handshake: Mutex::new(None),
+            headers: config.headers.clone(),
+            raw_headers: h1::raw_headers(&config.headers),
+            client,
+            handshake_timeout: timeout.min(Duration::from_secs(30)),
+            metrics,
+            statefulness: AtomicU8::new(UNKNOWN),
+            stateless_handshake: Mutex::new(None),
         }
     }
 }
@@ -177,29 +313,73 @@ impl AnswerBody {
 #[async_trait]
 impl super::Transport for Transport {
     async fn open(&self, hello: &Hello, inbox: Arc<dyn Inbox>) -> Result<Arc<dyn super::Channel>, UpstreamError> {
-        let shared = &self.shared;
-        if shared.statefulness.load(Ordering::Relaxed) == STATELESS {
-            if let Some((version, handshake)) = shared.stateless_handshake.lock().expect("lock").clone() {
-                let state = SessionState { sid: None, version, handshake, epoch: 0 };
-                return Ok(Channel::open(shared.clone(), hello.clone(), state, inbox));
+        let replicas = &self.replicas;
+        let mut avoid = None;
+        loop {
+            let i = replicas.pick(&hello.affinity, avoid);
+            let shared = &replicas.members[i];
+            if shared.statefulness.load(Ordering::Relaxed) == STATELESS {
+                if let Some((version, handshake)) = shared.stateless_handshake.lock().expect("lock").clone() {
+                    let state = SessionState { shared: shared.clone(), sid: None, version, handshake, epoch: 0 };
+                    return Ok(Channel::open(replicas.clone(), hello.clone(), state, inbox));
+                }
             }
+            let state = match shared.handshake(hello).await {
+                Ok(state) => state,
+                // A replica that is down: mark it and try another, once.
+                Err(e @ UpstreamError::Connect(_)) if replicas.several() && avoid.is_none() => {
+                    if replicas.probe(i).await {
+                        return Err(e);
+                    }
+                    avoid = Some(i);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if state.sid.is_none() {
+                shared.statefulness.store(STATELESS, Ordering::Relaxed);
+                *shared.stateless_handshake.lock().expect("lock") =
+                    Some((state.version.clone(), state.handshake.clone()));
+            } else {
+                shared.statefulness.store(STATEFUL, Ordering::Relaxed);
+            }
+            return Ok(Channel::open(replicas.clone(), hello.clone(), state, inbox));
         }
-        let state = shared.handshake(hello).await?;
-        if state.sid.is_none() {
-            shared.statefulness.store(STATELESS, Ordering::Relaxed);
-            *shared.stateless_handshake.lock().expect("lock") = Some((state.version.clone(), state.handshake.clone()));
-        } else {
-            shared.statefulness.store(STATEFUL, Ordering::Relaxed);
-        }
-        Ok(Channel::open(shared.clone(), hello.clone(), state, inbox))
     }
 
-    async fn shutdown(&self) {}
+    fn resume(
+        &self,
+        hello: &Hello,
+        inbox: Arc<dyn Inbox>,
+        at: &super::UpstreamSession,
+    ) -> Option<Arc<dyn super::Channel>> {
+        // A replica that is gone from the configuration, or down: the
+        // session is opened afresh on a live one instead.
+        let i = self.replicas.members.iter().position(|m| m.replica == at.replica)?;
+        if !self.replicas.is_up(i) {
+            return None;
+        }
+        let shared = self.replicas.members[i].clone();
+        let sid = HeaderValue::from_str(&at.session).ok()?;
+        let version = HeaderValue::from_str(&at.version).ok()?;
+        let handshake = shared.last_handshake.lock().expect("lock").clone().unwrap_or_default();
+        let _ = shared.statefulness.compare_exchange(UNKNOWN, STATEFUL, Ordering::Relaxed, Ordering::Relaxed);
+        let state = SessionState { shared, sid: Some(sid), version, handshake, epoch: 0 };
+        Some(Channel::open(self.replicas.clone(), hello.clone(), state, inbox))
+    }
+
+    async fn shutdown(&self) {
+        if let Some(health) = self.health.lock().expect("lock").take() {
+            health.abort();
+        }
+    }
 }
 
 /// The upstream session a channel is on.
 #[derive(Clone)]
 struct SessionState {
+    /// The replica that holds it.
+    shared: Arc<Shared>,
     sid: Option<HeaderValue>,
     version: HeaderValue,
     handshake: Arc<Handshake>,
@@ -335,7 +515,9 @@ impl Shared {
             let handshake = Handshake::from_response(&message)?;
             let version = HeaderValue::from_str(&handshake.protocol_version)
                 .unwrap_or_else(|_| HeaderValue::from_static(hello.protocol_version.as_str()));
-            let mut state = SessionState { sid, version, handshake: Arc::new(handshake), epoch: 0 };
+            let handshake = Arc::new(handshake);
+            *self.last_handshake.lock().expect("lock") = Some(handshake.clone());
+            let mut state = SessionState { shared: self.clone(), sid, version, handshake, epoch: 0 };
             let note = jsonrpc::request(None, "notifications/initialized", None);
             let resp = self.post(note, Some(&state)).await?;
             if !resp.status.is_success() {
@@ -366,9 +548,10 @@ impl Shared {
     }
 }
 
-/// One upstream session over Streamable HTTP.
+/// One upstream session over Streamable HTTP, on one of the upstream's
+/// replicas (it moves to another, with a new handshake, if that one dies).
 struct Channel {
-    shared: Arc<Shared>,
+    replicas: Arc<Replicas>,
     hello: Hello,
     state: RwLock<SessionState>,
     reinit: tokio::sync::Mutex<()>,
@@ -379,9 +562,14 @@ struct Channel {
 }
 
 impl Channel {
-    fn open(shared: Arc<Shared>, hello: Hello, state: SessionState, inbox: Arc<dyn Inbox>) -> Arc<dyn super::Channel> {
+    fn open(
+        replicas: Arc<Replicas>,
+        hello: Hello,
+        state: SessionState,
+        inbox: Arc<dyn Inbox>,
+    ) -> Arc<dyn super::Channel> {
         Arc::new_cyclic(|me| Channel {
-            shared,
+            replicas,
             hello,
             state: RwLock::new(state),
             reinit: tokio::sync::Mutex::new(()),
@@ -396,17 +584,30 @@ impl Channel {
         self.state.read().expect("lock").clone()
     }
 
-    /// Runs `initialize` again unless another caller already did since `stale`.
-    async fn reinitialize(&self, stale: &SessionState) -> Result<(), UpstreamError> {
+    /// Runs `initialize` again unless another caller already did since
+    /// `stale`: on the same replica, or (`move_away`) on another one, for a
+    /// replica that is down.
+    async fn reinitialize(&self, stale: &SessionState, move_away: bool) -> Result<(), UpstreamError> {
         let _one_at_a_time = self.reinit.lock().await;
         if self.state().epoch != stale.epoch {
             return Ok(());
         }
-        let mut fresh = self.shared.handshake(&self.hello).await?;
+        let shared = if move_away {
+            self.replicas.mark(stale.shared.index, false);
+            self.replicas.members[self.replicas.pick(&self.hello.affinity, Some(stale.shared.index))].clone()
+        } else {
+            stale.shared.clone()
+        };
+        let mut fresh = shared.handshake(&self.hello).await?;
         fresh.epoch = stale.epoch + 1;
         *self.state.write().expect("lock") = fresh;
-        self.shared.metrics.upstream_reinitialized(&self.shared.name);
-        tracing::info!(upstream = %self.shared.name, "upstream session expired; re-initialised");
+        shared.metrics.upstream_reinitialized(&shared.name);
+        if move_away {
+            tracing::info!(upstream = %shared.name, replica = %shared.replica, "upstream session moved to another replica; re-initialised");
+        } else {
+            tracing::info!(upstream = %shared.name, "upstream session expired; re-initialised");
+        }
+        self.inbox.session_changed();
         Ok(())
     }
 }
@@ -415,26 +616,48 @@ impl Channel {
 impl super::Channel for Channel {
     async fn request(&self, out: Outgoing) -> Result<Reply, UpstreamError> {
         let mut retried = false;
+        let mut moved = !self.replicas.several();
         let mut body = Some(out.body);
         loop {
             let state = self.state();
-            // Only an upstream session can expire and make us send again:
-            // keep a copy of the body only then (a first copy of a spliced
-            // body costs an allocation).
-            let may_retry = state.sid.is_some() && !retried;
+            // Its replica was found down (by the health checks): move first.
+            if !moved && !self.replicas.is_up(state.shared.index) {
+                self.reinitialize(&state, true).await?;
+                moved = true;
+                continue;
+            }
+            // Only an upstream session that can expire, or a replica that can
+            // die, makes us send again: keep a copy of the body only then (a
+            // first copy of a spliced body costs an allocation).
+            let may_retry = (state.sid.is_some() && !retried) || !moved;
             let send = if may_retry { body.clone() } else { body.take() };
             let send = send.expect("the body is kept while a retry is possible");
-            let resp = self.shared.post(send, Some(&state)).await?;
+            let resp = match state.shared.post(send, Some(&state)).await {
+                Ok(resp) => resp,
+                // The replica is gone (it refuses connections now, not just
+                // this once): the session moves to another, and the request
+                // follows it. A replica that still answers probes gets the
+                // error back, unchanged.
+                Err(e @ UpstreamError::Connect(_)) if !moved => {
+                    if self.replicas.probe(state.shared.index).await {
+                        return Err(e);
+                    }
+                    self.reinitialize(&state, true).await?;
+                    moved = true;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let status = resp.status;
             if status.is_success() && status != StatusCode::ACCEPTED {
-                return self.shared.read_reply(resp, Some(&state)).await;
+                return state.shared.read_reply(resp, Some(&state)).await;
             }
             if status == StatusCode::ACCEPTED {
                 return Err(UpstreamError::Protocol("it answered a request with 202 Accepted".into()));
             }
             let error = status_error(resp).await;
             if session_lost(status, &error) && state.sid.is_some() && !retried {
-                self.reinitialize(&state).await?;
+                self.reinitialize(&state, false).await?;
                 retried = true;
                 continue;
             }
@@ -443,10 +666,10 @@ impl super::Channel for Channel {
     }
 
     async fn send(&self, message: Bytes) -> Result<(), UpstreamError> {
-        let limit = self.shared.handshake_timeout;
+        let state = self.state();
+        let limit = state.shared.handshake_timeout;
         let work = async {
-            let state = self.state();
-            let resp = self.shared.post(message, Some(&state)).await?;
+            let resp = state.shared.post(message, Some(&state)).await?;
             if resp.status.is_success() {
                 drain(resp).await;
                 Ok(())
@@ -470,17 +693,30 @@ impl super::Channel for Channel {
         self.state().handshake
     }
 
-    async fn close(&self) {
+    fn upstream_session(&self) -> Option<super::UpstreamSession> {
+        let state = self.state();
+        Some(super::UpstreamSession {
+            replica: state.shared.replica.clone(),
+            session: state.sid?.to_str().ok()?.to_owned(),
+            version: state.version.to_str().ok()?.to_owned(),
+        })
+    }
+
+    async fn detach(&self) {
         self.closed.store(true, Ordering::Relaxed);
         if let Some(task) = self.listener.lock().expect("lock").take() {
             task.abort();
         }
+    }
+
+    async fn close(&self) {
+        self.detach().await;
         let state = self.state();
         if state.sid.is_none() {
             return;
         }
         let delete = async {
-            if let Ok(resp) = self.shared.send(Method::DELETE, Bytes::new(), Some(&state), None, false).await {
+            if let Ok(resp) = state.shared.send(Method::DELETE, Bytes::new(), Some(&state), None, false).await {
                 drain(resp).await;
             }
         };
@@ -510,7 +746,17 @@ async fn listen_loop(channel: Weak<Channel>) {
             return;
         }
         let state = me.state();
-        let shared = me.shared.clone();
+        // Its replica is down: move the session before listening again.
+        if me.replicas.several() && !me.replicas.is_up(state.shared.index) {
+            last_event_id = None;
+            if me.reinitialize(&state, true).await.is_err() {
+                drop(me);
+                pause = (pause * 2).min(Duration::from_secs(30));
+                tokio::time::sleep(pause).await;
+            }
+            continue;
+        }
+        let shared = state.shared.clone();
         let inbox = me.inbox.clone();
         drop(me);
         match shared.get(&state, last_event_id.as_deref()).await {
@@ -549,7 +795,7 @@ async fn listen_loop(channel: Weak<Channel>) {
                 // again now, or a control channel would never hear of changes.
                 if session_lost(status, &error) {
                     if let Some(me) = channel.upgrade() {
-                        if me.reinitialize(&state).await.is_ok() {
+                        if me.reinitialize(&state, false).await.is_ok() {
                             pause = Duration::from_millis(50);
                         }
                     }

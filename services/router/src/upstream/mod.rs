@@ -38,6 +38,7 @@ use switchboard_protocol::{Method, ProtocolVersion};
 
 use crate::config::{TransportConfig, UpstreamConfig};
 use crate::metrics::Metrics;
+pub use crate::session_store::UpstreamSession;
 
 /// How an upstream failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -75,6 +76,9 @@ pub struct Hello {
     pub protocol_version: ProtocolVersion,
     /// The client capabilities to declare, as JSON.
     pub capabilities: Arc<RawValue>,
+    /// What picks the replica of an upstream with several (consistent
+    /// hashing): the downstream session id, or "" for the router's own.
+    pub affinity: Arc<str>,
 }
 
 impl Hello {
@@ -98,7 +102,11 @@ impl Hello {
     pub fn router() -> Self {
         let capabilities =
             RawValue::from_string(r#"{"sampling":{},"elicitation":{"form":{},"url":{}}}"#.into()).expect("valid JSON");
-        Hello { protocol_version: ProtocolVersion::LATEST, capabilities: Arc::from(capabilities) }
+        Hello {
+            protocol_version: ProtocolVersion::LATEST,
+            capabilities: Arc::from(capabilities),
+            affinity: Arc::from(""),
+        }
     }
 }
 
@@ -248,6 +256,17 @@ impl<G: Send> MessageStream for SinkStream<G> {
 pub trait Inbox: Send + Sync {
     /// Takes one message (a notification or a server-to-client request).
     fn deliver(&self, message: Bytes);
+
+    /// The channel moved to a new upstream session (it re-initialised after
+    /// the upstream forgot the old one): see [`Channel::upstream_session`].
+    fn session_changed(&self) {}
+}
+
+/// An inbox that drops everything (a channel opened only to be closed).
+pub struct Discard;
+
+impl Inbox for Discard {
+    fn deliver(&self, _message: Bytes) {}
 }
 
 /// One logical MCP session with an upstream.
@@ -266,8 +285,21 @@ pub trait Channel: Send + Sync {
     /// What the upstream said when this channel was opened (or last re-opened).
     fn handshake(&self) -> Arc<Handshake>;
 
+    /// The upstream session this channel is on, if another replica could
+    /// continue it ([`Transport::resume`]): an HTTP session with an id.
+    fn upstream_session(&self) -> Option<UpstreamSession> {
+        None
+    }
+
     /// Ends the session with the upstream.
     async fn close(&self);
+
+    /// Stops this replica's use of the channel while the session goes on
+    /// elsewhere: background work stops, but an upstream session another
+    /// replica may continue is not ended. By default the same as `close`.
+    async fn detach(&self) {
+        self.close().await
+    }
 }
 
 /// A way to reach one upstream server.
@@ -275,6 +307,13 @@ pub trait Channel: Send + Sync {
 pub trait Transport: Send + Sync {
     /// Opens a session: `initialize` with `hello`, then `notifications/initialized`.
     async fn open(&self, hello: &Hello, inbox: Arc<dyn Inbox>) -> Result<Arc<dyn Channel>, UpstreamError>;
+
+    /// A channel on an upstream session opened earlier (maybe by another
+    /// replica), without a handshake; `None` if this transport cannot
+    /// continue it (another kind of transport, or a replica it no longer has).
+    fn resume(&self, _hello: &Hello, _inbox: Arc<dyn Inbox>, _at: &UpstreamSession) -> Option<Arc<dyn Channel>> {
+        None
+    }
 
     /// Stops background work and child processes.
     async fn shutdown(&self);

@@ -1,0 +1,481 @@
+//! Several router replicas sharing sessions through Redis: any replica
+//! serves any request of a session, a replica can die, Redis can restart.
+//! Everything here is real: Redis over TCP (the machine's, or one of the
+//! test's own to restart), router processes, an HTTP upstream that counts
+//! its sessions.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use serde_json::{json, Value};
+use switchboard::redis_link::RedisLink;
+use switchboard::session_store::{
+    MemoryStore, Record, RedisStore, Repair, SessionStore, Stored, Touch, UpstreamSession,
+};
+use switchboard_test_support::peers::{free_port, wait_for_port, Process};
+use switchboard_test_support::services::{redis_url, unique, PrivateRedis};
+use switchboard_test_support::{
+    eventually, get_text, http_upstream, mock_named, router_binary, Client, MockServer, Router,
+};
+
+fn sample(tenant: &str) -> Stored {
+    Stored {
+        record: Record {
+            tenant: tenant.into(),
+            version: "2025-11-25".into(),
+            capabilities: r#"{"sampling":{}}"#.into(),
+        },
+        upstreams: BTreeMap::new(),
+    }
+}
+
+fn upstream_session(id: &str) -> UpstreamSession {
+    UpstreamSession { replica: "http://127.0.0.1:1/mcp".into(), session: id.into(), version: "2025-11-25".into() }
+}
+
+/// What every store must do, checked on one with `idle` expiry.
+async fn store_contract(store: Arc<dyn SessionStore>, idle: Duration) {
+    store.create("a", &sample("t1")).await.unwrap();
+    let loaded = store.load("a").await.unwrap().expect("a live session loads");
+    assert_eq!(loaded, sample("t1"));
+    assert_eq!(store.touch("a").await.unwrap(), Touch::Alive);
+    assert_eq!(store.touch("never").await.unwrap(), Touch::Unknown);
+    assert_eq!(store.load("never").await.unwrap(), None);
+
+    // Upstream sessions are recorded and replaced; an unknown session gets none.
+    store.set_upstream("a", "web", &upstream_session("s1")).await.unwrap();
+    store.set_upstream("a", "web", &upstream_session("s2")).await.unwrap();
+    store.set_upstream("a", "files", &upstream_session("f1")).await.unwrap();
+    store.set_upstream("never", "web", &upstream_session("x")).await.unwrap();
+    assert_eq!(store.load("never").await.unwrap(), None, "set_upstream does not create a session");
+    let loaded = store.load("a").await.unwrap().unwrap();
+    assert_eq!(loaded.upstreams.len(), 2);
+    assert_eq!(loaded.upstreams["web"].session, "s2");
+
+    // Removal hands back what it held, once; the session is then known to have ended.
+    let removed = store.remove("a").await.unwrap().expect("removed");
+    assert_eq!(removed.upstreams["files"].session, "f1");
+    assert_eq!(store.remove("a").await.unwrap(), None);
+    assert_eq!(store.touch("a").await.unwrap(), Touch::Ended);
+    assert_eq!(store.load("a").await.unwrap(), None);
+    assert_eq!(store.repair("a", &sample("t1")).await.unwrap(), Repair::Ended, "an ended session is not written back");
+
+    // Expiry slides with use, and each expired session goes to one sweeper.
+    store.create("c", &sample("t2")).await.unwrap();
+    store.set_upstream("c", "web", &upstream_session("c1")).await.unwrap();
+    tokio::time::sleep(idle * 6 / 10).await;
+    assert_eq!(store.touch("c").await.unwrap(), Touch::Alive);
+    tokio::time::sleep(idle * 6 / 10).await;
+    assert!(store.take_expired(100).await.unwrap().is_empty(), "touched {:?} ago: still live", idle * 6 / 10);
+    tokio::time::sleep(idle * 12 / 10).await;
+    let (first, second) = tokio::join!(store.take_expired(100), store.take_expired(100));
+    let mut taken: Vec<(String, Stored)> = first.unwrap();
+    taken.extend(second.unwrap());
+    assert_eq!(taken.len(), 1, "exactly one sweeper gets it: {taken:?}");
+    assert_eq!(taken[0].0, "c");
+    assert_eq!(taken[0].1.upstreams["web"].session, "c1", "the sweeper learns which upstream sessions to end");
+    assert_eq!(store.touch("c").await.unwrap(), Touch::Ended);
+
+    // A session the store lost (no trace of it) is written back by a replica that has it.
+    assert_eq!(store.repair("d", &sample("t3")).await.unwrap(), Repair::Written);
+    assert_eq!(store.load("d").await.unwrap().unwrap().record.tenant, "t3");
+    assert_eq!(
+        store.repair("d", &sample("other")).await.unwrap(),
+        Repair::Live,
+        "a live session (another replica wrote it back first) is not overwritten"
+    );
+    assert_eq!(store.load("d").await.unwrap().unwrap().record.tenant, "t3");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_and_redis_stores_keep_the_same_contract() {
+    let idle = Duration::from_millis(500);
+    store_contract(Arc::new(MemoryStore::new(idle)), idle).await;
+    let link = RedisLink::new(&redis_url(), &unique("sbtest:"), Duration::from_secs(2)).unwrap();
+    store_contract(Arc::new(RedisStore::new(link, idle)), idle).await;
+}
+
+fn replica_config(redis: &str, prefix: &str, upstream_url: &str, idle: &str) -> String {
+    format!(
+        "[server]\nkeep_alive = \"1s\"\nsession_idle_timeout = \"{idle}\"\n\
+         [sessions]\nstore = \"redis\"\ncache = \"100ms\"\n\
+         [redis]\nurl = \"{redis}\"\nkey_prefix = \"{prefix}\"\ntimeout = \"500ms\"\n{}",
+        http_upstream("web", upstream_url, "")
+    )
+}
+
+fn text_of(response: &Value) -> String {
+    response["result"]["content"][0]["text"].as_str().unwrap_or_else(|| panic!("no text in {response}")).to_owned()
+}
+
+/// The same client (same session id) pointed at another replica.
+fn at(client: &Client, url: &str) -> Client {
+    let mut other = client.clone();
+    other.url = url.to_owned();
+    other
+}
+
+/// A sampling round trip: the call goes to `caller`, the answer to `answerer`.
+async fn sampling_round_trip(caller: &Client, answerer: &Client, prompt: &str) {
+    let (status, _, mut stream) =
+        caller.request_stream("tools/call", json!({"name": "web__sample", "arguments": {"prompt": prompt}})).await;
+    assert_eq!(status, StatusCode::OK);
+    let ask = stream.next(Duration::from_secs(10)).await.expect("the sampling request");
+    assert_eq!(ask["method"], "sampling/createMessage", "{ask}");
+    let answer = json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"role": "assistant",
+        "content": {"type": "text", "text": format!("re {prompt}")}, "model": "test", "stopReason": "endTurn"}});
+    assert_eq!(answerer.post(answer).await.status, StatusCode::ACCEPTED);
+    let done = stream.next(Duration::from_secs(10)).await.expect("the tool result after the answer");
+    assert_eq!(text_of(&done), format!("sampled: re {prompt}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_serve_one_session_alternately_on_one_upstream_session() {
+    let web = MockServer::start(mock_named("web")).await;
+    let config = replica_config(&redis_url(), &unique("sbtest:"), &web.url, "30m");
+    let (a, b) = (Router::start(&config).await, Router::start(&config).await);
+    let mut on_a = Client::new(&a.url);
+    on_a.initialize_with(json!({"sampling": {}})).await;
+    let on_b = at(&on_a, &b.url);
+
+    let first = on_a.call_tool("web__echo", json!({"n": 0})).await;
+    assert_eq!(text_of(&first), r#"{"n":0}"#);
+    let upstream_inits = web.mock.initialize_count();
+
+    for (i, client) in [&on_b, &on_a, &on_b, &on_a, &on_b].into_iter().enumerate() {
+        assert!(client.tool_names().await.contains(&"web__echo".to_owned()));
+        let echoed = client.call_tool("web__echo", json!({"n": i + 1})).await;
+        assert_eq!(text_of(&echoed), format!("{{\"n\":{}}}", i + 1), "request {i}");
+    }
+
+    // Progress on the replica that did not create the session.
+    let (_, _, mut stream) = on_b
+        .request_stream(
+            "tools/call",
+            json!({"name": "web__progress", "arguments": {"steps": 3, "interval_ms": 20}, "_meta": {"progressToken": "p1"}}),
+        )
+        .await;
+    let mut progress = Vec::new();
+    let done = loop {
+        let message = stream.next(Duration::from_secs(10)).await.expect("progress, then the result");
+        if message["method"] == "notifications/progress" {
+            assert_eq!(message["params"]["progressToken"], "p1");
+            progress.push(message["params"]["progress"].clone());
+        } else {
+            break message;
+        }
+    };
+    assert_eq!(progress.len(), 3, "{progress:?}");
+    assert_eq!(text_of(&done), "done after 3 steps");
+
+    // A server-to-client request answered through the other replica, both ways.
+    sampling_round_trip(&on_a, &on_b, "from a").await;
+    sampling_round_trip(&on_b, &on_a, "from b").await;
+
+    assert_eq!(
+        web.mock.initialize_count(),
+        upstream_inits,
+        "replica b continued the client's upstream session instead of opening its own"
+    );
+    assert_eq!(b.metric("switchboard_sessions_adopted_total", &[]).await, 1.0);
+    assert!(b.metric("switchboard_upstream_sessions_resumed_total", &["upstream=\"web\""]).await >= 1.0);
+
+    // DELETE through b ends the session everywhere, and its upstream session once.
+    let deleted_before = web.mock.deleted_sessions();
+    assert_eq!(on_b.delete().await, StatusCode::OK);
+    assert_eq!(web.mock.deleted_sessions(), deleted_before + 1);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    for client in [&on_a, &on_b] {
+        let reply = client.post(json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list"})).await;
+        assert_eq!(reply.status, StatusCode::NOT_FOUND, "{}", client.url);
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_session_expires_once_across_replicas_and_its_upstream_session_ends() {
+    let web = MockServer::start(mock_named("web")).await;
+    let config = replica_config(&redis_url(), &unique("sbtest:"), &web.url, "1s");
+    let (a, b) = (Router::start(&config).await, Router::start(&config).await);
+    let mut on_a = Client::new(&a.url);
+    on_a.initialize().await;
+    let on_b = at(&on_a, &b.url);
+    on_a.call_tool("web__echo", json!({})).await;
+    on_b.call_tool("web__echo", json!({})).await;
+    let deleted_before = web.mock.deleted_sessions();
+    // Kept alive by use on either replica.
+    for client in [&on_a, &on_b, &on_a, &on_b] {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        client.call_tool("web__echo", json!({})).await;
+    }
+    assert_eq!(web.mock.deleted_sessions(), deleted_before, "a session in use does not expire");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(web.mock.deleted_sessions(), deleted_before + 1, "its upstream session is ended exactly once");
+    for client in [&on_a, &on_b] {
+        let reply = client.post(json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list"})).await;
+        assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A router process (so that it can be killed), on a free port.
+async fn router_process(config: &str) -> (Process, String, tempfile_path::TempPath) {
+    let port = free_port();
+    let file = tempfile_path::TempPath::new("switchboard-replica", ".toml");
+    std::fs::write(
+        &file.0,
+        format!("[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n[log]\nlevel = \"warn\"\n{config}"),
+    )
+    .unwrap();
+    let listen = format!("127.0.0.1:{port}");
+    let process =
+        Process::spawn(&router_binary(), &["serve", "--config", file.0.to_str().unwrap(), "--listen", &listen], &[]);
+    assert!(wait_for_port(port, Duration::from_secs(20)).await, "the router process did not start");
+    (process, format!("http://{listen}/mcp"), file)
+}
+
+mod tempfile_path {
+    /// A file path removed on drop.
+    pub struct TempPath(pub std::path::PathBuf);
+
+    impl TempPath {
+        pub fn new(prefix: &str, suffix: &str) -> TempPath {
+            TempPath(std::env::temp_dir().join(switchboard_test_support::services::unique(prefix) + suffix))
+        }
+    }
+
+    impl Drop for TempPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_mid_sequence_loses_nothing_it_answered_and_the_other_goes_on() {
+    let web = MockServer::start(mock_named("web")).await;
+    let config = replica_config(&redis_url(), &unique("sbtest:"), &web.url, "30m");
+    let (mut killed, killed_url, _file) = router_process(&config).await;
+    let survivor = Router::start(&config).await;
+    let mut on_killed = Client::new(&killed_url);
+    on_killed.initialize_with(json!({"sampling": {}})).await;
+    let on_survivor = at(&on_killed, &survivor.url);
+
+    let mut answered = Vec::new();
+    for i in 0..6 {
+        let client = if i % 2 == 0 { &on_killed } else { &on_survivor };
+        let echoed = client.call_tool("web__echo", json!({"seq": i})).await;
+        answered.push(text_of(&echoed));
+    }
+    // A second session the survivor has never seen, until after the kill.
+    let mut unseen = Client::new(&killed_url);
+    unseen.initialize().await;
+    assert_eq!(text_of(&unseen.call_tool("web__echo", json!({"before": 1})).await), r#"{"before":1}"#);
+    let upstream_inits = web.mock.initialize_count();
+
+    // A call in flight on the replica when it dies: it was never answered.
+    let in_flight = {
+        let client = on_killed.clone();
+        tokio::spawn(async move {
+            client
+                .post(json!({"jsonrpc": "2.0", "id": "doomed", "method": "tools/call",
+                "params": {"name": "web__sleep", "arguments": {"ms": 3000}}}))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    killed.child.start_kill().unwrap();
+    killed.child.wait().await.unwrap();
+    assert!(in_flight.await.is_err(), "the call in flight died with its replica (no answer was promised)");
+
+    // The same session id goes on at the other replica, on the same upstream session.
+    for i in 6..10 {
+        let echoed = on_survivor.call_tool("web__echo", json!({"seq": i})).await;
+        answered.push(text_of(&echoed));
+    }
+    sampling_round_trip(&on_survivor, &on_survivor, "after the kill").await;
+    let unseen = at(&unseen, &survivor.url);
+    assert_eq!(text_of(&unseen.call_tool("web__echo", json!({"after": 1})).await), r#"{"after":1}"#);
+    assert_eq!(survivor.metric("switchboard_sessions_adopted_total", &[]).await, 2.0);
+    let expected: Vec<String> = (0..10).map(|i| format!("{{\"seq\":{i}}}")).collect();
+    assert_eq!(answered, expected, "every answered call, in order");
+    assert_eq!(web.mock.initialize_count(), upstream_inits, "no new upstream session was needed");
+    survivor.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarting_costs_no_live_session() {
+    let mut redis = PrivateRedis::start();
+    let web = MockServer::start(mock_named("web")).await;
+    let config = replica_config(&redis.url, "sb:", &web.url, "30m");
+    let (a, b) = (Router::start(&config).await, Router::start(&config).await);
+    let mut old = Client::new(&a.url);
+    old.initialize().await;
+    old.call_tool("web__echo", json!({})).await;
+    at(&old, &b.url).call_tool("web__echo", json!({})).await;
+
+    redis.stop();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Both replicas hold the session: it keeps working on each.
+    for url in [&a.url, &b.url] {
+        let echoed = at(&old, url).call_tool("web__echo", json!({"during": "outage"})).await;
+        assert_eq!(text_of(&echoed), r#"{"during":"outage"}"#, "{url}");
+    }
+    // A session made during the outage works where it was made; the other
+    // replica cannot load it and says so (503, not 404: it is not gone).
+    let mut new = Client::new(&a.url);
+    new.initialize().await;
+    assert_eq!(text_of(&new.call_tool("web__echo", json!({"new": 1})).await), r#"{"new":1}"#);
+    let elsewhere = at(&new, &b.url).post(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})).await;
+    assert_eq!(elsewhere.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(elsewhere.json()["error"]["code"], -32603, "{:?}", elsewhere.json());
+    for router in [&a, &b] {
+        assert_eq!(get_text(&router.path("/healthz")).await, "ok\n");
+    }
+    // Ending a session needs the store (others may hold it): DELETE says
+    // to retry, and the session is not ended.
+    assert_eq!(old.delete().await, StatusCode::SERVICE_UNAVAILABLE);
+
+    // Redis comes back empty. Replicas write back the sessions they hold,
+    // after which the other replica can load the one it never saw.
+    redis.resume();
+    let repaired = eventually(Duration::from_secs(10), || async {
+        new.call_tool("web__echo", json!({})).await;
+        old.call_tool("web__echo", json!({})).await;
+        a.metric("switchboard_sessions_repaired_total", &[]).await >= 2.0
+    })
+    .await;
+    assert!(repaired, "replica a wrote both sessions back");
+    let echoed = at(&new, &b.url).call_tool("web__echo", json!({"new": 2})).await;
+    assert_eq!(text_of(&echoed), r#"{"new":2}"#);
+    // Both replicas held the old session: each checks it against the store
+    // again, one finding it written back by the other, and it goes on at both.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    for url in [&a.url, &b.url, &a.url, &b.url] {
+        let echoed = at(&old, url).call_tool("web__echo", json!({"after": "restart"})).await;
+        assert_eq!(text_of(&echoed), r#"{"after":"restart"}"#, "{url}");
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Which upstream replica served a call of `client`'s session: the mock's
+/// `log` tool logs under its `--name`.
+async fn served_by(client: &Client) -> String {
+    let (status, _, mut stream) =
+        client.request_stream("tools/call", json!({"name": "web__log", "arguments": {"message": "who"}})).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut logger = None;
+    loop {
+        let message = stream.next(Duration::from_secs(10)).await.expect("the log, then the result");
+        if message["method"] == "notifications/message" {
+            logger = message["params"]["logger"].as_str().map(str::to_owned);
+        } else {
+            assert_eq!(text_of(&message), "logged who", "{message}");
+            return logger.expect("the log message came first");
+        }
+    }
+}
+
+/// A mock upstream process named `name` on a free port; returns it and its URL.
+async fn mock_process(name: &str) -> (Process, String) {
+    let port = free_port();
+    let process = Process::spawn(
+        &switchboard_test_support::mock_binary(),
+        &["--http", &format!("127.0.0.1:{port}"), "--name", name],
+        &[],
+    );
+    assert!(wait_for_port(port, Duration::from_secs(10)).await, "mock {name} did not start");
+    (process, format!("http://127.0.0.1:{port}/mcp"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_spread_over_upstream_replicas_and_move_when_one_is_killed() {
+    let (mut r1, r1_url) = mock_process("r1").await;
+    let (_r2, r2_url) = mock_process("r2").await;
+    let config = format!(
+        "[server]\nkeep_alive = \"1s\"\n[sessions]\nstore = \"redis\"\ncache = \"100ms\"\n\
+         [redis]\nurl = \"{}\"\nkey_prefix = \"{}\"\ntimeout = \"500ms\"\n\
+         [[upstreams]]\nname = \"web\"\ntransport = \"http\"\nurls = [\"{r1_url}\", \"{r2_url}\"]\nhealth_interval = \"200ms\"\n",
+        redis_url(),
+        unique("sbtest:")
+    );
+    let (a, b) = (Router::start(&config).await, Router::start(&config).await);
+
+    // Sessions spread over both replicas by consistent hashing, and each
+    // stays on its replica, through either router.
+    let mut sessions = Vec::new();
+    for _ in 0..16 {
+        let mut client = Client::new(&a.url);
+        client.initialize().await;
+        let replica = served_by(&client).await;
+        assert_eq!(served_by(&at(&client, &b.url)).await, replica, "the other router continues on the same replica");
+        sessions.push((client, replica));
+    }
+    let on_r1 = sessions.iter().filter(|(_, r)| r == "r1").count();
+    assert!(on_r1 > 0 && on_r1 < 16, "both replicas get sessions: {on_r1} of 16 on r1");
+    assert_eq!(a.metric("switchboard_upstream_replica_up", &[&format!("replica=\"{r1_url}\"")]).await, 1.0);
+
+    // r1 dies. Its sessions move to r2 on their next call, through either
+    // router, and the call succeeds; r2's sessions are untouched.
+    r1.child.start_kill().unwrap();
+    r1.child.wait().await.unwrap();
+    for (i, (client, _)) in sessions.iter().enumerate() {
+        let via = if i % 2 == 0 { at(client, &b.url) } else { client.clone() };
+        assert_eq!(served_by(&via).await, "r2", "session {i} after the kill");
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            a.metric("switchboard_upstream_replica_up", &[&format!("replica=\"{r1_url}\"")]).await == 0.0
+        })
+        .await,
+        "the health checks noticed"
+    );
+    // New sessions go to the replica that is up.
+    let mut late = Client::new(&b.url);
+    late.initialize().await;
+    assert_eq!(served_by(&late).await, "r2");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_a_replica_and_leaves_its_sessions_to_the_others() {
+    let web = MockServer::start(mock_named("web")).await;
+    let config = replica_config(&redis_url(), &unique("sbtest:"), &web.url, "30m");
+    let (mut draining, draining_url, _file) = router_process(&config).await;
+    let other = Router::start(&config).await;
+    let mut client = Client::new(&draining_url);
+    client.initialize().await;
+    client.call_tool("web__echo", json!({})).await;
+    let (inits, deletes) = (web.mock.initialize_count(), web.mock.deleted_sessions());
+
+    // A call in flight when SIGTERM arrives is finished, not cut.
+    let in_flight = {
+        let client = client.clone();
+        tokio::spawn(async move { client.call_tool("web__sleep", json!({"ms": 1500})).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = nix::unistd::Pid::from_raw(draining.child.id().expect("running") as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let finished = in_flight.await.expect("the call in flight got its answer");
+    assert_eq!(text_of(&finished), "slept 1500 ms");
+    let status = tokio::time::timeout(Duration::from_secs(15), draining.child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "a drained router exits 0: {status:?}");
+
+    // The session goes on at the other replica, on the same upstream
+    // session: the drained replica did not end it.
+    let echoed = at(&client, &other.url).call_tool("web__echo", json!({"after": "drain"})).await;
+    assert_eq!(text_of(&echoed), r#"{"after":"drain"}"#);
+    assert_eq!(
+        web.mock.initialize_count(),
+        inits,
+        "the client's upstream session was not ended: none was opened again"
+    );
+    assert_eq!(web.mock.deleted_sessions(), deletes + 1, "the drain ended only the router's own catalog session");
+    other.stop().await;
+}
