@@ -6,7 +6,11 @@
 //!   that has not served it yet), on the machine's Redis;
 //! - a full `tools/call` through the router to the mock upstream, with the
 //!   memory store, with Redis at the default `cache = "2s"`, and with Redis
-//!   checked on every request (`cache = "0s"`, the worst case).
+//!   checked on every request (`cache = "0s"`, the worst case);
+//! - a `tools/call` answered as SSE (three progress events, then the result),
+//!   with the memory store and with Redis, where every event of the stream
+//!   is also copied to Redis for resumption at another replica (behind the
+//!   request, by a write queue: the figure shows what that costs the call).
 //!
 //! Redis is `SWITCHBOARD_BENCH_REDIS` (default `redis://127.0.0.1:6379`);
 //! without it only the memory store is measured. `cargo bench --bench
@@ -24,6 +28,7 @@ use switchboard_benches::rig::Rig;
 
 const CALL: &[u8] =
     br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"u0__echo","arguments":{"text":"hello"}}}"#;
+const STREAMED: &[u8] = br#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"u0__progress","arguments":{"steps":3,"interval_ms":0},"_meta":{"progressToken":1}}}"#;
 
 /// p50 and p99 of `samples`, in microseconds.
 fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
@@ -87,9 +92,14 @@ fn store_ops(rt: &tokio::runtime::Runtime, name: &str, store: Arc<dyn SessionSto
 
 /// Times `n` sequential `tools/call`s over one keep-alive connection.
 fn routed_calls(extra: &str, n: usize) -> Vec<Duration> {
+    timed_calls(extra, CALL, n)
+}
+
+/// Times `n` sequential requests `body` over one keep-alive connection.
+fn timed_calls(extra: &str, body: &[u8], n: usize) -> Vec<Duration> {
     let rig = Rig::start_with(1, 0, extra);
     let mut conn = rig.connect();
-    let request = rig.request(&conn, CALL);
+    let request = rig.request(&conn, body);
     for _ in 0..n.min(1_000) {
         assert_eq!(conn.send(&request).status, 200);
     }
@@ -144,5 +154,18 @@ fn main() {
         cached_p99 - memory_p99,
         every_p50 - memory_p50,
         every_p99 - memory_p99
+    );
+
+    println!();
+    println!("tools/call answered as SSE, 5 events (µs)         p50       p99");
+    let streamed = calls / 4;
+    let (memory_p50, memory_p99) = row("memory store", &mut timed_calls("", STREAMED, streamed));
+    let (shared_p50, shared_p99) =
+        row("redis store (stream copied to Redis)", &mut timed_calls(&redis("2s"), STREAMED, streamed));
+    println!();
+    println!(
+        "added by copying the stream to Redis: p50 {:+.1} µs, p99 {:+.1} µs",
+        shared_p50 - memory_p50,
+        shared_p99 - memory_p99
     );
 }

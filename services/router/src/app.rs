@@ -22,6 +22,7 @@ use crate::metrics::Metrics;
 use crate::ratelimit::Limiter;
 use crate::session::{Session, Sessions};
 use crate::session_store::{Repair, SessionStore, Stored, Touch};
+use crate::shared_streams::SharedStreams;
 use crate::store::Database;
 use crate::tenancy::Directory;
 use crate::upstream::{self, Inbox, Upstream};
@@ -38,6 +39,8 @@ pub struct App {
     pub sessions: Sessions,
     /// Where sessions live between requests: memory, or Redis shared by replicas.
     pub store: Arc<dyn SessionStore>,
+    /// With the Redis session store: event streams every replica reads.
+    pub shared_streams: Option<Arc<SharedStreams>>,
     pub metrics: Arc<Metrics>,
     /// Tenants and API keys (an in-memory copy of the database's).
     pub directory: Arc<Directory>,
@@ -93,10 +96,18 @@ impl App {
             ),
             None => None,
         };
-        let store = crate::session_store::build(
-            redis.clone().filter(|_| config.sessions.redis),
-            config.server.session_idle_timeout,
-        );
+        let shared = redis.clone().filter(|_| config.sessions.redis);
+        // The streams get a connection of their own (see shared_streams.rs).
+        let shared_streams = match (&config.redis.url, config.sessions.redis) {
+            (Some(url), true) => Some(SharedStreams::start(
+                crate::redis_link::RedisLink::new(url, &config.redis.key_prefix, crate::shared_streams::TIMEOUT)
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
+                config.server.session_idle_timeout,
+                metrics.clone(),
+            )),
+            _ => None,
+        };
+        let store = crate::session_store::build(shared, config.server.session_idle_timeout);
         let limiter = Limiter::new(redis.map(crate::ratelimit::cluster::Shared::new), metrics.clone());
         let reserved: Vec<String> = config
             .upstreams
@@ -119,7 +130,7 @@ impl App {
                 })
             })
             .collect();
-        Ok(Arc::new_cyclic(|me: &Weak<App>| {
+        let app = Arc::new_cyclic(|me: &Weak<App>| {
             let for_inbox = me.clone();
             let inbox = Box::new(move |u: usize| -> Arc<dyn Inbox> {
                 Arc::new(ControlInbox { app: for_inbox.clone(), upstream: u })
@@ -136,6 +147,7 @@ impl App {
                 upstreams,
                 sessions: Sessions::default(),
                 store,
+                shared_streams,
                 metrics,
                 directory,
                 limiter,
@@ -146,7 +158,20 @@ impl App {
                 shutting_down: AtomicBool::new(false),
                 legacy: Mutex::new(HashMap::new()),
             }
-        }))
+        });
+        if let Some(shared) = &app.shared_streams {
+            let weak = Arc::downgrade(&app);
+            shared.on_cancel(Box::new(move |session, notification| {
+                let Some(app) = weak.upgrade() else { return };
+                let Some(session) = app.sessions.get(session) else { return };
+                tokio::spawn(async move {
+                    if let Ok(env) = Envelope::parse(&notification) {
+                        crate::downstream::cancel_here(&app, &session, &env, &notification).await;
+                    }
+                });
+            }));
+        }
+        Ok(app)
     }
 
     /// Migrates the database (if configured to) and loads tenants and keys;
@@ -217,10 +242,29 @@ impl App {
 
     /// First step of shutdown: refuse new sessions and end every GET stream
     /// (clients reconnect elsewhere); requests in flight go on.
+    /// With shared streams, the streams of requests in flight are handed off
+    /// too: copied to Redis and ended here, for their clients to resume at
+    /// another replica while this one finishes the requests.
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::Relaxed);
         for session in self.sessions.all() {
             session.close_stream();
+            session.hand_off_streams();
+        }
+    }
+
+    /// Waits (at most `limit`) until no request of any session is in flight
+    /// here: answers whose streams were handed off are still being relayed.
+    pub async fn wait_for_requests(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if !self.sessions.all().iter().any(|s| s.has_inflight()) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -236,6 +280,13 @@ impl App {
                 } else {
                     session.close().await;
                 }
+            }
+        }
+        if let Some(shared) = &self.shared_streams {
+            // Events still queued for Redis (answers relayed for streams
+            // handed off) go out before the process does.
+            if !shared.flush(self.config.server.shutdown_grace).await {
+                tracing::warn!("shutting down with shared stream events not yet written to Redis");
             }
         }
         self.catalog.close().await;
@@ -261,7 +312,7 @@ impl App {
         let note = jsonrpc::request(None, ListKind::Tools.changed_notification(), None);
         for session in self.sessions.all() {
             if &*session.tenant == tenant {
-                session.push(note.clone());
+                session.announce(note.clone(), ListKind::Tools.changed_notification());
             }
         }
     }
@@ -270,7 +321,7 @@ impl App {
     fn announce(&self, kind: ListKind) {
         let note = jsonrpc::request(None, kind.changed_notification(), None);
         for session in self.sessions.all() {
-            session.push(note.clone());
+            session.announce(note.clone(), kind.changed_notification());
         }
     }
 
@@ -372,8 +423,15 @@ impl App {
         };
         let known =
             stored.upstreams.iter().filter_map(|(name, at)| Some((self.upstream_index(name)?, at.clone()))).collect();
-        let Some(session) = Session::adopt(Arc::from(id), &stored.record, known, self.upstreams.len(), self.epoch)
-        else {
+        let adopted = Session::adopt(
+            Arc::from(id),
+            &stored.record,
+            known,
+            self.upstreams.len(),
+            self.epoch,
+            self.shared_streams.clone(),
+        );
+        let Some(session) = adopted else {
             tracing::warn!(session = id, "a stored session names an unknown protocol version; treated as unknown");
             return Ok(None);
         };
@@ -434,7 +492,10 @@ impl App {
 
     /// Ends a session for good (DELETE, expiry): its channels here and every
     /// upstream session the store lists for it, wherever it was opened.
-    pub async fn end_session(&self, local: Option<Arc<Session>>, stored: Option<Stored>) {
+    pub async fn end_session(&self, id: &str, local: Option<Arc<Session>>, stored: Option<Stored>) {
+        if let Some(shared) = &self.shared_streams {
+            shared.forget(&Arc::from(id));
+        }
         let mut closed: Vec<Option<upstream::UpstreamSession>> = vec![None; self.upstreams.len()];
         if let Some(session) = &local {
             for (u, channel) in session.open_channels() {
@@ -477,7 +538,7 @@ impl App {
                         }
                     }
                     let local = self.sessions.remove(&id);
-                    self.end_session(local, Some(stored)).await;
+                    self.end_session(&id, local, Some(stored)).await;
                 }
             }
             Err(e) => {

@@ -12,6 +12,10 @@
 //!
 //! Logs are bounded (events and bytes); a reader asking for events older than
 //! the log keeps gets what is left.
+//!
+//! A log can be *spilled* ([`Log::spill`]) into the streams shared by every
+//! replica (`shared_streams.rs`): what it keeps and every later event are
+//! copied there, so that the client resumes the stream at any replica.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -20,6 +24,8 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::sync::{mpsc, Notify};
+
+use crate::shared_streams::SharedStreams;
 
 /// Events kept per stream.
 const MAX_EVENTS: usize = 512;
@@ -45,6 +51,9 @@ struct State {
     delivered: Option<u64>,
     /// Readers running now.
     readers: usize,
+    /// Where every event is copied once the log is spilled: the shared
+    /// streams and the session's id.
+    mirror: Option<(Arc<SharedStreams>, Arc<str>)>,
 }
 
 impl Log {
@@ -60,6 +69,7 @@ impl Log {
                 cuts: 0,
                 delivered: None,
                 readers: 0,
+                mirror: None,
             }),
             changed: Notify::new(),
         })
@@ -85,6 +95,9 @@ impl Log {
             let seq = state.next;
             state.next += 1;
             let event = encode(self.stream, seq, retry, data);
+            if let Some((shared, session)) = &state.mirror {
+                shared.spill(session, self.stream, seq, event.clone());
+            }
             state.bytes += event.len();
             state.events.push_back((seq, event));
             while state.events.len() > MAX_EVENTS || (state.bytes > MAX_BYTES && state.events.len() > 1) {
@@ -98,8 +111,40 @@ impl Log {
 
     /// No more events will come.
     pub fn close(&self) {
-        self.state.lock().expect("lock").closed = true;
+        {
+            let mut state = self.state.lock().expect("lock");
+            if !state.closed {
+                if let Some((shared, session)) = &state.mirror {
+                    shared.spill_closed(session, self.stream);
+                }
+            }
+            state.closed = true;
+        }
         self.changed.notify_waiters();
+    }
+
+    /// Copies the log into the shared streams, the events it keeps now and
+    /// every later one (in order: under the log's lock), so that a client
+    /// can resume it at another replica. Once is enough: `false` if it was
+    /// spilled already.
+    pub fn spill(&self, shared: &Arc<SharedStreams>, session: &Arc<str>) -> bool {
+        let mut state = self.state.lock().expect("lock");
+        if state.mirror.is_some() {
+            return false;
+        }
+        for (seq, event) in &state.events {
+            shared.spill(session, self.stream, *seq, event.clone());
+        }
+        if state.closed {
+            shared.spill_closed(session, self.stream);
+        }
+        state.mirror = Some((shared.clone(), session.clone()));
+        true
+    }
+
+    /// Whether no more events will come.
+    pub fn is_closed(&self) -> bool {
+        self.state.lock().expect("lock").closed
     }
 
     /// Ends the responses reading this log now; later readers go on.
@@ -181,7 +226,7 @@ impl Drop for ReaderCount {
 }
 
 /// `id: STREAM-SEQ`, an optional `retry:`, then the data lines.
-fn encode(stream: u64, seq: u64, retry: Option<Duration>, data: &[u8]) -> Bytes {
+pub(crate) fn encode(stream: u64, seq: u64, retry: Option<Duration>, data: &[u8]) -> Bytes {
     let id = format!("{stream}-{seq}");
     match retry {
         None => switchboard_protocol::sse::encode_event(Some(&id), None, data),

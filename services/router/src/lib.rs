@@ -45,6 +45,7 @@ pub mod redis_link;
 mod server;
 mod session;
 pub mod session_store;
+mod shared_streams;
 pub mod store;
 pub mod tenancy;
 pub mod upstream;

@@ -81,6 +81,7 @@ pub struct Metrics {
     sessions_adopted: IntCounter,
     sessions_repaired: IntCounter,
     session_store_errors: IntCounterVec,
+    stream_events_dropped: IntCounter,
     upstream_sessions_resumed: IntCounterVec,
     upstream_replica_up: IntGaugeVec,
     rejections: IntCounterVec,
@@ -265,6 +266,11 @@ impl Metrics {
             &["op"]
         )
         .expect("valid"));
+        let stream_events_dropped = reg!(IntCounter::new(
+            "switchboard_stream_events_dropped_total",
+            "Events for streams shared across replicas dropped because the queue to Redis was full."
+        )
+        .expect("valid"));
         let upstream_replica_up = reg!(IntGaugeVec::new(
             Opts::new(
                 "switchboard_upstream_replica_up",
@@ -425,6 +431,7 @@ impl Metrics {
             sessions_adopted,
             sessions_repaired,
             session_store_errors,
+            stream_events_dropped,
             upstream_sessions_resumed,
             upstream_replica_up,
             rejections,
@@ -493,6 +500,10 @@ impl Metrics {
 
     pub fn session_store_error(&self, op: &str) {
         self.session_store_errors.with_label_values(&[op]).inc();
+    }
+
+    pub fn stream_event_dropped(&self) {
+        self.stream_events_dropped.inc();
     }
 
     pub fn set_upstream_replica_up(&self, upstream: &str, replica: &str, up: bool) {

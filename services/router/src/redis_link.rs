@@ -74,6 +74,16 @@ impl RedisLink {
         Ok(manager.clone())
     }
 
+    /// A new connection for subscriptions (one per replica: see
+    /// `shared_streams.rs`), bounded by the connection timeout.
+    pub async fn pubsub(&self) -> Result<redis::aio::PubSub, RedisError> {
+        let limit = self.timeout.max(Duration::from_millis(200));
+        tokio::time::timeout(limit, self.client.get_async_pubsub())
+            .await
+            .map_err(|_| RedisError::Timeout(limit))?
+            .map_err(RedisError::from)
+    }
+
     /// Runs `work` on the connection within the timeout, unless Redis failed
     /// less than a second ago. A failure starts that second. Callers log.
     pub async fn call<T, F, Fut>(&self, work: F) -> Result<T, RedisError>

@@ -122,7 +122,10 @@ pub async fn serve_with(
     tracing::info!("shutting down: draining requests in flight");
     app.begin_shutdown();
     let grace = app.config.server.shutdown_grace;
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    let deadline = tokio::time::Instant::now() + grace;
+    let drained = tokio::time::timeout(grace, graceful.shutdown()).await.is_ok()
+        && app.wait_for_requests(deadline.saturating_duration_since(tokio::time::Instant::now())).await;
+    if !drained {
         tracing::warn!(?grace, "requests still in flight after the shutdown grace period; closing anyway");
     }
     let _ = stop_others.send(true);

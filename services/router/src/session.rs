@@ -15,7 +15,7 @@
 //! receives comes through its own channels or its own streams.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,7 @@ use crate::catalog::naming::fnv1a64;
 use crate::error::Error;
 use crate::events::Log;
 use crate::session_store::{Record, Stored};
+use crate::shared_streams::SharedStreams;
 use crate::upstream::{Channel, Hello, Inbox, UpstreamSession};
 
 /// Events buffered between a stream's log and its HTTP response.
@@ -70,6 +71,11 @@ pub struct Session {
     /// Recent request streams, for resumption.
     streams: Mutex<VecDeque<Arc<Log>>>,
     next_stream: AtomicU64,
+    /// With a shared session store: the streams every replica reads, where
+    /// stream 0 lives and request streams go when their client leaves early.
+    shared: Option<Arc<SharedStreams>>,
+    /// Readers of shared streams running here.
+    shared_readers: Arc<AtomicUsize>,
     /// Milliseconds since the router started, at the last request.
     last_used: AtomicU64,
     epoch: Instant,
@@ -99,7 +105,7 @@ impl Session {
         upstreams: usize,
         epoch: Instant,
     ) -> Arc<Self> {
-        Self::build(new_session_id(), tenant, Kind::Private, version, capabilities, upstreams, epoch)
+        Self::build(new_session_id(), tenant, Kind::Private, version, capabilities, upstreams, epoch, None)
     }
 
     /// A new Streamable HTTP session with a fresh random id, to be kept in
@@ -110,8 +116,9 @@ impl Session {
         capabilities: Arc<RawValue>,
         upstreams: usize,
         epoch: Instant,
+        shared: Option<Arc<SharedStreams>>,
     ) -> Arc<Self> {
-        Self::build(new_session_id(), tenant, Kind::Stored, version, capabilities, upstreams, epoch)
+        Self::build(new_session_id(), tenant, Kind::Stored, version, capabilities, upstreams, epoch, shared)
     }
 
     /// A stored session another replica created (or this one, before it
@@ -122,11 +129,12 @@ impl Session {
         known: HashMap<usize, UpstreamSession>,
         upstreams: usize,
         epoch: Instant,
+        shared: Option<Arc<SharedStreams>>,
     ) -> Option<Arc<Self>> {
         let version = ProtocolVersion::parse(&record.version)?;
         let capabilities: Arc<RawValue> = Arc::from(RawValue::from_string(record.capabilities.clone()).ok()?);
-        let session =
-            Self::build(id, Arc::from(record.tenant.as_str()), Kind::Stored, version, capabilities, upstreams, epoch);
+        let tenant = Arc::from(record.tenant.as_str());
+        let session = Self::build(id, tenant, Kind::Stored, version, capabilities, upstreams, epoch, shared);
         *session.known.lock().expect("lock") = known;
         Some(session)
     }
@@ -140,7 +148,7 @@ impl Session {
         upstreams: usize,
         epoch: Instant,
     ) -> Arc<Self> {
-        Self::build(id, tenant, Kind::Legacy, version, capabilities, upstreams, epoch)
+        Self::build(id, tenant, Kind::Legacy, version, capabilities, upstreams, epoch, None)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -152,8 +160,18 @@ impl Session {
         capabilities: Arc<RawValue>,
         upstreams: usize,
         epoch: Instant,
+        shared: Option<Arc<SharedStreams>>,
     ) -> Arc<Self> {
         let now_ms = epoch.elapsed().as_millis() as u64;
+        // Stream numbers are unique in the session across replicas: each
+        // replica's copy counts from its own random start.
+        let first_stream = if shared.is_some() {
+            let mut raw = [0u8; 4];
+            getrandom::fill(&mut raw).expect("the OS provides randomness");
+            (u64::from(u32::from_le_bytes(raw)) << 16) + 1
+        } else {
+            1
+        };
         Arc::new_cyclic(|me| Session {
             id,
             tenant,
@@ -168,7 +186,9 @@ impl Session {
             standalone: Log::new(0),
             listening: AtomicBool::new(false),
             streams: Mutex::new(VecDeque::new()),
-            next_stream: AtomicU64::new(1),
+            next_stream: AtomicU64::new(first_stream),
+            shared,
+            shared_readers: Arc::new(AtomicUsize::new(0)),
             last_used: AtomicU64::new(now_ms),
             epoch,
             closed: AtomicBool::new(false),
@@ -191,7 +211,12 @@ impl Session {
     /// Whether the session is in use even without new requests: a request
     /// in flight, or a client reading its GET stream.
     pub fn busy(&self) -> bool {
-        !self.inflight.lock().expect("lock").is_empty() || self.standalone.has_readers()
+        self.has_inflight() || self.standalone.has_readers() || self.shared_readers.load(Ordering::Relaxed) > 0
+    }
+
+    /// Whether a request of the session is in flight here.
+    pub fn has_inflight(&self) -> bool {
+        !self.inflight.lock().expect("lock").is_empty()
     }
 
     /// The channel to upstream `u`, opened on first use with this client's
@@ -320,12 +345,30 @@ impl Session {
     /// Sends a message on the session's GET stream, or keeps it (bounded)
     /// for when one opens.
     pub fn push(&self, message: Bytes) {
-        self.standalone.push(&message);
+        match &self.shared {
+            Some(shared) => shared.push(&self.id, message),
+            None => self.standalone.push(&message),
+        }
     }
 
-    /// A new stream for the answer to one request.
+    /// Sends an announcement (`what`: a list change) on the GET stream; with
+    /// shared streams, once however many replicas announce it.
+    pub fn announce(&self, message: Bytes, what: &'static str) {
+        match &self.shared {
+            Some(shared) => shared.announce(&self.id, message, what),
+            None => self.standalone.push(&message),
+        }
+    }
+
+    /// A new stream for the answer to one request. With shared streams, its
+    /// events are copied to Redis from the first, so that the client can
+    /// resume it at any replica (the copy is written behind, off the
+    /// request's path).
     pub fn new_stream(&self) -> Arc<Log> {
         let log = Log::new(self.next_stream.fetch_add(1, Ordering::Relaxed));
+        if let Some(shared) = &self.shared {
+            log.spill(shared, &self.id);
+        }
         let mut streams = self.streams.lock().expect("lock");
         // A stream whose every event reached the client needs no replay.
         streams.retain(|l| !l.finished());
@@ -350,18 +393,99 @@ impl Session {
                 (log, Some(seq))
             }
         };
-        // Only one response reads a stream at a time: a reconnecting client
-        // takes over from the connection it lost.
-        log.cut();
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let standalone = log.stream == 0;
-        tokio::spawn(log.reader(after, tx));
-        if standalone && !self.listening.swap(true, Ordering::Relaxed) {
+        let rx = self.read_log(log, after);
+        if standalone {
+            self.listen();
+        }
+        Ok(rx)
+    }
+
+    /// From the first GET on, upstream channels listen for messages not
+    /// tied to a request.
+    fn listen(&self) {
+        if !self.listening.swap(true, Ordering::Relaxed) {
             for (_, channel) in self.open_channels() {
                 channel.listen();
             }
         }
+    }
+
+    /// Reads a log of this replica's for one response. Only one response
+    /// reads a stream at a time: a reconnecting client takes over from the
+    /// connection it lost.
+    fn read_log(&self, log: Arc<Log>, after: Option<u64>) -> mpsc::Receiver<Bytes> {
+        log.cut();
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        self.serve_log(log, after, tx);
+        rx
+    }
+
+    /// Sends a log's events after `after` into `tx`, from a task.
+    pub fn serve_log(&self, log: Arc<Log>, after: Option<u64>, tx: mpsc::Sender<Bytes>) {
+        tokio::spawn(log.reader(after, tx));
+    }
+
+    /// Opens an SSE stream for a GET ([`open_stream`](Self::open_stream)).
+    /// With shared streams, stream 0 is read from Redis, as is a request
+    /// stream another replica spilled; the upstream sessions this session
+    /// has are resumed here to listen, as on the replica that opened them.
+    pub async fn open_get(&self, app: &Arc<App>, resume: Option<(u64, u64)>) -> Result<mpsc::Receiver<Bytes>, Error> {
+        let Some(shared) = self.shared.clone() else { return self.open_stream(resume) };
+        let stream = resume.map_or(0, |(stream, _)| stream);
+        if stream != 0 {
+            let local = self.streams.lock().expect("lock").iter().find(|l| l.stream == stream).cloned();
+            if let Some(log) = local {
+                return Ok(self.read_log(log, resume.map(|(_, seq)| seq)));
+            }
+        }
+        self.shared_readers.fetch_add(1, Ordering::Relaxed);
+        let guard = Arc::new(ReaderGuard(self.shared_readers.clone()));
+        let after = resume.map(|(_, seq)| seq);
+        let open = |tx, guard| async {
+            shared.reader(&self.id, stream, after, tx, guard).await.map_err(|e| {
+                app.metrics.session_store_error("stream_open");
+                tracing::debug!(error = %e, "cannot open a shared stream");
+                Error::SessionStoreDown
+            })
+        };
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let mut opened = open(tx.clone(), guard.clone()).await?;
+        if !opened && stream != 0 {
+            // Its replica writes a request stream to Redis behind the
+            // request: give a client that came back at once a moment.
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            opened = open(tx, guard).await?;
+        }
+        if !opened {
+            return Err(Error::UnknownStream);
+        }
+        if stream == 0 {
+            let known: Vec<usize> = self.known.lock().expect("lock").keys().copied().collect();
+            for u in known {
+                let _ = self.existing_channel(app, u).await;
+            }
+            self.listen();
+        }
         Ok(rx)
+    }
+
+    /// Ends the session's unanswered request streams here (they are in the
+    /// shared streams): their clients resume them at another replica (a
+    /// draining replica's hand-off). Only for clients that resume request
+    /// streams (2025-11-25 and later); others keep reading here.
+    pub fn hand_off_streams(&self) {
+        let Some(shared) = &self.shared else { return };
+        if self.version < ProtocolVersion::V2025_11_25 {
+            return;
+        }
+        let streams: Vec<Arc<Log>> = self.streams.lock().expect("lock").iter().cloned().collect();
+        for log in streams {
+            if !log.is_closed() {
+                log.spill(shared, &self.id);
+                log.cut();
+            }
+        }
     }
 
     /// A server-to-client request from upstream `u`, with an id of the
@@ -460,7 +584,19 @@ impl Session {
     pub fn close_stream(&self) {
         if !self.legacy {
             self.standalone.cut();
+            if let Some(shared) = &self.shared {
+                shared.cut_session(&self.id);
+            }
         }
+    }
+}
+
+/// Counts a shared-stream reader of a session while it runs.
+struct ReaderGuard(Arc<AtomicUsize>);
+
+impl Drop for ReaderGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -117,6 +117,24 @@ fn at(client: &Client, url: &str) -> Client {
     other
 }
 
+/// An upstream, two replicas sharing Redis with sessions idle for `idle`,
+/// and one session seen from each.
+async fn two_replicas(idle: &str) -> (MockServer, Router, Router, Client, Client) {
+    let web = MockServer::start(mock_named("web")).await;
+    let config = replica_config(&redis_url(), &unique("sbtest:"), &web.url, idle);
+    let (a, b) = (Router::start(&config).await, Router::start(&config).await);
+    let mut on_a = Client::new(&a.url);
+    on_a.initialize().await;
+    let on_b = at(&on_a, &b.url);
+    (web, a, b, on_a, on_b)
+}
+
+/// Has the mock announce an update of its `hello` resource, through `client`.
+async fn touch(client: Client) {
+    let told = client.call_tool("web__touch", json!({"uri": "mock://web/hello"})).await;
+    assert_eq!(text_of(&told), "told 1 subscribers", "{told}");
+}
+
 /// A sampling round trip: the call goes to `caller`, the answer to `answerer`.
 async fn sampling_round_trip(caller: &Client, answerer: &Client, prompt: &str) {
     let (status, _, mut stream) =
@@ -197,12 +215,7 @@ async fn two_replicas_serve_one_session_alternately_on_one_upstream_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_session_expires_once_across_replicas_and_its_upstream_session_ends() {
-    let web = MockServer::start(mock_named("web")).await;
-    let config = replica_config(&redis_url(), &unique("sbtest:"), &web.url, "1s");
-    let (a, b) = (Router::start(&config).await, Router::start(&config).await);
-    let mut on_a = Client::new(&a.url);
-    on_a.initialize().await;
-    let on_b = at(&on_a, &b.url);
+    let (web, a, b, on_a, on_b) = two_replicas("1s").await;
     on_a.call_tool("web__echo", json!({})).await;
     on_b.call_tool("web__echo", json!({})).await;
     let deleted_before = web.mock.deleted_sessions();
@@ -287,10 +300,48 @@ async fn a_replica_killed_mid_sequence_loses_nothing_it_answered_and_the_other_g
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // And a call answered as SSE: its events so far were sent, so they were promised.
+    let (status, _, mut streamed) = on_killed
+        .request_stream(
+            "tools/call",
+            json!({"name": "web__progress", "arguments": {"steps": 50, "interval_ms": 100}, "_meta": {"progressToken": "k"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let mut seen = Vec::new();
+    let mut first_id = None;
+    while seen.len() < 3 {
+        let event = streamed.next_event(Duration::from_secs(5)).await.expect("progress before the kill");
+        if event.data.is_empty() {
+            continue;
+        }
+        let message: Value = serde_json::from_slice(&event.data).unwrap();
+        seen.push(message["params"]["progress"].as_u64().expect("progress"));
+        first_id = first_id.or(event.id);
+    }
+    // Copies to Redis go behind the stream (milliseconds): let them catch up.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     killed.child.start_kill().unwrap();
     killed.child.wait().await.unwrap();
     assert!(in_flight.await.is_err(), "the call in flight died with its replica (no answer was promised)");
+    // Resumed at the survivor after the first event: every event the dead
+    // replica sent comes again, then the stream ends (its request will
+    // never be answered) instead of hanging.
+    let (status, mut resumed) = on_survivor.resume_stream(first_id.as_deref()).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut replayed = Vec::new();
+    let resumed_at = std::time::Instant::now();
+    while let Some(message) = resumed.next(Duration::from_secs(30)).await {
+        assert_eq!(message["method"], "notifications/progress", "no answer from a dead replica: {message}");
+        replayed.push(message["params"]["progress"].as_u64().unwrap());
+    }
+    assert!(replayed.len() >= 2, "at least what the client saw after its first event: {replayed:?}");
+    assert_eq!(replayed, (2..2 + replayed.len() as u64).collect::<Vec<_>>(), "in order, nothing lost");
+    assert!(replayed.len() < 50);
+    assert!(
+        resumed_at.elapsed() < Duration::from_secs(29),
+        "the stream ended; it did not hang until the test's timeout"
+    );
 
     // The same session id goes on at the other replica, on the same upstream session.
     for i in 6..10 {
@@ -317,9 +368,27 @@ async fn redis_restarting_costs_no_live_session() {
     old.initialize().await;
     old.call_tool("web__echo", json!({})).await;
     at(&old, &b.url).call_tool("web__echo", json!({})).await;
+    // A GET stream at A that hears resource updates.
+    let uri = "web+mock://web/hello";
+    assert_eq!(old.call("resources/subscribe", json!({"uri": uri})).await["result"], json!({}));
+    let mut stream = old.open_stream().await;
+    let mut last_id = None;
+    for _ in 0..50 {
+        touch(old.clone()).await;
+        if let Some((id, _)) = next_update(&mut stream, Duration::from_millis(200)).await {
+            last_id = Some(id);
+            break;
+        }
+    }
+    let last_id = last_id.expect("an update on the GET stream before the outage");
 
     redis.stop();
     tokio::time::sleep(Duration::from_millis(200)).await;
+    // An update during the outage waits in A's queue; a GET elsewhere
+    // cannot be served and says so.
+    touch(old.clone()).await;
+    let (status, _) = at(&old, &b.url).resume_stream(Some(&last_id)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     // Both replicas hold the session: it keeps working on each.
     for url in [&a.url, &b.url] {
         let echoed = at(&old, url).call_tool("web__echo", json!({"during": "outage"})).await;
@@ -350,6 +419,15 @@ async fn redis_restarting_costs_no_live_session() {
     })
     .await;
     assert!(repaired, "replica a wrote both sessions back");
+    // The update made during the outage reached Redis once it was back:
+    // the client resumes its GET stream at B and gets it.
+    drop(stream);
+    let (status, mut resumed) = at(&old, &b.url).resume_stream(Some(&last_id)).await;
+    assert_eq!(status, StatusCode::OK);
+    let (id, update) =
+        next_update(&mut resumed, Duration::from_secs(10)).await.expect("the update made during the outage");
+    assert_eq!(update["params"]["uri"], uri);
+    assert!(seq_of(&id).1 > seq_of(&last_id).1, "numbered after what the client saw: {id} after {last_id}");
     let echoed = at(&new, &b.url).call_tool("web__echo", json!({"new": 2})).await;
     assert_eq!(text_of(&echoed), r#"{"new":2}"#);
     // Both replicas held the old session: each checks it against the store
@@ -444,7 +522,7 @@ async fn sessions_spread_over_upstream_replicas_and_move_when_one_is_killed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_drains_a_replica_and_leaves_its_sessions_to_the_others() {
+async fn sigterm_drains_a_replica_hands_its_streams_off_and_leaves_its_sessions_to_the_others() {
     let web = MockServer::start(mock_named("web")).await;
     let config = replica_config(&redis_url(), &unique("sbtest:"), &web.url, "30m");
     let (mut draining, draining_url, _file) = router_process(&config).await;
@@ -459,11 +537,62 @@ async fn sigterm_drains_a_replica_and_leaves_its_sessions_to_the_others() {
         let client = client.clone();
         tokio::spawn(async move { client.call_tool("web__sleep", json!({"ms": 1500})).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A streamed call in flight is handed off: its stream ends here, the
+    // client resumes it at the other replica, and the answer arrives there.
+    let (status, _, mut streamed) = client
+        .request_stream(
+            "tools/call",
+            json!({"name": "web__progress", "arguments": {"steps": 8, "interval_ms": 200}, "_meta": {"progressToken": "d"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let mut progress = Vec::new();
+    let mut last_id = None;
+    // Reads one event: a progress step is recorded, the answer returned.
+    fn read(
+        event: switchboard_protocol::sse::Event,
+        progress: &mut Vec<u64>,
+        last_id: &mut Option<String>,
+    ) -> Option<Value> {
+        if event.id.is_some() {
+            *last_id = event.id;
+        }
+        if event.data.is_empty() {
+            return None;
+        }
+        let message: Value = serde_json::from_slice(&event.data).unwrap();
+        match message["params"]["progress"].as_u64() {
+            Some(step) => {
+                progress.push(step);
+                None
+            }
+            None => Some(message),
+        }
+    }
+    while progress.is_empty() {
+        let event = streamed.next_event(Duration::from_secs(5)).await.expect("the first progress event");
+        assert!(read(event, &mut progress, &mut last_id).is_none());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let pid = nix::unistd::Pid::from_raw(draining.child.id().expect("running") as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let finished = in_flight.await.expect("the call in flight got its answer");
     assert_eq!(text_of(&finished), "slept 1500 ms");
+    while let Some(event) = streamed.next_event(Duration::from_secs(5)).await {
+        assert!(read(event, &mut progress, &mut last_id).is_none(), "the answer is not sent at the draining replica");
+    }
+    assert!(progress.len() < 8, "the stream was handed off before the answer: {progress:?}");
+    let last = last_id.clone().expect("event ids");
+    let (status, mut resumed) = at(&client, &other.url).resume_stream(Some(&last)).await;
+    assert_eq!(status, StatusCode::OK);
+    let answer = loop {
+        let event = resumed.next_event(Duration::from_secs(10)).await.expect("the rest of the handed-off stream");
+        if let Some(answer) = read(event, &mut progress, &mut last_id) {
+            break answer;
+        }
+    };
+    assert_eq!(text_of(&answer), "done after 8 steps");
+    assert_eq!(progress, (1..=8).collect::<Vec<u64>>(), "every progress event once, in order, across both replicas");
     let status = tokio::time::timeout(Duration::from_secs(15), draining.child.wait()).await.unwrap().unwrap();
     assert!(status.success(), "a drained router exits 0: {status:?}");
 
@@ -478,4 +607,148 @@ async fn sigterm_drains_a_replica_and_leaves_its_sessions_to_the_others() {
     );
     assert_eq!(web.mock.deleted_sessions(), deletes + 1, "the drain ended only the router's own catalog session");
     other.stop().await;
+}
+
+/// The next `notifications/resources/updated` on `stream` with its event id.
+async fn next_update(stream: &mut switchboard_test_support::EventStream, wait: Duration) -> Option<(String, Value)> {
+    loop {
+        let event = stream.next_event(wait).await?;
+        if event.data.is_empty() {
+            continue;
+        }
+        let message: Value = serde_json::from_slice(&event.data).expect("JSON event");
+        if message["method"] == "notifications/resources/updated" {
+            return Some((event.id.expect("events carry ids"), message));
+        }
+    }
+}
+
+fn seq_of(event_id: &str) -> (u64, u64) {
+    let (stream, seq) = event_id.split_once('-').expect("STREAM-SEQ");
+    (stream.parse().unwrap(), seq.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_stream_resumes_at_the_other_replica_with_last_event_id() {
+    let (_web, a, b, on_a, on_b) = two_replicas("30m").await;
+    let uri = "web+mock://web/hello";
+    assert_eq!(on_a.call("resources/subscribe", json!({"uri": uri})).await["result"], json!({}));
+
+    // The GET stream at A hears an update made through B (the upstream's
+    // own GET stream opens in the background: touch until one arrives).
+    let mut stream = on_a.open_stream().await;
+    let mut first = None;
+    for _ in 0..50 {
+        touch(on_b.clone()).await;
+        if let Some(update) = next_update(&mut stream, Duration::from_millis(200)).await {
+            first = Some(update);
+            break;
+        }
+    }
+    let (mut last_id, update) = first.expect("an update on the GET stream at A");
+    assert_eq!(update["params"]["uri"], uri);
+    while let Some((id, _)) = next_update(&mut stream, Duration::from_millis(300)).await {
+        last_id = id;
+    }
+    assert_eq!(seq_of(&last_id).0, 0, "the GET stream is stream 0");
+
+    // The client loses its connection; two updates happen meanwhile, through A and B.
+    drop(stream);
+    touch(on_a.clone()).await;
+    touch(on_b.clone()).await;
+
+    // It reconnects to B with the last id it saw: B replays what it missed.
+    let (status, mut resumed) = on_b.resume_stream(Some(&last_id)).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut missed = Vec::new();
+    for _ in 0..2 {
+        let (id, update) = next_update(&mut resumed, Duration::from_secs(5)).await.expect("a missed update");
+        assert_eq!(update["params"]["uri"], uri);
+        missed.push(seq_of(&id));
+    }
+    assert_eq!(missed, [(0, seq_of(&last_id).1 + 1), (0, seq_of(&last_id).1 + 2)], "exactly what followed");
+    assert!(next_update(&mut resumed, Duration::from_millis(300)).await.is_none(), "nothing twice");
+
+    // Live updates reach the client at B, whichever replica hears them.
+    touch(on_a.clone()).await;
+    let (live_id, _) = next_update(&mut resumed, Duration::from_secs(5)).await.expect("a live update at B");
+    assert_eq!(seq_of(&live_id), (0, seq_of(&last_id).1 + 3));
+
+    // A GET at A takes the stream over: the response at B ends, and the new
+    // one (no Last-Event-ID) goes on after what B delivered.
+    let mut again = on_a.open_stream().await;
+    let after_takeover = next_update(&mut resumed, Duration::from_secs(5)).await;
+    assert!(after_takeover.is_none(), "the response at B ended: {after_takeover:?}");
+    touch(on_b.clone()).await;
+    let (next_id, _) = next_update(&mut again, Duration::from_secs(5)).await.expect("an update at A again");
+    assert_eq!(seq_of(&next_id), (0, seq_of(&live_id).1 + 1), "after what was delivered, nothing replayed");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_stream_left_at_one_replica_resumes_at_the_other() {
+    let (_web, a, b, on_a, on_b) = two_replicas("30m").await;
+
+    let (status, _, mut stream) = on_a
+        .request_stream(
+            "tools/call",
+            json!({"name": "web__progress", "arguments": {"steps": 5, "interval_ms": 200}, "_meta": {"progressToken": "p"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let primed = stream.next_event(Duration::from_secs(5)).await.expect("the priming event");
+    assert!(primed.data.is_empty());
+    let first = stream.next_event(Duration::from_secs(5)).await.expect("the first progress event");
+    let first_message: Value = serde_json::from_slice(&first.data).unwrap();
+    assert_eq!(first_message["params"]["progress"], 1);
+    let first_id = first.id.expect("an event id");
+    assert_ne!(seq_of(&first_id).0, 0, "a request stream");
+    drop(stream);
+
+    // The client comes back at B, which never served this request.
+    let (status, mut resumed) = on_b.resume_stream(Some(&first_id)).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut progress = Vec::new();
+    let result = loop {
+        let message = resumed.next(Duration::from_secs(10)).await.expect("the rest of the stream");
+        if message["method"] == "notifications/progress" {
+            progress.push(message["params"]["progress"].as_u64().unwrap());
+        } else {
+            break message;
+        }
+    };
+    assert_eq!(progress, [2, 3, 4, 5], "every later event, once, in order");
+    assert_eq!(text_of(&result), "done after 5 steps");
+    assert!(resumed.next_event(Duration::from_secs(5)).await.is_none(), "the stream ends with the answer");
+
+    // A stream nobody spilled is unknown, at either replica.
+    let (status, _) = on_b.resume_stream(Some("999-0")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancellation_sent_to_another_replica_reaches_the_request() {
+    let (web, a, b, on_a, on_b) = two_replicas("30m").await;
+    let slow = on_a.clone();
+    let call = tokio::spawn(async move {
+        slow.post(json!({"jsonrpc": "2.0", "id": "cancel-me", "method": "tools/call",
+            "params": {"name": "web__progress", "arguments": {"steps": 10, "interval_ms": 100}, "_meta": {"progressToken": "c"}}}))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": "cancel-me", "reason": "changed my mind"}});
+    assert_eq!(on_b.post(note).await.status, StatusCode::ACCEPTED);
+    assert!(
+        eventually(Duration::from_secs(5), || async { web.mock.cancelled().contains(&"\"cancel-me\"".to_owned()) })
+            .await,
+        "the upstream heard the cancellation sent through B: {:?}",
+        web.mock.cancelled()
+    );
+    let _ = call.await;
+    a.stop().await;
+    b.stop().await;
 }

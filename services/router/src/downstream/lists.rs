@@ -116,7 +116,14 @@ pub async fn open_session(
         Some(legacy_id) => {
             Session::legacy(legacy_id, who.tenant.name.clone(), version, capabilities, app.upstreams.len(), app.epoch)
         }
-        None => Session::stored(who.tenant.name.clone(), version, capabilities, app.upstreams.len(), app.epoch),
+        None => Session::stored(
+            who.tenant.name.clone(),
+            version,
+            capabilities,
+            app.upstreams.len(),
+            app.epoch,
+            app.shared_streams.clone(),
+        ),
     };
     app.add_session(&session).await;
     let body = jsonrpc::result_response(id, &serde_json::to_vec(&result).expect("serializable"));

@@ -258,12 +258,10 @@ async fn set_level(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>) -
 async fn notification(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>, body: &Bytes) {
     match Method::from_name(env.method_str()) {
         Method::Cancelled => {
-            let request_id = env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.request_id);
-            let Some(u) = request_id.and_then(|id| session.inflight_upstream(id)) else { return };
-            if let Some(channel) = session.open_channel(u) {
-                if let Err(e) = channel.send(body.clone()).await {
-                    tracing::debug!(upstream = %app.upstreams[u].name, error = %e, "cancellation not delivered");
-                }
+            let here = cancel_here(app, session, env, body).await;
+            // If not here, perhaps another replica serves the request.
+            if let Some(shared) = app.shared_streams.as_ref().filter(|_| !here && session.stored) {
+                shared.broadcast_cancel(&session.id, body).await;
             }
         }
         Method::RootsListChanged => {
@@ -276,6 +274,19 @@ async fn notification(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>
         // `initialized` and anything else: nothing to pass on.
         _ => {}
     }
+}
+
+/// Passes a client's cancellation upstream if the request is in flight
+/// here; `false` if it is not.
+pub(crate) async fn cancel_here(app: &App, session: &Session, env: &Envelope<'_>, body: &Bytes) -> bool {
+    let request_id = env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.request_id);
+    let Some(u) = request_id.and_then(|id| session.inflight_upstream(id)) else { return false };
+    if let Some(channel) = session.open_channel(u) {
+        if let Err(e) = channel.send(body.clone()).await {
+            tracing::debug!(upstream = %app.upstreams[u].name, error = %e, "cancellation not delivered");
+        }
+    }
+    true
 }
 
 /// The client's answer to a request an upstream sent it.
@@ -326,7 +337,7 @@ async fn get(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
         return reject(app, None, Error::ShuttingDown);
     }
     session.touch();
-    match session.open_stream(resume) {
+    match session.open_get(app, resume).await {
         Ok(rx) => respond::sse(rx, app.config.server.keep_alive),
         Err(e) => reject(app, None, e),
     }
@@ -366,7 +377,7 @@ async fn delete(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
         return reject(app, None, Error::UnknownSession);
     };
     app.metrics.set_sessions(app.sessions.len());
-    app.end_session(Some(session), stored).await;
+    app.end_session(&session.id.clone(), Some(session), stored).await;
     let mut response = Response::new(Body::Empty);
     *response.status_mut() = StatusCode::OK;
     response
