@@ -72,7 +72,7 @@ pub struct Session {
     streams: Mutex<VecDeque<Arc<Log>>>,
     next_stream: AtomicU64,
     /// With a shared session store: the streams every replica reads, where
-    /// stream 0 lives and request streams go when their client leaves early.
+    /// stream 0 lives and request streams are copied as they go.
     shared: Option<Arc<SharedStreams>>,
     /// Readers of shared streams running here.
     shared_readers: Arc<AtomicUsize>,
