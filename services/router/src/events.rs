@@ -125,12 +125,11 @@ impl Log {
 
     /// Copies the log into the shared streams, the events it keeps now and
     /// every later one (in order: under the log's lock), so that a client
-    /// can resume it at another replica. Once is enough: `false` if it was
-    /// spilled already.
-    pub fn spill(&self, shared: &Arc<SharedStreams>, session: &Arc<str>) -> bool {
+    /// can resume it at another replica. Once is enough.
+    pub fn spill(&self, shared: &Arc<SharedStreams>, session: &Arc<str>) {
         let mut state = self.state.lock().expect("lock");
         if state.mirror.is_some() {
-            return false;
+            return;
         }
         for (seq, event) in &state.events {
             shared.spill(session, self.stream, *seq, event.clone());
@@ -139,7 +138,6 @@ impl Log {
             shared.spill_closed(session, self.stream);
         }
         state.mirror = Some((shared.clone(), session.clone()));
-        true
     }
 
     /// Whether no more events will come.

@@ -417,13 +417,8 @@ impl Session {
     fn read_log(&self, log: Arc<Log>, after: Option<u64>) -> mpsc::Receiver<Bytes> {
         log.cut();
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        self.serve_log(log, after, tx);
-        rx
-    }
-
-    /// Sends a log's events after `after` into `tx`, from a task.
-    pub fn serve_log(&self, log: Arc<Log>, after: Option<u64>, tx: mpsc::Sender<Bytes>) {
         tokio::spawn(log.reader(after, tx));
+        rx
     }
 
     /// Opens an SSE stream for a GET ([`open_stream`](Self::open_stream)).

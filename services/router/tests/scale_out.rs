@@ -135,6 +135,25 @@ async fn touch(client: Client) {
     assert_eq!(text_of(&told), "told 1 subscribers", "{told}");
 }
 
+/// Starts a `web__progress` call of `steps` steps `interval_ms` apart,
+/// answered as SSE; returns its open stream.
+async fn progress_call(
+    client: &Client,
+    steps: u64,
+    interval_ms: u64,
+    token: &str,
+) -> switchboard_test_support::EventStream {
+    let (status, _, stream) = client
+        .request_stream(
+            "tools/call",
+            json!({"name": "web__progress", "arguments": {"steps": steps, "interval_ms": interval_ms},
+                "_meta": {"progressToken": token}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    stream
+}
+
 /// A sampling round trip: the call goes to `caller`, the answer to `answerer`.
 async fn sampling_round_trip(caller: &Client, answerer: &Client, prompt: &str) {
     let (status, _, mut stream) =
@@ -301,13 +320,7 @@ async fn a_replica_killed_mid_sequence_loses_nothing_it_answered_and_the_other_g
         })
     };
     // And a call answered as SSE: its events so far were sent, so they were promised.
-    let (status, _, mut streamed) = on_killed
-        .request_stream(
-            "tools/call",
-            json!({"name": "web__progress", "arguments": {"steps": 50, "interval_ms": 100}, "_meta": {"progressToken": "k"}}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    let mut streamed = progress_call(&on_killed, 50, 100, "k").await;
     let mut seen = Vec::new();
     let mut first_id = None;
     while seen.len() < 3 {
@@ -539,13 +552,7 @@ async fn sigterm_drains_a_replica_hands_its_streams_off_and_leaves_its_sessions_
     };
     // A streamed call in flight is handed off: its stream ends here, the
     // client resumes it at the other replica, and the answer arrives there.
-    let (status, _, mut streamed) = client
-        .request_stream(
-            "tools/call",
-            json!({"name": "web__progress", "arguments": {"steps": 8, "interval_ms": 200}, "_meta": {"progressToken": "d"}}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    let mut streamed = progress_call(&client, 8, 200, "d").await;
     let mut progress = Vec::new();
     let mut last_id = None;
     // Reads one event: a progress step is recorded, the answer returned.
@@ -690,13 +697,7 @@ async fn a_get_stream_resumes_at_the_other_replica_with_last_event_id() {
 async fn a_request_stream_left_at_one_replica_resumes_at_the_other() {
     let (_web, a, b, on_a, on_b) = two_replicas("30m").await;
 
-    let (status, _, mut stream) = on_a
-        .request_stream(
-            "tools/call",
-            json!({"name": "web__progress", "arguments": {"steps": 5, "interval_ms": 200}, "_meta": {"progressToken": "p"}}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    let mut stream = progress_call(&on_a, 5, 200, "p").await;
     let primed = stream.next_event(Duration::from_secs(5)).await.expect("the priming event");
     assert!(primed.data.is_empty());
     let first = stream.next_event(Duration::from_secs(5)).await.expect("the first progress event");

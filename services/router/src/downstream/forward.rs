@@ -190,7 +190,7 @@ pub async fn forward(
                     log.prime(RETRY);
                 }
                 let (tx, rx) = mpsc::channel(64);
-                session.serve_log(log.clone(), None, tx);
+                tokio::spawn(log.clone().reader(None, tx));
                 tokio::spawn(call.relay(stream, log));
                 respond::sse(rx, app.config.server.keep_alive)
             } else {
