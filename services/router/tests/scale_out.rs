@@ -154,6 +154,15 @@ async fn progress_call(
     stream
 }
 
+/// Asserts that `stream` ends (within 10 s, with no further event), not
+/// merely that it falls silent.
+async fn assert_ends(stream: &mut switchboard_test_support::EventStream, what: &str) {
+    let started = std::time::Instant::now();
+    let next = stream.next_event(Duration::from_secs(30)).await;
+    assert!(next.is_none(), "{what}: no further event: {next:?}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{what}: ended, rather than fell silent");
+}
+
 /// A sampling round trip: the call goes to `caller`, the answer to `answerer`.
 async fn sampling_round_trip(caller: &Client, answerer: &Client, prompt: &str) {
     let (status, _, mut stream) =
@@ -684,8 +693,7 @@ async fn a_get_stream_resumes_at_the_other_replica_with_last_event_id() {
     // A GET at A takes the stream over: the response at B ends, and the new
     // one (no Last-Event-ID) goes on after what B delivered.
     let mut again = on_a.open_stream().await;
-    let after_takeover = next_update(&mut resumed, Duration::from_secs(5)).await;
-    assert!(after_takeover.is_none(), "the response at B ended: {after_takeover:?}");
+    assert_ends(&mut resumed, "the response at B, taken over").await;
     touch(on_b.clone()).await;
     let (next_id, _) = next_update(&mut again, Duration::from_secs(5)).await.expect("an update at A again");
     assert_eq!(seq_of(&next_id), (0, seq_of(&live_id).1 + 1), "after what was delivered, nothing replayed");
@@ -721,7 +729,7 @@ async fn a_request_stream_left_at_one_replica_resumes_at_the_other() {
     };
     assert_eq!(progress, [2, 3, 4, 5], "every later event, once, in order");
     assert_eq!(text_of(&result), "done after 5 steps");
-    assert!(resumed.next_event(Duration::from_secs(5)).await.is_none(), "the stream ends with the answer");
+    assert_ends(&mut resumed, "the stream, after the answer").await;
 
     // A stream nobody spilled is unknown, at either replica.
     let (status, _) = on_b.resume_stream(Some("999-0")).await;
