@@ -12,6 +12,8 @@
 //!   tool name, a progress token) without re-serialising the rest.
 //! - [`methods`]: MCP method names and their classification.
 //! - [`version`]: the MCP protocol versions we know.
+//! - [`modern`]: the stateless era (2026-07-28): per-request `_meta`, its
+//!   keys and error codes.
 //! - [`sse`]: Server-Sent Events encoder and incremental decoder.
 //! - [`ndjson`]: newline-delimited JSON framing, as used over stdio.
 //! - [`edge`]: the edge protocol's frames (`##START` … `##END`), for devices
@@ -26,6 +28,7 @@
 pub mod edge;
 pub mod jsonrpc;
 pub mod methods;
+pub mod modern;
 pub mod ndjson;
 pub mod rewrite;
 pub mod schema;

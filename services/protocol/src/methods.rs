@@ -21,6 +21,10 @@ pub enum Method {
     PromptsGet,
     CompletionComplete,
     LoggingSetLevel,
+    /// 2026-07-28: what the server speaks, without a session.
+    ServerDiscover,
+    /// 2026-07-28: a stream of list-change and resource notifications.
+    SubscriptionsListen,
     // Server to client requests.
     SamplingCreateMessage,
     ElicitationCreate,
@@ -36,6 +40,7 @@ pub enum Method {
     PromptsListChanged,
     RootsListChanged,
     ElicitationComplete,
+    SubscriptionsAcknowledged,
     /// Anything else.
     Other,
 }
@@ -56,6 +61,8 @@ const NAMES: &[(Method, &str)] = &[
     (PromptsGet, "prompts/get"),
     (CompletionComplete, "completion/complete"),
     (LoggingSetLevel, "logging/setLevel"),
+    (ServerDiscover, "server/discover"),
+    (SubscriptionsListen, "subscriptions/listen"),
     (SamplingCreateMessage, "sampling/createMessage"),
     (ElicitationCreate, "elicitation/create"),
     (RootsList, "roots/list"),
@@ -69,6 +76,7 @@ const NAMES: &[(Method, &str)] = &[
     (PromptsListChanged, "notifications/prompts/list_changed"),
     (RootsListChanged, "notifications/roots/list_changed"),
     (ElicitationComplete, "notifications/elicitation/complete"),
+    (SubscriptionsAcknowledged, "notifications/subscriptions/acknowledged"),
 ];
 
 impl Method {
@@ -102,7 +110,14 @@ impl Method {
     pub fn may_cause_messages(self) -> bool {
         !matches!(
             self,
-            Initialize | Ping | ToolsList | PromptsList | ResourcesList | ResourcesTemplatesList | LoggingSetLevel
+            Initialize
+                | Ping
+                | ToolsList
+                | PromptsList
+                | ResourcesList
+                | ResourcesTemplatesList
+                | LoggingSetLevel
+                | ServerDiscover
         )
     }
 

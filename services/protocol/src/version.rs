@@ -13,19 +13,27 @@ pub enum ProtocolVersion {
     V2025_06_18,
     /// SSE polling, URL elicitation, tasks.
     V2025_11_25,
+    /// The stateless era: no `initialize`, no session; each request carries
+    /// its version and the client's capabilities in `_meta`
+    /// (`server/discover`, `subscriptions/listen`, multi-round-trip requests).
+    V2026_07_28,
 }
 
 impl ProtocolVersion {
     /// Every version, oldest first.
-    pub const ALL: [ProtocolVersion; 4] = [
+    pub const ALL: [ProtocolVersion; 5] = [
         ProtocolVersion::V2024_11_05,
         ProtocolVersion::V2025_03_26,
         ProtocolVersion::V2025_06_18,
         ProtocolVersion::V2025_11_25,
+        ProtocolVersion::V2026_07_28,
     ];
 
-    /// The newest version the router offers on Streamable HTTP.
+    /// The newest version the router offers to sessions (`initialize`).
     pub const LATEST: ProtocolVersion = ProtocolVersion::V2025_11_25;
+
+    /// The newest stateless (per-request) version.
+    pub const MODERN: ProtocolVersion = ProtocolVersion::V2026_07_28;
 
     /// The version a Streamable HTTP server assumes when a request carries no
     /// `MCP-Protocol-Version` header (as the 2025-06-18 transport spec says).
@@ -43,12 +51,20 @@ impl ProtocolVersion {
             ProtocolVersion::V2025_03_26 => "2025-03-26",
             ProtocolVersion::V2025_06_18 => "2025-06-18",
             ProtocolVersion::V2025_11_25 => "2025-11-25",
+            ProtocolVersion::V2026_07_28 => "2026-07-28",
         }
     }
 
-    /// Whether this version runs over Streamable HTTP (2025-03-26 onward).
+    /// Whether this version runs sessions over Streamable HTTP (2025-03-26
+    /// to 2025-11-25): what `initialize` may negotiate.
     pub fn is_streamable_http(self) -> bool {
-        self >= ProtocolVersion::V2025_03_26
+        (ProtocolVersion::V2025_03_26..=ProtocolVersion::V2025_11_25).contains(&self)
+    }
+
+    /// Whether this is a stateless-era version (2026-07-28 onward): no
+    /// session, per-request `_meta`.
+    pub fn is_modern(self) -> bool {
+        self >= ProtocolVersion::V2026_07_28
     }
 }
 
@@ -70,5 +86,7 @@ mod tests {
         assert_eq!(ProtocolVersion::parse("2025-13-01"), None);
         assert!(ProtocolVersion::V2025_03_26 < ProtocolVersion::LATEST);
         assert!(!ProtocolVersion::V2024_11_05.is_streamable_http());
+        assert!(!ProtocolVersion::MODERN.is_streamable_http() && ProtocolVersion::MODERN.is_modern());
+        assert!(!ProtocolVersion::LATEST.is_modern());
     }
 }

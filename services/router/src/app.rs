@@ -30,6 +30,19 @@ use crate::upstream::{self, Inbox, Upstream};
 /// A legacy connection's stream, and the tenant that opened it.
 type LegacyConnection = (mpsc::Sender<Bytes>, Arc<str>);
 
+/// An input request awaiting its answer: the session asked, and where the
+/// answer goes.
+type Awaiting = (Arc<str>, tokio::sync::oneshot::Sender<Bytes>);
+
+/// What `subscriptions/listen` streams follow.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// A list changed: for every tenant, or (`Some`) for one.
+    List(ListKind, Option<Arc<str>>),
+    /// The router is shutting down: streams end gracefully.
+    Shutdown,
+}
+
 /// Everything a request handler needs.
 pub struct App {
     pub config: Config,
@@ -53,6 +66,14 @@ pub struct App {
     /// When the router started; sessions measure idleness from it.
     pub epoch: Instant,
     shutting_down: AtomicBool,
+    /// List changes, for stateless clients' `subscriptions/listen` streams.
+    pub changes: tokio::sync::broadcast::Sender<Change>,
+    /// The key that signs the `requestState` of bridged calls (shared by
+    /// the replicas through Redis, else this process's own).
+    state_key: tokio::sync::OnceCell<[u8; 32]>,
+    /// Input requests of stateless upstreams awaiting the client's answer,
+    /// by the router's id (`m.…`).
+    awaiting: Mutex<HashMap<String, Awaiting>>,
     /// Legacy HTTP+SSE connections waiting for their `initialize`.
     legacy: Mutex<HashMap<Arc<str>, LegacyConnection>>,
 }
@@ -156,6 +177,9 @@ impl App {
                 edge,
                 epoch: Instant::now(),
                 shutting_down: AtomicBool::new(false),
+                changes: tokio::sync::broadcast::channel(256).0,
+                state_key: tokio::sync::OnceCell::new(),
+                awaiting: Mutex::new(HashMap::new()),
                 legacy: Mutex::new(HashMap::new()),
             }
         });
@@ -163,6 +187,15 @@ impl App {
             let weak = Arc::downgrade(&app);
             shared.on_cancel(Box::new(move |session, notification| {
                 let Some(app) = weak.upgrade() else { return };
+                // Another replica's client answered an input request awaited here.
+                if let Ok(env) = Envelope::parse(&notification) {
+                    if matches!(env.kind, MessageKind::Response | MessageKind::Error) {
+                        if let Some(ours) = env.id.and_then(jsonrpc::as_str) {
+                            app.deliver_answer(session, &ours, notification.clone());
+                        }
+                        return;
+                    }
+                }
                 let Some(session) = app.sessions.get(session) else { return };
                 tokio::spawn(async move {
                     if let Ok(env) = Envelope::parse(&notification) {
@@ -247,6 +280,7 @@ impl App {
     /// another replica while this one finishes the requests.
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::Relaxed);
+        let _ = self.changes.send(Change::Shutdown);
         for session in self.sessions.all() {
             session.close_stream();
             session.hand_off_streams();
@@ -309,6 +343,7 @@ impl App {
     /// Tells `tenant`'s sessions that its tool list changed (an edge device
     /// came, went or changed its services).
     pub fn announce_tools(&self, tenant: &str) {
+        let _ = self.changes.send(Change::List(ListKind::Tools, Some(Arc::from(tenant))));
         let note = jsonrpc::request(None, ListKind::Tools.changed_notification(), None);
         for session in self.sessions.all() {
             if &*session.tenant == tenant {
@@ -319,6 +354,7 @@ impl App {
 
     /// Tells every session that a list changed.
     fn announce(&self, kind: ListKind) {
+        let _ = self.changes.send(Change::List(kind, None));
         let note = jsonrpc::request(None, kind.changed_notification(), None);
         for session in self.sessions.all() {
             session.announce(note.clone(), kind.changed_notification());
@@ -397,6 +433,83 @@ impl App {
                 tracing::warn!(error = %e, "new session not in the session store; only this replica serves it until the store answers");
             }
         }
+    }
+
+    /// The session a tenant's stateless calls to session-based upstreams
+    /// share (`t.` and a hash of the tenant's name): this replica's copy,
+    /// the store's, or a new one. If the store cannot be reached, a copy of
+    /// this replica's own serves until it can.
+    pub async fn tenant_session(&self, tenant: &Arc<str>) -> Result<Arc<Session>, Error> {
+        let id = crate::session::tenant_session_id(tenant);
+        match self.find_session(&id).await {
+            Ok(Some(session)) if session.tenant == *tenant => return Ok(session),
+            Ok(Some(_)) => return Err(Error::Internal("tenant session names another tenant".into())),
+            Ok(None) => {}
+            Err(_) => {
+                if let Some(session) = self.sessions.get(&id) {
+                    return Ok(session);
+                }
+            }
+        }
+        let session =
+            Session::for_tenant(id, tenant.clone(), self.upstreams.len(), self.epoch, self.shared_streams.clone());
+        let kept = self.sessions.insert_if_absent(session.clone());
+        if Arc::ptr_eq(&kept, &session) {
+            self.metrics.set_sessions(self.sessions.len());
+            if let Err(e) = self.store.create(&session.id, &session.to_stored(self)).await {
+                self.metrics.session_store_error("create");
+                tracing::warn!(error = %e, "tenant session not in the session store; only this replica uses it until the store answers");
+            }
+        }
+        Ok(kept)
+    }
+
+    /// Waits for the answer of session `session`'s client to the input
+    /// request `ours` (an id of the form `m.…`, unique to this request).
+    pub fn await_answer(&self, session: &Arc<str>, ours: &str) -> tokio::sync::oneshot::Receiver<Bytes> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.awaiting.lock().expect("lock").insert(ours.to_owned(), (session.clone(), tx));
+        rx
+    }
+
+    /// Stops waiting for `ours` (answered, or given up on).
+    pub fn forget_answer(&self, ours: &str) {
+        self.awaiting.lock().expect("lock").remove(ours);
+    }
+
+    /// Hands the answer session `session`'s client sent to the request
+    /// awaiting it here; `false` if none of that session's does.
+    pub fn deliver_answer(&self, session: &str, ours: &str, answer: Bytes) -> bool {
+        let mut awaiting = self.awaiting.lock().expect("lock");
+        if awaiting.get(ours).is_none_or(|(s, _)| &**s != session) {
+            return false;
+        }
+        let (_, tx) = awaiting.remove(ours).expect("present");
+        tx.send(answer).is_ok()
+    }
+
+    /// The key of bridged calls' `requestState`s: one every replica shares
+    /// (agreed through Redis) with shared sessions, else this process's own.
+    pub async fn state_key(&self) -> [u8; 32] {
+        *self
+            .state_key
+            .get_or_init(|| async {
+                let own = crate::session::new_session_id().to_string() + &crate::session::new_session_id();
+                let text = match &self.shared_streams {
+                    Some(shared) => match shared.shared_secret(&own).await {
+                        Ok(text) => text,
+                        Err(e) => {
+                            // Rounds then continue only at this replica.
+                            tracing::warn!(error = %e, "no shared requestState key: Redis unreachable; using this replica's own");
+                            own
+                        }
+                    },
+                    None => own,
+                };
+                use sha2::Digest;
+                sha2::Sha256::digest(text.as_bytes()).into()
+            })
+            .await
     }
 
     /// The live session `id`: this replica's copy (checked against the

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 use switchboard_protocol::jsonrpc::{code, ParseError};
+use switchboard_protocol::modern::code as modern;
 
 use crate::upstream::UpstreamError;
 
@@ -82,6 +83,26 @@ pub enum Error {
     TooManyInFlight(u32),
     #[error("internal error: {0}")]
     Internal(String),
+    // MCP 2026-07-28 (stateless requests).
+    /// A header disagrees with the body, or a required one is missing.
+    #[error("{0}")]
+    HeaderMismatch(String),
+    /// `params._meta` lacks what the era requires.
+    #[error("invalid params: {0}")]
+    InvalidMeta(String),
+    /// A version in `MCP-Protocol-Version` / `_meta` the router does not speak.
+    #[error("unsupported protocol version {0:?}")]
+    UnsupportedModernVersion(String),
+    /// A method that does not exist in the stateless era (or at all), asked
+    /// statelessly: HTTP 404.
+    #[error("method not found: {0}")]
+    NoSuchMethod(String),
+    /// The upstream asked the client for something it did not declare.
+    #[error("the client did not declare the {0} capability, which this request needs")]
+    MissingCapability(&'static str),
+    /// A `requestState` the router did not issue, or one that expired.
+    #[error("invalid requestState: {0}")]
+    InvalidRequestState(String),
 }
 
 impl Error {
@@ -103,7 +124,14 @@ impl Error {
     /// JSON-RPC errors in a 200 response, as MCP clients expect.
     pub fn status(&self) -> StatusCode {
         match self {
-            Error::Parse(_) | Error::MissingSession | Error::UnsupportedVersion(_) => StatusCode::BAD_REQUEST,
+            Error::Parse(_)
+            | Error::MissingSession
+            | Error::UnsupportedVersion(_)
+            | Error::HeaderMismatch(_)
+            | Error::InvalidMeta(_)
+            | Error::UnsupportedModernVersion(_)
+            | Error::MissingCapability(_) => StatusCode::BAD_REQUEST,
+            Error::NoSuchMethod(_) => StatusCode::NOT_FOUND,
             Error::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Error::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Error::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
@@ -130,8 +158,13 @@ impl Error {
             | Error::UnknownStream
             | Error::UnsupportedVersion(_) => code::INVALID_REQUEST,
             Error::UnknownSession => code::REQUEST_TIMEOUT,
-            Error::MethodNotFound(_) => code::METHOD_NOT_FOUND,
+            Error::MethodNotFound(_) | Error::NoSuchMethod(_) => code::METHOD_NOT_FOUND,
+            Error::HeaderMismatch(_) => modern::HEADER_MISMATCH,
+            Error::MissingCapability(_) => modern::MISSING_CAPABILITY,
+            Error::UnsupportedModernVersion(_) => modern::UNSUPPORTED_VERSION,
             Error::InvalidParams(_)
+            | Error::InvalidMeta(_)
+            | Error::InvalidRequestState(_)
             | Error::InvalidArguments { .. }
             | Error::UnknownTool(_)
             | Error::UnknownPrompt(_)
@@ -162,6 +195,13 @@ impl Error {
                 Some(serde_json::json!({ "limit": limit, "retryAfterMs": retry_after.as_millis() as u64 }))
             }
             Error::TooManyInFlight(max) => Some(serde_json::json!({ "limit": "concurrent", "max": max })),
+            Error::UnsupportedModernVersion(requested) => Some(serde_json::json!({
+                "supported": crate::downstream::modern::SUPPORTED_VERSIONS,
+                "requested": requested,
+            })),
+            Error::MissingCapability(capability) => {
+                Some(serde_json::json!({ "requiredCapabilities": { *capability: {} } }))
+            }
             _ => None,
         }
     }
@@ -188,6 +228,11 @@ impl Error {
             Error::Unauthenticated(_) => "unauthenticated",
             Error::RateLimited { .. } | Error::TooManyInFlight(_) => "rate_limited",
             Error::Internal(_) => "internal",
+            Error::HeaderMismatch(_) => "header_mismatch",
+            Error::InvalidMeta(_) | Error::InvalidRequestState(_) => "invalid_params",
+            Error::UnsupportedModernVersion(_) => "protocol_version",
+            Error::NoSuchMethod(_) => "method_not_found",
+            Error::MissingCapability(_) => "missing_capability",
         }
     }
 

@@ -34,10 +34,28 @@ use crate::session_store::{Record, Stored};
 use crate::shared_streams::SharedStreams;
 use crate::upstream::{Channel, Hello, Inbox, UpstreamSession};
 
+/// The prefix of tenant sessions' ids (see [`Session::for_tenant`]).
+pub const TENANT_PREFIX: &str = "t.";
+
+/// The id of `tenant`'s shared session: the prefix and 128 bits of a
+/// SHA-256 of the name.
+pub fn tenant_session_id(tenant: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(tenant.as_bytes());
+    let mut id = String::from(TENANT_PREFIX);
+    for b in &digest[..16] {
+        id.push(char::from_digit(u32::from(b >> 4), 16).expect("hex"));
+        id.push(char::from_digit(u32::from(b & 15), 16).expect("hex"));
+    }
+    id
+}
+
 /// Events buffered between a stream's log and its HTTP response.
 const STREAM_BUFFER: usize = 64;
 /// Request streams kept for resumption.
 const KEPT_STREAMS: usize = 32;
+/// Request streams a tenant session keeps (calls awaiting input).
+const TENANT_KEPT_STREAMS: usize = 1024;
 
 /// One client session.
 pub struct Session {
@@ -55,6 +73,12 @@ pub struct Session {
     /// Kept in the session store (a Streamable HTTP session), so that other
     /// replicas can continue it; legacy and edge sessions are this replica's.
     pub stored: bool,
+    /// A tenant's session shared by its stateless calls: its request
+    /// streams are read by the calls' rounds, never cut for resumption.
+    pub for_tenant: bool,
+    /// Request streams kept for resumption (many for a tenant session, whose
+    /// calls may wait for their clients' input).
+    kept_streams: usize,
     /// When the store last confirmed the session is live (ms since `epoch`).
     checked_ms: AtomicU64,
     /// Upstream sessions that other replicas may continue, by upstream:
@@ -76,6 +100,9 @@ pub struct Session {
     shared: Option<Arc<SharedStreams>>,
     /// Readers of shared streams running here.
     shared_readers: Arc<AtomicUsize>,
+    /// The level of `logging/setLevel`, for stateless upstreams (which get
+    /// it with each request).
+    log_level: Mutex<Option<String>>,
     /// Milliseconds since the router started, at the last request.
     last_used: AtomicU64,
     epoch: Instant,
@@ -139,6 +166,32 @@ impl Session {
         Some(session)
     }
 
+    /// The session `tenant`'s stateless calls to session-based upstreams
+    /// share, named `id` ([`tenant_session_id`]), kept in the store. It
+    /// declares sampling, elicitation and roots: each call's round checks
+    /// what its own client declared.
+    pub fn for_tenant(
+        id: String,
+        tenant: Arc<str>,
+        upstreams: usize,
+        epoch: Instant,
+        shared: Option<Arc<SharedStreams>>,
+    ) -> Arc<Self> {
+        let capabilities =
+            RawValue::from_string(r#"{"sampling":{},"elicitation":{"form":{},"url":{}},"roots":{}}"#.into())
+                .expect("valid JSON");
+        Self::build(
+            Arc::from(id),
+            tenant,
+            Kind::Stored,
+            ProtocolVersion::LATEST,
+            Arc::from(capabilities),
+            upstreams,
+            epoch,
+            shared,
+        )
+    }
+
     /// A legacy HTTP+SSE session, named by its connection's id.
     pub fn legacy(
         id: Arc<str>,
@@ -173,10 +226,11 @@ impl Session {
             1
         };
         Arc::new_cyclic(|me| Session {
-            id,
             tenant,
             legacy: kind == Kind::Legacy,
             stored: kind == Kind::Stored,
+            for_tenant: id.starts_with(TENANT_PREFIX),
+            kept_streams: if id.starts_with(TENANT_PREFIX) { TENANT_KEPT_STREAMS } else { KEPT_STREAMS },
             checked_ms: AtomicU64::new(now_ms),
             known: Mutex::new(HashMap::new()),
             version,
@@ -189,12 +243,24 @@ impl Session {
             next_stream: AtomicU64::new(first_stream),
             shared,
             shared_readers: Arc::new(AtomicUsize::new(0)),
+            log_level: Mutex::new(None),
             last_used: AtomicU64::new(now_ms),
             epoch,
             closed: AtomicBool::new(false),
             detached: AtomicBool::new(false),
             me: me.clone(),
+            id,
         })
+    }
+
+    /// Records the client's log level (`logging/setLevel`).
+    pub fn set_log_level(&self, level: &str) {
+        *self.log_level.lock().expect("lock") = Some(level.to_owned());
+    }
+
+    /// The client's log level, if it set one.
+    pub fn log_level(&self) -> Option<String> {
+        self.log_level.lock().expect("lock").clone()
     }
 
     /// Records use, for idle expiry.
@@ -373,7 +439,7 @@ impl Session {
         // A stream whose every event reached the client needs no replay.
         streams.retain(|l| !l.finished());
         streams.push_back(log.clone());
-        while streams.len() > KEPT_STREAMS {
+        while streams.len() > self.kept_streams {
             streams.pop_front();
         }
         log

@@ -313,6 +313,28 @@ impl SharedStreams {
         format!("{}ev:{session}:{stream}", self.link.prefix)
     }
 
+    /// A secret every replica shares (`{prefix}state-key`, set once by
+    /// whichever replica asks first): the key of the `requestState`s the
+    /// router issues, so that any replica accepts another's.
+    pub async fn shared_secret(&self, candidate: &str) -> Result<String, RedisError> {
+        let key = format!("{}state-key", self.link.prefix);
+        let candidate = candidate.to_owned();
+        self.link
+            .call(|mut c| async move {
+                let (_, value): (Option<String>, String) = redis::pipe()
+                    .cmd("SET")
+                    .arg(&key)
+                    .arg(&candidate)
+                    .arg("NX")
+                    .cmd("GET")
+                    .arg(&key)
+                    .query_async(&mut c)
+                    .await?;
+                Ok(value)
+            })
+            .await
+    }
+
     fn meta_key(&self, session: &str, stream: u64) -> String {
         format!("{}evm:{session}:{stream}", self.link.prefix)
     }

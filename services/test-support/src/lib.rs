@@ -212,6 +212,75 @@ pub fn http_upstream(name: &str, url: &str, extra: &str) -> String {
     format!("[[upstreams]]\nname = \"{name}\"\ntransport = \"http\"\nurl = \"{url}\"\n{extra}\n")
 }
 
+/// A stateless (MCP 2026-07-28) client: no session; every request carries
+/// `_meta` (version, capabilities) and the `MCP-Protocol-Version`,
+/// `Mcp-Method` and `Mcp-Name` headers.
+#[derive(Clone)]
+pub struct Stateless {
+    /// Sends requests (an API key goes with them if it has one).
+    pub client: Client,
+    /// The capabilities declared in each request's `_meta`.
+    pub capabilities: Value,
+}
+
+impl Stateless {
+    /// A stateless client of `url` declaring `capabilities`.
+    pub fn new(url: &str, capabilities: Value) -> Stateless {
+        Stateless { client: Client::new(url), capabilities }
+    }
+
+    /// The message of a request: `params` with the era's `_meta` added.
+    pub fn message(&self, id: u64, method: &str, params: Value) -> Value {
+        let mut params = if params.is_null() { json!({}) } else { params };
+        let meta = params.as_object_mut().expect("params is an object").entry("_meta").or_insert_with(|| json!({}));
+        meta["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
+        meta["io.modelcontextprotocol/clientCapabilities"] = self.capabilities.clone();
+        json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+    }
+
+    /// The headers the era asks for, from the message.
+    pub fn headers(message: &Value) -> Vec<(String, String)> {
+        let method = message["method"].as_str().unwrap_or_default().to_owned();
+        let mut headers =
+            vec![("mcp-protocol-version".to_owned(), "2026-07-28".to_owned()), ("mcp-method".to_owned(), method)];
+        let params = &message["params"];
+        if let Some(name) = params["name"].as_str().or_else(|| params["uri"].as_str()) {
+            if matches!(message["method"].as_str(), Some("tools/call" | "prompts/get" | "resources/read")) {
+                headers.push(("mcp-name".to_owned(), name.to_owned()));
+            }
+        }
+        headers
+    }
+
+    /// Sends a request with the right headers.
+    pub async fn request(&self, method: &str, params: Value) -> Reply {
+        let id = self.client.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let message = self.message(id, method, params);
+        let headers = Self::headers(&message);
+        self.send(&message, &headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>()).await
+    }
+
+    /// Sends `message` with exactly these era headers (besides the usual
+    /// `Content-Type` and `Accept`), to test what a server does with wrong ones.
+    pub async fn send(&self, message: &Value, headers: &[(&str, &str)]) -> Reply {
+        self.client.post_raw(serde_json::to_vec(message).expect("json").into(), headers).await
+    }
+
+    /// A request; returns its JSON-RPC response (from JSON or the SSE stream).
+    pub async fn call(&self, method: &str, params: Value) -> Value {
+        self.request(method, params).await.response()
+    }
+
+    /// A request whose answer is read as it streams.
+    pub async fn stream(&self, method: &str, params: Value) -> (StatusCode, HeaderMap, EventStream) {
+        let id = self.client.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let message = self.message(id, method, params);
+        let headers = Self::headers(&message);
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        self.client.post_stream(serde_json::to_vec(&message).expect("json").into(), &headers).await
+    }
+}
+
 /// One HTTP answer, whole.
 #[derive(Debug)]
 pub struct Reply {
@@ -384,7 +453,12 @@ impl Client {
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let body =
             serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).expect("json");
-        let mut req = Request::new(Full::new(Bytes::from(body)));
+        self.post_stream(Bytes::from(body), &[]).await
+    }
+
+    /// POSTs `body` (with extra headers) and reads the answer as it streams.
+    pub async fn post_stream(&self, body: Bytes, headers: &[(&str, &str)]) -> (StatusCode, HeaderMap, EventStream) {
+        let mut req = Request::new(Full::new(body));
         *req.method_mut() = Method::POST;
         *req.uri_mut() = self.url.parse().expect("url");
         let h = req.headers_mut();
@@ -394,6 +468,9 @@ impl Client {
             h.insert("mcp-session-id", HeaderValue::from_str(session).expect("ascii"));
         }
         self.authorize(h);
+        for (k, v) in headers {
+            h.insert(HeaderName::from_bytes(k.as_bytes()).expect("name"), HeaderValue::from_str(v).expect("value"));
+        }
         let resp = self.http.request(req).await.expect("POST");
         let (parts, body) = resp.into_parts();
         let is_sse = parts.headers.get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));

@@ -161,6 +161,8 @@ type CachedLists = [Option<Arc<Vec<Map<String, Value>>>>; 4];
 struct ListState {
     items: Option<Arc<Vec<Map<String, Value>>>>,
     fresh: bool,
+    /// When a stateless upstream's `ttlMs` says the list goes stale.
+    expires: Option<Instant>,
     failed_at: Option<Instant>,
     /// A fetch is under way.
     fetching: bool,
@@ -174,6 +176,10 @@ struct UpstreamState {
     control: Option<Arc<dyn Channel>>,
     handshake: Option<Arc<Handshake>>,
     lists: [ListState; 4],
+    /// Its era, once probed: `Some(true)` if it speaks 2026-07-28.
+    modern: Option<bool>,
+    /// A stateless upstream's `subscriptions/listen` stream (list changes).
+    listener: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Builds the inbox for an upstream's control channel.
@@ -188,6 +194,8 @@ pub struct Catalog {
     config: CatalogConfig,
     metrics: Arc<Metrics>,
     states: Vec<Mutex<UpstreamState>>,
+    /// One opening of a control channel (or era probe) at a time per upstream.
+    opening: Vec<tokio::sync::Mutex<()>>,
     snapshot: ArcSwap<Snapshot>,
     refresh: tokio::sync::Mutex<()>,
     generation: AtomicU64,
@@ -213,6 +221,7 @@ impl Catalog {
         let unprefixed = upstreams.iter().filter(|u| u.config.prefix.is_empty()).map(|u| u.index).collect();
         Catalog {
             states: upstreams.iter().map(|_| Mutex::new(UpstreamState::default())).collect(),
+            opening: upstreams.iter().map(|_| tokio::sync::Mutex::new(())).collect(),
             upstreams,
             config,
             metrics,
@@ -329,7 +338,8 @@ impl Catalog {
             for &kind in kinds {
                 let list = &state.lists[kind as usize];
                 let backing_off = list.failed_at.is_some_and(|t| t.elapsed() < self.config.retry_after);
-                if !list.fresh && !backing_off {
+                let expired = list.expires.is_some_and(|t| t <= Instant::now());
+                if (!list.fresh || expired) && !backing_off {
                     wanted.push((u, kind));
                 }
             }
@@ -339,6 +349,11 @@ impl Catalog {
 
     /// The control channel of upstream `u`, opened if needed.
     async fn control(&self, u: usize) -> Result<Arc<dyn Channel>, UpstreamError> {
+        if let Some(channel) = self.states[u].lock().expect("lock").control.clone() {
+            return Ok(channel);
+        }
+        // Concurrent fetches open one channel, not one each.
+        let _opening = self.opening[u].lock().await;
         if let Some(channel) = self.states[u].lock().expect("lock").control.clone() {
             return Ok(channel);
         }
@@ -371,10 +386,117 @@ impl Catalog {
         state.control.as_ref().map(|c| c.handshake()).or_else(|| state.handshake.clone())
     }
 
+    /// Whether upstream `u` speaks 2026-07-28 (known after its first fetch).
+    pub fn is_modern(&self, u: usize) -> bool {
+        self.states[u].lock().expect("lock").modern == Some(true)
+    }
+
+    /// The `ttlMs` of the router's lists: how long the soonest-expiring
+    /// upstream list hint has left, or 0 (no promise) if no upstream gave one.
+    pub fn ttl_ms(&self) -> u64 {
+        let now = Instant::now();
+        self.states
+            .iter()
+            .filter_map(|s| {
+                let s = s.lock().expect("lock");
+                s.lists.iter().filter_map(|l| l.expires).min()
+            })
+            .min()
+            .map_or(0, |t| t.saturating_duration_since(now).as_millis() as u64)
+    }
+
+    /// Probes upstream `u`'s era once (`server/discover`): a 2026-07-28
+    /// upstream is served statelessly, its handshake taken from the
+    /// discovery; anything else (no answer, an error, only older versions)
+    /// is a session-based upstream, reached with `initialize`.
+    async fn era(&self, u: usize) -> bool {
+        if let Some(modern) = self.states[u].lock().expect("lock").modern {
+            return modern;
+        }
+        let _opening = self.opening[u].lock().await;
+        if let Some(modern) = self.states[u].lock().expect("lock").modern {
+            return modern;
+        }
+        let upstream = &self.upstreams[u];
+        let body = jsonrpc::request(
+            Some(b"\"switchboard-discover\""),
+            "server/discover",
+            Some(format!(r#"{{"_meta":{}}}"#, crate::upstream::ROUTER_META).as_bytes()),
+        );
+        let probe = upstream.transport.modern(body, switchboard_protocol::Method::ServerDiscover, Vec::new(), "");
+        let discovered = match tokio::time::timeout(upstream.config.list_timeout, probe).await {
+            Ok(Ok(crate::upstream::ModernAnswer { status: 200, reply: crate::upstream::Reply::Done(message) })) => {
+                serde_json::from_slice::<Value>(&message).ok().and_then(|mut v| v.get_mut("result").map(Value::take))
+            }
+            _ => None,
+        };
+        let modern = discovered.as_ref().is_some_and(|r| {
+            r.get("supportedVersions")
+                .and_then(Value::as_array)
+                .is_some_and(|v| v.iter().filter_map(Value::as_str).any(|v| v.starts_with("2026-")))
+        });
+        let mut state = self.states[u].lock().expect("lock");
+        if state.modern.is_some() {
+            return state.modern == Some(true);
+        }
+        state.modern = Some(modern);
+        if modern {
+            let r = discovered.expect("a discovery result");
+            state.handshake = Some(Arc::new(Handshake {
+                protocol_version: "2026-07-28".into(),
+                capabilities: r.get("capabilities").cloned().unwrap_or_else(|| Value::Object(Map::new())),
+                instructions: r.get("instructions").and_then(Value::as_str).map(str::to_owned),
+                server_info: r.get("serverInfo").cloned().unwrap_or(Value::Null),
+            }));
+            tracing::info!(upstream = %upstream.name, "upstream speaks MCP 2026-07-28: served statelessly");
+            let transport = upstream.transport.clone();
+            let inbox = (self.inbox)(u);
+            let name = upstream.name.clone();
+            state.listener = Some(tokio::spawn(listen_upstream(transport, inbox, name)));
+        }
+        modern
+    }
+
+    /// One page of a list from a stateless upstream, with its `ttlMs`.
+    async fn modern_page(
+        &self,
+        u: usize,
+        kind: ListKind,
+        cursor: Option<&str>,
+    ) -> Result<(Value, Option<u64>), String> {
+        let params = match cursor {
+            Some(c) => {
+                format!(r#"{{"cursor":{},"_meta":{}}}"#, Value::String(c.to_owned()), crate::upstream::ROUTER_META)
+            }
+            None => format!(r#"{{"_meta":{}}}"#, crate::upstream::ROUTER_META),
+        };
+        let body = jsonrpc::request(Some(b"\"switchboard-list\""), kind.method(), Some(params.as_bytes()));
+        let method = switchboard_protocol::Method::from_name(kind.method());
+        let answer =
+            self.upstreams[u].transport.modern(body, method, Vec::new(), "").await.map_err(|e| e.to_string())?;
+        let message = match answer.reply {
+            crate::upstream::Reply::Done(message) => message,
+            reply => collect_response(reply, "\"switchboard-list\"").await.map_err(|e| e.to_string())?,
+        };
+        let mut value: Value = serde_json::from_slice(&message).map_err(|e| format!("invalid JSON: {e}"))?;
+        if let Some(error) = value.get("error") {
+            return Err(format!("it answered {} with an error: {}", kind.method(), error));
+        }
+        let result = value.get_mut("result").map(Value::take).ok_or("a response without result")?;
+        let ttl = result.get("ttlMs").and_then(Value::as_u64);
+        Ok((result, ttl))
+    }
+
     /// Fetches every page of one list of one upstream, within its deadline.
     async fn fetch(&self, u: usize, kind: ListKind) -> Result<Vec<Map<String, Value>>, String> {
         let upstream = &self.upstreams[u];
         let deadline = upstream.config.list_timeout;
+        if self.era(u).await {
+            return match tokio::time::timeout(deadline, self.fetch_modern(u, kind)).await {
+                Ok(result) => result,
+                Err(_) => Err(format!("no complete answer within {deadline:?} (list_timeout)")),
+            };
+        }
         let work = async {
             let channel = self.control(u).await.map_err(|e| e.to_string())?;
             let handshake = channel.handshake();
@@ -418,6 +540,38 @@ impl Catalog {
             Ok(result) => result,
             Err(_) => Err(format!("no complete answer within {deadline:?} (list_timeout)")),
         }
+    }
+
+    /// [`fetch`](Self::fetch) from a stateless upstream: every page, and the
+    /// list's expiry from the smallest `ttlMs` of its pages.
+    async fn fetch_modern(&self, u: usize, kind: ListKind) -> Result<Vec<Map<String, Value>>, String> {
+        let handshake = self.handshake(u).unwrap_or_default();
+        if !handshake.has(kind.capability()) {
+            return Ok(Vec::new());
+        }
+        let mut items = Vec::new();
+        let mut cursor: Option<String> = None;
+        let mut ttl: Option<u64> = None;
+        for _ in 0..self.config.max_upstream_pages {
+            let (mut result, page_ttl) = self.modern_page(u, kind, cursor.as_deref()).await?;
+            ttl = match (ttl, page_ttl) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            if let Some(Value::Array(list)) = result.get_mut(kind.field()).map(Value::take) {
+                items.extend(list.into_iter().filter_map(|v| match v {
+                    Value::Object(map) => Some(map),
+                    _ => None,
+                }));
+            }
+            cursor = result.get("nextCursor").and_then(Value::as_str).map(str::to_owned);
+            if cursor.is_none() {
+                break;
+            }
+        }
+        let expires = ttl.map(|ms| Instant::now() + Duration::from_millis(ms));
+        self.states[u].lock().expect("lock").lists[kind as usize].expires = expires;
+        Ok(items)
     }
 
     /// Builds and publishes a new snapshot from the cached lists.
@@ -506,8 +660,13 @@ impl Catalog {
         state.lists[kind as usize].failed_at.is_some().then_some(u)
     }
 
-    /// Closes every control channel.
+    /// Closes every control channel (and stateless upstreams' listeners).
     pub async fn close(&self) {
+        for state in &self.states {
+            if let Some(listener) = state.lock().expect("lock").listener.take() {
+                listener.abort();
+            }
+        }
         let channels: Vec<_> = self.states.iter().filter_map(|s| s.lock().expect("lock").control.take()).collect();
         for channel in channels {
             channel.close().await;
@@ -517,5 +676,28 @@ impl Catalog {
     /// How long a failed upstream is left out before being asked again.
     pub fn retry_after(&self) -> Duration {
         self.config.retry_after
+    }
+}
+
+/// Follows a stateless upstream's list changes: a `subscriptions/listen`
+/// stream, reopened (after a pause) whenever it ends; each change goes to
+/// the inbox as the notification it is.
+async fn listen_upstream(transport: Arc<dyn crate::upstream::Transport>, inbox: Arc<dyn Inbox>, name: Arc<str>) {
+    let params = format!(
+        r#"{{"notifications":{{"toolsListChanged":true,"promptsListChanged":true,"resourcesListChanged":true}},"_meta":{}}}"#,
+        crate::upstream::ROUTER_META
+    );
+    loop {
+        let body = jsonrpc::request(Some(b"\"switchboard-listen\""), "subscriptions/listen", Some(params.as_bytes()));
+        match transport.modern(body, switchboard_protocol::Method::SubscriptionsListen, Vec::new(), "").await {
+            Ok(crate::upstream::ModernAnswer { reply: crate::upstream::Reply::Stream(mut stream), .. }) => {
+                while let Some(Ok(message)) = stream.next().await {
+                    inbox.deliver(message);
+                }
+            }
+            Ok(_) => tracing::debug!(upstream = %name, "subscriptions/listen answered without a stream"),
+            Err(e) => tracing::debug!(upstream = %name, error = %e, "subscriptions/listen failed"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

@@ -37,11 +37,11 @@ use crate::upstream::{Item, MessageStream, Outgoing, Reply, UpstreamError};
 const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A request rewritten for its upstream.
-struct Resolved {
-    upstream: usize,
-    body: Bytes,
-    id: Range<usize>,
-    progress_token: Option<Range<usize>>,
+pub(super) struct Resolved {
+    pub upstream: usize,
+    pub body: Bytes,
+    pub id: Range<usize>,
+    pub progress_token: Option<Range<usize>>,
 }
 
 /// What a forwarded request leaves behind when it ends, however it ends:
@@ -90,7 +90,7 @@ impl Ledger {
 }
 
 /// The `error.code` of an error response, if it is one.
-fn error_code(message: &[u8]) -> Option<i64> {
+pub(super) fn error_code(message: &[u8]) -> Option<i64> {
     let env = Envelope::parse(message).ok()?;
     #[derive(serde::Deserialize)]
     struct Code {
@@ -132,6 +132,18 @@ pub async fn forward(
         }
     };
     let u = resolved.upstream;
+    if app.catalog.is_modern(u) {
+        if matches!(method, Method::ResourcesSubscribe | Method::ResourcesUnsubscribe) {
+            let e = Error::InvalidParams(format!(
+                "upstream {:?} speaks MCP 2026-07-28, whose resource subscriptions the router does not bridge",
+                app.upstreams[u].name
+            ));
+            app.metrics.request(method, Some(u)).record(Outcome::Rejected, started.elapsed());
+            ledger.close(app, Some(u), Outcome::Rejected, Some(e.code()), 0, started);
+            return respond::error(Some(id), &e);
+        }
+        return super::stateless::forward(app, session, method, id, resolved, accepts_sse, started, ledger).await;
+    }
     let upstream = &app.upstreams[u];
     let metrics = app.metrics.request(method, Some(u));
     let channel = match session.channel(app, u).await {
@@ -205,7 +217,7 @@ pub async fn forward(
 /// The bookkeeping of a request in flight, done however the handler ends:
 /// if the client disconnects, hyper drops the handler mid-await, and the
 /// request is then recorded as abandoned and cancelled upstream.
-struct Inflight<'a> {
+pub(super) struct Inflight<'a> {
     app: &'a Arc<App>,
     session: &'a Arc<Session>,
     id: &'a RawValue,
@@ -216,8 +228,21 @@ struct Inflight<'a> {
     ledger: Ledger,
 }
 
-impl Inflight<'_> {
-    fn finish(mut self, outcome: Outcome, error_code: Option<i64>, response_bytes: usize) {
+impl<'a> Inflight<'a> {
+    /// Bookkeeping for a request to upstream `u` under the id `id`.
+    pub(super) fn new(
+        app: &'a Arc<App>,
+        session: &'a Arc<Session>,
+        id: &'a RawValue,
+        upstream: usize,
+        method: Method,
+        started: Instant,
+        ledger: Ledger,
+    ) -> Self {
+        Inflight { app, session, id, upstream, method, started, armed: true, ledger }
+    }
+
+    pub(super) fn finish(mut self, outcome: Outcome, error_code: Option<i64>, response_bytes: usize) {
         self.armed = false;
         self.session.end(self.id.get());
         self.app.metrics.request(self.method, Some(self.upstream)).record(outcome, self.started.elapsed());
@@ -225,12 +250,12 @@ impl Inflight<'_> {
     }
 
     /// Hands the ledger to whoever finishes the request (a streamed answer).
-    fn take_ledger(&mut self) -> Ledger {
+    pub(super) fn take_ledger(&mut self) -> Ledger {
         Ledger { draft: self.ledger.draft.take(), permit: self.ledger.permit.take() }
     }
 
     /// Someone else does the bookkeeping.
-    fn disarm(mut self) {
+    pub(super) fn disarm(mut self) {
         self.armed = false;
     }
 }
@@ -250,7 +275,7 @@ impl Drop for Inflight<'_> {
 /// Finds the upstream and builds the rewritten body.
 /// Only what `tenant` sees resolves; anything else is unknown, exactly as if
 /// it did not exist.
-async fn resolve(
+pub(super) async fn resolve(
     app: &Arc<App>,
     tenant: &Tenant,
     method: Method,
@@ -415,7 +440,7 @@ fn resolve_uri(app: &App, tenant: &Tenant, snapshot: &Snapshot, raw: &RawValue) 
 
 /// Classifies the response and applies the few rewrites results need
 /// (resource URIs in `resources/read`).
-fn finish(app: &App, u: usize, method: Method, message: Bytes) -> (Bytes, Outcome) {
+pub(super) fn finish(app: &App, u: usize, method: Method, message: Bytes) -> (Bytes, Outcome) {
     let outcome = match Envelope::parse(&message) {
         Ok(env) if env.kind == MessageKind::Response => Outcome::Ok,
         _ => Outcome::Error,
@@ -436,7 +461,7 @@ fn finish(app: &App, u: usize, method: Method, message: Bytes) -> (Bytes, Outcom
 }
 
 /// Tells the upstream to stop working on a request (best effort, in the background).
-fn cancel_upstream(app: &Arc<App>, session: &Arc<Session>, u: usize, id: &RawValue, reason: &str) {
+pub(super) fn cancel_upstream(app: &Arc<App>, session: &Arc<Session>, u: usize, id: &RawValue, reason: &str) {
     let Some(channel) = session.open_channel(u) else { return };
     let params =
         format!(r#"{{"requestId":{},"reason":{}}}"#, id.get(), String::from_utf8_lossy(&jsonrpc::json_string(reason)));
@@ -447,6 +472,36 @@ fn cancel_upstream(app: &Arc<App>, session: &Arc<Session>, u: usize, id: &RawVal
             tracing::debug!(upstream = %name, error = %e, "cancellation not delivered");
         }
     });
+}
+
+/// Relays a streamed answer into `log` in the background, and does the
+/// request's bookkeeping when it ends (a stateless client's call, whose
+/// rounds read the log).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn spawn_relay(
+    app: &Arc<App>,
+    session: &Arc<Session>,
+    upstream: usize,
+    method: Method,
+    id: &RawValue,
+    started: Instant,
+    deadline: tokio::time::Instant,
+    ledger: Ledger,
+    stream: Box<dyn MessageStream>,
+    log: Arc<Log>,
+) {
+    let call = Call {
+        app: app.clone(),
+        session: session.clone(),
+        upstream,
+        method,
+        id: id.to_owned(),
+        started,
+        deadline,
+        ledger,
+        sent: 0,
+    };
+    tokio::spawn(call.relay(stream, log));
 }
 
 /// A forwarded request whose answer streams.
@@ -533,7 +588,10 @@ impl Call {
                 Some(Ok(Item::Paused)) => {
                     // The upstream ended its stream early and will be resumed;
                     // end ours likewise when the client can resume it.
-                    if self.session.version >= ProtocolVersion::V2025_11_25 && !self.session.legacy {
+                    if self.session.version >= ProtocolVersion::V2025_11_25
+                        && !self.session.legacy
+                        && !self.session.for_tenant
+                    {
                         log.cut();
                     }
                 }

@@ -93,17 +93,7 @@ pub async fn open_session(
         _ => app.catalog.ensure(&[ListKind::Tools]).await,
     };
     let merged = &snapshot.merged;
-    let mut caps = json!({
-        "tools": {"listChanged": true},
-        "prompts": {"listChanged": true},
-        "resources": {"listChanged": true, "subscribe": merged.subscribe},
-    });
-    if merged.logging {
-        caps["logging"] = json!({});
-    }
-    if merged.completions {
-        caps["completions"] = json!({});
-    }
+    let caps = server_capabilities(merged);
     let mut result = json!({
         "protocolVersion": version.as_str(),
         "capabilities": caps,
@@ -130,6 +120,23 @@ pub async fn open_session(
     Ok((session, body))
 }
 
+/// The capabilities the router declares: list changes always (it announces
+/// its own), the rest as the upstreams have them.
+pub fn server_capabilities(merged: &crate::catalog::Merged) -> Value {
+    let mut caps = json!({
+        "tools": {"listChanged": true},
+        "prompts": {"listChanged": true},
+        "resources": {"listChanged": true, "subscribe": merged.subscribe},
+    });
+    if merged.logging {
+        caps["logging"] = json!({});
+    }
+    if merged.completions {
+        caps["completions"] = json!({});
+    }
+    caps
+}
+
 #[derive(Deserialize, Default)]
 struct ListParams {
     cursor: Option<String>,
@@ -145,12 +152,14 @@ pub fn sees(tenant: &Tenant, kind: ListKind, item: &crate::catalog::Item) -> boo
 
 /// One page of a merged list, of the items `tenant` sees. Cursors count
 /// positions in the whole list, so a filtered page resumes where it ended.
+/// `tail` goes at the end of the result (members a 2026-07-28 result has).
 pub async fn list(
     app: &Arc<App>,
     tenant: &Tenant,
     kind: ListKind,
     id: &RawValue,
     params: Option<&RawValue>,
+    tail: &[u8],
 ) -> Result<Response<Body>, Error> {
     let params: ListParams = match params {
         Some(p) => {
@@ -168,14 +177,18 @@ pub async fn list(
 
     if page_size == 0 && params.cursor.is_none() && tenant.unrestricted() {
         // The whole list, prebuilt: sent without copying it.
-        let parts = match &edge {
-            None => VecDeque::from([head, listing.all.clone(), Bytes::from_static(b"}}")]),
+        let mut parts = match &edge {
+            None => VecDeque::from([head, listing.all.clone()]),
             Some(view) => {
                 let open = listing.all.slice(..listing.all.len() - 1); // without its `]`
                 let comma = if open.len() > 1 { &b","[..] } else { &b""[..] };
-                VecDeque::from([head, open, Bytes::from_static(comma), view.json.clone(), Bytes::from_static(b"]}}")])
+                VecDeque::from([head, open, Bytes::from_static(comma), view.json.clone(), Bytes::from_static(b"]")])
             }
         };
+        if !tail.is_empty() {
+            parts.push_back(Bytes::copy_from_slice(tail));
+        }
+        parts.push_back(Bytes::from_static(b"}}"));
         return Ok(respond::json_parts(parts));
     }
 
@@ -230,6 +243,7 @@ pub async fn list(
         body.put_slice(b",\"nextCursor\":");
         body.put_slice(&jsonrpc::json_string(&cursor.encode()));
     }
+    body.put_slice(tail);
     body.put_slice(b"}}");
     Ok(respond::json(body.freeze()))
 }

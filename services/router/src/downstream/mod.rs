@@ -1,5 +1,6 @@
 //! The client-facing Streamable HTTP endpoint (`/mcp`, MCP 2025-03-26,
-//! 2025-06-18 and 2025-11-25).
+//! 2025-06-18 and 2025-11-25 with sessions; 2026-07-28 stateless requests
+//! take their own path from phase 2 on, in [`modern`]).
 //!
 //! [`handle`] dispatches on the HTTP method. A POST goes through its phases in
 //! this order, each a function of its own:
@@ -23,7 +24,9 @@
 pub(crate) mod forward;
 pub mod legacy;
 mod lists;
+pub mod modern;
 pub mod respond;
+mod stateless;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -48,11 +51,17 @@ use crate::session::Session;
 use crate::store::AuditRecord;
 use crate::tenancy::Principal;
 
-static PROTOCOL_VERSION: http::HeaderName = http::HeaderName::from_static("mcp-protocol-version");
+pub(crate) static PROTOCOL_VERSION: http::HeaderName = http::HeaderName::from_static("mcp-protocol-version");
 static LAST_EVENT_ID: http::HeaderName = http::HeaderName::from_static("last-event-id");
 
 /// Serves one request to `/mcp`.
 pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
+    if *req.method() != HttpMethod::POST && stateless_only(req.headers()) {
+        // A 2026-07-28 exchange is POST only: no session to stream or end.
+        let mut response = respond::text(StatusCode::METHOD_NOT_ALLOWED, "stateless MCP (2026-07-28) is POST only\n");
+        response.headers_mut().insert(http::header::ALLOW, HeaderValue::from_static("POST"));
+        return response;
+    }
     match *req.method() {
         HttpMethod::POST => post(app, req).await,
         HttpMethod::GET => get(app, req.headers()).await,
@@ -94,6 +103,11 @@ async fn post(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
         Ok(env) => env,
         Err(e) => return reject(app, None, Error::Parse(e)),
     };
+
+    // A stateless (2026-07-28) request takes its own path from here.
+    if modern::is_modern(&parts.headers, &env) {
+        return modern::post(app, &parts.headers, &env, &body, started).await;
+    }
 
     // 3. Who is calling.
     let who = match authenticate(app, &parts.headers) {
@@ -169,7 +183,7 @@ async fn request(
         Method::Ping => local(Ok(respond::json(jsonrpc::result_response(id, b"{}")))),
         Method::ToolsList | Method::PromptsList | Method::ResourcesList | Method::ResourcesTemplatesList => {
             let kind = lists::kind_of(method);
-            local(lists::list(app, &who.tenant, kind, id, env.params).await)
+            local(lists::list(app, &who.tenant, kind, id, env.params, b"").await)
         }
         Method::LoggingSetLevel => local(set_level(app, session, env).await),
         Method::ToolsCall
@@ -178,25 +192,10 @@ async fn request(
         | Method::ResourcesSubscribe
         | Method::ResourcesUnsubscribe
         | Method::CompletionComplete => {
-            let mut ledger = forward::Ledger {
-                draft: app
-                    .audit
-                    .as_ref()
-                    .map(|audit| draft(audit, Some(who), headers, Some(session), Some(env), body.len())),
-                permit: None,
+            let ledger = match ledger(app, who, headers, Some(session), env, body.len(), method, started) {
+                Ok(ledger) => ledger,
+                Err(response) => return *response,
             };
-            if let Some(max) = who.tenant.limits.concurrent {
-                match app.limiter.enter(&who.tenant.name, max) {
-                    Some(permit) => ledger.permit = Some(permit),
-                    None => {
-                        let e = Error::TooManyInFlight(max);
-                        app.metrics.rate_limited(&who.tenant.name, "concurrent");
-                        ledger.close(app, None, Outcome::Rejected, Some(e.code()), 0, started);
-                        app.metrics.request(method, None).record(Outcome::Rejected, started.elapsed());
-                        return respond::error(Some(id), &e);
-                    }
-                }
-            }
             forward::forward(app, who, session, method, env, body, accepts_sse, started, ledger).await
         }
         Method::Initialize => unreachable!("handled before the session phase"),
@@ -205,6 +204,49 @@ async fn request(
             respond::error(Some(id), &Error::MethodNotFound(env.method_str().to_owned()))
         }
     }
+}
+
+/// The ledger of a request about to be forwarded: its audit record, and a
+/// slot of the tenant's limit on requests in flight (or the response
+/// refusing it when none is free).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ledger(
+    app: &App,
+    who: &Principal,
+    headers: &HeaderMap,
+    session: Option<&Arc<Session>>,
+    env: &Envelope<'_>,
+    request_bytes: usize,
+    method: Method,
+    started: Instant,
+) -> Result<forward::Ledger, Box<Response<Body>>> {
+    let mut ledger = forward::Ledger {
+        draft: app.audit.as_ref().map(|audit| draft(audit, Some(who), headers, session, Some(env), request_bytes)),
+        permit: None,
+    };
+    if let Some(max) = who.tenant.limits.concurrent {
+        match app.limiter.enter(&who.tenant.name, max) {
+            Some(permit) => ledger.permit = Some(permit),
+            None => {
+                let e = Error::TooManyInFlight(max);
+                app.metrics.rate_limited(&who.tenant.name, "concurrent");
+                ledger.close(app, None, Outcome::Rejected, Some(e.code()), 0, started);
+                app.metrics.request(method, None).record(Outcome::Rejected, started.elapsed());
+                return Err(Box::new(respond::error(env.id, &e)));
+            }
+        }
+    }
+    Ok(ledger)
+}
+
+/// A GET or DELETE that names no session and says 2026-07-28 or later.
+fn stateless_only(headers: &HeaderMap) -> bool {
+    !headers.contains_key(&respond::SESSION_ID)
+        && headers
+            .get(&PROTOCOL_VERSION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| ProtocolVersion::parse(v.trim()))
+            .is_some_and(ProtocolVersion::is_modern)
 }
 
 /// `logging/setLevel`: passed to every upstream that does logging.
@@ -223,8 +265,11 @@ async fn set_level(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>) -
     if !LEVELS.contains(&&*level) {
         return Err(Error::InvalidParams(format!("unknown log level {level:?}; use one of {}", LEVELS.join(", "))));
     }
-    let targets: Vec<usize> =
-        (0..app.upstreams.len()).filter(|&u| app.catalog.handshake(u).is_some_and(|h| h.has("logging"))).collect();
+    // Stateless upstreams get the level with each request (`_meta`).
+    session.set_log_level(&level);
+    let targets: Vec<usize> = (0..app.upstreams.len())
+        .filter(|&u| !app.catalog.is_modern(u) && app.catalog.handshake(u).is_some_and(|h| h.has("logging")))
+        .collect();
     let sends = targets.into_iter().map(|u| {
         let session = session.clone();
         let params = params.get().as_bytes().to_vec();
@@ -293,6 +338,16 @@ pub(crate) async fn cancel_here(app: &App, session: &Session, env: &Envelope<'_>
 async fn answer(app: &Arc<App>, who: &Principal, session: &Arc<Session>, env: &Envelope<'_>, body: &Bytes) {
     let Some(id) = env.id else { return };
     let Some((u, their_id)) = session.answered(id).filter(|(u, _)| who.tenant.sees_upstream(*u)) else {
+        // An input request of a stateless upstream: awaited here, or at
+        // another replica.
+        if let Some(ours) = jsonrpc::as_str(id).filter(|i| i.starts_with("m.")) {
+            if !app.deliver_answer(&session.id, &ours, body.clone()) {
+                if let Some(shared) = app.shared_streams.as_ref().filter(|_| session.stored) {
+                    shared.broadcast_cancel(&session.id, body).await;
+                }
+            }
+            return;
+        }
         app.metrics.relay_dropped("", "unknown_answer");
         tracing::debug!(id = id.get(), "client answered a request the router does not know");
         return;
@@ -388,7 +443,8 @@ async fn delete(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
 pub(crate) async fn session_of(app: &App, headers: &HeaderMap, who: &Principal) -> Result<Arc<Session>, Error> {
     let id = headers.get(&respond::SESSION_ID).ok_or(Error::MissingSession)?;
     let id = id.to_str().map_err(|_| Error::UnknownSession)?;
-    if id.is_empty() || id.len() > 128 {
+    // `t.…` names a tenant's shared session (stateless clients'): never a client's.
+    if id.is_empty() || id.len() > 128 || id.starts_with(crate::session::TENANT_PREFIX) {
         return Err(Error::UnknownSession);
     }
     let session = app.find_session(id).await?.ok_or(Error::UnknownSession)?;

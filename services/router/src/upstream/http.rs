@@ -45,6 +45,7 @@ pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 static SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 static PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
 static LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
+static MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
 const JSON: HeaderValue = HeaderValue::from_static("application/json");
 const JSON_AND_SSE: HeaderValue = HeaderValue::from_static("application/json, text/event-stream");
 const SSE: HeaderValue = HeaderValue::from_static("text/event-stream");
@@ -347,6 +348,48 @@ impl super::Transport for Transport {
         }
     }
 
+    async fn modern(
+        &self,
+        body: Bytes,
+        method: switchboard_protocol::Method,
+        headers: Vec<(HeaderName, HeaderValue)>,
+        affinity: &str,
+    ) -> Result<super::ModernAnswer, UpstreamError> {
+        let mut all = Vec::with_capacity(headers.len() + 2);
+        all.push((PROTOCOL_VERSION.clone(), HeaderValue::from_static("2026-07-28")));
+        all.push((MCP_METHOD.clone(), HeaderValue::from_static(method.as_str())));
+        all.extend(headers);
+        let replicas = &self.replicas;
+        let mut avoid = None;
+        let resp = loop {
+            let i = replicas.pick(affinity, avoid);
+            match replicas.members[i].send(Method::POST, body.clone(), None, None, false, &all).await {
+                Ok(resp) => break resp,
+                Err(e @ UpstreamError::Connect(_)) if replicas.several() && avoid.is_none() => {
+                    if replicas.probe(i).await {
+                        return Err(e);
+                    }
+                    avoid = Some(i);
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let status = resp.status.as_u16();
+        if resp.status.is_success() && resp.event_stream {
+            return Ok(super::ModernAnswer { status, reply: Reply::Stream(Box::new(SseStream::new(resp.body, None))) });
+        }
+        if resp.status == StatusCode::ACCEPTED {
+            return Err(UpstreamError::Protocol("202 Accepted for a request".into()));
+        }
+        let body = resp.body.collect(MAX_MESSAGE_BYTES).await?;
+        // A JSON-RPC message, whatever the status (4xx errors are the era's).
+        if switchboard_protocol::Envelope::parse(&body).is_ok_and(|e| e.id.is_some()) {
+            return Ok(super::ModernAnswer { status, reply: Reply::Done(body) });
+        }
+        let detail = String::from_utf8_lossy(&body[..body.len().min(200)]).trim().to_owned();
+        Err(UpstreamError::Status { status, detail })
+    }
+
     fn resume(
         &self,
         hello: &Hello,
@@ -397,6 +440,7 @@ impl Shared {
         state: Option<&SessionState>,
         last_event_id: Option<&str>,
         want_session_id: bool,
+        extra: &[(HeaderName, HeaderValue)],
     ) -> Result<Answer, UpstreamError> {
         let last_event_id = last_event_id.and_then(|id| HeaderValue::from_str(id).ok());
         match &self.client {
@@ -428,6 +472,18 @@ impl Shared {
                     headers[n] = ("Last-Event-ID", id.as_bytes());
                     n += 1;
                 }
+                // Stateless requests' headers: an allocation only for them.
+                let with_extra: Vec<(&str, &[u8])>;
+                let headers: &[(&str, &[u8])] = if extra.is_empty() {
+                    &headers[..n]
+                } else {
+                    with_extra = headers[..n]
+                        .iter()
+                        .copied()
+                        .chain(extra.iter().map(|(k, v)| (k.as_str(), v.as_bytes())))
+                        .collect();
+                    &with_extra
+                };
                 let request = h1::Request {
                     method: match method {
                         Method::GET => "GET",
@@ -435,7 +491,7 @@ impl Shared {
                         _ => "POST",
                     },
                     path: &self.path,
-                    headers: &headers[..n],
+                    headers,
                     extra: &self.raw_headers,
                     body: &body,
                 };
@@ -476,6 +532,9 @@ impl Shared {
                 for (name, value) in &self.headers {
                     h.insert(name.clone(), value.clone());
                 }
+                for (name, value) in extra {
+                    h.insert(name.clone(), value.clone());
+                }
                 let resp = client.request(req).await.map_err(|e| UpstreamError::Connect(describe(&e)))?;
                 let event_stream = resp.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|ct| {
                     ct.trim_start().get(..17).is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
@@ -493,12 +552,12 @@ impl Shared {
 
     /// POSTs one message on the session `state`.
     async fn post(&self, body: Bytes, state: Option<&SessionState>) -> Result<Answer, UpstreamError> {
-        self.send(Method::POST, body, state, None, state.is_none()).await
+        self.send(Method::POST, body, state, None, state.is_none(), &[]).await
     }
 
     /// GETs the session's stream, optionally resuming after `last_event_id`.
     async fn get(&self, state: &SessionState, last_event_id: Option<&str>) -> Result<Answer, UpstreamError> {
-        self.send(Method::GET, Bytes::new(), Some(state), last_event_id, false).await
+        self.send(Method::GET, Bytes::new(), Some(state), last_event_id, false, &[]).await
     }
 
     /// `initialize`, then `notifications/initialized`.
@@ -716,7 +775,7 @@ impl super::Channel for Channel {
             return;
         }
         let delete = async {
-            if let Ok(resp) = state.shared.send(Method::DELETE, Bytes::new(), Some(&state), None, false).await {
+            if let Ok(resp) = state.shared.send(Method::DELETE, Bytes::new(), Some(&state), None, false, &[]).await {
                 drain(resp).await;
             }
         };

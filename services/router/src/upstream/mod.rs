@@ -302,9 +302,34 @@ pub trait Channel: Send + Sync {
     }
 }
 
+/// The answer to a stateless (2026-07-28) request: the HTTP status (errors
+/// such as -32021 come with 4xx statuses the client must see) and the reply.
+pub struct ModernAnswer {
+    pub status: u16,
+    pub reply: Reply,
+}
+
+/// The `_meta` of the router's own stateless requests (discovery, lists,
+/// listening): the version and the capabilities of [`Hello::router`].
+pub const ROUTER_META: &str = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"sampling":{},"elicitation":{"form":{},"url":{}}},"io.modelcontextprotocol/clientInfo":{"name":"switchboard","version":"0.1.0"}}"#;
+
 /// A way to reach one upstream server.
 #[async_trait]
 pub trait Transport: Send + Sync {
+    /// Sends one stateless (2026-07-28) request: `body` as it is, with the
+    /// era's headers (`MCP-Protocol-Version`, `Mcp-Method` for `method`) and
+    /// `headers` (`Mcp-Name`, `Mcp-Param-*`); `affinity` picks the replica.
+    /// Only HTTP upstreams speak the stateless era.
+    async fn modern(
+        &self,
+        _body: Bytes,
+        _method: Method,
+        _headers: Vec<(::http::HeaderName, ::http::HeaderValue)>,
+        _affinity: &str,
+    ) -> Result<ModernAnswer, UpstreamError> {
+        Err(UpstreamError::Protocol("this transport has no stateless (2026-07-28) requests".into()))
+    }
+
     /// Opens a session: `initialize` with `hello`, then `notifications/initialized`.
     async fn open(&self, hello: &Hello, inbox: Arc<dyn Inbox>) -> Result<Arc<dyn Channel>, UpstreamError>;
 

@@ -1,0 +1,275 @@
+//! A session's request to a stateless (2026-07-28) upstream: the other way
+//! round from `modern.rs`'s bridge.
+//!
+//! A 2026-07-28 upstream keeps no session, so a session client's request
+//! reaches it as a stateless request: `params._meta` gets the protocol
+//! version, the client's capabilities (from its `initialize`) and its log
+//! level (from `logging/setLevel`); the headers get `Mcp-Method` and
+//! `Mcp-Name`. Progress and log notifications come back on the request's
+//! stream. An `input_required` result becomes server-to-client requests on
+//! that stream (or the session's GET stream, for a client that takes only
+//! JSON), one per input request, with router ids (`m.…`); when the client
+//! has answered them all, the request is sent again with `inputResponses`
+//! and the upstream's `requestState` untouched, until the upstream completes
+//! it. An answer may reach another replica: it is passed on through Redis
+//! to the replica waiting for it (`App::deliver_answer`).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Response};
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind};
+use switchboard_protocol::modern;
+use switchboard_protocol::Method;
+use tokio::sync::mpsc;
+
+use super::forward::{self, Ledger, Resolved};
+use super::respond;
+use crate::app::App;
+use crate::body::Body;
+use crate::error::Error;
+use crate::events::Log;
+use crate::metrics::Outcome;
+use crate::session::Session;
+use crate::upstream::{ModernAnswer, Reply, UpstreamError};
+
+/// Forwards one request of `session` to the stateless upstream `resolved` names.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn forward(
+    app: &Arc<App>,
+    session: &Arc<Session>,
+    method: Method,
+    id: &RawValue,
+    resolved: Resolved,
+    accepts_sse: bool,
+    started: Instant,
+    ledger: Ledger,
+) -> Response<Body> {
+    let u = resolved.upstream;
+    let request = match with_meta(&resolved.body, session) {
+        Ok(request) => request,
+        Err(e) => return respond::error(Some(id), &e),
+    };
+    let headers = super::modern::upstream_headers(method, &resolved.body, None);
+    let call = Call {
+        app: app.clone(),
+        session: session.clone(),
+        upstream: u,
+        method,
+        id: id.to_owned(),
+        started,
+        ledger,
+        headers,
+    };
+    if accepts_sse {
+        let log = session.new_stream();
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(log.clone().reader(None, tx));
+        tokio::spawn(async move {
+            let message = call.run(request, Some(&log)).await;
+            log.push(&message);
+            log.close();
+        });
+        respond::sse(rx, app.config.server.keep_alive)
+    } else {
+        respond::json(call.run(request, None).await)
+    }
+}
+
+/// The request as the upstream gets it: `params._meta` with the era's keys.
+fn with_meta(body: &[u8], session: &Session) -> Result<Value, Error> {
+    let mut request: Value =
+        serde_json::from_slice(body).map_err(|e| Error::InvalidParams(format!("the request: {e}")))?;
+    let params = request
+        .as_object_mut()
+        .expect("a request is an object")
+        .entry("params")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Some(params) = params.as_object_mut() else {
+        return Err(Error::InvalidParams("params must be an object".into()));
+    };
+    let meta = params.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
+    let Some(meta) = meta.as_object_mut() else {
+        return Err(Error::InvalidParams("params._meta must be an object".into()));
+    };
+    meta.insert(modern::META_PROTOCOL_VERSION.into(), Value::String("2026-07-28".into()));
+    let capabilities = serde_json::from_str(session.capabilities.get()).unwrap_or_else(|_| json!({}));
+    meta.insert(modern::META_CLIENT_CAPABILITIES.into(), capabilities);
+    if let Some(level) = session.log_level() {
+        meta.insert(modern::META_LOG_LEVEL.into(), Value::String(level));
+    }
+    Ok(request)
+}
+
+/// One request to a stateless upstream, over as many rounds as it takes.
+struct Call {
+    app: Arc<App>,
+    session: Arc<Session>,
+    upstream: usize,
+    method: Method,
+    id: Box<RawValue>,
+    started: Instant,
+    ledger: Ledger,
+    headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl Call {
+    /// Runs the rounds and returns the final message for the client
+    /// (relaying notifications and input requests into `log` meanwhile).
+    async fn run(mut self, mut request: Value, log: Option<&Arc<Log>>) -> Bytes {
+        let upstream = self.app.upstreams[self.upstream].clone();
+        let deadline = tokio::time::Instant::now() + upstream.config.timeout;
+        let mut sent = 0usize;
+        let result: Result<Bytes, (Error, Outcome)> = async {
+            loop {
+                let body = Bytes::from(serde_json::to_vec(&request).expect("serializable"));
+                let work = upstream.transport.modern(body, self.method, self.headers.clone(), &self.session.id);
+                let answer = match tokio::time::timeout_at(deadline, work).await {
+                    Err(_) => {
+                        let e =
+                            Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout };
+                        return Err((e, Outcome::Timeout));
+                    }
+                    Ok(Err(e)) => return Err((Error::upstream(&upstream.name, e), Outcome::UpstreamFailed)),
+                    Ok(Ok(answer)) => answer,
+                };
+                let message = match answer {
+                    ModernAnswer { reply: Reply::Done(message), .. } => message,
+                    ModernAnswer { reply: Reply::Stream(mut stream), .. } => loop {
+                        let next = tokio::time::timeout_at(deadline, stream.next()).await;
+                        let message = match next {
+                            Err(_) => {
+                                let after = upstream.config.timeout;
+                                return Err((
+                                    Error::UpstreamTimeout { upstream: upstream.name.clone(), after },
+                                    Outcome::Timeout,
+                                ));
+                            }
+                            Ok(Some(Ok(message))) => message,
+                            Ok(Some(Err(e))) => {
+                                return Err((Error::upstream(&upstream.name, e), Outcome::UpstreamFailed))
+                            }
+                            Ok(None) => {
+                                return Err((
+                                    Error::upstream(&upstream.name, UpstreamError::Closed),
+                                    Outcome::UpstreamFailed,
+                                ))
+                            }
+                        };
+                        let Ok(env) = Envelope::parse(&message) else { continue };
+                        match env.kind {
+                            MessageKind::Notification => {
+                                if let Some(log) = log {
+                                    sent += message.len();
+                                    log.push(&message);
+                                }
+                            }
+                            MessageKind::Response | MessageKind::Error => break message,
+                            // No server requests on a stateless stream.
+                            MessageKind::Request => {}
+                        }
+                    },
+                };
+                let mut value: Value = serde_json::from_slice(&message).map_err(|e| {
+                    (Error::upstream(&upstream.name, UpstreamError::Protocol(e.to_string())), Outcome::UpstreamFailed)
+                })?;
+                let input_required =
+                    value.pointer("/result/resultType").and_then(Value::as_str) == Some("input_required");
+                if !input_required {
+                    return Ok(message);
+                }
+                let result = value.get_mut("result").map(Value::take).unwrap_or_default();
+                let responses = self.ask(&result, log, deadline).await?;
+                let params = request["params"].as_object_mut().expect("params is an object");
+                params.insert("inputResponses".into(), Value::Object(responses));
+                match result.get("requestState") {
+                    Some(state) => params.insert("requestState".into(), state.clone()),
+                    None => params.remove("requestState"),
+                };
+            }
+        }
+        .await;
+        let (message, outcome, code) = match result {
+            Ok(message) => {
+                let (message, outcome) = forward::finish(&self.app, self.upstream, self.method, message);
+                let code = forward::error_code(&message);
+                // The client's id: the upstream answers the id it was sent.
+                (message, outcome, code)
+            }
+            Err((e, outcome)) => {
+                let message = jsonrpc::error_response(Some(&self.id), e.code(), &e.to_string(), e.data().as_ref());
+                (message, outcome, Some(e.code()))
+            }
+        };
+        sent += message.len();
+        self.app.metrics.request(self.method, Some(self.upstream)).record(outcome, self.started.elapsed());
+        let app = self.app.clone();
+        self.ledger.close(&app, Some(self.upstream), outcome, code, sent, self.started);
+        message
+    }
+
+    /// Asks the client for every input an `input_required` result names, as
+    /// server requests, and collects the answers by key.
+    async fn ask(
+        &self,
+        result: &Value,
+        log: Option<&Arc<Log>>,
+        deadline: tokio::time::Instant,
+    ) -> Result<Map<String, Value>, (Error, Outcome)> {
+        let upstream = &self.app.upstreams[self.upstream];
+        let protocol =
+            |why: String| (Error::upstream(&upstream.name, UpstreamError::Protocol(why)), Outcome::UpstreamFailed);
+        let requests = result
+            .get("inputRequests")
+            .and_then(Value::as_object)
+            .ok_or_else(|| protocol("input_required without inputRequests".into()))?;
+        let mut waiting = Vec::with_capacity(requests.len());
+        for (key, input) in requests {
+            let method = input
+                .get("method")
+                .and_then(Value::as_str)
+                .ok_or_else(|| protocol(format!("input request {key:?} has no method")))?;
+            let ours = format!("m.{}", crate::session::new_session_id());
+            let rx = self.app.await_answer(&self.session.id, &ours);
+            let mut message = json!({"jsonrpc": "2.0", "id": ours, "method": method});
+            if let Some(params) = input.get("params") {
+                message["params"] = params.clone();
+            }
+            let message = serde_json::to_vec(&message).expect("serializable");
+            match log {
+                Some(log) => log.push(&message),
+                None => self.session.push(Bytes::from(message)),
+            }
+            waiting.push((key.clone(), ours, rx));
+        }
+        let mut responses = Map::new();
+        for (key, ours, rx) in waiting {
+            let answer = tokio::time::timeout_at(deadline, rx).await;
+            self.app.forget_answer(&ours);
+            let answer = match answer {
+                Ok(Ok(answer)) => answer,
+                _ => {
+                    let after = upstream.config.timeout;
+                    return Err((Error::UpstreamTimeout { upstream: upstream.name.clone(), after }, Outcome::Timeout));
+                }
+            };
+            let mut value: Value = serde_json::from_slice(&answer).unwrap_or_default();
+            match value.get_mut("result").map(Value::take) {
+                Some(result) => {
+                    responses.insert(key, result);
+                }
+                None => {
+                    let why = value.pointer("/error/message").and_then(Value::as_str).unwrap_or("no result").to_owned();
+                    return Err((
+                        Error::InvalidParams(format!("the client refused the upstream's {key:?} request: {why}")),
+                        Outcome::Error,
+                    ));
+                }
+            }
+        }
+        Ok(responses)
+    }
+}

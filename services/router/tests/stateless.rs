@@ -1,0 +1,226 @@
+//! MCP 2026-07-28 (stateless requests) through the router, against a
+//! session-based (2025) upstream that the router bridges: validation of the
+//! era's headers and `_meta`, discovery, lists with cache hints, calls with
+//! progress, sampling and elicitation as `input_required` rounds, a tenant's
+//! calls sharing one upstream session, and `subscriptions/listen`.
+
+use std::time::Duration;
+
+use http::StatusCode;
+use serde_json::{json, Value};
+use switchboard_test_support::{http_upstream, mock_named, MockServer, Router, Stateless};
+
+async fn router_and_web() -> (Router, MockServer) {
+    let web = MockServer::start(mock_named("web")).await;
+    let router = Router::start(&format!("[server]\nkeep_alive = \"1s\"\n{}", http_upstream("web", &web.url, ""))).await;
+    (router, web)
+}
+
+fn text_of(response: &Value) -> String {
+    response["result"]["content"][0]["text"].as_str().unwrap_or_else(|| panic!("no text in {response}")).to_owned()
+}
+
+fn error_of(reply: &switchboard_test_support::Reply) -> (StatusCode, i64) {
+    let body = reply.json();
+    (reply.status, body["error"]["code"].as_i64().unwrap_or_else(|| panic!("not an error: {body}")))
+}
+
+#[tokio::test]
+async fn discovery_and_lists_carry_the_eras_result_members() {
+    let (router, _web) = router_and_web().await;
+    let client = Stateless::new(&router.url, json!({}));
+
+    let discovered = client.call("server/discover", json!({})).await;
+    let result = &discovered["result"];
+    assert!(result["supportedVersions"].as_array().unwrap().contains(&json!("2026-07-28")), "{discovered}");
+    assert!(result["supportedVersions"].as_array().unwrap().contains(&json!("2025-11-25")));
+    assert_eq!(result["capabilities"]["tools"]["listChanged"], true);
+    assert_eq!(result["resultType"], "complete");
+    assert!(result["ttlMs"].is_u64() && result["cacheScope"].is_string(), "{result}");
+    assert_eq!(result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "switchboard");
+
+    let listed = client.call("tools/list", json!({})).await;
+    let result = &listed["result"];
+    let names: Vec<&str> = result["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
+    assert!(names.contains(&"web__echo") && names.contains(&"web__sample"), "{names:?}");
+    assert_eq!(result["resultType"], "complete");
+    assert_eq!(result["cacheScope"], "public", "an open router's list is the same for everyone");
+    assert!(result["ttlMs"].is_u64());
+    for method in ["prompts/list", "resources/list", "resources/templates/list"] {
+        let listed = client.call(method, json!({})).await;
+        assert_eq!(listed["result"]["resultType"], "complete", "{method}: {listed}");
+    }
+}
+
+#[tokio::test]
+async fn headers_and_meta_are_checked_and_removed_methods_are_404() {
+    let (router, _web) = router_and_web().await;
+    let client = Stateless::new(&router.url, json!({}));
+    let call = client.message(7, "tools/call", json!({"name": "web__echo", "arguments": {"x": 1}}));
+    let good = Stateless::headers(&call);
+    let good: Vec<(&str, &str)> = good.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+
+    // Right headers: answered, with resultType, to the client's id.
+    let ok = client.send(&call, &good).await.response();
+    assert_eq!(ok["id"], 7);
+    assert_eq!(ok["result"]["resultType"], "complete", "{ok}");
+    assert_eq!(text_of(&ok), r#"{"x":1}"#);
+
+    // Mcp-Method, Mcp-Name and the version header must agree with the body.
+    let wrong_method = client.send(&call, &[good[0], ("mcp-method", "tools/list"), good[2]]).await;
+    assert_eq!(error_of(&wrong_method), (StatusCode::BAD_REQUEST, -32020));
+    assert_eq!(wrong_method.json()["id"], 7, "the error names the request");
+    assert_eq!(error_of(&client.send(&call, &[good[0], good[1]]).await), (StatusCode::BAD_REQUEST, -32020));
+    let other_name = client.send(&call, &[good[0], good[1], ("mcp-name", "web__add")]).await;
+    assert_eq!(error_of(&other_name), (StatusCode::BAD_REQUEST, -32020));
+    let base64 = client.send(&call, &[good[0], good[1], ("mcp-name", "=?base64?d2ViX19lY2hv?=")]).await;
+    assert_eq!(base64.response()["result"]["resultType"], "complete", "a base64 header value is decoded");
+    let other_version = client.send(&call, &[("mcp-protocol-version", "2025-11-25"), good[1], good[2]]).await;
+    assert_eq!(other_version.status, StatusCode::BAD_REQUEST, "a session-era request without a session");
+
+    // Versions we do not speak are refused with the list we do.
+    let mut future = call.clone();
+    future["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2099-01-01");
+    let refused = client.send(&future, &[("mcp-protocol-version", "2099-01-01"), good[1], good[2]]).await;
+    assert_eq!(error_of(&refused), (StatusCode::BAD_REQUEST, -32022));
+    assert!(refused.json()["error"]["data"]["supported"].as_array().unwrap().contains(&json!("2026-07-28")));
+
+    // _meta must say what the client is.
+    let mut bare = call.clone();
+    bare["params"]["_meta"].as_object_mut().unwrap().remove("io.modelcontextprotocol/clientCapabilities");
+    assert_eq!(error_of(&client.send(&bare, &good).await), (StatusCode::BAD_REQUEST, -32602));
+
+    // Removed and unknown methods: 404. Unknown tools: a JSON-RPC error in a 200.
+    for method in ["ping", "logging/setLevel", "resources/subscribe", "no/such"] {
+        let reply = client.request(method, json!({"level": "info", "uri": "x"})).await;
+        assert_eq!(error_of(&reply), (StatusCode::NOT_FOUND, -32601), "{method}");
+    }
+    let unknown = client.request("tools/call", json!({"name": "web__nope", "arguments": {}})).await;
+    assert_eq!(error_of(&unknown), (StatusCode::OK, -32602));
+
+    // No session to stream or end: GET and DELETE are 405.
+    for method in [http::Method::GET, http::Method::DELETE] {
+        let reply =
+            client.client.send(method.clone(), bytes::Bytes::new(), &[("mcp-protocol-version", "2026-07-28")]).await;
+        assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED, "{method}");
+        assert_eq!(reply.headers["allow"], "POST");
+    }
+    // The session era goes on beside it on the same endpoint.
+    let mut legacy = switchboard_test_support::Client::new(&router.url);
+    legacy.initialize().await;
+    assert_eq!(text_of(&legacy.call_tool("web__echo", json!({"y": 2})).await), r#"{"y":2}"#);
+}
+
+#[tokio::test]
+async fn calls_stream_progress_and_share_one_upstream_session_per_tenant() {
+    let (router, web) = router_and_web().await;
+    let client = Stateless::new(&router.url, json!({}));
+    // The catalog's own upstream session exists once something was listed.
+    client.call("tools/list", json!({})).await;
+    let before = web.mock.initialize_count();
+
+    let (status, headers, mut stream) = client
+        .stream(
+            "tools/call",
+            json!({"name": "web__progress", "arguments": {"steps": 3, "interval_ms": 20}, "_meta": {"progressToken": "tok"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let mut progress = 0;
+    let last = loop {
+        let event = stream.next_event(Duration::from_secs(10)).await.expect("an event");
+        assert!(event.id.is_none(), "no event ids in the stateless era");
+        let message: Value = serde_json::from_slice(&event.data).unwrap();
+        if message["method"] == "notifications/progress" {
+            assert_eq!(message["params"]["progressToken"], "tok");
+            progress += 1;
+        } else {
+            break message;
+        }
+    };
+    assert_eq!(progress, 3);
+    assert_eq!(last["result"]["resultType"], "complete", "{last}");
+
+    for i in 0..5 {
+        let added = client.call("tools/call", json!({"name": "web__add", "arguments": {"a": i, "b": 1}})).await;
+        assert_eq!(text_of(&added), (i + 1).to_string());
+    }
+    assert_eq!(web.mock.initialize_count(), before + 1, "one upstream session for the tenant, not one per request");
+}
+
+#[tokio::test]
+async fn sampling_and_elicitation_become_input_required_rounds() {
+    let (router, _web) = router_and_web().await;
+    let client = Stateless::new(&router.url, json!({"sampling": {}, "elicitation": {"form": {}}}));
+
+    let params = json!({"name": "web__sample", "arguments": {"prompt": "haiku"}});
+    let first = client.call("tools/call", params.clone()).await;
+    let result = &first["result"];
+    assert_eq!(result["resultType"], "input_required", "{first}");
+    let requests = result["inputRequests"].as_object().unwrap();
+    assert_eq!(requests.len(), 1);
+    let (key, request) = requests.iter().next().unwrap();
+    assert_eq!(request["method"], "sampling/createMessage");
+    let state = result["requestState"].as_str().unwrap().to_owned();
+
+    // A tampered state is refused, and the call still waits for a real answer.
+    let mut tampered = params.clone();
+    tampered["requestState"] = json!(format!("x{state}"));
+    tampered["inputResponses"] =
+        json!({key: {"role": "assistant", "content": {"type": "text", "text": "no"}, "model": "m"}});
+    let refused = client.call("tools/call", tampered).await;
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+
+    let mut retry = params.clone();
+    retry["requestState"] = json!(state);
+    retry["inputResponses"] = json!({key: {"role": "assistant", "content": {"type": "text", "text": "re haiku"},
+        "model": "test", "stopReason": "endTurn"}});
+    let done = client.call("tools/call", retry).await;
+    assert_eq!(done["result"]["resultType"], "complete", "{done}");
+    assert_eq!(text_of(&done), "sampled: re haiku");
+
+    // Elicitation the same way.
+    let first = client.call("tools/call", json!({"name": "web__elicit", "arguments": {"message": "who?"}})).await;
+    let result = &first["result"];
+    let (key, request) = result["inputRequests"].as_object().unwrap().iter().next().unwrap();
+    assert_eq!(request["method"], "elicitation/create", "{first}");
+    let retry = json!({"name": "web__elicit", "arguments": {"message": "who?"}, "requestState": result["requestState"],
+        "inputResponses": {key: {"action": "accept", "content": {"name": "Ada"}}}});
+    let done = client.call("tools/call", retry).await;
+    assert_eq!(done["result"]["resultType"], "complete", "{done}");
+    assert!(text_of(&done).contains("Ada"), "{done}");
+
+    // A client that did not declare sampling is told what the call needs.
+    let plain = Stateless::new(&router.url, json!({}));
+    let reply = plain.request("tools/call", json!({"name": "web__sample", "arguments": {"prompt": "x"}})).await;
+    assert_eq!(error_of(&reply), (StatusCode::BAD_REQUEST, -32021));
+    assert_eq!(reply.json()["error"]["data"]["requiredCapabilities"], json!({"sampling": {}}));
+}
+
+#[tokio::test]
+async fn listen_streams_list_changes_tagged_with_the_subscription() {
+    let (router, _web) = router_and_web().await;
+    let client = Stateless::new(&router.url, json!({}));
+    let (status, _, mut stream) = client
+        .stream(
+            "subscriptions/listen",
+            json!({"notifications": {"toolsListChanged": true, "promptsListChanged": false}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let ack = stream.next(Duration::from_secs(5)).await.expect("the acknowledgement");
+    assert_eq!(ack["method"], "notifications/subscriptions/acknowledged", "{ack}");
+    assert_eq!(ack["params"]["notifications"], json!({"toolsListChanged": true}), "only what was asked and honoured");
+    let subscription = ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"].clone();
+    assert!(subscription.is_u64(), "the listen request's id: {ack}");
+
+    // Make the upstream's tool list change (through the router).
+    let added = client.call("tools/call", json!({"name": "web__add_tool", "arguments": {"name": "fresh"}})).await;
+    assert_eq!(added["result"]["resultType"], "complete", "{added}");
+    let note = stream.next(Duration::from_secs(10)).await.expect("a list change");
+    assert_eq!(note["method"], "notifications/tools/list_changed", "{note}");
+    assert_eq!(note["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], subscription);
+    let listed = client.call("tools/list", json!({})).await;
+    assert!(listed["result"]["tools"].as_array().unwrap().iter().any(|t| t["name"] == "web__fresh"), "{listed}");
+}
