@@ -17,7 +17,7 @@ use switchboard::session_store::{
 use switchboard_test_support::peers::{free_port, wait_for_port, Process};
 use switchboard_test_support::services::{redis_url, unique, PrivateRedis};
 use switchboard_test_support::{
-    eventually, get_text, http_upstream, mock_named, router_binary, Client, MockServer, Router,
+    eventually, get_text, http_upstream, mock_named, router_binary, Client, MockServer, Router, Stateless,
 };
 
 fn sample(tenant: &str) -> Stored {
@@ -758,6 +758,55 @@ async fn a_cancellation_sent_to_another_replica_reaches_the_request() {
         web.mock.cancelled()
     );
     let _ = call.await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A sampling round of a stateless (2026-07-28) client: begun at `caller`,
+/// continued (the retry with the answer) at `answerer`.
+async fn stateless_round(caller: &Stateless, answerer: &Stateless, prompt: &str) {
+    let params = json!({"name": "web__sample", "arguments": {"prompt": prompt}});
+    let first = caller.call("tools/call", params.clone()).await;
+    assert_eq!(first["result"]["resultType"], "input_required", "{first}");
+    let (key, request) = first["result"]["inputRequests"].as_object().unwrap().iter().next().unwrap();
+    assert_eq!(request["method"], "sampling/createMessage");
+    let mut retry = params;
+    retry["requestState"] = first["result"]["requestState"].clone();
+    retry["inputResponses"] = json!({key: {"role": "assistant", "content": {"type": "text", "text": format!("re {prompt}")},
+        "model": "test", "stopReason": "endTurn"}});
+    let done = answerer.call("tools/call", retry).await;
+    assert_eq!(done["result"]["resultType"], "complete", "{done}");
+    assert_eq!(text_of(&done), format!("sampled: re {prompt}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stateless_rounds_continue_at_any_replica_on_the_tenants_one_upstream_session() {
+    let web = MockServer::start(mock_named("web")).await;
+    let config = replica_config(&redis_url(), &unique("sbtest:"), &web.url, "30m");
+    let (a, b) = (Router::start(&config).await, Router::start(&config).await);
+    let on_a = Stateless::new(&a.url, json!({"sampling": {}}));
+    let mut on_b = on_a.clone();
+    on_b.client.url = b.url.clone();
+    // Both catalogs built (each replica has its own catalog session).
+    for client in [&on_a, &on_b] {
+        let listed = client.call("tools/list", json!({})).await;
+        assert_eq!(listed["result"]["resultType"], "complete");
+    }
+    let before = web.mock.initialize_count();
+
+    // Calls alternate between the replicas; rounds begun at one continue at the other.
+    for i in 0..4 {
+        let client = if i % 2 == 0 { &on_a } else { &on_b };
+        let added = client.call("tools/call", json!({"name": "web__add", "arguments": {"a": i, "b": 10}})).await;
+        assert_eq!(text_of(&added), (i + 10).to_string());
+    }
+    stateless_round(&on_a, &on_b, "from a to b").await;
+    stateless_round(&on_b, &on_a, "from b to a").await;
+    assert_eq!(
+        web.mock.initialize_count(),
+        before + 1,
+        "the tenant's calls share one upstream session across both replicas"
+    );
     a.stop().await;
     b.stop().await;
 }
