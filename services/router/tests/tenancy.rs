@@ -11,7 +11,7 @@ use switchboard::store::Database;
 use switchboard::tenancy::{Limits, Policy, Rate, ToolFilter};
 use switchboard::Config;
 use switchboard_test_support::services::{unique, PrivatePostgres, PrivateRedis, TempDatabase};
-use switchboard_test_support::{eventually, http_upstream, mock_named, Client, MockServer, Router};
+use switchboard_test_support::{eventually, http_upstream, mock_named, Client, MockServer, Router, Stateless};
 
 /// Two mock upstreams, `alpha` and `beta`, and the config text for a router
 /// with keys required, this database, and `extra` sections.
@@ -683,4 +683,71 @@ async fn the_cli_manages_tenants_keys_and_reads_the_audit_log() {
     assert!(cli(&["tenants", "delete", "cli-co"]).0);
     router.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn stateless_clients_are_tenants_too() {
+    let pg = TempDatabase::create().await;
+    let (alpha, beta, config) = setup(&pg.url, "").await;
+    let admin = admin_for(&config).await;
+    let mut acme = policy(&["alpha"]);
+    acme.tools.insert("alpha".into(), ToolFilter { allow: vec![], deny: vec!["fail".into()] });
+    admin.create_tenant("acme", acme).await.unwrap();
+    admin.create_tenant("globex", policy(&["alpha", "beta"])).await.unwrap();
+    let key_a = admin.create_key("acme", None).await.unwrap().key;
+    let key_g = admin.create_key("globex", None).await.unwrap().key;
+    let router = Router::start(&config).await;
+    let caps = json!({"sampling": {}});
+    let stateless = |key: Option<&str>| {
+        let mut client = Stateless::new(&router.url, caps.clone());
+        client.client.api_key = key.map(str::to_owned);
+        client
+    };
+    let (anonymous, acme, globex) = (stateless(None), stateless(Some(&key_a)), stateless(Some(&key_g)));
+
+    // No key: 401, like a session request.
+    let reply = anonymous.request("tools/list", json!({})).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(reply.json()["error"]["code"], -32011);
+
+    // Each tenant's list is its own, and says so (private).
+    let listed = acme.call("tools/list", json!({})).await;
+    let names: Vec<&str> =
+        listed["result"]["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
+    assert!(names.contains(&"alpha__echo") && !names.contains(&"alpha__fail"), "{names:?}");
+    assert!(names.iter().all(|n| !n.starts_with("beta__")), "{names:?}");
+    assert_eq!(listed["result"]["cacheScope"], "private");
+    let hidden = acme.call("tools/call", json!({"name": "beta__echo", "arguments": {}})).await;
+    assert_eq!(tool_error(&hidden).0, -32602, "another tenant's tool does not exist for acme: {hidden}");
+
+    // Each tenant's calls go over its own upstream session.
+    let before = alpha.mock.initialize_count();
+    acme.call("tools/call", json!({"name": "alpha__echo", "arguments": {"who": "acme"}})).await;
+    globex.call("tools/call", json!({"name": "alpha__echo", "arguments": {"who": "globex"}})).await;
+    acme.call("tools/call", json!({"name": "alpha__echo", "arguments": {"who": "acme again"}})).await;
+    assert_eq!(alpha.mock.initialize_count(), before + 2, "one upstream session per tenant");
+    let _ = beta;
+
+    // A round acme started cannot be continued with globex's key.
+    let first = acme.call("tools/call", json!({"name": "alpha__sample", "arguments": {"prompt": "p"}})).await;
+    assert_eq!(first["result"]["resultType"], "input_required", "{first}");
+    let (key, _) = first["result"]["inputRequests"].as_object().unwrap().iter().next().unwrap();
+    let retry = json!({"name": "alpha__sample", "arguments": {"prompt": "p"},
+        "requestState": first["result"]["requestState"],
+        "inputResponses": {key: {"role": "assistant", "content": {"type": "text", "text": "stolen"}, "model": "m"}}});
+    let refused = globex.call("tools/call", retry.clone()).await;
+    assert_eq!(tool_error(&refused).0, -32602, "{refused}");
+    let done = acme.call("tools/call", retry).await;
+    assert_eq!(done["result"]["content"][0]["text"], "sampled: stolen", "{done}");
+
+    // Stateless calls are audited under their tenant (the three echoes,
+    // the refused tool, the sampling call).
+    let db = Database::connect(&pg.url, Duration::from_secs(3)).unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || async { db.count_audit(Some("acme")).await.unwrap() >= 4 }).await,
+        "acme's stateless calls are in the audit log: {}",
+        db.count_audit(Some("acme")).await.unwrap()
+    );
+    router.stop().await;
+    pg.drop_now().await;
 }

@@ -207,6 +207,9 @@ pub async fn post(
     started: Instant,
 ) -> Response<Body> {
     if env.kind != MessageKind::Request {
+        if let Err(e) = super::authenticate(app, headers) {
+            return super::refuse(app, None, headers, None, Some(env), body.len(), e, started, "POST");
+        }
         // Nothing for a stateless server to take: notifications are dropped,
         // and there are no server requests for a response to answer.
         if env.kind == MessageKind::Notification {
@@ -486,8 +489,9 @@ async fn passthrough(
         }
         Ok(ModernAnswer { reply: Reply::Stream(mut stream), .. }) => {
             let (tx, rx) = mpsc::channel(64);
-            let app = app.clone();
+            let task_app = app.clone();
             tokio::spawn(async move {
+                let app = task_app;
                 let mut sent = 0;
                 let outcome = loop {
                     match stream.next().await {
@@ -511,7 +515,7 @@ async fn passthrough(
                 app.metrics.request(method, Some(u)).record(outcome.0, started.elapsed());
                 ledger.close(&app, Some(u), outcome.0, outcome.1, sent, started);
             });
-            respond::sse(rx, Duration::ZERO)
+            respond::sse(rx, app.config.server.keep_alive)
         }
     }
 }
@@ -855,6 +859,7 @@ impl Round {
     /// Answers the client: as JSON if the round ends before any
     /// notification, else as an SSE stream.
     async fn respond(self, mut rx: mpsc::Receiver<Bytes>) -> Response<Body> {
+        let keep_alive = self.app.config.server.keep_alive;
         let this = Arc::new(self);
         let first = loop {
             match rx.recv().await {
@@ -911,7 +916,7 @@ impl Round {
                 }
             }
         });
-        respond::sse(out, self_keep_alive())
+        respond::sse(out, keep_alive)
     }
 
     /// The call's stream ended without an answer (its replica died, or it
@@ -1031,10 +1036,6 @@ impl Round {
             let _ = channel.send(message).await;
         }
     }
-}
-
-fn self_keep_alive() -> Duration {
-    Duration::from_secs(15)
 }
 
 /// A response from a session-based upstream as a modern client gets it:
