@@ -178,6 +178,8 @@ struct UpstreamState {
     lists: [ListState; 4],
     /// Its era, once probed: `Some(true)` if it speaks 2026-07-28.
     modern: Option<bool>,
+    /// A 2026-07-28 upstream that speaks no session version besides.
+    stateless_only: bool,
     /// A stateless upstream's `subscriptions/listen` stream (list changes).
     listener: Option<tokio::task::JoinHandle<()>>,
 }
@@ -391,6 +393,13 @@ impl Catalog {
         self.states[u].lock().expect("lock").modern == Some(true)
     }
 
+    /// Whether upstream `u` speaks only 2026-07-28 (no sessions): session
+    /// clients then reach it with stateless requests too.
+    pub fn is_stateless_only(&self, u: usize) -> bool {
+        let state = self.states[u].lock().expect("lock");
+        state.modern == Some(true) && state.stateless_only
+    }
+
     /// The `ttlMs` of the router's lists: how long the soonest-expiring
     /// upstream list hint has left, or 0 (no promise) if no upstream gave one.
     pub fn ttl_ms(&self) -> u64 {
@@ -430,16 +439,26 @@ impl Catalog {
             }
             _ => None,
         };
-        let modern = discovered.as_ref().is_some_and(|r| {
-            r.get("supportedVersions")
-                .and_then(Value::as_array)
-                .is_some_and(|v| v.iter().filter_map(Value::as_str).any(|v| v.starts_with("2026-")))
+        let versions: Vec<String> = discovered
+            .as_ref()
+            .and_then(|r| r.get("supportedVersions"))
+            .and_then(Value::as_array)
+            .map(|v| v.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+            .unwrap_or_default();
+        let modern = versions.iter().any(|v| {
+            switchboard_protocol::ProtocolVersion::parse(v)
+                .is_some_and(switchboard_protocol::ProtocolVersion::is_modern)
+        });
+        let sessions_too = versions.iter().any(|v| {
+            switchboard_protocol::ProtocolVersion::parse(v)
+                .is_some_and(switchboard_protocol::ProtocolVersion::is_streamable_http)
         });
         let mut state = self.states[u].lock().expect("lock");
         if state.modern.is_some() {
             return state.modern == Some(true);
         }
         state.modern = Some(modern);
+        state.stateless_only = modern && !sessions_too;
         if modern {
             let r = discovered.expect("a discovery result");
             state.handshake = Some(Arc::new(Handshake {
@@ -448,7 +467,7 @@ impl Catalog {
                 instructions: r.get("instructions").and_then(Value::as_str).map(str::to_owned),
                 server_info: r.get("serverInfo").cloned().unwrap_or(Value::Null),
             }));
-            tracing::info!(upstream = %upstream.name, "upstream speaks MCP 2026-07-28: served statelessly");
+            tracing::info!(upstream = %upstream.name, sessions_too, "upstream speaks MCP 2026-07-28: stateless clients reach it statelessly");
             let transport = upstream.transport.clone();
             let inbox = (self.inbox)(u);
             let name = upstream.name.clone();

@@ -132,7 +132,7 @@ pub async fn forward(
         }
     };
     let u = resolved.upstream;
-    if app.catalog.is_modern(u) {
+    if app.catalog.is_stateless_only(u) {
         if matches!(method, Method::ResourcesSubscribe | Method::ResourcesUnsubscribe) {
             let e = Error::InvalidParams(format!(
                 "upstream {:?} speaks MCP 2026-07-28, whose resource subscriptions the router does not bridge",

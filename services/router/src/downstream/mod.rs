@@ -268,7 +268,7 @@ async fn set_level(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>) -
     // Stateless upstreams get the level with each request (`_meta`).
     session.set_log_level(&level);
     let targets: Vec<usize> = (0..app.upstreams.len())
-        .filter(|&u| !app.catalog.is_modern(u) && app.catalog.handshake(u).is_some_and(|h| h.has("logging")))
+        .filter(|&u| !app.catalog.is_stateless_only(u) && app.catalog.handshake(u).is_some_and(|h| h.has("logging")))
         .collect();
     let sends = targets.into_iter().map(|u| {
         let session = session.clone();
