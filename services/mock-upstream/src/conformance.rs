@@ -43,22 +43,51 @@ pub fn tools() -> Value {
         tool("test_elicitation_sep1034_defaults", "Tests elicitation with default values per SEP-1034", empty_schema()),
         tool("test_elicitation_sep1330_enums", "Tests elicitation with enum schema improvements per SEP-1330", empty_schema()),
         tool("test_reconnection", "Tests SSE stream disconnection and client reconnection (SEP-1699). Server will close the stream mid-call and send the result after client reconnects.", empty_schema()),
-        tool("json_schema_2020_12_tool", "Tool with JSON Schema 2020-12 features for conformance testing (SEP-1613)", json!({
+        tool("json_schema_2020_12_tool", "Tool with JSON Schema 2020-12 features for conformance testing (SEP-1613, SEP-2106)", json!({
             "$schema": "https://json-schema.org/draft/2020-12/schema",
             "type": "object",
-            "$defs": {"address": {"type": "object", "properties": {"street": {"type": "string"}, "city": {"type": "string"}}}},
-            "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"}},
+            "$defs": {"address": {"$anchor": "addressDef", "type": "object",
+                                  "properties": {"street": {"type": "string"}, "city": {"type": "string"}}}},
+            "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"},
+                           "contactMethod": {"type": "string", "enum": ["phone", "email"]},
+                           "phone": {"type": "string"}, "email": {"type": "string"}},
+            "allOf": [{"anyOf": [{"required": ["phone"]}, {"required": ["email"]}]}],
+            "if": {"properties": {"contactMethod": {"const": "phone"}}, "required": ["contactMethod"]},
+            "then": {"required": ["phone"]},
+            "else": {"required": ["email"]},
             "additionalProperties": false
+        })),
+        tool("test_logging_tool", "Sends log messages at several levels (only those at or above the request's log level in 2026-07-28), then answers", empty_schema()),
+        tool("test_trigger_tool_change", "Announces a change of the tool list (notifications/tools/list_changed) to every listener", empty_schema()),
+        tool("test_trigger_prompt_change", "Announces a change of the prompt list (notifications/prompts/list_changed) to every listener", empty_schema()),
+        tool("test_missing_capability", "Needs the client's sampling capability: without it the call fails with -32021", empty_schema()),
+        tool("test_streaming_elicitation", "Asks for a confirmation by elicitation, answering on an SSE stream", empty_schema()),
+        tool("test_input_required_result_elicitation", "Asks the user's name by elicitation (input_required), then greets", empty_schema()),
+        tool("test_input_required_result_sampling", "Asks the client's model a question (input_required), then answers with it", empty_schema()),
+        tool("test_input_required_result_list_roots", "Asks the client's roots (input_required), then lists them", empty_schema()),
+        tool("test_input_required_result_request_state", "Asks a confirmation with a requestState it validates on the retry", empty_schema()),
+        tool("test_input_required_result_multiple_inputs", "Asks by elicitation, sampling and roots/list at once", empty_schema()),
+        tool("test_input_required_result_multi_round", "Asks two questions in two rounds, carrying the first answer in requestState", empty_schema()),
+        tool("test_input_required_result_tampered_state", "Asks a confirmation with an integrity-protected requestState; an altered state is refused", empty_schema()),
+        tool("test_input_required_result_capabilities", "Asks only by the means (sampling, elicitation) the client declared", empty_schema()),
+        tool("test_header_param", "Echoes `region`, which the client mirrors into the Mcp-Param-Region header", json!({
+            "type": "object",
+            "properties": {"region": {"type": "string", "description": "A region name", "x-mcp-header": "Region"}}
         })),
     ]})
 }
 
-fn text(t: &str) -> Value {
+/// The log messages of `test_logging_tool`: (level, text).
+pub const LOG_LINES: &[(&str, &str)] =
+    &[("debug", "Debug details"), ("info", "Tool execution started"), ("warning", "Tool is almost done")];
+
+/// A result with one text block.
+pub fn text(t: &str) -> Value {
     json!({"content": [{"type": "text", "text": t}]})
 }
 
 /// The result of a tool that answers at once; `None` for the streamed ones.
-pub fn immediate(name: &str) -> Option<Value> {
+pub fn immediate(name: &str, args: &Value) -> Option<Value> {
     Some(match name {
         "test_simple_text" => text("This is a simple text response for testing."),
         "test_image_content" => json!({"content": [{"type": "image", "data": PNG, "mimeType": "image/png"}]}),
@@ -74,6 +103,7 @@ pub fn immediate(name: &str) -> Option<Value> {
         "test_error_handling" => json!({"content": [{"type": "text",
             "text": "This tool intentionally returns an error for testing"}], "isError": true}),
         "json_schema_2020_12_tool" => text("JSON Schema 2020-12 tool called"),
+        "test_header_param" => text(&format!("region: {}", args["region"].as_str().unwrap_or("(none)"))),
         _ => return None,
     })
 }
@@ -83,6 +113,7 @@ pub fn is_streamed(name: &str) -> bool {
     matches!(
         name,
         "test_tool_with_logging"
+            | "test_logging_tool"
             | "test_tool_with_progress"
             | "test_sampling"
             | "test_elicitation"
@@ -117,6 +148,16 @@ pub async fn streamed(
             }
             Ok(text("Tool with logging executed successfully"))
         }
+        "test_logging_tool" => {
+            for (level, message) in LOG_LINES {
+                notify(
+                    out,
+                    "notifications/message",
+                    json!({"level": level, "logger": "test_logging_tool", "data": message}),
+                );
+            }
+            Ok(text("Logging tool finished"))
+        }
         "test_tool_with_progress" => {
             let token: Value = token.and_then(|t| serde_json::from_str(t).ok()).unwrap_or(Value::Null);
             for (i, progress) in [0, 50, 100].into_iter().enumerate() {
@@ -138,79 +179,84 @@ pub async fn streamed(
             }))
         }
         "test_sampling" => {
-            let prompt = args["prompt"].as_str().unwrap_or("Hello");
-            let answer = session
-                .ask(
-                    out,
-                    "sampling/createMessage",
-                    json!({
-                    "messages": [{"role": "user", "content": {"type": "text", "text": prompt}}], "maxTokens": 100}),
-                )
-                .await?;
-            Ok(text(&format!("LLM response: {}", answer["content"]["text"].as_str().unwrap_or_default())))
+            let answer = session.ask(out, "sampling/createMessage", sampling_params(args)).await?;
+            Ok(sampled(&answer))
         }
-        "test_elicitation" => {
-            let message = args["message"].as_str().unwrap_or("Please provide your information");
-            let answer = session
-                .ask(
-                    out,
-                    "elicitation/create",
-                    json!({"mode": "form", "message": message, "requestedSchema": {
-                    "type": "object",
-                    "properties": {"username": {"type": "string", "description": "User's response"},
-                                   "email": {"type": "string", "description": "User's email address"}},
-                    "required": ["username", "email"]}}),
-                )
-                .await?;
-            Ok(text(&elicited("User response", &answer)))
-        }
-        "test_elicitation_sep1034_defaults" => {
-            let answer = session
-                .ask(
-                    out,
-                    "elicitation/create",
-                    json!({"mode": "form",
-                    "message": "Please review and update the form fields with defaults",
-                    "requestedSchema": {"type": "object", "required": [], "properties": {
-                        "name": {"type": "string", "description": "User name", "default": "John Doe"},
-                        "age": {"type": "integer", "description": "User age", "default": 30},
-                        "score": {"type": "number", "description": "User score", "default": 95.5},
-                        "status": {"type": "string", "description": "User status",
-                                   "enum": ["active", "inactive", "pending"], "default": "active"},
-                        "verified": {"type": "boolean", "description": "Verification status", "default": true}}}}),
-                )
-                .await?;
-            Ok(text(&elicited("Elicitation completed", &answer)))
-        }
-        "test_elicitation_sep1330_enums" => {
-            let answer = session
-                .ask(out, "elicitation/create", json!({"mode": "form",
-                    "message": "Please select options from the enum fields",
-                    "requestedSchema": {"type": "object", "required": [], "properties": {
-                        "untitledSingle": {"type": "string", "description": "Select one option",
-                                           "enum": ["option1", "option2", "option3"]},
-                        "titledSingle": {"type": "string", "description": "Select one option with titles",
-                                         "oneOf": [{"const": "value1", "title": "First Option"},
-                                                   {"const": "value2", "title": "Second Option"},
-                                                   {"const": "value3", "title": "Third Option"}]},
-                        "legacyEnum": {"type": "string", "description": "Select one option (legacy)",
-                                       "enum": ["opt1", "opt2", "opt3"],
-                                       "enumNames": ["Option One", "Option Two", "Option Three"]},
-                        "untitledMulti": {"type": "array", "description": "Select multiple options", "minItems": 1,
-                                          "maxItems": 3, "items": {"type": "string", "enum": ["option1", "option2", "option3"]}},
-                        "titledMulti": {"type": "array", "description": "Select multiple options with titles",
-                                        "minItems": 1, "maxItems": 3, "items": {"anyOf": [
-                                            {"const": "value1", "title": "First Choice"},
-                                            {"const": "value2", "title": "Second Choice"},
-                                            {"const": "value3", "title": "Third Choice"}]}}}}}))
-                .await?;
-            Ok(text(&elicited("Elicitation completed", &answer)))
+        "test_elicitation" | "test_elicitation_sep1034_defaults" | "test_elicitation_sep1330_enums" => {
+            let (label, params) = elicitation(name, args).expect("an elicitation tool");
+            let answer = session.ask(out, "elicitation/create", params).await?;
+            Ok(text(&elicited(label, &answer)))
         }
         other => Err(format!("not a streamed conformance tool: {other}")),
     }
 }
 
-fn elicited(label: &str, answer: &Value) -> String {
+/// The `sampling/createMessage` params of `test_sampling`.
+pub fn sampling_params(args: &Value) -> Value {
+    let prompt = args["prompt"].as_str().unwrap_or("Hello");
+    json!({"messages": [{"role": "user", "content": {"type": "text", "text": prompt}}], "maxTokens": 100})
+}
+
+/// The result of `test_sampling` once the client answered.
+pub fn sampled(answer: &Value) -> Value {
+    text(&format!("LLM response: {}", answer["content"]["text"].as_str().unwrap_or_default()))
+}
+
+/// The label of the answer and the `elicitation/create` params of the
+/// elicitation tools; `None` for other tools.
+pub fn elicitation(name: &str, args: &Value) -> Option<(&'static str, Value)> {
+    Some(match name {
+        "test_elicitation" => {
+            let message = args["message"].as_str().unwrap_or("Please provide your information");
+            (
+                "User response",
+                json!({"mode": "form", "message": message, "requestedSchema": {
+                "type": "object",
+                "properties": {"username": {"type": "string", "description": "User's response"},
+                               "email": {"type": "string", "description": "User's email address"}},
+                "required": ["username", "email"]}}),
+            )
+        }
+        "test_elicitation_sep1034_defaults" => (
+            "Elicitation completed",
+            json!({"mode": "form",
+            "message": "Please review and update the form fields with defaults",
+            "requestedSchema": {"type": "object", "required": [], "properties": {
+                "name": {"type": "string", "description": "User name", "default": "John Doe"},
+                "age": {"type": "integer", "description": "User age", "default": 30},
+                "score": {"type": "number", "description": "User score", "default": 95.5},
+                "status": {"type": "string", "description": "User status",
+                           "enum": ["active", "inactive", "pending"], "default": "active"},
+                "verified": {"type": "boolean", "description": "Verification status", "default": true}}}}),
+        ),
+        "test_elicitation_sep1330_enums" => (
+            "Elicitation completed",
+            json!({"mode": "form",
+            "message": "Please select options from the enum fields",
+            "requestedSchema": {"type": "object", "required": [], "properties": {
+                "untitledSingle": {"type": "string", "description": "Select one option",
+                                   "enum": ["option1", "option2", "option3"]},
+                "titledSingle": {"type": "string", "description": "Select one option with titles",
+                                 "oneOf": [{"const": "value1", "title": "First Option"},
+                                           {"const": "value2", "title": "Second Option"},
+                                           {"const": "value3", "title": "Third Option"}]},
+                "legacyEnum": {"type": "string", "description": "Select one option (legacy)",
+                               "enum": ["opt1", "opt2", "opt3"],
+                               "enumNames": ["Option One", "Option Two", "Option Three"]},
+                "untitledMulti": {"type": "array", "description": "Select multiple options", "minItems": 1,
+                                  "maxItems": 3, "items": {"type": "string", "enum": ["option1", "option2", "option3"]}},
+                "titledMulti": {"type": "array", "description": "Select multiple options with titles",
+                                "minItems": 1, "maxItems": 3, "items": {"anyOf": [
+                                    {"const": "value1", "title": "First Choice"},
+                                    {"const": "value2", "title": "Second Choice"},
+                                    {"const": "value3", "title": "Third Choice"}]}}}}}),
+        ),
+        _ => return None,
+    })
+}
+
+/// The text of an elicitation tool's result.
+pub fn elicited(label: &str, answer: &Value) -> String {
     let action = answer["action"].as_str().unwrap_or("unknown");
     let content = answer.get("content").cloned().unwrap_or(json!({}));
     format!("{label}: action={action}, content={content}")
@@ -264,6 +310,8 @@ pub fn prompts() -> Value {
          "description": "A prompt that includes an embedded resource",
          "arguments": [{"name": "resourceUri", "description": "URI of the resource to embed", "required": true}]},
         {"name": "test_prompt_with_image", "title": "Prompt With Image", "description": "A prompt that includes image content"},
+        {"name": "test_input_required_result_prompt", "title": "Prompt Needing Context",
+         "description": "A prompt that asks the user for context (input_required) before it is built"},
     ]})
 }
 

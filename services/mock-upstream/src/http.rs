@@ -52,6 +52,7 @@ pub(crate) async fn serve(
         }
     }
     drop(listener);
+    crate::modern::close_listeners(&server);
     tokio::select! {
         () = graceful.shutdown() => {}
         () = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
@@ -63,7 +64,18 @@ async fn route(server: Arc<Server>, req: Request<Incoming>) -> Response<Body> {
     if req.uri().path() != "/mcp" {
         return plain(StatusCode::NOT_FOUND, "not found");
     }
+    if server.opts.check_host && !local_host_and_origin(req.headers()) {
+        let body =
+            jsonrpc::error_response(None, code::INVALID_REQUEST, "Forbidden: Host or Origin is not localhost", None);
+        return json(StatusCode::FORBIDDEN, body);
+    }
     let session_id = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    if server.opts.modern
+        && matches!(*req.method(), Method::GET | Method::DELETE)
+        && crate::modern::is_modern_get(req.headers())
+    {
+        return crate::modern::method_not_allowed();
+    }
     match *req.method() {
         Method::POST => post(server, session_id, req).await,
         Method::GET => {
@@ -78,11 +90,30 @@ async fn route(server: Arc<Server>, req: Request<Incoming>) -> Response<Body> {
     }
 }
 
+/// Whether the `Host` (and the `Origin`, if any) name this machine.
+fn local_host_and_origin(headers: &http::HeaderMap) -> bool {
+    fn local(authority: &str) -> bool {
+        let host = match authority.strip_prefix('[') {
+            Some(rest) => rest.split(']').next().unwrap_or_default(),
+            None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+        };
+        matches!(host.to_ascii_lowercase().as_str(), "localhost" | "127.0.0.1" | "::1")
+    }
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+    host.is_none_or(local)
+        && origin.is_none_or(|o| o == "null" || o.split_once("://").is_some_and(|(_, authority)| local(authority)))
+}
+
 async fn post(server: Arc<Server>, session_id: Option<String>, req: Request<Incoming>) -> Response<Body> {
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+    let (parts, body) = req.into_parts();
+    let body = match Limited::new(body, MAX_BODY).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(_) => return plain(StatusCode::PAYLOAD_TOO_LARGE, "body too large"),
     };
+    if server.opts.modern && session_id.is_none() && crate::modern::wants(&parts.headers, &body) {
+        return crate::modern::post(server, &parts.headers, body).await;
+    }
     let (session, new_session) = if server.opts.stateless {
         (server.shared().clone(), false)
     } else if looks_like_initialize(&body) {

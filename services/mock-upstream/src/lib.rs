@@ -11,7 +11,13 @@
 //! mock is never the bottleneck of a load test.
 //!
 //! - `mcp.rs`: the protocol logic, independent of the transport.
-//! - `http.rs`: Streamable HTTP on hyper.
+//! - `http.rs`: Streamable HTTP on hyper; each POST is answered in the era it
+//!   belongs to (2025 sessions, or 2026-07-28 stateless requests).
+//! - `modern.rs`: MCP 2026-07-28: validation, `server/discover`,
+//!   `subscriptions/listen`, `input_required` rounds, the era's result members.
+//! - `mrtr.rs`: the tools and prompts that need input from the client, as
+//!   round-based programs served in both eras.
+//! - `seal.rs`: HMAC-sealed `requestState`, Base64.
 //! - `stdio.rs`: newline-delimited JSON on stdin/stdout.
 //! - `body.rs`: the response body type.
 //!
@@ -23,6 +29,9 @@ mod body;
 mod conformance;
 mod http;
 mod mcp;
+mod modern;
+mod mrtr;
+mod seal;
 mod stdio;
 
 use std::future::Future;
@@ -85,5 +94,10 @@ impl Mock {
     /// How many sessions are live now.
     pub fn live_sessions(&self) -> usize {
         self.server.live_sessions()
+    }
+
+    /// How many `subscriptions/listen` streams (2026-07-28) are open now.
+    pub fn listen_streams(&self) -> usize {
+        self.server.listeners.len()
     }
 }

@@ -4,7 +4,13 @@
 //! switchboard-mock --stdio [--name N] [--allow-exit] [--conformance]
 //! switchboard-mock --http 127.0.0.1:3001 [--name N] [--stateless] [--tools N] [--sse] [--page-size N]
 //!                  [--list-delay-ms MS] [--unknown-session-status 400] [--threads N]
+//!                  [--modern] [--check-host | --any-host] [--state-key KEY] [--list-ttl-ms MS]
 //! ```
+//!
+//! With `--modern`, each HTTP POST is answered in its era: MCP 2026-07-28
+//! (stateless, `_meta` per request) or a 2025 session; without it the mock is
+//! a 2025 server only. `--conformance` also turns on the Host/Origin check
+//! (`--any-host` turns it off again).
 
 use anyhow::{bail, Context, Result};
 use switchboard_mock::{Mock, Options};
@@ -14,13 +20,24 @@ fn main() -> Result<()> {
     let mut http: Option<String> = None;
     let mut stdio = false;
     let mut threads = 0usize;
+    let mut any_host = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().with_context(|| format!("{name} needs a value"));
         match arg.as_str() {
             "--stdio" => stdio = true,
             "--allow-exit" => options.allow_exit = true,
-            "--conformance" => options.conformance = true,
+            "--conformance" => {
+                options.conformance = true;
+                options.check_host = true;
+            }
+            "--modern" => options.modern = true,
+            "--check-host" => options.check_host = true,
+            "--any-host" => any_host = true,
+            "--state-key" => options.state_key = value("--state-key")?,
+            "--list-ttl-ms" => {
+                options.list_ttl_ms = value("--list-ttl-ms")?.parse().context("--list-ttl-ms takes a number")?
+            }
             "--http" => http = Some(value("--http")?),
             "--name" => options.name = value("--name")?,
             "--stateless" => options.stateless = true,
@@ -38,12 +55,16 @@ fn main() -> Result<()> {
             "-h" | "--help" => {
                 println!(
                     "switchboard-mock (--stdio [--allow-exit] | --http ADDR) [--conformance] [--name NAME] [--stateless] [--sse] [--tools N] \
-                     [--page-size N] [--list-delay-ms MS] [--unknown-session-status CODE] [--threads N]"
+                     [--page-size N] [--list-delay-ms MS] [--unknown-session-status CODE] [--threads N] \
+                     [--modern] [--check-host | --any-host] [--state-key KEY] [--list-ttl-ms MS]"
                 );
                 return Ok(());
             }
             other => bail!("unknown argument {other:?}; try --help"),
         }
+    }
+    if any_host {
+        options.check_host = false;
     }
     let mut runtime = if threads == 1 {
         tokio::runtime::Builder::new_current_thread()

@@ -20,6 +20,8 @@ use switchboard_protocol::jsonrpc::{self, code, Envelope, MessageKind};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::conformance;
+use crate::modern::{Change, Listeners};
+use crate::mrtr::{self, Kind};
 
 /// How the mock behaves.
 #[derive(Debug, Clone)]
@@ -44,6 +46,18 @@ pub struct Options {
     /// Serve the conformance suite's fixtures instead of the usual tools,
     /// resources and prompts.
     pub conformance: bool,
+    /// Also serve MCP 2026-07-28 (stateless requests), decided per request.
+    /// Off by default: a router probing this mock then finds a 2025-only
+    /// upstream, as its tests expect.
+    pub modern: bool,
+    /// Refuse requests whose `Host` or `Origin` is not localhost (DNS
+    /// rebinding protection, HTTP 403).
+    pub check_host: bool,
+    /// The key that seals `requestState` (2026-07-28); mocks that share it
+    /// accept each other's states.
+    pub state_key: String,
+    /// The `ttlMs` of lists and reads (2026-07-28).
+    pub list_ttl_ms: u64,
 }
 
 impl Default for Options {
@@ -58,6 +72,10 @@ impl Default for Options {
             allow_exit: false,
             list_delay: Duration::ZERO,
             conformance: false,
+            modern: false,
+            check_host: false,
+            state_key: "switchboard-mock".into(),
+            list_ttl_ms: 0,
         }
     }
 }
@@ -173,6 +191,8 @@ pub(crate) struct Server {
     shared: Arc<Session>,
     dynamic_tools: Mutex<Vec<String>>,
     tools_page: Mutex<Option<Bytes>>,
+    /// The open `subscriptions/listen` streams (2026-07-28).
+    pub(crate) listeners: Listeners,
 }
 
 const TOOLS: &[(&str, &str, &str)] = &[
@@ -218,7 +238,7 @@ const TOOLS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-const SUPPORTED_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+pub(crate) const SUPPORTED_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
 
 #[derive(Deserialize)]
 struct CallParams<'a> {
@@ -245,6 +265,7 @@ impl Server {
             shared: Session::new(String::new()),
             dynamic_tools: Mutex::new(Vec::new()),
             tools_page: Mutex::new(None),
+            listeners: Listeners::default(),
         }
     }
 
@@ -442,6 +463,9 @@ impl Server {
             }
             "prompts/get" => {
                 let name = p["name"].as_str().unwrap_or_default();
+                if mrtr::is_program(true, Kind::Prompt, name) {
+                    return Some(driven(session, id, Kind::Prompt, name, &p["arguments"]));
+                }
                 match conformance::prompt(name, &p["arguments"]) {
                     Some(v) => ok(v),
                     None => err(code::INVALID_PARAMS, format!("Unknown prompt: {name}")),
@@ -456,8 +480,22 @@ impl Server {
                         "Reconnection test completed successfully. If you received this, the client properly reconnected after stream closure.",
                     )));
                 }
-                if let Some(result) = conformance::immediate(&name) {
+                if let Some(result) = conformance::immediate(&name, &p["arguments"]) {
                     return Some(ok(result));
+                }
+                match name.as_str() {
+                    "test_trigger_tool_change" => {
+                        self.announce(Change::Tools);
+                        return Some(ok(conformance::text("Announced a tool list change")));
+                    }
+                    "test_trigger_prompt_change" => {
+                        self.announce(Change::Prompts);
+                        return Some(ok(conformance::text("Announced a prompt list change")));
+                    }
+                    _ => {}
+                }
+                if !conformance::is_streamed(&name) && mrtr::is_program(true, Kind::Tool, &name) {
+                    return Some(driven(session, id, Kind::Tool, &name, &p["arguments"]));
                 }
                 if !conformance::is_streamed(&name) {
                     return Some(err(code::INVALID_PARAMS, format!("Unknown tool: {name}")));
@@ -579,8 +617,7 @@ impl Server {
                 };
                 self.dynamic_tools.lock().expect("lock").push(name.to_owned());
                 *self.tools_page.lock().expect("lock") = None;
-                let note = jsonrpc::request(None, "notifications/tools/list_changed", None);
-                self.broadcast(note);
+                self.announce(Change::Tools);
                 Reply::Json(text_result(&format!("added {name}")))
             }
             "touch" => {
@@ -594,6 +631,7 @@ impl Server {
                         told += 1;
                     }
                 }
+                self.listeners.notify(Change::Updated(&uri));
                 Reply::Json(text_result(&format!("told {told} subscribers")))
             }
             "cancelled" => {
@@ -723,6 +761,37 @@ impl Server {
             s.send_unsolicited(message.clone());
         }
     }
+
+    /// Announces a list change to every session's GET stream (2025) and to
+    /// the listen streams that asked for it (2026-07-28).
+    pub(crate) fn announce(&self, change: Change<'_>) {
+        let method = match change {
+            Change::Tools => "notifications/tools/list_changed",
+            Change::Prompts => "notifications/prompts/list_changed",
+            Change::Updated(_) => return self.listeners.notify(change),
+        };
+        self.broadcast(jsonrpc::request(None, method, None));
+        self.listeners.notify(change);
+    }
+}
+
+/// Runs an input-needing program for a 2025 session: its questions go to
+/// the client as requests on the response stream.
+fn driven(session: &Arc<Session>, id: &RawValue, kind: Kind, name: &str, args: &Value) -> Reply {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (session, id, name, args) = (session.clone(), id.to_owned(), name.to_owned(), args.clone());
+    tokio::spawn(async move {
+        let message = match mrtr::drive(&session, kind, &name, &args, &tx).await {
+            Ok(result) => jsonrpc::result_response(&id, &serde_json::to_vec(&result).expect("serializable")),
+            Err(failure) if kind == Kind::Tool => {
+                let result = json!({"content": [{"type": "text", "text": failure.message}], "isError": true});
+                jsonrpc::result_response(&id, &serde_json::to_vec(&result).expect("serializable"))
+            }
+            Err(failure) => jsonrpc::error_response(Some(&id), failure.code, &failure.message, failure.data.as_ref()),
+        };
+        let _ = tx.send(message);
+    });
+    Reply::Stream(rx)
 }
 
 /// A channel that yields a text result after 100 ms.

@@ -333,10 +333,14 @@ impl App {
     }
 
     /// An upstream's list changed: mark it stale and, if clients may have
-    /// seen it, tell every session once.
+    /// seen it, tell every session once; listen streams hear of every change.
     pub fn list_changed(&self, u: usize, kind: ListKind) {
         if self.catalog.invalidate(u, kind) {
             self.announce(kind);
+        } else {
+            // Sessions were told already; a listen stream opened since was
+            // not (its client expects every change after it subscribed).
+            let _ = self.changes.send(Change::List(kind, None));
         }
     }
 

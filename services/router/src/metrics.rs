@@ -70,6 +70,7 @@ pub struct Metrics {
     duration: HistogramVec,
     table: Vec<OnceLock<RequestHandles>>,
     upstream_up: IntGaugeVec,
+    upstream_era: IntGaugeVec,
     reinitializations: IntCounterVec,
     restarts: IntCounterVec,
     protocol_errors: IntCounterVec,
@@ -197,6 +198,14 @@ impl Metrics {
         let upstream_up = reg!(IntGaugeVec::new(
             Opts::new("switchboard_upstream_up", "1 if the upstream answered its last handshake or list, else 0."),
             &["upstream"]
+        )
+        .expect("valid"));
+        let upstream_era = reg!(IntGaugeVec::new(
+            Opts::new(
+                "switchboard_upstream_era",
+                "1 for the protocol era the router found the upstream speaks: 2026-07-28 (stateless) or 2025 (sessions).",
+            ),
+            &["upstream", "era"]
         )
         .expect("valid"));
         let reinitializations = reg!(IntCounterVec::new(
@@ -420,6 +429,7 @@ impl Metrics {
             duration,
             table,
             upstream_up,
+            upstream_era,
             reinitializations,
             restarts,
             protocol_errors,
@@ -456,6 +466,13 @@ impl Metrics {
 
     pub fn set_upstream_up(&self, upstream: &str, up: bool) {
         self.upstream_up.with_label_values(&[upstream]).set(up as i64);
+    }
+
+    /// Records what the era probe found (`modern`: 2026-07-28).
+    pub fn set_upstream_era(&self, upstream: &str, modern: bool) {
+        let (found, other) = if modern { ("2026-07-28", "2025") } else { ("2025", "2026-07-28") };
+        self.upstream_era.with_label_values(&[upstream, found]).set(1);
+        self.upstream_era.with_label_values(&[upstream, other]).set(0);
     }
 
     pub fn upstream_reinitialized(&self, upstream: &str) {

@@ -1,12 +1,16 @@
 //! Real peers through the router: the official Python SDK client (`mcp` 2.x,
 //! `mode="legacy"`) against `@modelcontextprotocol/server-everything` (over
 //! Streamable HTTP and over stdio) and `mcp-server-time` (stdio). Each result
-//! through the router is compared with the same call made directly.
+//! through the router is compared with the same call made directly. And the
+//! same client in the stateless era (`mode="2026-07-28"` and `"auto"`)
+//! against server-everything (2025 only: the router bridges) and the SDK's
+//! own `MCPServer` (2026-07-28: passed through, and bridged the other way
+//! for a `mode="legacy"` client).
 //!
 //! Needs `scripts/install-peers` (run by `scripts/test`).
 
 use serde_json::{json, Value};
-use switchboard_test_support::peers::{everything_http, node_bin, python_script, run_python_client};
+use switchboard_test_support::peers::{dual_era_http, everything_http, node_bin, python_script, run_python_client};
 use switchboard_test_support::{http_upstream, Router};
 
 fn stdio_upstream(name: &str, command: &std::path::Path, args: &[&str]) -> String {
@@ -289,4 +293,33 @@ async fn python_sdk_with_a_tenant_key_sees_only_its_catalog() {
     assert!(timely["results"][0]["content"][0]["text"].as_str().unwrap().contains("UTC"), "{timely}");
     router.stop().await;
     pg.drop_now().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_in_both_eras_against_a_2025_upstream_and_a_2026_upstream() {
+    let (_everything, everything_url) = everything_http().await;
+    let (_dual, dual_url) = dual_era_http().await;
+    let router = start_router(&format!(
+        "{}{}",
+        http_upstream("everything", &everything_url, "list_timeout = \"20s\""),
+        http_upstream("dual", &dual_url, "list_timeout = \"20s\"")
+    ))
+    .await;
+    // Each run checks every answer (texts, progress counts, one sampling and
+    // one elicitation callback each) and fails otherwise.
+    for mode in ["2026-07-28", "auto", "legacy"] {
+        for (flavour, prefix) in [("everything", "everything__"), ("dual", "dual__")] {
+            let out = run_python_client("modern_client.py", &[&router.url, mode, flavour, prefix]).await;
+            assert_eq!(out["ok"], true, "{mode} {flavour}: {out}");
+            let modern = mode != "legacy";
+            assert_eq!(out["connect"]["modern"], modern, "{mode} {flavour}: the era used: {}", out["connect"]);
+            let expected = if modern { "2026-07-28" } else { "2025-11-25" };
+            assert_eq!(out["connect"]["protocol_version"], expected, "{mode} {flavour}");
+            assert_eq!(out["callbacks"], json!({"sampling": 1, "elicitation": 1}), "{mode} {flavour}");
+        }
+    }
+    // The router tells the 2026-07-28 upstream apart by asking it.
+    let metrics = switchboard_test_support::get_text(&router.path("/metrics")).await;
+    assert!(metrics.contains("switchboard_upstream_era{era=\"2026-07-28\",upstream=\"dual\"} 1"), "{metrics}");
+    assert!(metrics.contains("switchboard_upstream_era{era=\"2025\",upstream=\"everything\"} 1"));
 }

@@ -91,7 +91,7 @@ async fn headers_and_meta_are_checked_and_removed_methods_are_404() {
     assert_eq!(error_of(&client.send(&bare, &good).await), (StatusCode::BAD_REQUEST, -32602));
 
     // Removed and unknown methods: 404. Unknown tools: a JSON-RPC error in a 200.
-    for method in ["ping", "logging/setLevel", "resources/subscribe", "no/such"] {
+    for method in ["initialize", "ping", "logging/setLevel", "resources/subscribe", "no/such"] {
         let reply = client.request(method, json!({"level": "info", "uri": "x"})).await;
         assert_eq!(error_of(&reply), (StatusCode::NOT_FOUND, -32601), "{method}");
     }
@@ -223,4 +223,63 @@ async fn listen_streams_list_changes_tagged_with_the_subscription() {
     assert_eq!(note["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], subscription);
     let listed = client.call("tools/list", json!({})).await;
     assert!(listed["result"]["tools"].as_array().unwrap().iter().any(|t| t["name"] == "web__fresh"), "{listed}");
+}
+
+#[tokio::test]
+async fn a_2026_upstream_gets_requests_as_they_came_and_its_answers_go_back_untouched() {
+    let mut options = mock_named("new");
+    options.modern = true;
+    options.list_ttl_ms = 60_000;
+    let upstream = MockServer::start(options).await;
+    let router =
+        Router::start(&format!("[server]\nkeep_alive = \"1s\"\n{}", http_upstream("new", &upstream.url, ""))).await;
+    let client = Stateless::new(&router.url, json!({"sampling": {}}));
+
+    // The router's lists carry the upstream's cache hint (what is left of it).
+    let listed = client.call("tools/list", json!({})).await;
+    let ttl = listed["result"]["ttlMs"].as_u64().unwrap();
+    assert!(ttl > 50_000 && ttl <= 60_000, "the upstream's ttlMs, counted down: {listed}");
+    let metrics = switchboard_test_support::get_text(&router.path("/metrics")).await;
+    assert!(metrics.contains(r#"switchboard_upstream_era{era="2026-07-28",upstream="new"} 1"#), "{metrics}");
+
+    // input_required comes back as the upstream made it: its own key and state.
+    let params = json!({"name": "new__sample", "arguments": {"prompt": "sonnet"}});
+    let first = client.call("tools/call", params.clone()).await;
+    assert_eq!(first["result"]["resultType"], "input_required", "{first}");
+    let keys: Vec<&String> = first["result"]["inputRequests"].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["sampling"], "the upstream's own key, not a relayed request's id");
+    let mut retry = params.clone();
+    retry["requestState"] = first["result"]["requestState"].clone();
+    retry["inputResponses"] = json!({"sampling": {"role": "assistant", "content": {"type": "text", "text": "re sonnet"},
+        "model": "test", "stopReason": "endTurn"}});
+    let done = client.call("tools/call", retry.clone()).await;
+    assert_eq!(text_of(&done), "sampled: re sonnet", "{done}");
+    // The upstream checks its own state: a tampered one is refused there.
+    retry["requestState"] = json!("tampered");
+    assert_eq!(client.call("tools/call", retry).await["error"]["code"], -32602);
+    // The upstream's -32021 keeps its 400.
+    let plain = Stateless::new(&router.url, json!({}));
+    let refused = plain.request("tools/call", params).await;
+    assert_eq!(error_of(&refused), (StatusCode::BAD_REQUEST, -32021));
+    assert_eq!(upstream.mock.initialize_count(), 0, "stateless all the way: no upstream session");
+
+    // The upstream's list changes reach listen streams (the router listens to it).
+    let (status, _, mut stream) =
+        client.stream("subscriptions/listen", json!({"notifications": {"toolsListChanged": true}})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        stream.next(Duration::from_secs(5)).await.unwrap()["method"],
+        "notifications/subscriptions/acknowledged"
+    );
+    client.call("tools/call", json!({"name": "new__add_tool", "arguments": {"name": "later"}})).await;
+    let note = stream.next(Duration::from_secs(10)).await.expect("a list change");
+    assert_eq!(note["method"], "notifications/tools/list_changed", "{note}");
+    let listed = client.call("tools/list", json!({})).await;
+    assert!(listed["result"]["tools"].as_array().unwrap().iter().any(|t| t["name"] == "new__later"), "{listed}");
+
+    // A session client of this dual-era upstream keeps a session of its own with it.
+    let mut legacy = switchboard_test_support::Client::new(&router.url);
+    legacy.initialize().await;
+    assert_eq!(text_of(&legacy.call_tool("new__echo", json!({"z": 1})).await), r#"{"z":1}"#);
+    assert_eq!(upstream.mock.initialize_count(), 1);
 }

@@ -104,6 +104,17 @@ pub async fn everything_sse() -> (Process, String) {
     (process, format!("http://127.0.0.1:{port}/sse"))
 }
 
+/// `dual_era_server.py` (the Python SDK's `MCPServer`, serving 2025 sessions
+/// and 2026-07-28 stateless requests on one endpoint) on a free port.
+/// Returns the process and its `/mcp` URL.
+pub async fn dual_era_http() -> (Process, String) {
+    let port = free_port();
+    let script = scripts_dir().join("dual_era_server.py");
+    let process = Process::spawn(&python(), &[script.to_str().expect("utf-8 path"), &port.to_string()], &[]);
+    assert!(wait_for_port(port, Duration::from_secs(30)).await, "dual_era_server.py did not start on port {port}");
+    (process, format!("http://127.0.0.1:{port}/mcp"))
+}
+
 /// Runs one of the Python test clients against `url` with arguments and
 /// returns what it printed on stdout (it prints JSON), panicking with its
 /// stderr if it failed.

@@ -437,6 +437,9 @@ impl Catalog {
             Ok(Ok(crate::upstream::ModernAnswer { status: 200, reply: crate::upstream::Reply::Done(message) })) => {
                 serde_json::from_slice::<Value>(&message).ok().and_then(|mut v| v.get_mut("result").map(Value::take))
             }
+            // No answer at all (down, or not listening yet): ask again next
+            // time rather than take it for a session-era server for good.
+            Err(_) | Ok(Err(UpstreamError::Connect(_) | UpstreamError::Timeout(_))) => return false,
             _ => None,
         };
         let versions: Vec<String> = discovered
@@ -459,6 +462,7 @@ impl Catalog {
         }
         state.modern = Some(modern);
         state.stateless_only = modern && !sessions_too;
+        self.metrics.set_upstream_era(&upstream.name, modern);
         if modern {
             let r = discovered.expect("a discovery result");
             state.handshake = Some(Arc::new(Handshake {

@@ -79,7 +79,12 @@ const STATE_LIFETIME: Duration = Duration::from_secs(600);
 
 /// Whether a POST is a stateless request (see the module docs).
 pub fn is_modern(headers: &HeaderMap, env: &Envelope<'_>) -> bool {
-    if headers.contains_key(&respond::SESSION_ID) || env.method_str() == "initialize" {
+    if headers.contains_key(&respond::SESSION_ID) {
+        return false;
+    }
+    // A session client's `initialize` names the version it wants; one that
+    // does not, sent statelessly, asks for a method the era removed (404).
+    if env.method_str() == "initialize" && initialize_names_a_version(env) {
         return false;
     }
     let body_says = || modern::request_meta(env.params).ok().flatten().is_some_and(|m| m.protocol_version.is_some());
@@ -91,6 +96,16 @@ pub fn is_modern(headers: &HeaderMap, env: &Envelope<'_>) -> bool {
         },
         None => body_says(),
     }
+}
+
+/// Whether an `initialize` has `params.protocolVersion`.
+fn initialize_names_a_version(env: &Envelope<'_>) -> bool {
+    #[derive(Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow, rename = "protocolVersion", default)]
+        version: Option<&'a RawValue>,
+    }
+    env.params.and_then(|p| serde_json::from_str::<Params<'_>>(p.get()).ok()).is_some_and(|p| p.version.is_some())
 }
 
 /// A header's value as text: trimmed, and decoded if it is in the
@@ -239,6 +254,8 @@ pub async fn post(
         Method::ServerDiscover => local(discover(app, &who, id).await),
         Method::ToolsList | Method::PromptsList | Method::ResourcesList | Method::ResourcesTemplatesList => {
             let kind = lists::kind_of(method);
+            // Fetched first, so that the cache hint counts from this fetch.
+            app.catalog.ensure(&[kind]).await;
             let tail = result_tail(app, &who, true);
             local(lists::list(app, &who.tenant, kind, id, env.params, &tail).await)
         }
@@ -1091,8 +1108,10 @@ mod tests {
         assert!(is_modern(&headers(&[]), &env), "the body's _meta says so");
         assert!(!is_modern(&headers(&[("mcp-protocol-version", "2025-11-25")]), &env));
         assert!(!is_modern(&headers(&[("mcp-protocol-version", "2026-07-28"), ("mcp-session-id", "abc")]), &env));
-        let init = br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#;
+        let init = br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25"}}"#;
         assert!(!is_modern(&headers(&[("mcp-protocol-version", "2026-07-28")]), &Envelope::parse(init).unwrap()));
+        let bare = br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"_meta":{}}}"#;
+        assert!(is_modern(&headers(&[("mcp-protocol-version", "2026-07-28")]), &Envelope::parse(bare).unwrap()));
     }
 
     #[test]
