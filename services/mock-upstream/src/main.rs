@@ -4,7 +4,7 @@
 //! switchboard-mock --stdio [--name N] [--allow-exit] [--conformance]
 //! switchboard-mock --http 127.0.0.1:3001 [--name N] [--stateless] [--tools N] [--sse] [--page-size N]
 //!                  [--list-delay-ms MS] [--unknown-session-status 400] [--threads N]
-//!                  [--modern] [--check-host | --any-host] [--state-key KEY] [--list-ttl-ms MS]
+//!                  [--modern | --modern-only] [--check-host | --any-host] [--state-key KEY] [--list-ttl-ms MS]
 //! ```
 //!
 //! With `--modern`, each HTTP POST is answered in its era: MCP 2026-07-28
@@ -32,6 +32,10 @@ fn main() -> Result<()> {
                 options.check_host = true;
             }
             "--modern" => options.modern = true,
+            "--modern-only" => {
+                options.modern = true;
+                options.modern_only = true;
+            }
             "--check-host" => options.check_host = true,
             "--any-host" => any_host = true,
             "--state-key" => options.state_key = value("--state-key")?,
@@ -56,7 +60,7 @@ fn main() -> Result<()> {
                 println!(
                     "switchboard-mock (--stdio [--allow-exit] | --http ADDR) [--conformance] [--name NAME] [--stateless] [--sse] [--tools N] \
                      [--page-size N] [--list-delay-ms MS] [--unknown-session-status CODE] [--threads N] \
-                     [--modern] [--check-host | --any-host] [--state-key KEY] [--list-ttl-ms MS]"
+                     [--modern | --modern-only] [--check-host | --any-host] [--state-key KEY] [--list-ttl-ms MS]"
                 );
                 return Ok(());
             }

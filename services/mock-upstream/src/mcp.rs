@@ -50,6 +50,9 @@ pub struct Options {
     /// Off by default: a router probing this mock then finds a 2025-only
     /// upstream, as its tests expect.
     pub modern: bool,
+    /// With `modern`: speak only 2026-07-28 (discovery lists no other
+    /// version, and `initialize` is refused), as a stateless-only server.
+    pub modern_only: bool,
     /// Refuse requests whose `Host` or `Origin` is not localhost (DNS
     /// rebinding protection, HTTP 403).
     pub check_host: bool,
@@ -73,6 +76,7 @@ impl Default for Options {
             list_delay: Duration::ZERO,
             conformance: false,
             modern: false,
+            modern_only: false,
             check_host: false,
             state_key: "switchboard-mock".into(),
             list_ttl_ms: 0,
@@ -350,6 +354,9 @@ impl Server {
         }
         match env.method_str() {
             "tools/call" => self.call_tool(session, id, params).await,
+            "initialize" if self.opts.modern_only => {
+                err(code::METHOD_NOT_FOUND, "this server speaks only MCP 2026-07-28: no initialize")
+            }
             "initialize" => {
                 self.stats.initialize.fetch_add(1, Ordering::Relaxed);
                 let requested: Value = serde_json::from_str(params).unwrap_or(Value::Null);

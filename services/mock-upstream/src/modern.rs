@@ -137,9 +137,18 @@ fn ok(server: &Server, id: &Value, method: &str, mut result: Value) -> Response<
 
 /// The versions the mock speaks: this era, then the 2025 ones (reached
 /// with `initialize`).
-fn supported() -> Vec<&'static str> {
+fn supported_by_default() -> Vec<&'static str> {
     let mut all = vec![MODERN];
     all.extend(SUPPORTED_VERSIONS.iter().rev());
+    all
+}
+
+/// [`supported_by_default`], or only this era with `--modern-only`.
+fn supported(server: &Server) -> Vec<&'static str> {
+    let mut all = vec![MODERN];
+    if !server.opts.modern_only {
+        all.extend(SUPPORTED_VERSIONS.iter().rev());
+    }
     all
 }
 
@@ -243,7 +252,7 @@ fn validate(headers: &HeaderMap, id: &Value, method: &str, params: &Value) -> Re
         return Err(bad(
             UNSUPPORTED_VERSION,
             &format!("Unsupported protocol version: {version}"),
-            Some(json!({"supported": supported(), "requested": version})),
+            Some(json!({"supported": supported_by_default(), "requested": version})),
         ));
     }
     match header_str(headers, "mcp-method") {
@@ -342,7 +351,7 @@ fn check_param_headers(
 
 fn discover(server: &Server) -> Value {
     json!({
-        "supportedVersions": supported(),
+        "supportedVersions": supported(&server),
         "capabilities": {
             "tools": {"listChanged": true},
             "resources": {"subscribe": true, "listChanged": true},

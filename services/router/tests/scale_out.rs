@@ -810,3 +810,33 @@ async fn stateless_rounds_continue_at_any_replica_on_the_tenants_one_upstream_se
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_clients_answer_for_a_2026_only_upstream_may_reach_another_replica() {
+    let mut options = mock_named("web");
+    options.modern = true;
+    options.modern_only = true;
+    let web = MockServer::start(options).await;
+    let config = replica_config(&redis_url(), &unique("sbtest:"), &web.url, "30m");
+    let (a, b) = (Router::start(&config).await, Router::start(&config).await);
+    let mut on_a = Client::new(&a.url);
+    on_a.initialize_with(json!({"sampling": {}})).await;
+    let on_b = at(&on_a, &b.url);
+
+    // The upstream's input_required becomes a sampling request on the
+    // call's stream at A; the client answers through B.
+    let (status, _, mut stream) =
+        on_a.request_stream("tools/call", json!({"name": "web__sample", "arguments": {"prompt": "relay"}})).await;
+    assert_eq!(status, StatusCode::OK);
+    let ask = stream.next(Duration::from_secs(10)).await.expect("the sampling request");
+    assert_eq!(ask["method"], "sampling/createMessage", "{ask}");
+    assert!(ask["id"].as_str().is_some_and(|id| id.starts_with("m.")), "{ask}");
+    let answer = json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"role": "assistant",
+        "content": {"type": "text", "text": "re relay"}, "model": "test", "stopReason": "endTurn"}});
+    assert_eq!(on_b.post(answer).await.status, StatusCode::ACCEPTED);
+    let done = stream.next(Duration::from_secs(10)).await.expect("the result after the answer");
+    assert_eq!(text_of(&done), "sampled: re relay", "{done}");
+    assert_eq!(web.mock.initialize_count(), 0, "a 2026-07-28-only upstream is never initialised");
+    a.stop().await;
+    b.stop().await;
+}
