@@ -351,7 +351,7 @@ fn check_param_headers(
 
 fn discover(server: &Server) -> Value {
     json!({
-        "supportedVersions": supported(&server),
+        "supportedVersions": supported(server),
         "capabilities": {
             "tools": {"listChanged": true},
             "resources": {"subscribe": true, "listChanged": true},
