@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -70,7 +70,7 @@ pub struct App {
     pub changes: tokio::sync::broadcast::Sender<Change>,
     /// The key that signs the `requestState` of bridged calls (shared by
     /// the replicas through Redis, else this process's own).
-    state_key: tokio::sync::OnceCell<[u8; 32]>,
+    state_key: RwLock<Option<(String, [u8; 32])>>,
     /// Input requests of stateless upstreams awaiting the client's answer,
     /// by the router's id (`m.…`).
     awaiting: Mutex<HashMap<String, Awaiting>>,
@@ -178,7 +178,7 @@ impl App {
                 epoch: Instant::now(),
                 shutting_down: AtomicBool::new(false),
                 changes: tokio::sync::broadcast::channel(256).0,
-                state_key: tokio::sync::OnceCell::new(),
+                state_key: RwLock::new(None),
                 awaiting: Mutex::new(HashMap::new()),
                 legacy: Mutex::new(HashMap::new()),
             }
@@ -495,25 +495,49 @@ impl App {
     /// The key of bridged calls' `requestState`s: one every replica shares
     /// (agreed through Redis) with shared sessions, else this process's own.
     pub async fn state_key(&self) -> [u8; 32] {
-        *self
-            .state_key
-            .get_or_init(|| async {
-                let own = crate::session::new_session_id().to_string() + &crate::session::new_session_id();
-                let text = match &self.shared_streams {
-                    Some(shared) => match shared.shared_secret(&own).await {
-                        Ok(text) => text,
-                        Err(e) => {
-                            // Rounds then continue only at this replica.
-                            tracing::warn!(error = %e, "no shared requestState key: Redis unreachable; using this replica's own");
-                            own
-                        }
-                    },
-                    None => own,
-                };
-                use sha2::Digest;
-                sha2::Sha256::digest(text.as_bytes()).into()
-            })
-            .await
+        if let Some((_, key)) = &*self.state_key.read().expect("lock") {
+            return *key;
+        }
+        let own = crate::session::new_session_id().to_string() + &crate::session::new_session_id();
+        let text = match &self.shared_streams {
+            Some(shared) => match shared.shared_secret(&own).await {
+                Ok(text) => text,
+                Err(e) => {
+                    // Rounds then continue only at this replica, until the
+                    // sweeper gets this key into Redis.
+                    tracing::warn!(error = %e, "no shared requestState key: Redis unreachable; using this replica's own");
+                    own
+                }
+            },
+            None => own,
+        };
+        self.set_state_key(text)
+    }
+
+    fn set_state_key(&self, text: String) -> [u8; 32] {
+        use sha2::Digest;
+        let key: [u8; 32] = sha2::Sha256::digest(text.as_bytes()).into();
+        *self.state_key.write().expect("lock") = Some((text, key));
+        key
+    }
+
+    /// Puts this replica's `requestState` key back into Redis if Redis lost
+    /// it (restarted empty), or adopts the one Redis has: the replicas agree
+    /// again (rounds sealed with a key given up on are refused, and their
+    /// clients start the call again).
+    async fn reassert_state_key(&self) {
+        let (Some(shared), Some((ours, _))) = (&self.shared_streams, self.state_key.read().expect("lock").clone())
+        else {
+            return;
+        };
+        match shared.shared_secret(&ours).await {
+            Ok(theirs) if theirs != ours => {
+                tracing::info!("adopted the requestState key the other replicas use");
+                self.set_state_key(theirs);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "cannot check the shared requestState key"),
+        }
     }
 
     /// The live session `id`: this replica's copy (checked against the
@@ -640,6 +664,7 @@ impl App {
     /// store keeps them for other replicas); this replica's own sessions
     /// (legacy) expire when idle.
     pub async fn sweep_sessions(&self) {
+        self.reassert_state_key().await;
         let idle = self.config.server.session_idle_timeout;
         match self.store.take_expired(1000).await {
             Ok(expired) => {

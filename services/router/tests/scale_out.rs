@@ -840,3 +840,43 @@ async fn a_session_clients_answer_for_a_2026_only_upstream_may_reach_another_rep
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_redis_restarts_empty_the_replicas_agree_on_the_request_state_key_again() {
+    let mut redis = PrivateRedis::start();
+    let web = MockServer::start(mock_named("web")).await;
+    // A short idle timeout: the sweeper (which checks the key) runs often.
+    let config = replica_config(&redis.url, "sb:", &web.url, "2s");
+    let a = Router::start(&config).await;
+    let on_a = Stateless::new(&a.url, json!({"sampling": {}}));
+    stateless_round(&on_a, &on_a, "before").await;
+
+    // Redis comes back empty, and a replica that starts now finds no key.
+    redis.stop();
+    redis.resume();
+    let b = Router::start(&config).await;
+    let mut on_b = on_a.clone();
+    on_b.client.url = b.url.clone();
+    let mut agreed = false;
+    for _ in 0..50 {
+        let first = on_a.call("tools/call", json!({"name": "web__sample", "arguments": {"prompt": "after"}})).await;
+        if first["result"]["resultType"] != "input_required" {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        let (key, _) = first["result"]["inputRequests"].as_object().unwrap().iter().next().unwrap();
+        let retry = json!({"name": "web__sample", "arguments": {"prompt": "after"},
+            "requestState": first["result"]["requestState"],
+            "inputResponses": {key: {"role": "assistant", "content": {"type": "text", "text": "agreed"}, "model": "m"}}});
+        let done = on_b.call("tools/call", retry).await;
+        if done["result"]["content"][0]["text"] == "sampled: agreed" {
+            agreed = true;
+            break;
+        }
+        assert_eq!(done["error"]["code"], -32602, "refused as not this router's state, or answered: {done}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(agreed, "a round begun at the old replica continues at the new one once they agree on the key");
+    a.stop().await;
+    b.stop().await;
+}

@@ -738,7 +738,7 @@ async fn bridged(
         Ok(Ok(Reply::Done(message))) => {
             let (message, outcome) = forward::finish(app, u, method, message);
             inflight.finish(outcome, forward::error_code(&message), message.len());
-            respond::json(for_client(&message, id))
+            respond::json(for_client(&message, id, method))
         }
         Ok(Ok(Reply::Stream(stream))) => {
             let mut inflight = inflight;
@@ -750,6 +750,7 @@ async fn bridged(
             tokio::spawn(log.clone().reader(None, tx));
             let round = Round {
                 app: app.clone(),
+                method,
                 session,
                 tenant: who.tenant.name.to_string(),
                 upstream: u,
@@ -830,6 +831,7 @@ async fn resume(
             app.metrics.request(method, Some(u)).record(Outcome::Ok, started.elapsed());
             let round = Round {
                 app: app.clone(),
+                method,
                 session,
                 tenant: who.tenant.name.to_string(),
                 upstream: u,
@@ -850,6 +852,7 @@ async fn resume(
 /// the client.
 struct Round {
     app: Arc<App>,
+    method: Method,
     session: Arc<Session>,
     tenant: String,
     upstream: usize,
@@ -971,7 +974,7 @@ impl Round {
         match env.kind {
             MessageKind::Response | MessageKind::Error => {
                 if env.id.is_some_and(|i| i.get() == self.call_id) {
-                    Some(Frame::Last(for_client(&data, &self.client_id)))
+                    Some(Frame::Last(for_client(&data, &self.client_id, self.method)))
                 } else {
                     None
                 }
@@ -1056,16 +1059,24 @@ impl Round {
 }
 
 /// A response from a session-based upstream as a modern client gets it:
-/// the client's id, and `resultType: "complete"` in the result.
-fn for_client(message: &Bytes, client_id: &RawValue) -> Bytes {
+/// the client's id, and `resultType: "complete"` in the result (with cache
+/// hints that promise nothing for `resources/read`, which the era says
+/// carries them: the upstream gave none).
+fn for_client(message: &Bytes, client_id: &RawValue, method: Method) -> Bytes {
     let Ok(env) = Envelope::parse(message) else { return message.clone() };
     let Some(theirs) = env.id else { return message.clone() };
     let restored = splice(message, &mut [Edit::new(span(message, theirs.get()), client_id.get().as_bytes())]);
-    stamp_complete(restored)
+    stamp(restored, method == Method::ResourcesRead)
 }
 
 /// Adds `resultType: "complete"` to a result that has no `resultType`.
 pub(crate) fn stamp_complete(message: Bytes) -> Bytes {
+    stamp(message, false)
+}
+
+/// [`stamp_complete`], and with `cache` also `ttlMs: 0` and
+/// `cacheScope: "private"`.
+fn stamp(message: Bytes, cache: bool) -> Bytes {
     let Ok(env) = Envelope::parse(&message) else { return message };
     let Some(result) = env.result else { return message };
     let text = result.get();
@@ -1082,8 +1093,14 @@ pub(crate) fn stamp_complete(message: Bytes) -> Bytes {
     }
     let at = span(&message, text).start + 1;
     let empty = text[1..].trim_start().starts_with('}');
-    let insert: &[u8] = if empty { br#""resultType":"complete""# } else { br#""resultType":"complete","# };
-    splice(&message, &mut [Edit::new(at..at, insert)])
+    let mut insert: Vec<u8> = br#""resultType":"complete""#.to_vec();
+    if cache {
+        insert.extend_from_slice(br#","ttlMs":0,"cacheScope":"private""#);
+    }
+    if !empty {
+        insert.push(b',');
+    }
+    splice(&message, &mut [Edit::new(at..at, &insert)])
 }
 
 #[cfg(test)]
@@ -1171,8 +1188,18 @@ mod tests {
         let restored = for_client(
             &Bytes::from_static(br#"{"jsonrpc":"2.0","id":"sb.1","result":{}}"#),
             &RawValue::from_string("7".into()).unwrap(),
+            Method::ToolsCall,
         );
         assert_eq!(&restored[..], br#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"complete"}}"#);
+        let read = for_client(
+            &Bytes::from_static(br#"{"jsonrpc":"2.0","id":"sb.1","result":{"contents":[]}}"#),
+            &RawValue::from_string("7".into()).unwrap(),
+            Method::ResourcesRead,
+        );
+        assert_eq!(
+            &read[..],
+            br#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"complete","ttlMs":0,"cacheScope":"private","contents":[]}}"#
+        );
     }
 
     #[test]
