@@ -174,8 +174,9 @@ async fn sampling_and_elicitation_become_input_required_rounds() {
 
     let mut retry = params.clone();
     retry["requestState"] = json!(state);
+    // Keys besides the one asked about are ignored (they could name another call's requests).
     retry["inputResponses"] = json!({key: {"role": "assistant", "content": {"type": "text", "text": "re haiku"},
-        "model": "test", "stopReason": "endTurn"}});
+        "model": "test", "stopReason": "endTurn"}, "0.n999": {"action": "decline"}});
     let done = client.call("tools/call", retry).await;
     assert_eq!(done["result"]["resultType"], "complete", "{done}");
     assert_eq!(text_of(&done), "sampled: re haiku");

@@ -792,14 +792,15 @@ async fn resume(
             jsonrpc::as_str(&RawValue::from_string(state.key.clone()).map_err(|_| Error::Internal("key".into()))?)
                 .map(Cow::into_owned)
                 .unwrap_or_default();
-        if !responses.contains_key(&wanted) {
+        // Only the request this round asked about is answered: other keys
+        // are ignored (they could name another call's requests).
+        let Some(response) = responses.get(&wanted) else {
             return Err(Error::InvalidParams(format!("inputResponses must answer {wanted:?}")));
-        }
-        for (key, response) in &responses {
-            let raw = RawValue::from_string(String::from_utf8(jsonrpc::json_string(key)).expect("utf-8"))
-                .expect("a JSON string");
+        };
+        let u = {
+            let raw = RawValue::from_string(state.key.clone()).map_err(|_| Error::Internal("key".into()))?;
             let Some((u, their_id)) = session.answered(&raw) else {
-                return Err(Error::InvalidParams(format!("inputResponses: {key:?} is not a request of this call")));
+                return Err(Error::InvalidRequestState("not one this router issued".into()));
             };
             let channel = session
                 .existing_channel(app, u)
@@ -810,7 +811,8 @@ async fn resume(
                 response.get().as_bytes(),
             );
             channel.send(message).await.map_err(|e| Error::upstream(&app.upstreams[u].name, e))?;
-        }
+            u
+        };
         session.touch();
         let rx = session.open_get(app, Some((state.stream, state.seq))).await.map_err(|e| match e {
             Error::UnknownStream => {
@@ -818,7 +820,6 @@ async fn resume(
             }
             e => e,
         })?;
-        let u = session.answered(&RawValue::from_string(state.key.clone()).expect("JSON")).map_or(0, |(u, _)| u);
         Ok((session, state, rx, u))
     }
     .await;
