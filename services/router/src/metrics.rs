@@ -203,7 +203,7 @@ impl Metrics {
         let upstream_era = reg!(IntGaugeVec::new(
             Opts::new(
                 "switchboard_upstream_era",
-                "1 for the protocol era the router found the upstream speaks: 2026-07-28 (stateless) or 2025 (sessions).",
+                "1 for the protocol era the router found the upstream speaks: 2026-07-28 (stateless), 2025 (sessions) or 2024-11-05 (legacy HTTP+SSE).",
             ),
             &["upstream", "era"]
         )
@@ -468,11 +468,17 @@ impl Metrics {
         self.upstream_up.with_label_values(&[upstream]).set(up as i64);
     }
 
-    /// Records what the era probe found (`modern`: 2026-07-28).
-    pub fn set_upstream_era(&self, upstream: &str, modern: bool) {
-        let (found, other) = if modern { ("2026-07-28", "2025") } else { ("2025", "2026-07-28") };
-        self.upstream_era.with_label_values(&[upstream, found]).set(1);
-        self.upstream_era.with_label_values(&[upstream, other]).set(0);
+    /// Records the era an upstream was found to speak (1 for it, 0 for the
+    /// others). The era probe cannot tell a legacy HTTP+SSE server from a
+    /// session-era one, so `Sessions` leaves a recorded `LegacySse` alone.
+    pub fn set_upstream_era(&self, upstream: &str, era: crate::upstream::Era) {
+        use crate::upstream::Era;
+        if era == Era::Sessions && self.upstream_era.with_label_values(&[upstream, Era::LegacySse.label()]).get() == 1 {
+            return;
+        }
+        for e in crate::upstream::Era::ALL {
+            self.upstream_era.with_label_values(&[upstream, e.label()]).set((e == era) as i64);
+        }
     }
 
     pub fn upstream_reinitialized(&self, upstream: &str) {

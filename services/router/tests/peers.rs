@@ -213,17 +213,19 @@ async fn an_upstream_restarted_mid_session_is_reinitialised() {
 }
 
 /// The same relaying with server-everything behind the router over legacy
-/// HTTP+SSE and over stdio.
+/// HTTP+SSE and over stdio; and the same SSE endpoint configured as
+/// `transport = "http"`, found to be legacy HTTP+SSE by the router.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relaying_over_legacy_sse_and_stdio_upstreams() {
     use switchboard_test_support::peers::everything_sse;
     let (_everything, sse_url) = everything_sse().await;
     let upstreams = format!(
-        "[[upstreams]]\nname = \"legacy\"\ntransport = \"sse\"\nurl = \"{sse_url}\"\ntimeout = \"30s\"\nlist_timeout = \"20s\"\n{}",
+        "[[upstreams]]\nname = \"legacy\"\ntransport = \"sse\"\nurl = \"{sse_url}\"\ntimeout = \"30s\"\nlist_timeout = \"20s\"\n\
+         [[upstreams]]\nname = \"detected\"\ntransport = \"http\"\nurl = \"{sse_url}\"\ntimeout = \"30s\"\nlist_timeout = \"20s\"\n{}",
         stdio_upstream("local", &node_bin("mcp-server-everything"), &[])
     );
     let router = start_router(&upstreams).await;
-    for prefix in ["legacy__", "local__"] {
+    for prefix in ["legacy__", "detected__", "local__"] {
         let out =
             run_python_client("fidelity.py", &[&router.url, prefix, "progress,sampling,elicitation,subscribe"]).await;
         assert_eq!(out["progress"]["progress"].as_array().unwrap().len(), 3, "{prefix}: {out}");
@@ -232,6 +234,17 @@ async fn relaying_over_legacy_sse_and_stdio_upstreams() {
         let subscribed = out["subscribed"].as_str().unwrap();
         let updates = out["updates"].as_array().unwrap();
         assert!(!updates.is_empty() && updates.iter().all(|u| u == subscribed), "{prefix}: {out}");
+    }
+    for (upstream, era, expected) in [
+        ("legacy", "2024-11-05", 1.0),
+        ("legacy", "2025", 0.0),
+        ("detected", "2024-11-05", 1.0),
+        ("detected", "2025", 0.0),
+        ("local", "2025", 1.0),
+    ] {
+        let labels = [format!("upstream=\"{upstream}\""), format!("era=\"{era}\"")];
+        let found = router.metric("switchboard_upstream_era", &[&labels[0], &labels[1]]).await;
+        assert_eq!(found, expected, "switchboard_upstream_era{{{},{}}}", labels[0], labels[1]);
     }
     router.stop().await;
 }

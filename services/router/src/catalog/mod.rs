@@ -462,7 +462,10 @@ impl Catalog {
         }
         state.modern = Some(modern);
         state.stateless_only = modern && !sessions_too;
-        self.metrics.set_upstream_era(&upstream.name, modern);
+        self.metrics.set_upstream_era(
+            &upstream.name,
+            if modern { crate::upstream::Era::Stateless } else { crate::upstream::Era::Sessions },
+        );
         if modern {
             let r = discovered.expect("a discovery result");
             state.handshake = Some(Arc::new(Handshake {

@@ -566,7 +566,14 @@ impl Shared {
             let body = jsonrpc::request(Some(b"0"), "initialize", Some(&hello.params()));
             let mut resp = self.post(body, None).await?;
             if !resp.status.is_success() || resp.status == StatusCode::ACCEPTED {
-                return Err(UpstreamError::Initialize(status_error(resp).await.to_string()));
+                let status = resp.status;
+                let error = status_error(resp).await;
+                // Kept as a status for these: what a legacy HTTP+SSE
+                // server answers (see `detect.rs`).
+                if matches!(status.as_u16(), 400 | 404 | 405) {
+                    return Err(error);
+                }
+                return Err(UpstreamError::Initialize(error.to_string()));
             }
             let sid = resp.session_id.take();
             let reply = self.read_reply(resp, None).await?;

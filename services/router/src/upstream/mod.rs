@@ -21,6 +21,7 @@
 //! Adding a transport is one new file implementing these traits and one line
 //! in [`build`].
 
+mod detect;
 mod h1;
 pub mod http;
 pub mod sse;
@@ -313,6 +314,30 @@ pub struct ModernAnswer {
 /// listening): the version and the capabilities of [`Hello::router`].
 pub const ROUTER_META: &str = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"sampling":{},"elicitation":{"form":{},"url":{}}},"io.modelcontextprotocol/clientInfo":{"name":"switchboard","version":"0.1.0"}}"#;
 
+/// The protocol era an upstream was found to speak (a label of
+/// `switchboard_upstream_era`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Era {
+    /// MCP 2026-07-28: stateless requests.
+    Stateless,
+    /// 2025-03-26 to 2025-11-25: sessions over Streamable HTTP (or stdio).
+    Sessions,
+    /// 2024-11-05: legacy HTTP+SSE.
+    LegacySse,
+}
+
+impl Era {
+    pub const ALL: [Era; 3] = [Era::Stateless, Era::Sessions, Era::LegacySse];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Era::Stateless => "2026-07-28",
+            Era::Sessions => "2025",
+            Era::LegacySse => "2024-11-05",
+        }
+    }
+}
+
 /// A way to reach one upstream server.
 #[async_trait]
 pub trait Transport: Send + Sync {
@@ -360,6 +385,13 @@ pub struct Upstream {
 pub fn build(config: &UpstreamConfig, metrics: &Arc<Metrics>) -> Arc<dyn Transport> {
     let name: Arc<str> = Arc::from(config.name.as_str());
     match &config.transport {
+        // One URL: Streamable HTTP, or legacy HTTP+SSE if it turns out to be
+        // that (several replicas are taken to be Streamable HTTP servers).
+        TransportConfig::Http(http) if http.replicas.len() == 1 => Arc::new(detect::Transport::new(
+            name.clone(),
+            http::Transport::new(name.clone(), http, config.timeout, metrics.clone()),
+            sse::Transport::new(name, http, config.timeout, metrics.clone()),
+        )),
         TransportConfig::Http(http) => Arc::new(http::Transport::new(name, http, config.timeout, metrics.clone())),
         TransportConfig::Stdio(stdio) => Arc::new(stdio::Transport::start(name, stdio.clone(), metrics.clone())),
         TransportConfig::Sse(sse) => Arc::new(sse::Transport::new(name, sse, config.timeout, metrics.clone())),

@@ -84,6 +84,7 @@ impl Transport {
 impl super::Transport for Transport {
     async fn open(&self, hello: &Hello, inbox: Arc<dyn Inbox>) -> Result<Arc<dyn super::Channel>, UpstreamError> {
         let connection = connect(&self.shared, hello, &inbox).await?;
+        self.shared.metrics.set_upstream_era(&self.shared.name, super::Era::LegacySse);
         Ok(Arc::new(Channel {
             shared: self.shared.clone(),
             hello: hello.clone(),
