@@ -32,7 +32,7 @@ type LegacyConnection = (mpsc::Sender<Bytes>, Arc<str>);
 
 /// An input request awaiting its answer: the session asked, and where the
 /// answer goes.
-type Awaiting = (Arc<str>, tokio::sync::oneshot::Sender<Bytes>);
+type AwaitedAnswer = (Arc<str>, tokio::sync::oneshot::Sender<Bytes>);
 
 /// What `subscriptions/listen` streams follow.
 #[derive(Debug, Clone)]
@@ -73,7 +73,7 @@ pub struct App {
     state_key: RwLock<Option<(String, [u8; 32])>>,
     /// Input requests of stateless upstreams awaiting the client's answer,
     /// by the router's id (`m.…`).
-    awaiting: Mutex<HashMap<String, Awaiting>>,
+    awaiting: Mutex<HashMap<String, AwaitedAnswer>>,
     /// Legacy HTTP+SSE connections waiting for their `initialize`.
     legacy: Mutex<HashMap<Arc<str>, LegacyConnection>>,
 }
@@ -470,15 +470,10 @@ impl App {
 
     /// Waits for the answer of session `session`'s client to the input
     /// request `ours` (an id of the form `m.…`, unique to this request).
-    pub fn await_answer(&self, session: &Arc<str>, ours: &str) -> tokio::sync::oneshot::Receiver<Bytes> {
+    pub fn await_answer(self: &Arc<Self>, session: &Arc<str>, ours: &str) -> Awaiting {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.awaiting.lock().expect("lock").insert(ours.to_owned(), (session.clone(), tx));
-        rx
-    }
-
-    /// Stops waiting for `ours` (answered, or given up on).
-    pub fn forget_answer(&self, ours: &str) {
-        self.awaiting.lock().expect("lock").remove(ours);
+        Awaiting { rx, app: Arc::downgrade(self), ours: ours.to_owned() }
     }
 
     /// Hands the answer session `session`'s client sent to the request
@@ -746,6 +741,22 @@ impl Inbox for ControlInbox {
         let Ok(env) = Envelope::parse(&message) else { return };
         if let Some(kind) = Method::from_name(env.method_str()).list_changed() {
             app.list_changed(self.upstream, kind);
+        }
+    }
+}
+
+/// An answer awaited ([`App::await_answer`]); no longer awaited once dropped
+/// (answered, given up on, or its request abandoned).
+pub struct Awaiting {
+    pub rx: tokio::sync::oneshot::Receiver<Bytes>,
+    app: std::sync::Weak<App>,
+    ours: String,
+}
+
+impl Drop for Awaiting {
+    fn drop(&mut self) {
+        if let Some(app) = self.app.upgrade() {
+            app.awaiting.lock().expect("lock").remove(&self.ours);
         }
     }
 }

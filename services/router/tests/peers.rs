@@ -9,6 +9,8 @@
 //!
 //! Needs `scripts/install-peers` (run by `scripts/test`).
 
+use std::time::Duration;
+
 use serde_json::{json, Value};
 use switchboard_test_support::peers::{dual_era_http, everything_http, node_bin, python_script, run_python_client};
 use switchboard_test_support::{http_upstream, Router};
@@ -235,6 +237,34 @@ async fn relaying_over_legacy_sse_and_stdio_upstreams() {
         let updates = out["updates"].as_array().unwrap();
         assert!(!updates.is_empty() && updates.iter().all(|u| u == subscribed), "{prefix}: {out}");
     }
+    // Stateless clients of one tenant share one upstream session with it,
+    // and a legacy HTTP+SSE upstream routes progress by token: two calls
+    // at once with the same token each hear only their own progress.
+    let stateless = switchboard_test_support::Stateless::new(&router.url, json!({}));
+    let progress_of = |tag: &'static str| {
+        let stateless = &stateless;
+        async move {
+            let params = json!({"name": "legacy__trigger-long-running-operation",
+                "arguments": {"duration": 1, "steps": if tag == "a" { 3 } else { 5 }}, "_meta": {"progressToken": 1}});
+            let (status, _, mut stream) = stateless.stream("tools/call", params).await;
+            assert_eq!(status, http::StatusCode::OK, "{tag}");
+            let mut seen = Vec::new();
+            loop {
+                let event = stream.next_event(Duration::from_secs(20)).await.expect("an event");
+                let message: Value = serde_json::from_slice(&event.data).unwrap();
+                if message["method"] == "notifications/progress" {
+                    assert_eq!(message["params"]["progressToken"], 1, "{tag}: the client's own token");
+                    seen.push(message["params"]["total"].as_f64().unwrap_or_default());
+                } else {
+                    assert_eq!(message["result"]["resultType"], "complete", "{tag}: {message}");
+                    return seen;
+                }
+            }
+        }
+    };
+    let (a, b) = tokio::join!(progress_of("a"), progress_of("b"));
+    assert!(a.len() == 3 && a.iter().all(|t| *t == 3.0), "call a heard only its own progress: {a:?}");
+    assert!(b.len() == 5 && b.iter().all(|t| *t == 5.0), "call b heard only its own progress: {b:?}");
     for (upstream, era, expected) in [
         ("legacy", "2024-11-05", 1.0),
         ("legacy", "2025", 0.0),

@@ -696,6 +696,7 @@ async fn stateless_clients_are_tenants_too() {
     admin.create_tenant("globex", policy(&["alpha", "beta"])).await.unwrap();
     let key_a = admin.create_key("acme", None).await.unwrap().key;
     let key_g = admin.create_key("globex", None).await.unwrap().key;
+    let key_a2 = admin.create_key("acme", None).await.unwrap().key;
     let router = Router::start(&config).await;
     let caps = json!({"sampling": {}});
     let stateless = |key: Option<&str>| {
@@ -728,7 +729,8 @@ async fn stateless_clients_are_tenants_too() {
     assert_eq!(alpha.mock.initialize_count(), before + 2, "one upstream session per tenant");
     let _ = beta;
 
-    // A round acme started cannot be continued with globex's key.
+    // A round acme started cannot be continued with globex's key, nor with
+    // another of acme's keys: only the key that made the call.
     let first = acme.call("tools/call", json!({"name": "alpha__sample", "arguments": {"prompt": "p"}})).await;
     assert_eq!(first["result"]["resultType"], "input_required", "{first}");
     let (key, _) = first["result"]["inputRequests"].as_object().unwrap().iter().next().unwrap();
@@ -737,6 +739,8 @@ async fn stateless_clients_are_tenants_too() {
         "inputResponses": {key: {"role": "assistant", "content": {"type": "text", "text": "stolen"}, "model": "m"}}});
     let refused = globex.call("tools/call", retry.clone()).await;
     assert_eq!(tool_error(&refused).0, -32602, "{refused}");
+    let refused = stateless(Some(&key_a2)).call("tools/call", retry.clone()).await;
+    assert_eq!(tool_error(&refused).0, -32602, "another key of the same tenant: {refused}");
     let done = acme.call("tools/call", retry).await;
     assert_eq!(done["result"]["content"][0]["text"], "sampled: stolen", "{done}");
 

@@ -38,11 +38,41 @@ pub struct Options {
     pub flush_every: Duration,
 }
 
-/// The handle the request path uses.
-pub struct Audit {
+/// A clonable handle that queues records (or spools them).
+#[derive(Clone)]
+pub struct Sink {
     queue: mpsc::Sender<AuditRecord>,
     spool: Arc<Mutex<Spool>>,
     metrics: Arc<Metrics>,
+}
+
+impl Sink {
+    /// Queues a record; never waits. If the queue is full the record is
+    /// appended to the spool here instead.
+    pub fn record(&self, record: AuditRecord) {
+        match self.queue.try_send(record) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(record) | mpsc::error::TrySendError::Closed(record)) => {
+                self.metrics.audit_overflow();
+                let mut spool = self.spool.lock().expect("lock");
+                match spool.append(std::slice::from_ref(&record)) {
+                    Ok(()) => {
+                        self.metrics.audit_spooled(1);
+                        self.metrics.set_audit_spool_bytes(spool.pending_bytes());
+                    }
+                    Err(e) => {
+                        self.metrics.audit_lost(1);
+                        tracing::error!(error = %e, id = %record.id, "audit: record lost: queue full and the spool cannot be written");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The handle the request path uses.
+pub struct Audit {
+    sink: Sink,
     stop: Arc<Notify>,
     done: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
     ids: Ids,
@@ -78,7 +108,8 @@ impl Audit {
             runtime.block_on(writer.run(stop_writer));
             let _ = done_tx.send(());
         })?;
-        Ok(Audit { queue: tx, spool, metrics, stop, done: Mutex::new(Some(done)), ids: Ids::new() })
+        let sink = Sink { queue: tx, spool, metrics };
+        Ok(Audit { sink, stop, done: Mutex::new(Some(done)), ids: Ids::new() })
     }
 
     /// A new record id, unique across replicas and restarts.
@@ -89,23 +120,13 @@ impl Audit {
     /// Queues a record; never waits. If the queue is full the record is
     /// appended to the spool here instead.
     pub fn record(&self, record: AuditRecord) {
-        match self.queue.try_send(record) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(record) | mpsc::error::TrySendError::Closed(record)) => {
-                self.metrics.audit_overflow();
-                let mut spool = self.spool.lock().expect("lock");
-                match spool.append(std::slice::from_ref(&record)) {
-                    Ok(()) => {
-                        self.metrics.audit_spooled(1);
-                        self.metrics.set_audit_spool_bytes(spool.pending_bytes());
-                    }
-                    Err(e) => {
-                        self.metrics.audit_lost(1);
-                        tracing::error!(error = %e, id = %record.id, "audit: record lost: queue full and the spool cannot be written");
-                    }
-                }
-            }
-        }
+        self.sink.record(record)
+    }
+
+    /// Where records go, as a handle of its own: for a record written when
+    /// a request's state is dropped (a client that hung up).
+    pub fn sink(&self) -> Sink {
+        self.sink.clone()
     }
 
     /// Writes what is queued (to the database, or else the spool) and stops

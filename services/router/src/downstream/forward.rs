@@ -50,6 +50,20 @@ pub(super) struct Resolved {
 pub struct Ledger {
     pub draft: Option<AuditRecord>,
     pub permit: Option<InflightPermit>,
+    /// Where a record still in `draft` goes when the ledger is dropped
+    /// unclosed (the client hung up first): written as `abandoned`.
+    pub sink: Option<crate::audit::Sink>,
+    pub started: Instant,
+}
+
+impl Drop for Ledger {
+    fn drop(&mut self) {
+        if let (Some(mut record), Some(sink)) = (self.draft.take(), self.sink.as_ref()) {
+            record.outcome = Outcome::Abandoned.label().to_owned();
+            record.latency_us = self.started.elapsed().as_micros() as i64;
+            sink.record(record);
+        }
+    }
 }
 
 impl Ledger {
@@ -251,7 +265,12 @@ impl<'a> Inflight<'a> {
 
     /// Hands the ledger to whoever finishes the request (a streamed answer).
     pub(super) fn take_ledger(&mut self) -> Ledger {
-        Ledger { draft: self.ledger.draft.take(), permit: self.ledger.permit.take() }
+        Ledger {
+            draft: self.ledger.draft.take(),
+            permit: self.ledger.permit.take(),
+            sink: self.ledger.sink.clone(),
+            started: self.ledger.started,
+        }
     }
 
     /// Someone else does the bookkeeping.

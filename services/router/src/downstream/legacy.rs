@@ -102,7 +102,9 @@ pub async fn message(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
         };
     }
 
-    let Some(session) = app.sessions.get(&id).filter(|s| s.tenant == who.tenant.name) else {
+    // A tenant's shared session (stateless clients' calls) is no client's
+    // to post to, though its id can be worked out from the tenant's name.
+    let Some(session) = app.sessions.get(&id).filter(|s| s.tenant == who.tenant.name && !s.for_tenant) else {
         return reject(app, env.id, Error::UnknownSession);
     };
     session.touch();

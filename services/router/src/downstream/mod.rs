@@ -223,6 +223,8 @@ pub(crate) fn ledger(
     let mut ledger = forward::Ledger {
         draft: app.audit.as_ref().map(|audit| draft(audit, Some(who), headers, session, Some(env), request_bytes)),
         permit: None,
+        sink: app.audit.as_ref().map(crate::audit::Audit::sink),
+        started,
     };
     if let Some(max) = who.tenant.limits.concurrent {
         match app.limiter.enter(&who.tenant.name, max) {

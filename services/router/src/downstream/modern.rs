@@ -32,7 +32,8 @@
 //! log notifications are relayed on the POST's SSE stream; a server request
 //! (sampling, elicitation, roots) ends the round with `resultType:
 //! "input_required"`, its key being the relayed request's id, and a
-//! `requestState` the router signs ([`RoundState`]) naming the tenant
+//! `requestState` the router signs ([`RoundState`]) naming the tenant, the
+//! API key that made the call (only it may continue the call), the tenant
 //! session, the request's event stream and the position in it. The retry
 //! (any replica) sends the client's `inputResponses` to the upstream as the
 //! answers, and goes on reading the request's stream from that position:
@@ -40,6 +41,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -455,7 +457,10 @@ async fn call(
         ledger.permit.take();
         ledger.draft = None; // the first round's record covers the call
         return match state {
-            Ok(state) => resume(app, who, valid, method, id, state, started).await,
+            Ok(state) => {
+                let client_token = resolved.progress_token.as_ref().map(|r| token_text(&resolved.body, r));
+                resume(app, who, valid, method, id, state, client_token, started).await
+            }
             Err(e) => {
                 app.metrics.request(method, Some(u)).record(Outcome::Rejected, started.elapsed());
                 respond::error(Some(id), &e)
@@ -592,6 +597,9 @@ fn retry_state(env: &Envelope<'_>) -> Option<Result<Retry, Error>> {
 pub struct RoundState {
     /// The tenant whose call it is.
     pub tenant: String,
+    /// The visible prefix of the API key that made the call ("" without
+    /// keys): only that key may continue it.
+    pub caller: String,
     /// The tenant session the call runs on.
     pub session: String,
     /// The call's event stream, and the position of the server request in it.
@@ -611,6 +619,7 @@ impl RoundState {
     pub fn seal(&self, key: &[u8; 32]) -> String {
         let payload = [
             self.tenant.as_str(),
+            &self.caller,
             &self.session,
             &self.stream.to_string(),
             &self.seq.to_string(),
@@ -639,9 +648,12 @@ impl RoundState {
         }
         let text = String::from_utf8(payload).map_err(|_| bad("malformed"))?;
         let parts: Vec<&str> = text.split('\n').collect();
-        let [tenant, session, stream, seq, call_id, key, expires] = parts[..] else { return Err(bad("malformed")) };
+        let [tenant, caller, session, stream, seq, call_id, key, expires] = parts[..] else {
+            return Err(bad("malformed"));
+        };
         let state = RoundState {
             tenant: tenant.to_owned(),
+            caller: caller.to_owned(),
             session: session.to_owned(),
             stream: stream.parse().map_err(|_| bad("malformed"))?,
             seq: seq.parse().map_err(|_| bad("malformed"))?,
@@ -671,6 +683,11 @@ fn hmac(key: &[u8; 32], message: &[u8]) -> [u8; 32] {
     outer.update(opad);
     outer.update(inner.finalize());
     outer.finalize().into()
+}
+
+/// A progress token's JSON text, from its place in a body.
+fn token_text(body: &[u8], at: &Range<usize>) -> Box<str> {
+    String::from_utf8_lossy(&body[at.clone()]).into()
 }
 
 /// The first round of a bridged call.
@@ -705,18 +722,30 @@ async fn bridged(
             return fail(&mut ledger, e, outcome);
         }
     };
-    // Many clients share the tenant session: the call gets an id of its own.
+    // Many clients share the tenant session: the call gets an id of its own,
+    // and so does its progress token (two clients' token 1 must not meet on
+    // an upstream that routes progress by token); the client's come back in
+    // the answer and the notifications.
     let call_id = format!("\"sb.{}\"", &crate::session::new_session_id()[..16]);
-    let delta = call_id.len() as isize - resolved.id.len() as isize;
-    let body = splice(&resolved.body, &mut [Edit::new(resolved.id.clone(), call_id.as_bytes())]);
-    let id_range = resolved.id.start..resolved.id.start + call_id.len();
-    let progress_token = resolved.progress_token.map(|r| {
-        if r.start >= resolved.id.end {
-            (r.start as isize + delta) as usize..(r.end as isize + delta) as usize
-        } else {
-            r
-        }
-    });
+    let client_token = resolved.progress_token.as_ref().map(|r| token_text(&resolved.body, r));
+    let mut edits = vec![Edit::new(resolved.id.clone(), call_id.as_bytes())];
+    if let Some(r) = &resolved.progress_token {
+        edits.push(Edit::new(r.clone(), call_id.as_bytes()));
+    }
+    let body = splice(&resolved.body, &mut edits);
+    // Where the two sit in the new body: each moves by what the edits
+    // before it added.
+    let moved = |r: &Range<usize>| {
+        let shift: isize = edits
+            .iter()
+            .filter(|e| e.range.start < r.start)
+            .map(|e| e.with.len() as isize - e.range.len() as isize)
+            .sum();
+        let start = (r.start as isize + shift) as usize;
+        start..start + call_id.len()
+    };
+    let id_range = moved(&resolved.id);
+    let progress_token = resolved.progress_token.as_ref().map(moved);
     let call_raw: Box<RawValue> = RawValue::from_string(call_id.clone()).expect("a JSON string");
     let deadline = tokio::time::Instant::now() + upstream.config.timeout;
     let out = crate::upstream::Outgoing { body, method, id: id_range, progress_token };
@@ -753,6 +782,8 @@ async fn bridged(
                 method,
                 session,
                 tenant: who.tenant.name.to_string(),
+                caller: who.key_prefix.to_string(),
+                client_token,
                 upstream: u,
                 stream: log.stream,
                 client_id: id.to_owned(),
@@ -769,6 +800,7 @@ async fn bridged(
 
 /// A later round of a bridged call: the client's answers go to the upstream,
 /// and the call's stream is read on from where the last round ended.
+#[allow(clippy::too_many_arguments)]
 async fn resume(
     app: &Arc<App>,
     who: &Principal,
@@ -776,12 +808,13 @@ async fn resume(
     method: Method,
     id: &RawValue,
     (sealed, responses): Retry,
+    client_token: Option<Box<str>>,
     started: Instant,
 ) -> Response<Body> {
     let result = async {
         let key = app.state_key().await;
         let state = RoundState::open(&sealed, &key, crate::store::now_ms() as u64)?;
-        if state.tenant != *who.tenant.name {
+        if state.tenant != *who.tenant.name || state.caller != *who.key_prefix {
             return Err(Error::InvalidRequestState("not one this router issued".into()));
         }
         let session =
@@ -835,6 +868,8 @@ async fn resume(
                 method,
                 session,
                 tenant: who.tenant.name.to_string(),
+                caller: who.key_prefix.to_string(),
+                client_token,
                 upstream: u,
                 stream: state.stream,
                 client_id: id.to_owned(),
@@ -856,6 +891,9 @@ struct Round {
     method: Method,
     session: Arc<Session>,
     tenant: String,
+    caller: String,
+    /// The client's progress token (JSON), in place of the call's own.
+    client_token: Option<Box<str>>,
     upstream: usize,
     stream: u64,
     client_id: Box<RawValue>,
@@ -877,6 +915,19 @@ enum Frame {
 }
 
 impl Round {
+    /// A progress notification with the client's own token in place of the
+    /// call's.
+    fn with_client_token(&self, data: &Bytes) -> Bytes {
+        let Some(token) = &self.client_token else { return data.clone() };
+        let Ok(mut value) = serde_json::from_slice::<Value>(data) else { return data.clone() };
+        let Ok(token) = serde_json::from_str::<Value>(token) else { return data.clone() };
+        match value.pointer_mut("/params/progressToken") {
+            Some(at) => *at = token,
+            None => return data.clone(),
+        }
+        Bytes::from(serde_json::to_vec(&value).expect("serializable"))
+    }
+
     /// Answers the client: as JSON if the round ends before any
     /// notification, else as an SSE stream.
     async fn respond(self, mut rx: mpsc::Receiver<Bytes>) -> Response<Body> {
@@ -981,7 +1032,7 @@ impl Round {
                 }
             }
             MessageKind::Notification => match Method::from_name(env.method_str()) {
-                Method::Progress => Some(Frame::Note(data.clone())),
+                Method::Progress => Some(Frame::Note(self.with_client_token(&data))),
                 Method::LogMessage => {
                     let wanted = self.log_rank?;
                     #[derive(Deserialize)]
@@ -1016,6 +1067,7 @@ impl Round {
                 }
                 let state = RoundState {
                     tenant: self.tenant.clone(),
+                    caller: self.caller.clone(),
                     session: self.session.id.to_string(),
                     stream: self.stream,
                     seq: seq?,
@@ -1208,6 +1260,7 @@ mod tests {
         let key = [7u8; 32];
         let state = RoundState {
             tenant: "acme".into(),
+            caller: "sb_abcdefgh".into(),
             session: "t.abc".into(),
             stream: 5,
             seq: 2,

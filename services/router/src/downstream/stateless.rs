@@ -46,12 +46,16 @@ pub(super) async fn forward(
     resolved: Resolved,
     accepts_sse: bool,
     started: Instant,
-    ledger: Ledger,
+    mut ledger: Ledger,
 ) -> Response<Body> {
     let u = resolved.upstream;
     let request = match with_meta(&resolved.body, session) {
         Ok(request) => request,
-        Err(e) => return respond::error(Some(id), &e),
+        Err(e) => {
+            app.metrics.request(method, Some(u)).record(Outcome::Rejected, started.elapsed());
+            ledger.close(app, Some(u), Outcome::Rejected, Some(e.code()), 0, started);
+            return respond::error(Some(id), &e);
+        }
     };
     let headers = super::modern::upstream_headers(method, &resolved.body, None);
     let call = Call {
@@ -233,7 +237,7 @@ impl Call {
                 .and_then(Value::as_str)
                 .ok_or_else(|| protocol(format!("input request {key:?} has no method")))?;
             let ours = format!("m.{}", crate::session::new_session_id());
-            let rx = self.app.await_answer(&self.session.id, &ours);
+            let awaiting = self.app.await_answer(&self.session.id, &ours);
             let mut message = json!({"jsonrpc": "2.0", "id": ours, "method": method});
             if let Some(params) = input.get("params") {
                 message["params"] = params.clone();
@@ -243,12 +247,14 @@ impl Call {
                 Some(log) => log.push(&message),
                 None => self.session.push(Bytes::from(message)),
             }
-            waiting.push((key.clone(), ours, rx));
+            waiting.push((key.clone(), awaiting));
         }
         let mut responses = Map::new();
-        for (key, ours, rx) in waiting {
-            let answer = tokio::time::timeout_at(deadline, rx).await;
-            self.app.forget_answer(&ours);
+        // Every entry still awaited is forgotten however this ends (a
+        // timeout, a refusal, the client hanging up): `Awaiting` drops.
+        for (key, awaiting) in &mut waiting {
+            let key = std::mem::take(key);
+            let answer = tokio::time::timeout_at(deadline, &mut awaiting.rx).await;
             let answer = match answer {
                 Ok(Ok(answer)) => answer,
                 _ => {
