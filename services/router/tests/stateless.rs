@@ -296,3 +296,24 @@ async fn a_2026_upstream_gets_requests_as_they_came_and_its_answers_go_back_unto
     assert_eq!(text_of(&legacy.call_tool("new__echo", json!({"z": 1})).await), r#"{"z":1}"#);
     assert_eq!(upstream.mock.initialize_count(), 1);
 }
+
+/// The era says closing the stream cancels the request: a client that hangs
+/// up before the first event of a bridged call (nothing to relay yet) gets
+/// its call cancelled upstream.
+#[tokio::test]
+async fn hanging_up_before_the_first_event_cancels_the_bridged_call() {
+    let (router, web) = router_and_web().await;
+    let client = Stateless::new(&router.url, json!({}));
+    // No progress token: the upstream streams, but says nothing for 5 s.
+    let call =
+        client.request("tools/call", json!({"name": "web__progress", "arguments": {"steps": 50, "interval_ms": 100}}));
+    assert!(tokio::time::timeout(Duration::from_millis(500), call).await.is_err(), "nothing comes before the end");
+    assert!(
+        switchboard_test_support::eventually(Duration::from_secs(5), || async {
+            web.mock.cancelled().iter().any(|id| id.starts_with("\"sb."))
+        })
+        .await,
+        "the upstream hears the call cancelled: {:?}",
+        web.mock.cancelled()
+    );
+}

@@ -512,11 +512,34 @@ async fn passthrough(
         Ok(ModernAnswer { reply: Reply::Stream(mut stream), .. }) => {
             let (tx, rx) = mpsc::channel(64);
             let task_app = app.clone();
+            let deadline = tokio::time::Instant::now() + upstream.config.timeout;
+            let (name, timeout) = (upstream.name.clone(), upstream.config.timeout);
+            let client_id = id.to_owned();
             tokio::spawn(async move {
                 let app = task_app;
                 let mut sent = 0;
+                // Ends the client's stream with an error in place of the answer.
+                let fail = |e: Error| {
+                    let message =
+                        jsonrpc::error_response(Some(&client_id), e.code(), &e.to_string(), e.data().as_ref());
+                    (switchboard_protocol::sse::encode_event(None, None, &message), e.code())
+                };
                 let outcome = loop {
-                    match stream.next().await {
+                    let next = tokio::select! {
+                        next = tokio::time::timeout_at(deadline, stream.next()) => next,
+                        // A modern client hanging up cancels: the upstream
+                        // sees its stream close when this task drops it.
+                        _ = tx.closed() => break (Outcome::Abandoned, None),
+                    };
+                    let next = match next {
+                        Ok(next) => next,
+                        Err(_) => {
+                            let (event, code) = fail(Error::UpstreamTimeout { upstream: name.clone(), after: timeout });
+                            let _ = tx.send(event).await;
+                            break (Outcome::Timeout, Some(code));
+                        }
+                    };
+                    match next {
                         Some(Ok(message)) => {
                             let last = Envelope::parse(&message).is_ok_and(|e| e.method.is_none());
                             let message = if last { forward::finish(&app, u, method, message).0 } else { message };
@@ -531,7 +554,16 @@ async fn passthrough(
                                 break (Outcome::Ok, forward::error_code(&message));
                             }
                         }
-                        Some(Err(_)) | None => break (Outcome::UpstreamFailed, None),
+                        Some(Err(e)) => {
+                            let (event, code) = fail(Error::upstream(&name, e));
+                            let _ = tx.send(event).await;
+                            break (Outcome::UpstreamFailed, Some(code));
+                        }
+                        None => {
+                            let (event, code) = fail(Error::upstream(&name, crate::upstream::UpstreamError::Closed));
+                            let _ = tx.send(event).await;
+                            break (Outcome::UpstreamFailed, Some(code));
+                        }
                     }
                 };
                 app.metrics.request(method, Some(u)).record(outcome.0, started.elapsed());
@@ -933,6 +965,17 @@ impl Round {
     async fn respond(self, mut rx: mpsc::Receiver<Bytes>) -> Response<Body> {
         let keep_alive = self.app.config.server.keep_alive;
         let this = Arc::new(self);
+        // A client that hangs up before the first event (this future is
+        // dropped) cancels the call too.
+        struct CancelOnDrop(Option<Arc<Round>>);
+        impl Drop for CancelOnDrop {
+            fn drop(&mut self) {
+                if let Some(round) = self.0.take() {
+                    round.hung_up();
+                }
+            }
+        }
+        let mut waiting = CancelOnDrop(Some(this.clone()));
         let first = loop {
             match rx.recv().await {
                 None => break None,
@@ -943,6 +986,7 @@ impl Round {
                 }
             }
         };
+        waiting.0 = None;
         let first = match first {
             None => return respond::error(Some(&this.client_id), &this.closed()),
             Some(Frame::Last(message)) => return respond::json(message),
