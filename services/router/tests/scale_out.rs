@@ -836,6 +836,9 @@ async fn a_session_clients_answer_for_a_2026_only_upstream_may_reach_another_rep
     assert_eq!(on_b.post(answer).await.status, StatusCode::ACCEPTED);
     let done = stream.next(Duration::from_secs(10)).await.expect("the result after the answer");
     assert_eq!(text_of(&done), "sampled: re relay", "{done}");
+    // The retry went upstream under an id of its own; the answer comes back
+    // under the client's.
+    assert!(done["id"].is_u64(), "the client's own id: {done}");
     assert_eq!(web.mock.initialize_count(), 0, "a 2026-07-28-only upstream is never initialised");
     a.stop().await;
     b.stop().await;

@@ -317,3 +317,24 @@ async fn hanging_up_before_the_first_event_cancels_the_bridged_call() {
         web.mock.cancelled()
     );
 }
+
+/// A session (2025) client calling a 2026-07-28-only upstream's tool whose
+/// input schema mirrors an argument into a header (`x-mcp-header`): the
+/// router adds the `Mcp-Param-*` header the era asks of clients, which the
+/// upstream checks against the body (-32020 without it).
+#[tokio::test]
+async fn a_session_clients_call_to_a_2026_only_upstream_carries_mirrored_argument_headers() {
+    let mut options = mock_named("conf");
+    options.modern = true;
+    options.modern_only = true;
+    options.conformance = true;
+    let conf = MockServer::start(options).await;
+    let router = Router::start(&http_upstream("conf", &conf.url, "")).await;
+    let mut client = switchboard_test_support::Client::new(&router.url);
+    client.initialize().await;
+    for region in ["eu-west-1", "Zürich"] {
+        let done = client.call_tool("conf__test_header_param", json!({"region": region})).await;
+        assert_eq!(text_of(&done), format!("region: {region}"), "{done}");
+    }
+    assert_eq!(conf.mock.initialize_count(), 0, "reached statelessly");
+}

@@ -22,6 +22,7 @@ use http::{HeaderName, HeaderValue, Response};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind};
+use switchboard_protocol::methods::ListKind;
 use switchboard_protocol::modern;
 use switchboard_protocol::Method;
 use tokio::sync::mpsc;
@@ -57,7 +58,10 @@ pub(super) async fn forward(
             return respond::error(Some(id), &e);
         }
     };
-    let headers = super::modern::upstream_headers(method, &resolved.body, None);
+    let mut headers = super::modern::upstream_headers(method, &resolved.body, None);
+    if method == Method::ToolsCall {
+        headers.extend(mirrored_arguments(app, u, &request));
+    }
     let call = Call {
         app: app.clone(),
         session: session.clone(),
@@ -106,6 +110,37 @@ fn with_meta(body: &[u8], session: &Session) -> Result<Value, Error> {
         meta.insert(modern::META_LOG_LEVEL.into(), Value::String(level));
     }
     Ok(request)
+}
+
+/// The `Mcp-Param-*` headers a 2026-07-28 upstream expects of a
+/// `tools/call`: the arguments its tool's input schema marks with
+/// `x-mcp-header`, mirrored as the era says (a session client knows
+/// nothing of them, so the router adds them). Only strings, numbers and
+/// booleans are mirrored; strings that are not plain ASCII go as
+/// `=?base64?…?=`.
+fn mirrored_arguments(app: &App, u: usize, request: &Value) -> Vec<(HeaderName, HeaderValue)> {
+    let Some(name) = request.pointer("/params/name").and_then(Value::as_str) else { return Vec::new() };
+    let snapshot = app.catalog.current();
+    let tools = snapshot.list(ListKind::Tools);
+    let Some(tool) = tools.items.iter().find(|t| t.upstream == u && &*t.name == name) else { return Vec::new() };
+    let Ok(tool) = serde_json::from_slice::<Value>(&tool.json) else { return Vec::new() };
+    let Some(properties) = tool.pointer("/inputSchema/properties").and_then(Value::as_object) else {
+        return Vec::new();
+    };
+    let mut headers = Vec::new();
+    for (argument, schema) in properties {
+        let Some(suffix) = schema.get("x-mcp-header").and_then(Value::as_str) else { continue };
+        let text = match request.pointer("/params/arguments").and_then(|a| a.get(argument)) {
+            Some(Value::String(s)) => s.clone(),
+            Some(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string(),
+            _ => continue,
+        };
+        let Ok(header) = HeaderName::from_bytes(format!("mcp-param-{}", suffix.to_ascii_lowercase()).as_bytes()) else {
+            continue;
+        };
+        headers.push((header, super::modern::header_value(&text)));
+    }
+    headers
 }
 
 /// One request to a stateless upstream, over as many rounds as it takes.
@@ -183,7 +218,12 @@ impl Call {
                 let input_required =
                     value.pointer("/result/resultType").and_then(Value::as_str) == Some("input_required");
                 if !input_required {
-                    return Ok(message);
+                    if serde_json::to_string(&request["id"]).is_ok_and(|sent| sent == self.id.get()) {
+                        return Ok(message);
+                    }
+                    // A retry's answer: under the client's id again.
+                    value["id"] = serde_json::from_str(self.id.get()).unwrap_or(Value::Null);
+                    return Ok(Bytes::from(serde_json::to_vec(&value).expect("serializable")));
                 }
                 let result = value.get_mut("result").map(Value::take).unwrap_or_default();
                 let responses = self.ask(&result, log, deadline).await?;
@@ -193,6 +233,8 @@ impl Call {
                     Some(state) => params.insert("requestState".into(), state.clone()),
                     None => params.remove("requestState"),
                 };
+                // The era's retry is a new request: a new id.
+                request["id"] = Value::String(format!("sb.r{}", &crate::session::new_session_id()[..16]));
             }
         }
         .await;
