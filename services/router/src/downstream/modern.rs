@@ -1076,7 +1076,8 @@ impl Round {
                 }
             }
             MessageKind::Notification => match Method::from_name(env.method_str()) {
-                Method::Progress => Some(Frame::Note(self.with_client_token(&data))),
+                // Only for a client that asked (with a token of its own).
+                Method::Progress => self.client_token.is_some().then(|| Frame::Note(self.with_client_token(&data))),
                 Method::LogMessage => {
                     let wanted = self.log_rank?;
                     #[derive(Deserialize)]
