@@ -112,6 +112,9 @@ fn with_meta(body: &[u8], session: &Session) -> Result<Value, Error> {
     Ok(request)
 }
 
+/// The schema key of an argument mirrored into a header.
+const MIRROR_KEY: &[u8] = b"\"x-mcp-header\"";
+
 /// The `Mcp-Param-*` headers a 2026-07-28 upstream expects of a
 /// `tools/call`: the arguments its tool's input schema marks with
 /// `x-mcp-header`, mirrored as the era says (a session client knows
@@ -122,7 +125,15 @@ fn mirrored_arguments(app: &App, u: usize, request: &Value) -> Vec<(HeaderName, 
     let Some(name) = request.pointer("/params/name").and_then(Value::as_str) else { return Vec::new() };
     let snapshot = app.catalog.current();
     let tools = snapshot.list(ListKind::Tools);
-    let Some(tool) = tools.items.iter().find(|t| t.upstream == u && &*t.name == name) else { return Vec::new() };
+    // Only this upstream's span of the list; most tools mirror nothing, and
+    // those are not parsed.
+    let Some(&(_, first, count)) = tools.spans.iter().find(|(upstream, _, _)| *upstream == u) else {
+        return Vec::new();
+    };
+    let Some(tool) = tools.items[first..first + count].iter().find(|t| &*t.name == name) else { return Vec::new() };
+    if !tool.json.windows(MIRROR_KEY.len()).any(|w| w == MIRROR_KEY) {
+        return Vec::new();
+    }
     let Ok(tool) = serde_json::from_slice::<Value>(&tool.json) else { return Vec::new() };
     let Some(properties) = tool.pointer("/inputSchema/properties").and_then(Value::as_object) else {
         return Vec::new();
