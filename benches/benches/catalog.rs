@@ -42,7 +42,9 @@ fn lookup(c: &mut Criterion) {
     let mut group = c.benchmark_group("catalog_lookup");
     for n in [10usize, 1_000, 10_000] {
         let mut listing = Listing::default();
-        listing.extend(0, ListKind::Tools, &tools(n), |name| expose_name("up", "__", name));
+        listing.extend(switchboard_core::UpstreamId::new(0), ListKind::Tools, &tools(n), |name| {
+            expose_name("up", "__", name)
+        });
         listing.seal();
         let wanted = format!("up__tool_number_{}", n / 2);
         let (_, allocs) = allocations_of(|| listing.get(&wanted).map(|i| i.upstream));

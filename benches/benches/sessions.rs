@@ -22,9 +22,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use switchboard::redis_link::RedisLink;
 use switchboard::session_store::{MemoryStore, Record, RedisStore, SessionStore, Stored, UpstreamSession};
 use switchboard_benches::rig::Rig;
+use switchboard_core::redis::RedisLink;
 
 const CALL: &[u8] =
     br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"u0__echo","arguments":{"text":"hello"}}}"#;

@@ -70,6 +70,30 @@ pub fn request_meta(params: Option<&RawValue>) -> Result<Option<RequestMeta<'_>>
         .map_err(|e| ParseError::Invalid(Cow::Owned(format!("params._meta: {e}"))))
 }
 
+/// A header value as text: trimmed, and decoded if it is in the
+/// `=?base64?…?=` form the era uses for values that are not plain ASCII
+/// (`Mcp-Name`, `Mcp-Param-*`). `None` if that form does not decode to UTF-8.
+pub fn header_text(raw: &[u8]) -> Option<String> {
+    use base64::Engine;
+    let text = std::str::from_utf8(raw).ok()?.trim();
+    if let Some(inner) = text.strip_prefix("=?base64?").and_then(|t| t.strip_suffix("?=")) {
+        let bytes = base64::engine::general_purpose::STANDARD.decode(inner).ok()?;
+        return String::from_utf8(bytes).ok();
+    }
+    Some(text.to_owned())
+}
+
+/// The header value for `text`: as it is if it is visible ASCII without
+/// surrounding spaces, else in the `=?base64?…?=` form.
+pub fn header_value_text(text: &str) -> String {
+    use base64::Engine;
+    let plain = !text.is_empty() && text.bytes().all(|b| (0x20..0x7f).contains(&b)) && text.trim() == text;
+    if plain {
+        return text.to_owned();
+    }
+    format!("=?base64?{}?=", base64::engine::general_purpose::STANDARD.encode(text))
+}
+
 /// The log levels, least severe first (RFC 5424 order).
 pub const LOG_LEVELS: [&str; 8] = ["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"];
 
@@ -101,5 +125,15 @@ mod tests {
         assert!(request_meta(Some(&raw(r#"{"_meta":[1]}"#))).is_err());
         assert_eq!(log_rank("warning"), Some(3));
         assert_eq!(log_rank("loud"), None);
+    }
+
+    #[test]
+    fn header_values_round_trip() {
+        assert_eq!(header_value_text("plain_tool"), "plain_tool");
+        assert_eq!(header_value_text("café"), "=?base64?Y2Fmw6k=?=");
+        assert_eq!(header_text(b" =?base64?Y2Fmw6k=?= ").as_deref(), Some("café"));
+        assert_eq!(header_text(b" tools/call ").as_deref(), Some("tools/call"));
+        assert_eq!(header_text(b"=?base64?//8=?="), None, "not UTF-8");
+        assert_eq!(header_value_text(" padded"), "=?base64?IHBhZGRlZA==?=");
     }
 }

@@ -201,6 +201,44 @@ pub fn encode_event(id: Option<&str>, event: Option<&str>, data: &[u8]) -> Bytes
     out.freeze()
 }
 
+/// The id of an event the router sends: `STREAM-SEQ`, unique in a session
+/// (stream 0 is the session's GET stream, every other number one request's
+/// stream). A client that reconnects with `Last-Event-ID` names one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EventId {
+    pub stream: u64,
+    pub seq: u64,
+}
+
+impl EventId {
+    /// Reads `STREAM-SEQ` (surrounding spaces allowed).
+    pub fn parse(text: &str) -> Option<EventId> {
+        let (stream, seq) = text.trim().split_once('-')?;
+        Some(EventId { stream: stream.parse().ok()?, seq: seq.parse().ok()? })
+    }
+}
+
+impl std::fmt::Display for EventId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.stream, self.seq)
+    }
+}
+
+/// An event with id `id`, an optional `retry:` hint (in that order, before
+/// the data lines) and `data`.
+pub fn encode_with_id(id: EventId, retry: Option<u64>, data: &[u8]) -> Bytes {
+    let id = id.to_string();
+    match retry {
+        None => encode_event(Some(&id), None, data),
+        Some(millis) => {
+            let mut out = BytesMut::with_capacity(48 + data.len());
+            out.put_slice(format!("id: {id}\nretry: {millis}\n").as_bytes());
+            out.put_slice(&encode_event(None, None, data));
+            out.freeze()
+        }
+    }
+}
+
 /// A `retry:` field on its own, telling the client how long to wait before
 /// reconnecting (SSE polling, 2025-11-25).
 pub fn encode_retry(millis: u64) -> Bytes {
@@ -213,6 +251,17 @@ pub const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_ids_round_trip() {
+        let id = EventId { stream: 12, seq: 345 };
+        assert_eq!(id.to_string(), "12-345");
+        assert_eq!(EventId::parse(" 12-345 "), Some(id));
+        assert_eq!(EventId::parse("nope"), None);
+        assert_eq!(EventId::parse("1-x"), None);
+        assert_eq!(&encode_with_id(id, None, b"{}")[..], b"id: 12-345\ndata: {}\n\n");
+        assert_eq!(&encode_with_id(id, Some(500), b"")[..], b"id: 12-345\nretry: 500\ndata: \n\n");
+    }
 
     fn decode_all(chunks: &[&[u8]]) -> Vec<Event> {
         let mut d = Decoder::new(1 << 20);

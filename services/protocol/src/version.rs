@@ -29,6 +29,15 @@ impl ProtocolVersion {
         ProtocolVersion::V2026_07_28,
     ];
 
+    /// The versions the router speaks, newest first: what `server/discover`
+    /// lists and what an unsupported-version error names.
+    pub const SUPPORTED: [ProtocolVersion; 4] = [
+        ProtocolVersion::V2026_07_28,
+        ProtocolVersion::V2025_11_25,
+        ProtocolVersion::V2025_06_18,
+        ProtocolVersion::V2025_03_26,
+    ];
+
     /// The newest version the router offers to sessions (`initialize`).
     pub const LATEST: ProtocolVersion = ProtocolVersion::V2025_11_25;
 
@@ -68,6 +77,19 @@ impl ProtocolVersion {
     }
 }
 
+/// The date forms of [`ProtocolVersion::SUPPORTED`], newest first.
+pub fn supported() -> [&'static str; 4] {
+    ProtocolVersion::SUPPORTED.map(ProtocolVersion::as_str)
+}
+
+/// The date forms of the session versions (what `MCP-Protocol-Version` may
+/// say on a session's requests), oldest first, joined with ", ".
+pub fn session_versions() -> String {
+    let versions: Vec<&str> =
+        ProtocolVersion::ALL.into_iter().filter(|v| v.is_streamable_http()).map(ProtocolVersion::as_str).collect();
+    versions.join(", ")
+}
+
 impl fmt::Display for ProtocolVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -88,5 +110,7 @@ mod tests {
         assert!(!ProtocolVersion::V2024_11_05.is_streamable_http());
         assert!(!ProtocolVersion::MODERN.is_streamable_http() && ProtocolVersion::MODERN.is_modern());
         assert!(!ProtocolVersion::LATEST.is_modern());
+        assert_eq!(supported(), ["2026-07-28", "2025-11-25", "2025-06-18", "2025-03-26"]);
+        assert_eq!(session_versions(), "2025-03-26, 2025-06-18, 2025-11-25");
     }
 }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
+use switchboard_core::UpstreamId;
 
 use bytes::Bytes;
 use switchboard_protocol::jsonrpc::{self, span, Envelope, MessageKind, Target};
@@ -25,7 +26,7 @@ use crate::session_store::{Repair, SessionStore, Stored, Touch};
 use crate::shared_streams::SharedStreams;
 use crate::store::Database;
 use crate::tenancy::Directory;
-use crate::upstream::{self, Inbox, Upstream};
+use crate::upstream::{self, Inbox, Upstream, Upstreams};
 
 /// A legacy connection's stream, and the tenant that opened it.
 type LegacyConnection = (mpsc::Sender<Bytes>, Arc<str>);
@@ -46,7 +47,7 @@ pub enum Change {
 /// Everything a request handler needs.
 pub struct App {
     pub config: Config,
-    pub upstreams: Arc<[Arc<Upstream>]>,
+    pub upstreams: Upstreams,
     pub catalog: Catalog,
     /// This replica's live sessions (for stored ones, a cache of the store).
     pub sessions: Sessions,
@@ -112,7 +113,7 @@ impl App {
         };
         let redis = match &config.redis.url {
             Some(url) => Some(
-                crate::redis_link::RedisLink::new(url, &config.redis.key_prefix, config.redis.timeout)
+                switchboard_core::redis::RedisLink::new(url, &config.redis.key_prefix, config.redis.timeout)
                     .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
             ),
             None => None,
@@ -121,7 +122,7 @@ impl App {
         // The streams get a connection of their own (see shared_streams.rs).
         let shared_streams = match (&config.redis.url, config.sessions.redis) {
             (Some(url), true) => Some(SharedStreams::start(
-                crate::redis_link::RedisLink::new(url, &config.redis.key_prefix, crate::shared_streams::TIMEOUT)
+                switchboard_core::redis::RedisLink::new(url, &config.redis.key_prefix, crate::shared_streams::TIMEOUT)
                     .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
                 config.server.session_idle_timeout,
                 metrics.clone(),
@@ -138,22 +139,24 @@ impl App {
             .collect();
         let edge =
             Arc::new(crate::edge::Edge::new(config.edge.clone(), &config.catalog.separator, reserved, metrics.clone()));
-        let upstreams: Arc<[Arc<Upstream>]> = config
-            .upstreams
-            .iter()
-            .enumerate()
-            .map(|(index, u)| {
-                Arc::new(Upstream {
-                    index,
-                    name: names[index].clone(),
-                    config: u.clone(),
-                    transport: upstream::build(u, &metrics),
+        let upstreams = Upstreams::new(
+            config
+                .upstreams
+                .iter()
+                .enumerate()
+                .map(|(index, u)| {
+                    Arc::new(Upstream {
+                        id: UpstreamId::new(index),
+                        name: names[index].clone(),
+                        config: u.clone(),
+                        transport: upstream::build(u, &metrics),
+                    })
                 })
-            })
-            .collect();
+                .collect(),
+        );
         let app = Arc::new_cyclic(|me: &Weak<App>| {
             let for_inbox = me.clone();
-            let inbox = Box::new(move |u: usize| -> Arc<dyn Inbox> {
+            let inbox = Box::new(move |u: UpstreamId| -> Arc<dyn Inbox> {
                 Arc::new(ControlInbox { app: for_inbox.clone(), upstream: u })
             });
             let for_announce = me.clone();
@@ -334,7 +337,7 @@ impl App {
 
     /// An upstream's list changed: mark it stale and, if clients may have
     /// seen it, tell every session once; listen streams hear of every change.
-    pub fn list_changed(&self, u: usize, kind: ListKind) {
+    pub fn list_changed(&self, u: UpstreamId, kind: ListKind) {
         if self.catalog.invalidate(u, kind) {
             self.announce(kind);
         } else {
@@ -369,7 +372,7 @@ impl App {
     /// outside a response: requests get a session-unique id, cancellations of
     /// them are mapped, list changes are absorbed (and announced once by
     /// [`App::list_changed`]). `None` means nothing to deliver.
-    pub fn relay_from_upstream(&self, session: &Session, u: usize, message: &Bytes) -> Option<Bytes> {
+    pub fn relay_from_upstream(&self, session: &Session, u: UpstreamId, message: &Bytes) -> Option<Bytes> {
         match Envelope::parse(message) {
             Ok(env) => self.relay_parsed(session, u, &env, message),
             Err(_) => {
@@ -380,7 +383,7 @@ impl App {
     }
 
     /// [`App::relay_from_upstream`] for a message already parsed.
-    pub fn relay_parsed(&self, session: &Session, u: usize, env: &Envelope<'_>, message: &Bytes) -> Option<Bytes> {
+    pub fn relay_parsed(&self, session: &Session, u: UpstreamId, env: &Envelope<'_>, message: &Bytes) -> Option<Bytes> {
         match env.kind {
             MessageKind::Request => Some(session.ask(u, env, message)),
             MessageKind::Notification => {
@@ -420,8 +423,8 @@ impl App {
     }
 
     /// The index of the upstream named `name`.
-    fn upstream_index(&self, name: &str) -> Option<usize> {
-        self.upstreams.iter().position(|u| &*u.name == name)
+    fn upstream_index(&self, name: &str) -> Option<UpstreamId> {
+        self.upstreams.find(name)
     }
 
     /// Registers a new session here and, if it is a stored one, in the
@@ -493,7 +496,7 @@ impl App {
         if let Some((_, key)) = &*self.state_key.read().expect("lock") {
             return *key;
         }
-        let own = crate::session::new_session_id().to_string() + &crate::session::new_session_id();
+        let own = switchboard_core::ids::random_id().to_string() + &switchboard_core::ids::random_id();
         let text = match &self.shared_streams {
             Some(shared) => match shared.shared_secret(&own).await {
                 Ok(text) => text,
@@ -635,14 +638,14 @@ impl App {
         let mut closed: Vec<Option<upstream::UpstreamSession>> = vec![None; self.upstreams.len()];
         if let Some(session) = &local {
             for (u, channel) in session.open_channels() {
-                closed[u] = channel.upstream_session();
+                closed[u.index()] = channel.upstream_session();
             }
             session.close().await;
         }
         for (name, at) in stored.iter().flat_map(|s| s.upstreams.iter()) {
             let Some(u) = self.upstream_index(name) else { continue };
             // Closed just now, unless another replica moved it elsewhere.
-            if closed[u].as_ref() == Some(at) {
+            if closed[u.index()].as_ref() == Some(at) {
                 continue;
             }
             let discard: Arc<dyn Inbox> = Arc::new(upstream::Discard);
@@ -716,7 +719,7 @@ impl App {
 
     /// `notifications/resources/updated` names the upstream's URI; clients
     /// subscribed to the exposed one.
-    fn expose_updated_uri(&self, u: usize, env: &Envelope<'_>, message: &Bytes) -> Bytes {
+    fn expose_updated_uri(&self, u: UpstreamId, env: &Envelope<'_>, message: &Bytes) -> Bytes {
         let raw = env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.uri);
         let Some(raw) = raw else { return message.clone() };
         let Some(uri) = switchboard_protocol::jsonrpc::as_str(raw) else { return message.clone() };
@@ -732,7 +735,7 @@ impl App {
 /// The inbox of an upstream's control channel: only list changes matter.
 struct ControlInbox {
     app: Weak<App>,
-    upstream: usize,
+    upstream: UpstreamId,
 }
 
 impl Inbox for ControlInbox {

@@ -30,7 +30,7 @@ pub struct Config {
     pub admin: AdminConfig,
     pub edge: EdgeConfig,
     /// `[[tenants]]` declared in the file (the database wins on a name in both).
-    pub tenants: Vec<(String, crate::tenancy::Policy)>,
+    pub tenants: Vec<(String, switchboard_core::policy::Policy)>,
 }
 
 /// `[auth]`.
@@ -399,7 +399,7 @@ pub struct RawEdge {
     pub max_devices: Option<u64>,
 }
 
-/// One `[[tenants]]` entry: a name and a [`crate::tenancy::Policy`].
+/// One `[[tenants]]` entry: a name and a [`switchboard_core::policy::Policy`].
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTenant {
@@ -407,9 +407,9 @@ pub struct RawTenant {
     #[serde(default)]
     pub upstreams: Vec<String>,
     #[serde(default)]
-    pub tools: BTreeMap<String, crate::tenancy::ToolFilter>,
+    pub tools: BTreeMap<String, switchboard_core::policy::ToolFilter>,
     #[serde(default)]
-    pub limits: crate::tenancy::Limits,
+    pub limits: switchboard_core::policy::Limits,
     #[serde(default)]
     pub audit_arguments: bool,
 }
@@ -938,7 +938,7 @@ impl RawConfig {
             } else if !tenant_names.insert(name.clone()) {
                 bad(format!("tenants[{i}].name"), format!("{name:?} is used by another tenant"));
             }
-            let policy = crate::tenancy::Policy {
+            let policy = switchboard_core::policy::Policy {
                 upstreams: t.upstreams,
                 tools: t.tools,
                 limits: t.limits,

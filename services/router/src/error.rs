@@ -76,7 +76,7 @@ pub enum Error {
     #[error("the router is shutting down")]
     ShuttingDown,
     #[error("{}", .0.message())]
-    Unauthenticated(crate::tenancy::AuthFailure),
+    Unauthenticated(switchboard_core::policy::AuthFailure),
     #[error("rate limit exceeded: the {limit} limit allows no more requests now; retry after {retry_after:?}")]
     RateLimited { limit: &'static str, retry_after: Duration },
     #[error("too many requests in flight for this tenant (at most {0}); retry when one finishes")]

@@ -41,7 +41,6 @@ pub mod error;
 mod events;
 mod metrics;
 mod ratelimit;
-pub mod redis_link;
 mod server;
 mod session;
 pub mod session_store;

@@ -350,7 +350,7 @@ async fn open_admin(db: &DbArgs, migrate: bool) -> Result<(switchboard::admin::A
 }
 
 /// "RATE" or "RATE/BURST" (burst defaults to the rate, at least 1).
-fn rate(text: &str) -> Result<switchboard::tenancy::Rate> {
+fn rate(text: &str) -> Result<switchboard_core::policy::Rate> {
     let (r, b) = text.split_once('/').unwrap_or((text, ""));
     let per_second: f64 = r.trim().parse().with_context(|| format!("{text:?}: the rate is not a number"))?;
     let burst: u32 = if b.is_empty() {
@@ -358,7 +358,7 @@ fn rate(text: &str) -> Result<switchboard::tenancy::Rate> {
     } else {
         b.trim().parse().with_context(|| format!("{text:?}: the burst is not a whole number"))?
     };
-    Ok(switchboard::tenancy::Rate { per_second, burst })
+    Ok(switchboard_core::policy::Rate { per_second, burst })
 }
 
 async fn tenants(db: DbArgs, command: TenantCommand) -> Result<()> {
@@ -375,7 +375,7 @@ async fn tenants(db: DbArgs, command: TenantCommand) -> Result<()> {
             concurrent,
             audit_arguments,
         } => {
-            let mut policy = switchboard::tenancy::Policy { upstreams, audit_arguments, ..Default::default() };
+            let mut policy = switchboard_core::policy::Policy { upstreams, audit_arguments, ..Default::default() };
             for (list, is_allow) in [(allow, true), (deny, false)] {
                 for item in list {
                     let (upstream, pattern) = item
@@ -418,8 +418,8 @@ async fn keys(db: DbArgs, command: KeyCommand) -> Result<()> {
             let at = match expires.as_deref() {
                 None => None,
                 Some(text) => match switchboard::config::parse_duration(text) {
-                    Ok(d) => Some(switchboard::store::now_ms() + d.as_millis() as i64),
-                    Err(_) => Some(switchboard::admin::parse_time(text).with_context(|| {
+                    Ok(d) => Some(switchboard_core::time::now_ms() + d.as_millis() as i64),
+                    Err(_) => Some(switchboard_core::time::parse_time(text).with_context(|| {
                         format!("--expires {text:?}: use a duration (\"30d\") or a date (\"2026-12-31\")")
                     })?),
                 },
@@ -432,7 +432,7 @@ async fn keys(db: DbArgs, command: KeyCommand) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&keys)?);
             } else {
-                let now = switchboard::store::now_ms();
+                let now = switchboard_core::time::now_ms();
                 println!("{:<12} {:<24} {:<25} {:<25} STATUS", "PREFIX", "TENANT", "CREATED", "EXPIRES");
                 for k in keys {
                     let status = if k.revoked_at_ms.is_some() {
@@ -442,12 +442,13 @@ async fn keys(db: DbArgs, command: KeyCommand) -> Result<()> {
                     } else {
                         "active"
                     };
-                    let expires = k.expires_at_ms.map_or_else(|| "never".to_owned(), switchboard::admin::format_time);
+                    let expires =
+                        k.expires_at_ms.map_or_else(|| "never".to_owned(), switchboard_core::time::format_time);
                     println!(
                         "{:<12} {:<24} {:<25} {:<25} {status}",
                         k.prefix,
                         k.tenant,
-                        switchboard::admin::format_time(k.created_at_ms),
+                        switchboard_core::time::format_time(k.created_at_ms),
                         expires
                     );
                 }
@@ -468,7 +469,7 @@ async fn audit(db: DbArgs, command: AuditCommand) -> Result<()> {
         use std::io::Write;
         let mut value = serde_json::to_value(record)?;
         value["seq"] = seq.into();
-        value["at"] = switchboard::admin::format_time(record.at_ms).into();
+        value["at"] = switchboard_core::time::format_time(record.at_ms).into();
         match writeln!(std::io::stdout().lock(), "{value}") {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),

@@ -7,6 +7,7 @@
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+use switchboard_core::UpstreamId;
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
@@ -15,38 +16,7 @@ use prometheus::{
 use switchboard_protocol::methods::ListKind;
 use switchboard_protocol::Method;
 
-/// How a request ended, for `switchboard_requests_total{outcome}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// A result.
-    Ok,
-    /// A JSON-RPC error from the upstream, or an unknown tool, prompt or resource.
-    Error,
-    /// The request was refused before reaching an upstream (bad input).
-    Rejected,
-    /// The upstream could not be reached or broke.
-    UpstreamFailed,
-    /// The upstream did not answer in time.
-    Timeout,
-    /// The client went away before a JSON answer (the request is cancelled upstream).
-    Abandoned,
-}
-
-impl Outcome {
-    const ALL: [Outcome; 6] =
-        [Outcome::Ok, Outcome::Error, Outcome::Rejected, Outcome::UpstreamFailed, Outcome::Timeout, Outcome::Abandoned];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Outcome::Ok => "ok",
-            Outcome::Error => "error",
-            Outcome::Rejected => "rejected",
-            Outcome::UpstreamFailed => "upstream_failed",
-            Outcome::Timeout => "timeout",
-            Outcome::Abandoned => "abandoned",
-        }
-    }
-}
+pub use switchboard_core::Outcome;
 
 /// Counters and a latency histogram for one (method, upstream) pair.
 pub struct RequestHandles {
@@ -451,11 +421,11 @@ impl Metrics {
     }
 
     /// The handles for requests of `method` to `upstream` (`None`: answered by the router).
-    pub fn request(&self, method: Method, upstream: Option<usize>) -> &RequestHandles {
-        let column = upstream.map_or(0, |u| u + 1);
+    pub fn request(&self, method: Method, upstream: Option<UpstreamId>) -> &RequestHandles {
+        let column = upstream.map_or(0, |u| u.index() + 1);
         let slot = method as usize * (self.upstream_names.len() + 1) + column;
         self.table[slot].get_or_init(|| {
-            let upstream = upstream.map_or("", |u| &self.upstream_names[u]);
+            let upstream = upstream.map_or("", |u| &self.upstream_names[u.index()]);
             let label = method.label();
             RequestHandles {
                 outcomes: Outcome::ALL.map(|o| self.requests.with_label_values(&[label, upstream, o.label()])),
@@ -608,8 +578,8 @@ mod tests {
     #[test]
     fn request_handles_count_by_label() {
         let m = Metrics::new(&[Arc::from("a"), Arc::from("b")]);
-        m.request(Method::ToolsCall, Some(1)).record(Outcome::Ok, Duration::from_millis(2));
-        m.request(Method::ToolsCall, Some(1)).record(Outcome::Timeout, Duration::from_millis(2));
+        m.request(Method::ToolsCall, Some(UpstreamId::new(1))).record(Outcome::Ok, Duration::from_millis(2));
+        m.request(Method::ToolsCall, Some(UpstreamId::new(1))).record(Outcome::Timeout, Duration::from_millis(2));
         m.request(Method::Ping, None).record(Outcome::Ok, Duration::from_micros(5));
         let text = m.render();
         assert!(

@@ -18,6 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
+use switchboard_core::UpstreamId;
 
 use bytes::Bytes;
 use serde_json::value::RawValue;
@@ -27,12 +28,13 @@ use switchboard_protocol::ProtocolVersion;
 use tokio::sync::{mpsc, OnceCell};
 
 use crate::app::App;
-use crate::catalog::naming::fnv1a64;
 use crate::error::Error;
 use crate::events::Log;
 use crate::session_store::{Record, Stored};
 use crate::shared_streams::SharedStreams;
 use crate::upstream::{Channel, Hello, Inbox, UpstreamSession};
+use switchboard_core::hash::fnv1a64;
+use switchboard_core::ids::random_id;
 
 /// The prefix of tenant sessions' ids (see [`Session::for_tenant`]).
 pub const TENANT_PREFIX: &str = "t.";
@@ -42,12 +44,7 @@ pub const TENANT_PREFIX: &str = "t.";
 pub fn tenant_session_id(tenant: &str) -> String {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(tenant.as_bytes());
-    let mut id = String::from(TENANT_PREFIX);
-    for b in &digest[..16] {
-        id.push(char::from_digit(u32::from(b >> 4), 16).expect("hex"));
-        id.push(char::from_digit(u32::from(b & 15), 16).expect("hex"));
-    }
-    id
+    format!("{TENANT_PREFIX}{}", hex::encode(&digest[..16]))
 }
 
 /// Events buffered between a stream's log and its HTTP response.
@@ -83,11 +80,11 @@ pub struct Session {
     checked_ms: AtomicU64,
     /// Upstream sessions that other replicas may continue, by upstream:
     /// loaded from the store (channels resume them on first use) or opened here.
-    known: Mutex<HashMap<usize, UpstreamSession>>,
+    known: Mutex<HashMap<UpstreamId, UpstreamSession>>,
     channels: Box<[OnceCell<Arc<dyn Channel>>]>,
     /// Requests in flight: (hash of the client's id, upstream). A vector that
     /// keeps its capacity, so tracking a request costs no allocation.
-    inflight: Mutex<Vec<(u64, usize)>>,
+    inflight: Mutex<Vec<(u64, UpstreamId)>>,
     /// Stream 0: messages not tied to a request.
     standalone: Arc<Log>,
     /// Whether a GET stream was ever opened: upstream channels then listen.
@@ -132,7 +129,7 @@ impl Session {
         upstreams: usize,
         epoch: Instant,
     ) -> Arc<Self> {
-        Self::build(new_session_id(), tenant, Kind::Private, version, capabilities, upstreams, epoch, None)
+        Self::build(random_id(), tenant, Kind::Private, version, capabilities, upstreams, epoch, None)
     }
 
     /// A new Streamable HTTP session with a fresh random id, to be kept in
@@ -145,7 +142,7 @@ impl Session {
         epoch: Instant,
         shared: Option<Arc<SharedStreams>>,
     ) -> Arc<Self> {
-        Self::build(new_session_id(), tenant, Kind::Stored, version, capabilities, upstreams, epoch, shared)
+        Self::build(random_id(), tenant, Kind::Stored, version, capabilities, upstreams, epoch, shared)
     }
 
     /// A stored session another replica created (or this one, before it
@@ -153,7 +150,7 @@ impl Session {
     pub fn adopt(
         id: Arc<str>,
         record: &Record,
-        known: HashMap<usize, UpstreamSession>,
+        known: HashMap<UpstreamId, UpstreamSession>,
         upstreams: usize,
         epoch: Instant,
         shared: Option<Arc<SharedStreams>>,
@@ -287,12 +284,12 @@ impl Session {
 
     /// The channel to upstream `u`, opened on first use with this client's
     /// version and capabilities.
-    pub async fn channel(&self, app: &Arc<App>, u: usize) -> Result<Arc<dyn Channel>, Error> {
-        if let Some(channel) = self.channels[u].get() {
+    pub async fn channel(&self, app: &Arc<App>, u: UpstreamId) -> Result<Arc<dyn Channel>, Error> {
+        if let Some(channel) = self.channels[u.index()].get() {
             return Ok(channel.clone());
         }
         let upstream = &app.upstreams[u];
-        let channel = self.channels[u]
+        let channel = self.channels[u.index()]
             .get_or_try_init(|| async {
                 let hello = Hello {
                     protocol_version: self.version,
@@ -346,7 +343,7 @@ impl Session {
     /// The channel to upstream `u` if it is open here, or if the store
     /// recorded an upstream session with it that this replica can resume;
     /// never a new upstream session.
-    pub async fn existing_channel(&self, app: &Arc<App>, u: usize) -> Option<Arc<dyn Channel>> {
+    pub async fn existing_channel(&self, app: &Arc<App>, u: UpstreamId) -> Option<Arc<dyn Channel>> {
         if let Some(channel) = self.open_channel(u) {
             return Some(channel);
         }
@@ -359,7 +356,7 @@ impl Session {
     /// Records the upstream session `channel` is on, here and (for a stored
     /// session) in the store, so that other replicas continue it. A store
     /// that cannot be reached is logged: the session goes on here.
-    pub async fn remember_upstream(&self, app: &App, u: usize, channel: &dyn Channel) {
+    pub async fn remember_upstream(&self, app: &App, u: UpstreamId, channel: &dyn Channel) {
         let Some(at) = channel.upstream_session() else { return };
         let changed = self.known.lock().expect("lock").insert(u, at.clone()).as_ref() != Some(&at);
         if changed && self.stored {
@@ -399,13 +396,13 @@ impl Session {
     }
 
     /// The channel to upstream `u` if it is already open.
-    pub fn open_channel(&self, u: usize) -> Option<Arc<dyn Channel>> {
-        self.channels.get(u).and_then(|c| c.get()).cloned()
+    pub fn open_channel(&self, u: UpstreamId) -> Option<Arc<dyn Channel>> {
+        self.channels.get(u.index()).and_then(|c| c.get()).cloned()
     }
 
     /// Every open channel with its upstream index.
-    pub fn open_channels(&self) -> Vec<(usize, Arc<dyn Channel>)> {
-        self.channels.iter().enumerate().filter_map(|(u, c)| c.get().map(|c| (u, c.clone()))).collect()
+    pub fn open_channels(&self) -> Vec<(UpstreamId, Arc<dyn Channel>)> {
+        self.channels.iter().enumerate().filter_map(|(u, c)| c.get().map(|c| (UpstreamId::new(u), c.clone()))).collect()
     }
 
     /// Sends a message on the session's GET stream, or keeps it (bounded)
@@ -522,7 +519,7 @@ impl Session {
             return Err(Error::UnknownStream);
         }
         if stream == 0 {
-            let known: Vec<usize> = self.known.lock().expect("lock").keys().copied().collect();
+            let known: Vec<UpstreamId> = self.known.lock().expect("lock").keys().copied().collect();
             for u in known {
                 let _ = self.existing_channel(app, u).await;
             }
@@ -555,7 +552,7 @@ impl Session {
     /// Any replica can route the client's answer from the id alone
     /// ([`answered`](Self::answered)), and two upstreams using the same id
     /// get different ones.
-    pub fn ask(&self, u: usize, env: &Envelope<'_>, message: &[u8]) -> Bytes {
+    pub fn ask(&self, u: UpstreamId, env: &Envelope<'_>, message: &[u8]) -> Bytes {
         let their_id = env.id.expect("a request has an id");
         let ours = relay_id(u, their_id.get());
         splice(message, &mut [Edit::new(span(message, their_id.get()), ours.as_bytes())])
@@ -564,11 +561,11 @@ impl Session {
     /// Where the client's answer to a relayed request goes: the upstream and
     /// its own id (JSON), from the id the client answered with. `None` for an
     /// id the router did not make.
-    pub fn answered(&self, id: &RawValue) -> Option<(usize, Box<str>)> {
+    pub fn answered(&self, id: &RawValue) -> Option<(UpstreamId, Box<str>)> {
         let text = switchboard_protocol::jsonrpc::as_str(id)?;
         let (u, rest) = text.split_once('.')?;
-        let u: usize = u.parse().ok()?;
-        if u >= self.channels.len() {
+        let u = UpstreamId::new(u.parse::<u32>().ok()? as usize);
+        if u.index() >= self.channels.len() {
             return None;
         }
         let theirs = if let Some(digits) = rest.strip_prefix('n') {
@@ -584,7 +581,10 @@ impl Session {
             digits.to_owned()
         } else {
             let hex = rest.strip_prefix('x')?;
-            let raw = decode_hex(hex)?;
+            if hex.len() > 2048 {
+                return None;
+            }
+            let raw = hex::decode(hex).ok()?;
             // Only a JSON string or number may go back into a message.
             match serde_json::from_slice::<serde_json::Value>(&raw).ok()? {
                 serde_json::Value::String(_) | serde_json::Value::Number(_) => String::from_utf8(raw).ok()?,
@@ -595,12 +595,12 @@ impl Session {
     }
 
     /// Our id for a relayed request the upstream cancelled (given its id).
-    pub fn asked_cancelled(&self, u: usize, their_id: &str) -> String {
+    pub fn asked_cancelled(&self, u: UpstreamId, their_id: &str) -> String {
         relay_id(u, their_id)
     }
 
     /// Notes a request in flight to upstream `u`.
-    pub fn begin(&self, id: &RawValue, u: usize) {
+    pub fn begin(&self, id: &RawValue, u: UpstreamId) {
         self.inflight.lock().expect("lock").push((fnv1a64(id.get().as_bytes()), u));
     }
 
@@ -614,7 +614,7 @@ impl Session {
     }
 
     /// The upstream a request in flight went to.
-    pub fn inflight_upstream(&self, id: &RawValue) -> Option<usize> {
+    pub fn inflight_upstream(&self, id: &RawValue) -> Option<UpstreamId> {
         let key = fnv1a64(id.get().as_bytes());
         self.inflight.lock().expect("lock").iter().find(|(k, _)| *k == key).map(|(_, u)| *u)
     }
@@ -665,7 +665,7 @@ impl Drop for ReaderGuard {
 struct SessionInbox {
     app: Weak<App>,
     session: Weak<Session>,
-    upstream: usize,
+    upstream: UpstreamId,
 }
 
 impl Inbox for SessionInbox {
@@ -688,7 +688,7 @@ impl Inbox for SessionInbox {
 }
 
 /// The id a relayed request gets (a JSON string): see [`Session::ask`].
-fn relay_id(u: usize, their_id: &str) -> String {
+fn relay_id(u: UpstreamId, their_id: &str) -> String {
     let is_integer = {
         let digits = their_id.strip_prefix('-').unwrap_or(their_id);
         !digits.is_empty() && digits.len() <= 19 && digits.bytes().all(|b| b.is_ascii_digit())
@@ -696,34 +696,8 @@ fn relay_id(u: usize, their_id: &str) -> String {
     if is_integer {
         format!("\"{u}.n{their_id}\"")
     } else {
-        let mut id = format!("\"{u}.x");
-        for b in their_id.bytes() {
-            id.push(char::from_digit(u32::from(b >> 4), 16).expect("hex"));
-            id.push(char::from_digit(u32::from(b & 15), 16).expect("hex"));
-        }
-        id.push('"');
-        id
+        format!("\"{u}.x{}\"", hex::encode(their_id))
     }
-}
-
-fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    if !hex.len().is_multiple_of(2) || hex.len() > 2048 {
-        return None;
-    }
-    let digit = |c: u8| (c as char).to_digit(16);
-    hex.as_bytes().chunks(2).map(|p| Some((digit(p[0])? * 16 + digit(p[1])?) as u8)).collect()
-}
-
-/// 128 random bits as 32 hex digits.
-pub fn new_session_id() -> Arc<str> {
-    let mut raw = [0u8; 16];
-    getrandom::fill(&mut raw).expect("the OS provides randomness");
-    let mut id = String::with_capacity(32);
-    for b in raw {
-        id.push(char::from_digit(u32::from(b >> 4), 16).expect("hex"));
-        id.push(char::from_digit(u32::from(b & 15), 16).expect("hex"));
-    }
-    Arc::from(id)
 }
 
 const SHARDS: usize = 16;
@@ -829,23 +803,23 @@ mod tests {
         let s = session();
         let msg = br#"{"jsonrpc":"2.0","id":1,"method":"sampling/createMessage","params":{}}"#;
         let env = Envelope::parse(msg).unwrap();
-        let first = s.ask(0, &env, msg);
-        let second = s.ask(1, &env, msg);
+        let first = s.ask(UpstreamId::new(0), &env, msg);
+        let second = s.ask(UpstreamId::new(1), &env, msg);
         let id1 = Envelope::parse(&first).unwrap().id.unwrap().get().to_owned();
         let id2 = Envelope::parse(&second).unwrap().id.unwrap().get().to_owned();
         assert_ne!(id1, id2, "two upstreams using id 1 must not collide");
         // Another replica's copy of the session routes the answer too: the id says it all.
         let elsewhere = session();
         let raw = RawValue::from_string(id2.clone()).unwrap();
-        assert_eq!(elsewhere.answered(&raw), Some((1, "1".into())));
+        assert_eq!(elsewhere.answered(&raw), Some((UpstreamId::new(1), "1".into())));
         // String ids, even with quotes and escapes inside, come back byte for byte.
         let msg = br#"{"jsonrpc":"2.0","id":"a\"b.c","method":"roots/list"}"#;
-        let relayed = s.ask(0, &Envelope::parse(msg).unwrap(), msg);
+        let relayed = s.ask(UpstreamId::new(0), &Envelope::parse(msg).unwrap(), msg);
         let ours = Envelope::parse(&relayed).unwrap().id.unwrap().get().to_owned();
         let raw = RawValue::from_string(ours).unwrap();
-        assert_eq!(elsewhere.answered(&raw), Some((0, r#""a\"b.c""#.into())));
+        assert_eq!(elsewhere.answered(&raw), Some((UpstreamId::new(0), r#""a\"b.c""#.into())));
         // An upstream cancelling its request: the same id the client saw.
-        assert_eq!(s.asked_cancelled(0, "1"), id1);
+        assert_eq!(s.asked_cancelled(UpstreamId::new(0), "1"), id1);
         // Ids the router did not make, or that would smuggle JSON in, are refused.
         for forged in [
             r#""9.n1""#,

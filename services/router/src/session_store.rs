@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::redis_link::{RedisError, RedisLink};
+use switchboard_core::redis::{RedisError, RedisLink};
 
 /// Extra life of a session's Redis hash past its expiry, so that the sweep
 /// (not Redis) ends it and can still read its upstream sessions.

@@ -69,7 +69,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::events;
 use crate::metrics::Metrics;
-use crate::redis_link::{RedisError, RedisLink};
+use switchboard_core::redis::{RedisError, RedisLink};
 
 /// Events kept per stream (Redis trims approximately).
 pub const MAX_EVENTS: usize = 512;
@@ -288,7 +288,7 @@ impl SharedStreams {
     pub fn start(link: Arc<RedisLink>, ttl: Duration, metrics: Arc<Metrics>) -> Arc<SharedStreams> {
         let (queue, writes) = mpsc::channel(QUEUE);
         let shared = Arc::new(SharedStreams {
-            replica: crate::session::new_session_id()[..16].to_owned(),
+            replica: switchboard_core::ids::random_id()[..16].to_owned(),
             ttl_ms: ttl.as_millis().max(1000) as u64,
             queue,
             waiters: Mutex::new(HashMap::new()),

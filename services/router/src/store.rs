@@ -51,7 +51,7 @@ pub enum Backend {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct TenantRow {
     pub name: String,
-    pub policy: crate::tenancy::Policy,
+    pub policy: switchboard_core::policy::Policy,
     pub created_at_ms: i64,
 }
 
@@ -212,7 +212,7 @@ impl Database {
     }
 
     /// Replaces a tenant's policy.
-    pub async fn update_tenant(&self, name: &str, policy: &crate::tenancy::Policy) -> Result<(), StoreError> {
+    pub async fn update_tenant(&self, name: &str, policy: &switchboard_core::policy::Policy) -> Result<(), StoreError> {
         let policy = serde_json::to_string(policy).expect("serializable");
         let mut tx = self.pool.begin().await?;
         let n = sqlx::query("UPDATE tenants SET policy = $1 WHERE name = $2")
@@ -511,9 +511,4 @@ fn audit_row(r: &AnyRow) -> Result<AuditRecord, sqlx::Error> {
         trace_id: r.try_get(14)?,
         arguments: r.try_get(15)?,
     })
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }

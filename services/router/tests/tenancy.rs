@@ -8,8 +8,8 @@ use http::StatusCode;
 use serde_json::{json, Value};
 use switchboard::admin::Admin;
 use switchboard::store::Database;
-use switchboard::tenancy::{Limits, Policy, Rate, ToolFilter};
 use switchboard::Config;
+use switchboard_core::policy::{Limits, Policy, Rate, ToolFilter};
 use switchboard_test_support::services::{unique, PrivatePostgres, PrivateRedis, TempDatabase};
 use switchboard_test_support::{eventually, http_upstream, mock_named, Client, MockServer, Router, Stateless};
 
@@ -225,7 +225,7 @@ async fn key_lifecycle_through_the_admin_api_on_two_replicas() {
     assert_eq!(status, StatusCode::NOT_FOUND);
 
     // An expiring key works until its time, then gets 401 "expired".
-    let at = switchboard::store::now_ms() + 1500;
+    let at = switchboard_core::time::now_ms() + 1500;
     let (_, created) =
         http.send("POST", &format!("{admin_url}/v1/tenants/initech/keys"), json!({"expires_at_ms": at})).await;
     let short = Client::with_key(&one.url, created["key"].as_str().unwrap());

@@ -152,14 +152,14 @@ impl Ids {
     fn new() -> Ids {
         let mut bytes = [0u8; 8];
         getrandom::fill(&mut bytes).expect("the operating system's random source");
-        Ids { process: crate::tenancy::hex(&bytes), counter: AtomicU64::new(0) }
+        Ids { process: hex::encode(bytes), counter: AtomicU64::new(0) }
     }
 
     fn next(&self) -> String {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
         let mut id = String::with_capacity(32);
         id.push_str(&self.process);
-        id.push_str(&crate::tenancy::hex(&n.to_be_bytes()));
+        id.push_str(&hex::encode(n.to_be_bytes()));
         id
     }
 }

@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use switchboard_core::UpstreamId;
 
 use arc_swap::ArcSwap;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -32,13 +33,13 @@ use switchboard_protocol::methods::ListKind;
 
 use crate::config::CatalogConfig;
 use crate::metrics::Metrics;
-use crate::upstream::{collect_response, Channel, Handshake, Hello, Inbox, Outgoing, Upstream, UpstreamError};
+use crate::upstream::{collect_response, Channel, Handshake, Hello, Inbox, Outgoing, UpstreamError, Upstreams};
 
 /// One exposed item.
 #[derive(Debug)]
 pub struct Item {
     /// Index of the upstream it comes from.
-    pub upstream: usize,
+    pub upstream: UpstreamId,
     /// The name or URI clients see.
     pub exposed: Box<str>,
     /// The upstream's own name or URI, as a JSON string literal (ready to splice).
@@ -57,7 +58,7 @@ pub struct Listing {
     /// Exposed name or URI → position in `items`.
     pub index: HashMap<Box<str>, usize>,
     /// Per upstream that contributed: `(upstream, first item, count)`, in order.
-    pub spans: Vec<(usize, usize, usize)>,
+    pub spans: Vec<(UpstreamId, usize, usize)>,
     /// All items as one JSON array.
     pub all: Bytes,
 }
@@ -78,7 +79,7 @@ impl Listing {
     /// name is already taken are left out; their names are returned.
     pub fn extend(
         &mut self,
-        u: usize,
+        u: UpstreamId,
         kind: ListKind,
         items: &[Map<String, Value>],
         expose: impl Fn(&str) -> String,
@@ -185,14 +186,14 @@ struct UpstreamState {
 }
 
 /// Builds the inbox for an upstream's control channel.
-pub type InboxFactory = Box<dyn Fn(usize) -> Arc<dyn Inbox> + Send + Sync>;
+pub type InboxFactory = Box<dyn Fn(UpstreamId) -> Arc<dyn Inbox> + Send + Sync>;
 
 /// Tells clients that a list changed (an upstream was left out or came back).
 pub type Announce = Box<dyn Fn(ListKind) + Send + Sync>;
 
 /// The catalog of every upstream.
 pub struct Catalog {
-    upstreams: Arc<[Arc<Upstream>]>,
+    upstreams: Upstreams,
     config: CatalogConfig,
     metrics: Arc<Metrics>,
     states: Vec<Mutex<UpstreamState>>,
@@ -202,8 +203,8 @@ pub struct Catalog {
     refresh: tokio::sync::Mutex<()>,
     generation: AtomicU64,
     scheme_prefixes: Vec<String>,
-    scheme_index: HashMap<String, usize>,
-    unprefixed: Vec<usize>,
+    scheme_index: HashMap<String, UpstreamId>,
+    unprefixed: Vec<UpstreamId>,
     inbox: InboxFactory,
     announce: Announce,
 }
@@ -211,7 +212,7 @@ pub struct Catalog {
 impl Catalog {
     /// An empty catalog over `upstreams`; nothing is fetched until asked.
     pub fn new(
-        upstreams: Arc<[Arc<Upstream>]>,
+        upstreams: Upstreams,
         config: CatalogConfig,
         metrics: Arc<Metrics>,
         inbox: InboxFactory,
@@ -219,8 +220,8 @@ impl Catalog {
     ) -> Self {
         let scheme_prefixes: Vec<String> = upstreams.iter().map(|u| naming::scheme_prefix(&u.config.prefix)).collect();
         let scheme_index =
-            scheme_prefixes.iter().enumerate().filter(|(_, p)| !p.is_empty()).map(|(i, p)| (p.clone(), i)).collect();
-        let unprefixed = upstreams.iter().filter(|u| u.config.prefix.is_empty()).map(|u| u.index).collect();
+            upstreams.ids().zip(&scheme_prefixes).filter(|(_, p)| !p.is_empty()).map(|(u, p)| (p.clone(), u)).collect();
+        let unprefixed = upstreams.iter().filter(|u| u.config.prefix.is_empty()).map(|u| u.id).collect();
         Catalog {
             states: upstreams.iter().map(|_| Mutex::new(UpstreamState::default())).collect(),
             opening: upstreams.iter().map(|_| tokio::sync::Mutex::new(())).collect(),
@@ -258,7 +259,7 @@ impl Catalog {
         let started: Vec<u64> = wanted
             .iter()
             .map(|&(u, kind)| {
-                let mut state = self.states[u].lock().expect("lock");
+                let mut state = self.states[u.index()].lock().expect("lock");
                 let list = &mut state.lists[kind as usize];
                 list.fetching = true;
                 list.changes
@@ -273,7 +274,7 @@ impl Catalog {
         for ((u, kind, result), changes) in futures_util::future::join_all(fetches).await.into_iter().zip(started) {
             let upstream = &self.upstreams[u];
             self.metrics.catalog_refresh(&upstream.name, kind);
-            let mut state = self.states[u].lock().expect("lock");
+            let mut state = self.states[u.index()].lock().expect("lock");
             let list = &mut state.lists[kind as usize];
             match result {
                 Ok(items) => {
@@ -300,7 +301,7 @@ impl Catalog {
         }
         self.rebuild();
         for (u, kind, changes, ok) in settled {
-            let mut state = self.states[u].lock().expect("lock");
+            let mut state = self.states[u.index()].lock().expect("lock");
             let list = &mut state.lists[kind as usize];
             list.fetching = false;
             // A change announced during the fetch may not be in it.
@@ -317,8 +318,8 @@ impl Catalog {
     /// Marks `kind` of upstream `u` stale. Returns whether it was fresh (or
     /// being fetched), so that callers tell clients about a change once, not
     /// once per report.
-    pub fn invalidate(&self, u: usize, kind: ListKind) -> bool {
-        let Some(state) = self.states.get(u) else { return false };
+    pub fn invalidate(&self, u: UpstreamId, kind: ListKind) -> bool {
+        let Some(state) = self.states.get(u.index()) else { return false };
         let mut state = state.lock().expect("lock");
         let mut was_fresh = false;
         let kinds: &[ListKind] =
@@ -333,9 +334,9 @@ impl Catalog {
     }
 
     /// `(upstream, list)` pairs that need fetching now.
-    fn wanted(&self, kinds: &[ListKind]) -> Vec<(usize, ListKind)> {
+    fn wanted(&self, kinds: &[ListKind]) -> Vec<(UpstreamId, ListKind)> {
         let mut wanted = Vec::new();
-        for (u, state) in self.states.iter().enumerate() {
+        for (u, state) in self.upstreams.ids().zip(&self.states) {
             let state = state.lock().expect("lock");
             for &kind in kinds {
                 let list = &state.lists[kind as usize];
@@ -350,19 +351,19 @@ impl Catalog {
     }
 
     /// The control channel of upstream `u`, opened if needed.
-    async fn control(&self, u: usize) -> Result<Arc<dyn Channel>, UpstreamError> {
-        if let Some(channel) = self.states[u].lock().expect("lock").control.clone() {
+    async fn control(&self, u: UpstreamId) -> Result<Arc<dyn Channel>, UpstreamError> {
+        if let Some(channel) = self.states[u.index()].lock().expect("lock").control.clone() {
             return Ok(channel);
         }
         // Concurrent fetches open one channel, not one each.
-        let _opening = self.opening[u].lock().await;
-        if let Some(channel) = self.states[u].lock().expect("lock").control.clone() {
+        let _opening = self.opening[u.index()].lock().await;
+        if let Some(channel) = self.states[u.index()].lock().expect("lock").control.clone() {
             return Ok(channel);
         }
         let channel = self.upstreams[u].transport.open(&Hello::router(), (self.inbox)(u)).await?;
         channel.listen();
         let existing = {
-            let mut state = self.states[u].lock().expect("lock");
+            let mut state = self.states[u.index()].lock().expect("lock");
             state.handshake = Some(channel.handshake());
             match &state.control {
                 Some(existing) => Some(existing.clone()),
@@ -383,20 +384,20 @@ impl Catalog {
     }
 
     /// The handshake of upstream `u`'s control channel, once it has one.
-    pub fn handshake(&self, u: usize) -> Option<Arc<Handshake>> {
-        let state = self.states[u].lock().expect("lock");
+    pub fn handshake(&self, u: UpstreamId) -> Option<Arc<Handshake>> {
+        let state = self.states[u.index()].lock().expect("lock");
         state.control.as_ref().map(|c| c.handshake()).or_else(|| state.handshake.clone())
     }
 
     /// Whether upstream `u` speaks 2026-07-28 (known after its first fetch).
-    pub fn is_modern(&self, u: usize) -> bool {
-        self.states[u].lock().expect("lock").modern == Some(true)
+    pub fn is_modern(&self, u: UpstreamId) -> bool {
+        self.states[u.index()].lock().expect("lock").modern == Some(true)
     }
 
     /// Whether upstream `u` speaks only 2026-07-28 (no sessions): session
     /// clients then reach it with stateless requests too.
-    pub fn is_stateless_only(&self, u: usize) -> bool {
-        let state = self.states[u].lock().expect("lock");
+    pub fn is_stateless_only(&self, u: UpstreamId) -> bool {
+        let state = self.states[u.index()].lock().expect("lock");
         state.modern == Some(true) && state.stateless_only
     }
 
@@ -418,12 +419,12 @@ impl Catalog {
     /// upstream is served statelessly, its handshake taken from the
     /// discovery; anything else (no answer, an error, only older versions)
     /// is a session-based upstream, reached with `initialize`.
-    async fn era(&self, u: usize) -> bool {
-        if let Some(modern) = self.states[u].lock().expect("lock").modern {
+    async fn era(&self, u: UpstreamId) -> bool {
+        if let Some(modern) = self.states[u.index()].lock().expect("lock").modern {
             return modern;
         }
-        let _opening = self.opening[u].lock().await;
-        if let Some(modern) = self.states[u].lock().expect("lock").modern {
+        let _opening = self.opening[u.index()].lock().await;
+        if let Some(modern) = self.states[u.index()].lock().expect("lock").modern {
             return modern;
         }
         let upstream = &self.upstreams[u];
@@ -456,7 +457,7 @@ impl Catalog {
             switchboard_protocol::ProtocolVersion::parse(v)
                 .is_some_and(switchboard_protocol::ProtocolVersion::is_streamable_http)
         });
-        let mut state = self.states[u].lock().expect("lock");
+        let mut state = self.states[u.index()].lock().expect("lock");
         if state.modern.is_some() {
             return state.modern == Some(true);
         }
@@ -486,7 +487,7 @@ impl Catalog {
     /// One page of a list from a stateless upstream, with its `ttlMs`.
     async fn modern_page(
         &self,
-        u: usize,
+        u: UpstreamId,
         kind: ListKind,
         cursor: Option<&str>,
     ) -> Result<(Value, Option<u64>), String> {
@@ -514,7 +515,7 @@ impl Catalog {
     }
 
     /// Fetches every page of one list of one upstream, within its deadline.
-    async fn fetch(&self, u: usize, kind: ListKind) -> Result<Vec<Map<String, Value>>, String> {
+    async fn fetch(&self, u: UpstreamId, kind: ListKind) -> Result<Vec<Map<String, Value>>, String> {
         let upstream = &self.upstreams[u];
         let deadline = upstream.config.list_timeout;
         if self.era(u).await {
@@ -526,7 +527,7 @@ impl Catalog {
         let work = async {
             let channel = self.control(u).await.map_err(|e| e.to_string())?;
             let handshake = channel.handshake();
-            self.states[u].lock().expect("lock").handshake = Some(handshake.clone());
+            self.states[u.index()].lock().expect("lock").handshake = Some(handshake.clone());
             if !handshake.has(kind.capability()) {
                 return Ok(Vec::new());
             }
@@ -570,7 +571,7 @@ impl Catalog {
 
     /// [`fetch`](Self::fetch) from a stateless upstream: every page, and the
     /// list's expiry from the smallest `ttlMs` of its pages.
-    async fn fetch_modern(&self, u: usize, kind: ListKind) -> Result<Vec<Map<String, Value>>, String> {
+    async fn fetch_modern(&self, u: UpstreamId, kind: ListKind) -> Result<Vec<Map<String, Value>>, String> {
         let handshake = self.handshake(u).unwrap_or_default();
         if !handshake.has(kind.capability()) {
             return Ok(Vec::new());
@@ -596,7 +597,7 @@ impl Catalog {
             }
         }
         let expires = ttl.map(|ms| Instant::now() + Duration::from_millis(ms));
-        self.states[u].lock().expect("lock").lists[kind as usize].expires = expires;
+        self.states[u.index()].lock().expect("lock").lists[kind as usize].expires = expires;
         Ok(items)
     }
 
@@ -616,7 +617,7 @@ impl Catalog {
                 )
             })
             .collect();
-        for (u, (items, handshake)) in per_upstream.iter().enumerate() {
+        for (u, (items, handshake)) in self.upstreams.ids().zip(&per_upstream) {
             let upstream = &self.upstreams[u];
             if let Some(h) = handshake {
                 merged.logging |= h.has("logging");
@@ -634,7 +635,7 @@ impl Catalog {
                         naming::expose_name(&upstream.config.prefix, &self.config.separator, original)
                     }
                     ListKind::Resources | ListKind::ResourceTemplates => {
-                        naming::expose_uri(&self.scheme_prefixes[u], original)
+                        naming::expose_uri(&self.scheme_prefixes[u.index()], original)
                     }
                 };
                 for exposed in lists[kind as usize].extend(u, kind, items, expose) {
@@ -655,7 +656,7 @@ impl Catalog {
     }
 
     /// Which upstream serves `uri` (an exposed URI), and the upstream's own URI.
-    pub fn resolve_uri<'a>(&self, snapshot: &Snapshot, uri: &'a str) -> Option<(usize, &'a str)> {
+    pub fn resolve_uri<'a>(&self, snapshot: &Snapshot, uri: &'a str) -> Option<(UpstreamId, &'a str)> {
         if let Some((prefix, original)) = naming::split_uri(uri) {
             if let Some(&u) = self.scheme_index.get(prefix) {
                 return Some((u, original));
@@ -672,17 +673,17 @@ impl Catalog {
     }
 
     /// The exposed form of upstream `u`'s URI.
-    pub fn expose_uri(&self, u: usize, uri: &str) -> String {
-        naming::expose_uri(&self.scheme_prefixes[u], uri)
+    pub fn expose_uri(&self, u: UpstreamId, uri: &str) -> String {
+        naming::expose_uri(&self.scheme_prefixes[u.index()], uri)
     }
 
     /// For a name that is not in the catalog: the upstream it would belong to
     /// if that upstream is currently left out (so the client hears "upstream
     /// down", not "unknown tool").
-    pub fn missing_upstream(&self, kind: ListKind, exposed: &str) -> Option<usize> {
+    pub fn missing_upstream(&self, kind: ListKind, exposed: &str) -> Option<UpstreamId> {
         let (prefix, _) = exposed.split_once(self.config.separator.as_str())?;
-        let u = self.upstreams.iter().position(|u| u.config.prefix == prefix)?;
-        let state = self.states[u].lock().expect("lock");
+        let u = self.upstreams.iter().find(|u| u.config.prefix == prefix)?.id;
+        let state = self.states[u.index()].lock().expect("lock");
         state.lists[kind as usize].failed_at.is_some().then_some(u)
     }
 

@@ -12,6 +12,8 @@
 //! prefix. The scheme prefix is the upstream prefix in lower case with `_`
 //! turned into `-`, since URI schemes allow neither upper case nor `_`.
 
+use switchboard_core::hash::fnv1a64;
+
 /// Longest exposed tool or prompt name (several LLM providers cap at 64).
 pub const MAX_NAME: usize = 64;
 const HASH_HEX: usize = 8;
@@ -35,16 +37,6 @@ pub fn expose_name(prefix: &str, separator: &str, name: &str) -> String {
     short.push('_');
     short.push_str(&format!("{hash:016x}")[..HASH_HEX]);
     short
-}
-
-/// 64-bit FNV-1a: small, stable across platforms and releases.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        hash ^= u64::from(b);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
 }
 
 /// The URI scheme prefix for an upstream prefix (empty stays empty).
@@ -116,14 +108,6 @@ mod tests {
         let exact = "y".repeat(64 - 4);
         assert_eq!(expose_name("ab", "__", &exact), format!("ab__{exact}"));
         assert_eq!(expose_name("ab", "__", &(exact + "z")).len(), 64);
-    }
-
-    #[test]
-    fn the_hash_is_fnv1a() {
-        // Published FNV-1a 64 test vectors.
-        assert_eq!(fnv1a64(b""), 0xcbf29ce484222325);
-        assert_eq!(fnv1a64(b"a"), 0xaf63dc4c8601ec8c);
-        assert_eq!(fnv1a64(b"foobar"), 0x85944171f73967e8);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
+use switchboard_core::UpstreamId;
 
 use bytes::Bytes;
 use http::Response;
@@ -26,19 +27,19 @@ use crate::body::Body;
 use crate::catalog::Snapshot;
 use crate::error::Error;
 use crate::events::Log;
-use crate::metrics::Outcome;
 use crate::ratelimit::InflightPermit;
 use crate::session::Session;
 use crate::store::AuditRecord;
-use crate::tenancy::{Principal, Tenant};
 use crate::upstream::{Item, MessageStream, Outgoing, Reply, UpstreamError};
+use switchboard_core::policy::{Principal, Tenant};
+use switchboard_core::Outcome;
 
 /// The `retry:` hint sent with priming events.
 const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A request rewritten for its upstream.
 pub(super) struct Resolved {
-    pub upstream: usize,
+    pub upstream: UpstreamId,
     pub body: Bytes,
     pub id: Range<usize>,
     pub progress_token: Option<Range<usize>>,
@@ -71,7 +72,7 @@ impl Ledger {
     pub fn close(
         &mut self,
         app: &App,
-        upstream: Option<usize>,
+        upstream: Option<UpstreamId>,
         outcome: Outcome,
         error_code: Option<i64>,
         response_bytes: usize,
@@ -235,7 +236,7 @@ pub(super) struct Inflight<'a> {
     app: &'a Arc<App>,
     session: &'a Arc<Session>,
     id: &'a RawValue,
-    upstream: usize,
+    upstream: UpstreamId,
     method: Method,
     started: Instant,
     armed: bool,
@@ -248,7 +249,7 @@ impl<'a> Inflight<'a> {
         app: &'a Arc<App>,
         session: &'a Arc<Session>,
         id: &'a RawValue,
-        upstream: usize,
+        upstream: UpstreamId,
         method: Method,
         started: Instant,
         ledger: Ledger,
@@ -304,7 +305,7 @@ pub(super) async fn resolve(
     let params = env.params.ok_or_else(|| Error::InvalidParams(format!("{} needs params", method.as_str())))?;
     let target = Target::parse(params).map_err(|e| Error::InvalidParams(e.to_string()))?;
     let mut snapshot = app.catalog.current();
-    let (upstream, field, replacement): (usize, &RawValue, Original) = match method {
+    let (upstream, field, replacement): (UpstreamId, &RawValue, Original) = match method {
         Method::ToolsCall | Method::PromptsGet => {
             let kind = if method == Method::ToolsCall { ListKind::Tools } else { ListKind::Prompts };
             let raw = target.name.ok_or_else(|| Error::InvalidParams("params.name is required".into()))?;
@@ -381,7 +382,7 @@ async fn find(
     snapshot: &mut Arc<Snapshot>,
     kind: ListKind,
     name: &str,
-) -> Result<(usize, Original), Error> {
+) -> Result<(UpstreamId, Original), Error> {
     let unknown = || match kind {
         ListKind::Prompts => Error::UnknownPrompt(name.to_owned()),
         _ => Error::UnknownTool(name.to_owned()),
@@ -447,7 +448,12 @@ pub(crate) async fn call_internal(
     Ok(value.get_mut("result").map(Value::take).unwrap_or(Value::Null))
 }
 
-fn resolve_uri(app: &App, tenant: &Tenant, snapshot: &Snapshot, raw: &RawValue) -> Result<(usize, Vec<u8>), Error> {
+fn resolve_uri(
+    app: &App,
+    tenant: &Tenant,
+    snapshot: &Snapshot,
+    raw: &RawValue,
+) -> Result<(UpstreamId, Vec<u8>), Error> {
     let uri = as_str(raw).ok_or_else(|| Error::InvalidParams("the uri must be a string".into()))?;
     let (u, original) = app
         .catalog
@@ -459,7 +465,7 @@ fn resolve_uri(app: &App, tenant: &Tenant, snapshot: &Snapshot, raw: &RawValue) 
 
 /// Classifies the response and applies the few rewrites results need
 /// (resource URIs in `resources/read`).
-pub(super) fn finish(app: &App, u: usize, method: Method, message: Bytes) -> (Bytes, Outcome) {
+pub(super) fn finish(app: &App, u: UpstreamId, method: Method, message: Bytes) -> (Bytes, Outcome) {
     let outcome = match Envelope::parse(&message) {
         Ok(env) if env.kind == MessageKind::Response => Outcome::Ok,
         _ => Outcome::Error,
@@ -480,7 +486,7 @@ pub(super) fn finish(app: &App, u: usize, method: Method, message: Bytes) -> (By
 }
 
 /// Tells the upstream to stop working on a request (best effort, in the background).
-pub(super) fn cancel_upstream(app: &Arc<App>, session: &Arc<Session>, u: usize, id: &RawValue, reason: &str) {
+pub(super) fn cancel_upstream(app: &Arc<App>, session: &Arc<Session>, u: UpstreamId, id: &RawValue, reason: &str) {
     let Some(channel) = session.open_channel(u) else { return };
     let params =
         format!(r#"{{"requestId":{},"reason":{}}}"#, id.get(), String::from_utf8_lossy(&jsonrpc::json_string(reason)));
@@ -500,7 +506,7 @@ pub(super) fn cancel_upstream(app: &Arc<App>, session: &Arc<Session>, u: usize, 
 pub(super) fn spawn_relay(
     app: &Arc<App>,
     session: &Arc<Session>,
-    upstream: usize,
+    upstream: UpstreamId,
     method: Method,
     id: &RawValue,
     started: Instant,
@@ -527,7 +533,7 @@ pub(super) fn spawn_relay(
 struct Call {
     app: Arc<App>,
     session: Arc<Session>,
-    upstream: usize,
+    upstream: UpstreamId,
     method: Method,
     id: Box<RawValue>,
     started: Instant,

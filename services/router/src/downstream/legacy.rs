@@ -28,7 +28,8 @@ use super::{
 use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
-use crate::session::{new_session_id, Session};
+use crate::session::Session;
+use switchboard_core::ids::random_id;
 
 /// `GET …/sse`: a new connection; `prefix` is the path before `/sse`.
 pub fn open(app: &Arc<App>, headers: &HeaderMap, prefix: &str) -> Response<Body> {
@@ -42,7 +43,7 @@ pub fn open(app: &Arc<App>, headers: &HeaderMap, prefix: &str) -> Response<Body>
     if app.shutting_down() {
         return reject(app, None, Error::ShuttingDown);
     }
-    let id = new_session_id();
+    let id = random_id();
     let forwarded = headers.get("x-forwarded-prefix").and_then(|v| v.to_str().ok()).unwrap_or("");
     let endpoint = format!("{}{prefix}/messages?sessionId={id}", forwarded.trim_end_matches('/'));
     let (tx, rx) = mpsc::channel(64);

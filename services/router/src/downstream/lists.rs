@@ -19,10 +19,10 @@ use crate::app::App;
 use crate::body::Body;
 use crate::catalog::cursor::Cursor;
 use crate::error::Error;
-use crate::metrics::Outcome;
 use crate::session::Session;
-use crate::tenancy::{Principal, Tenant};
 use crate::upstream::empty_object;
+use switchboard_core::policy::{Principal, Tenant};
+use switchboard_core::Outcome;
 
 /// The list a `*/list` method asks for.
 pub fn kind_of(method: Method) -> ListKind {
@@ -198,8 +198,7 @@ pub async fn list(
             let cursor = Cursor::decode(text).map_err(Error::InvalidCursor)?;
             let u = app
                 .upstreams
-                .iter()
-                .position(|u| *u.name == cursor.upstream)
+                .find(&cursor.upstream)
                 .ok_or_else(|| Error::InvalidCursor("the list changed; start again without a cursor".into()))?;
             let &(_, first, count) = listing
                 .spans

@@ -30,6 +30,7 @@ mod stateless;
 
 use std::sync::Arc;
 use std::time::Instant;
+use switchboard_core::UpstreamId;
 
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, ORIGIN};
@@ -41,15 +42,16 @@ use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind, Target};
 use switchboard_protocol::{Method, ProtocolVersion};
 
 use crate::app::App;
-use crate::body::{Body, CollectError};
+use crate::body::Body;
 use crate::config::ResponseMode;
 use crate::error::Error;
 use crate::events;
-use crate::metrics::Outcome;
 use crate::ratelimit::Decision;
 use crate::session::Session;
 use crate::store::AuditRecord;
-use crate::tenancy::Principal;
+use switchboard_core::body::CollectError;
+use switchboard_core::policy::Principal;
+use switchboard_core::Outcome;
 
 pub(crate) static PROTOCOL_VERSION: http::HeaderName = http::HeaderName::from_static("mcp-protocol-version");
 static LAST_EVENT_ID: http::HeaderName = http::HeaderName::from_static("last-event-id");
@@ -269,7 +271,9 @@ async fn set_level(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>) -
     }
     // Stateless upstreams get the level with each request (`_meta`).
     session.set_log_level(&level);
-    let targets: Vec<usize> = (0..app.upstreams.len())
+    let targets: Vec<UpstreamId> = app
+        .upstreams
+        .ids()
         .filter(|&u| !app.catalog.is_stateless_only(u) && app.catalog.handshake(u).is_some_and(|h| h.has("logging")))
         .collect();
     let sends = targets.into_iter().map(|u| {
@@ -460,7 +464,7 @@ pub(crate) async fn session_of(app: &App, headers: &HeaderMap, who: &Principal) 
 /// Phase 3: the caller, from its API key (or the open tenant when
 /// `auth.mode = "none"`).
 pub(crate) fn authenticate(app: &App, headers: &HeaderMap) -> Result<Principal, Error> {
-    app.directory.authenticate(headers, crate::store::now_ms()).map_err(|failure| {
+    app.directory.authenticate(headers, switchboard_core::time::now_ms()).map_err(|failure| {
         app.metrics.auth_failed(failure.label());
         Error::Unauthenticated(failure)
     })
@@ -551,7 +555,7 @@ pub(crate) fn draft(
     };
     AuditRecord {
         id: audit.new_id(),
-        at_ms: crate::store::now_ms(),
+        at_ms: switchboard_core::time::now_ms(),
         tenant: who.map(|w| w.tenant.name.to_string()),
         key_prefix,
         session: session.map(|s| s.id.to_string()),
@@ -644,7 +648,7 @@ async fn read_body(app: &App, headers: &HeaderMap, body: Incoming) -> Result<Byt
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(Error::BodyTooLarge { limit });
     }
-    match crate::body::collect(body, limit).await {
+    match switchboard_core::body::collect(body, limit).await {
         Ok(bytes) => Ok(bytes),
         Err(CollectError::TooLarge) => Err(Error::BodyTooLarge { limit }),
         Err(CollectError::Read(e)) => {

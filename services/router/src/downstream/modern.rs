@@ -44,6 +44,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use switchboard_core::UpstreamId;
 
 use base64::Engine;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -64,10 +65,10 @@ use super::{lists, respond, PROTOCOL_VERSION};
 use crate::app::{App, Change};
 use crate::body::Body;
 use crate::error::Error;
-use crate::metrics::Outcome;
 use crate::session::Session;
-use crate::tenancy::Principal;
 use crate::upstream::{ModernAnswer, Reply};
+use switchboard_core::policy::Principal;
+use switchboard_core::Outcome;
 
 /// The versions the router speaks, newest first (`server/discover`, -32022).
 pub const SUPPORTED_VERSIONS: [&str; 4] = ["2026-07-28", "2025-11-25", "2025-06-18", "2025-03-26"];
@@ -758,7 +759,7 @@ async fn bridged(
     // and so does its progress token (two clients' token 1 must not meet on
     // an upstream that routes progress by token); the client's come back in
     // the answer and the notifications.
-    let call_id = format!("\"sb.{}\"", &crate::session::new_session_id()[..16]);
+    let call_id = format!("\"sb.{}\"", &switchboard_core::ids::random_id()[..16]);
     let client_token = resolved.progress_token.as_ref().map(|r| token_text(&resolved.body, r));
     let mut edits = vec![Edit::new(resolved.id.clone(), call_id.as_bytes())];
     if let Some(r) = &resolved.progress_token {
@@ -845,7 +846,7 @@ async fn resume(
 ) -> Response<Body> {
     let result = async {
         let key = app.state_key().await;
-        let state = RoundState::open(&sealed, &key, crate::store::now_ms() as u64)?;
+        let state = RoundState::open(&sealed, &key, switchboard_core::time::now_ms() as u64)?;
         if state.tenant != *who.tenant.name || state.caller != *who.key_prefix {
             return Err(Error::InvalidRequestState("not one this router issued".into()));
         }
@@ -926,7 +927,7 @@ struct Round {
     caller: String,
     /// The client's progress token (JSON), in place of the call's own.
     client_token: Option<Box<str>>,
-    upstream: usize,
+    upstream: UpstreamId,
     stream: u64,
     client_id: Box<RawValue>,
     call_id: String,
@@ -1118,7 +1119,7 @@ impl Round {
                     seq: seq?,
                     call_id: self.call_id.clone(),
                     key: key.clone(),
-                    expires_ms: crate::store::now_ms() as u64 + STATE_LIFETIME.as_millis() as u64,
+                    expires_ms: switchboard_core::time::now_ms() as u64 + STATE_LIFETIME.as_millis() as u64,
                 };
                 let sealed = state.seal(&self.app.state_key().await);
                 let params = env.params.map_or("{}", RawValue::get);

@@ -38,7 +38,9 @@ pub fn error(id: Option<&RawValue>, err: &Error) -> Response<Body> {
     match err {
         Error::Unauthenticated(failure) => {
             let challenge = match failure {
-                crate::tenancy::AuthFailure::Missing => HeaderValue::from_static(r#"Bearer realm="switchboard""#),
+                switchboard_core::policy::AuthFailure::Missing => {
+                    HeaderValue::from_static(r#"Bearer realm="switchboard""#)
+                }
                 _ => HeaderValue::from_static(r#"Bearer realm="switchboard", error="invalid_token""#),
             };
             response.headers_mut().insert(http::header::WWW_AUTHENTICATE, challenge);

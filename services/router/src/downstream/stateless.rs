@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 use std::time::Instant;
+use switchboard_core::UpstreamId;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Response};
@@ -33,9 +34,9 @@ use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
 use crate::events::Log;
-use crate::metrics::Outcome;
 use crate::session::Session;
 use crate::upstream::{ModernAnswer, Reply, UpstreamError};
+use switchboard_core::Outcome;
 
 /// Forwards one request of `session` to the stateless upstream `resolved` names.
 #[allow(clippy::too_many_arguments)]
@@ -121,7 +122,7 @@ const MIRROR_KEY: &[u8] = b"\"x-mcp-header\"";
 /// nothing of them, so the router adds them). Only strings, numbers and
 /// booleans are mirrored; strings that are not plain ASCII go as
 /// `=?base64?…?=`.
-fn mirrored_arguments(app: &App, u: usize, request: &Value) -> Vec<(HeaderName, HeaderValue)> {
+fn mirrored_arguments(app: &App, u: UpstreamId, request: &Value) -> Vec<(HeaderName, HeaderValue)> {
     let Some(name) = request.pointer("/params/name").and_then(Value::as_str) else { return Vec::new() };
     let snapshot = app.catalog.current();
     let tools = snapshot.list(ListKind::Tools);
@@ -158,7 +159,7 @@ fn mirrored_arguments(app: &App, u: usize, request: &Value) -> Vec<(HeaderName, 
 struct Call {
     app: Arc<App>,
     session: Arc<Session>,
-    upstream: usize,
+    upstream: UpstreamId,
     method: Method,
     id: Box<RawValue>,
     started: Instant,
@@ -245,7 +246,7 @@ impl Call {
                     None => params.remove("requestState"),
                 };
                 // The era's retry is a new request: a new id.
-                request["id"] = Value::String(format!("sb.r{}", &crate::session::new_session_id()[..16]));
+                request["id"] = Value::String(format!("sb.r{}", &switchboard_core::ids::random_id()[..16]));
             }
         }
         .await;
@@ -289,7 +290,7 @@ impl Call {
                 .get("method")
                 .and_then(Value::as_str)
                 .ok_or_else(|| protocol(format!("input request {key:?} has no method")))?;
-            let ours = format!("m.{}", crate::session::new_session_id());
+            let ours = format!("m.{}", switchboard_core::ids::random_id());
             let awaiting = self.app.await_answer(&self.session.id, &ours);
             let mut message = json!({"jsonrpc": "2.0", "id": ours, "method": method});
             if let Some(params) = input.get("params") {

@@ -32,7 +32,7 @@ use tokio_rustls::TlsAcceptor;
 use super::{Answer, Device, Link};
 use crate::app::App;
 use crate::session::Session;
-use crate::tenancy::Principal;
+use switchboard_core::policy::Principal;
 
 /// The text tasks being gathered on one connection may hold, together, at
 /// most this many frames' worth of bytes.
@@ -358,7 +358,7 @@ impl Conn {
         let refuse = |code: &'static str, message: String| (code, message);
         let result: Result<Arc<Device>, (&str, String)> = async {
             let key = data.pointer("/auth/api_key").and_then(Value::as_str);
-            let principal = app.directory.authenticate_key(key, crate::store::now_ms()).map_err(|f| {
+            let principal = app.directory.authenticate_key(key, switchboard_core::time::now_ms()).map_err(|f| {
                 refuse(
                     "unauthenticated",
                     f.message().replace(
@@ -412,7 +412,7 @@ impl Conn {
                 name,
                 services,
                 link: self.link.clone(),
-                registered_at_ms: crate::store::now_ms(),
+                registered_at_ms: switchboard_core::time::now_ms(),
             };
             let (device, taken) = app.edge.register(device).map_err(|e| match e {
                 super::RegisterError::Full(_) => refuse("full", e.to_string()),
@@ -542,5 +542,5 @@ async fn send_text(app: &App, link: &Link, task: TaskId, text: &str) {
 fn generated_name() -> String {
     let mut bytes = [0u8; 4];
     let _ = getrandom::fill(&mut bytes);
-    format!("device-{}", crate::tenancy::hex(&bytes))
+    format!("device-{}", hex::encode(bytes))
 }

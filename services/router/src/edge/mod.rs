@@ -88,7 +88,7 @@ impl Link {
             id,
             remote,
             tls,
-            connected_at_ms: crate::store::now_ms(),
+            connected_at_ms: switchboard_core::time::now_ms(),
             key_prefix: Mutex::new(Arc::from("")),
             out,
             pending: Mutex::new(HashMap::new()),
@@ -456,8 +456,8 @@ impl Edge {
                     "remote": d.link.remote.to_string(),
                     "tls": d.link.tls,
                     "key_prefix": &**d.link.key_prefix.lock().expect("lock"),
-                    "connected_at": crate::admin::format_time(d.link.connected_at_ms),
-                    "registered_at": crate::admin::format_time(d.registered_at_ms),
+                    "connected_at": switchboard_core::time::format_time(d.link.connected_at_ms),
+                    "registered_at": switchboard_core::time::format_time(d.registered_at_ms),
                     "calls_in_flight": d.link.pending.lock().expect("lock").len(),
                     "services": d.services.iter().map(|s| json!({"name": s.name, "tool": s.tool})).collect::<Vec<_>>(),
                 })
@@ -596,7 +596,7 @@ pub async fn answer(
     started: Instant,
     ledger: crate::downstream::forward::Ledger,
 ) -> Bytes {
-    use crate::metrics::Outcome;
+    use switchboard_core::Outcome;
     struct Books<'a> {
         app: &'a crate::app::App,
         upstream: String,

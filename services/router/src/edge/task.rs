@@ -12,7 +12,7 @@ use switchboard_protocol::edge::{task_str, TaskId};
 use super::Device;
 use crate::app::App;
 use crate::session::Session;
-use crate::tenancy::Principal;
+use switchboard_core::policy::Principal;
 
 /// Runs one text task and returns the text to send back.
 pub async fn run(
@@ -86,7 +86,7 @@ pub async fn run(
     if let Some(audit) = &app.audit {
         audit.record(crate::store::AuditRecord {
             id: audit.new_id(),
-            at_ms: crate::store::now_ms(),
+            at_ms: switchboard_core::time::now_ms(),
             tenant: Some(principal.tenant.name.to_string()),
             key_prefix: Some(principal.key_prefix.to_string()).filter(|p| !p.is_empty()),
             session: Some(session.id.to_string()),

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{gcra, Check, Decision};
-pub use crate::redis_link::RedisError;
-use crate::redis_link::RedisLink;
+pub use switchboard_core::redis::RedisError;
+use switchboard_core::redis::RedisLink;
 
 /// KEYS: one per limit. ARGV: per key, the interval and the capacity (µs).
 /// Returns `{0, 0}` when every limit passes (and takes them), or

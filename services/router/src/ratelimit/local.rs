@@ -74,7 +74,7 @@ impl Local {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tenancy::Rate;
+    use switchboard_core::policy::Rate;
 
     fn check(limit: &'static str, subject: &str, per_second: f64, burst: u32) -> Check {
         Check { limit, subject: subject.into(), rate: Rate { per_second, burst } }

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::metrics::Metrics;
-use crate::tenancy::{Principal, Rate};
+use switchboard_core::policy::{Principal, Rate};
 
 /// One limit a request must pass.
 #[derive(Debug, Clone)]

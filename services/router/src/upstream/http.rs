@@ -35,9 +35,9 @@ use switchboard_protocol::{jsonrpc, sse};
 use tokio::task::JoinHandle;
 
 use super::{collect_response, h1, Handshake, Hello, Inbox, Item, MessageStream, Outgoing, Reply, UpstreamError};
-use crate::body::CollectError;
 use crate::config::HttpConfig;
 use crate::metrics::Metrics;
+use switchboard_core::body::CollectError;
 
 /// Largest message accepted from an upstream.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
@@ -83,7 +83,7 @@ impl Replicas {
             bytes.extend_from_slice(key.as_bytes());
             bytes.push(0);
             bytes.extend_from_slice(self.members[i].replica.as_bytes());
-            crate::catalog::naming::fnv1a64(&bytes)
+            switchboard_core::hash::fnv1a64(&bytes)
         };
         let candidates: Vec<usize> = (0..self.members.len()).filter(|&i| Some(i) != avoid).collect();
         let live: Vec<usize> = candidates.iter().copied().filter(|&i| self.is_up(i)).collect();
@@ -300,7 +300,7 @@ impl AnswerBody {
                 std::io::ErrorKind::InvalidData => UpstreamError::Protocol(e.to_string()),
                 _ => UpstreamError::Connect(format!("reading the response: {e}")),
             }),
-            AnswerBody::Http2(body) => match crate::body::collect(body, limit).await {
+            AnswerBody::Http2(body) => match switchboard_core::body::collect(body, limit).await {
                 Ok(body) => Ok(body),
                 Err(CollectError::TooLarge) => {
                     Err(UpstreamError::Protocol(format!("a response larger than {limit} bytes")))

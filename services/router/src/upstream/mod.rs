@@ -35,6 +35,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::Value;
+use switchboard_core::UpstreamId;
 use switchboard_protocol::{Method, ProtocolVersion};
 
 use crate::config::{TransportConfig, UpstreamConfig};
@@ -372,13 +373,63 @@ pub trait Transport: Send + Sync {
 /// One configured upstream.
 pub struct Upstream {
     /// Position in the configuration; indexes per-upstream tables.
-    pub index: usize,
+    pub id: UpstreamId,
     /// Its configured name.
     pub name: Arc<str>,
     /// Its settings.
     pub config: UpstreamConfig,
     /// How to reach it.
     pub transport: Arc<dyn Transport>,
+}
+
+/// Every configured upstream, in configuration order, indexed by [`UpstreamId`].
+#[derive(Clone, Default)]
+pub struct Upstreams(Arc<[Arc<Upstream>]>);
+
+impl Upstreams {
+    /// The upstreams of `list`, whose ids must be their positions.
+    pub fn new(list: Vec<Arc<Upstream>>) -> Upstreams {
+        debug_assert!(list.iter().enumerate().all(|(i, u)| u.id.index() == i));
+        Upstreams(list.into())
+    }
+
+    /// How many there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Each upstream, in configuration order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Upstream>> {
+        self.0.iter()
+    }
+
+    /// Each upstream's id, in configuration order.
+    pub fn ids(&self) -> impl Iterator<Item = UpstreamId> {
+        UpstreamId::all(self.0.len())
+    }
+
+    /// The upstream named `name`.
+    pub fn find(&self, name: &str) -> Option<UpstreamId> {
+        self.0.iter().find(|u| &*u.name == name).map(|u| u.id)
+    }
+
+    /// The upstream `id`, if there is one (an id read from a client's message).
+    pub fn get(&self, id: UpstreamId) -> Option<&Arc<Upstream>> {
+        self.0.get(id.index())
+    }
+}
+
+impl std::ops::Index<UpstreamId> for Upstreams {
+    type Output = Arc<Upstream>;
+
+    fn index(&self, id: UpstreamId) -> &Arc<Upstream> {
+        &self.0[id.index()]
+    }
 }
 
 /// Builds the transport for one upstream.

@@ -1,0 +1,27 @@
+//! What every layer of Switchboard shares, and nothing that belongs to one
+//! of them: no I/O of its own but the Redis link, no knowledge of MCP (that
+//! is `switchboard-protocol`'s) or of upstreams, sessions or requests.
+//!
+//! - [`ids`]: random ids, and [`UpstreamId`], the index of a configured upstream.
+//! - [`hash`]: the stable 64-bit hash used for sharding and name shortening.
+//! - [`time`]: Unix milliseconds, and their RFC 3339 form.
+//! - [`policy`]: what a tenant may use ([`Policy`]), resolved against the
+//!   configured upstreams ([`Tenant`]), and who is calling ([`Principal`]).
+//! - [`outcome`]: how a request ended, as metrics and audit records say it.
+//! - [`redis`]: the bounded, self-healing link to Redis.
+//! - [`body`]: reading an HTTP body with a size limit.
+//! - [`metrics`]: registering a layer's metrics in the one registry.
+#![forbid(unsafe_code)]
+
+pub mod body;
+pub mod hash;
+pub mod ids;
+pub mod metrics;
+pub mod outcome;
+pub mod policy;
+pub mod redis;
+pub mod time;
+
+pub use ids::UpstreamId;
+pub use outcome::Outcome;
+pub use policy::{AuthFailure, Policy, Principal, Tenant};

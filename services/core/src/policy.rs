@@ -1,0 +1,285 @@
+//! What a tenant may use and how much ([`Policy`], as stored and
+//! configured), the same resolved against the configured upstreams
+//! ([`Tenant`], what the request path asks), and who made a request
+//! ([`Principal`]). Plain values: how tenants are stored and keys checked is
+//! `switchboard-tenancy`'s business.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::UpstreamId;
+
+/// What a tenant may use and how much: stored as JSON in the database and
+/// written as `[[tenants]]` in the config file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// Upstream names the tenant subscribes to; `"*"` for all.
+    #[serde(default)]
+    pub upstreams: Vec<String>,
+    /// Per upstream name: which of its tools the tenant sees.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tools: BTreeMap<String, ToolFilter>,
+    #[serde(default, skip_serializing_if = "Limits::is_empty")]
+    pub limits: Limits,
+    /// Store `tools/call` arguments in audit records.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub audit_arguments: bool,
+}
+
+/// Tool name patterns (`*` matches any run of characters, `?` one): a tool is
+/// seen if it matches an `allow` pattern (or `allow` is empty) and no `deny`
+/// pattern. Patterns match the upstream's own tool name, not the namespaced one.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ToolFilter {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<String>,
+}
+
+impl ToolFilter {
+    pub fn permits(&self, name: &str) -> bool {
+        (self.allow.is_empty() || self.allow.iter().any(|p| glob(p, name))) && !self.deny.iter().any(|p| glob(p, name))
+    }
+}
+
+/// Rate limits of a tenant: each is optional.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Requests of one API key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<Rate>,
+    /// Requests of all the tenant's keys together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<Rate>,
+    /// `tools/call` of one tool, by all the tenant's keys together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<Rate>,
+    /// Forwarded requests of the tenant in flight at once, on one replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrent: Option<u32>,
+}
+
+impl Limits {
+    pub fn is_empty(&self) -> bool {
+        self.key.is_none() && self.tenant.is_none() && self.tool.is_none() && self.concurrent.is_none()
+    }
+}
+
+/// A sustained rate with a burst: `burst` requests at once, then one every
+/// `1 / per_second` seconds.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Rate {
+    pub per_second: f64,
+    #[serde(default = "one")]
+    pub burst: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl Policy {
+    /// Problems with this policy, each as `(field, message)`; `upstreams`
+    /// are the configured upstream names.
+    pub fn problems(&self, upstreams: &[&str]) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (i, u) in self.upstreams.iter().enumerate() {
+            if u != "*" && !upstreams.contains(&u.as_str()) {
+                out.push((format!("upstreams[{i}]"), format!("{u:?} is not a configured upstream")));
+            }
+        }
+        for u in self.tools.keys() {
+            if !upstreams.contains(&u.as_str()) {
+                out.push((format!("tools.{u}"), format!("{u:?} is not a configured upstream")));
+            }
+        }
+        for (name, rate) in [("key", self.limits.key), ("tenant", self.limits.tenant), ("tool", self.limits.tool)] {
+            if let Some(rate) = rate {
+                if !(rate.per_second.is_finite() && rate.per_second > 0.0) {
+                    out.push((format!("limits.{name}.per_second"), "must be greater than zero".into()));
+                }
+                if rate.burst == 0 {
+                    out.push((format!("limits.{name}.burst"), "must be at least 1".into()));
+                }
+            }
+        }
+        if self.limits.concurrent == Some(0) {
+            out.push(("limits.concurrent".into(), "must be at least 1".into()));
+        }
+        out
+    }
+}
+
+/// A tenant, resolved against the configured upstreams.
+#[derive(Debug)]
+pub struct Tenant {
+    pub name: Arc<str>,
+    /// Per upstream index: `None` if not subscribed.
+    access: Vec<Option<ToolFilter>>,
+    /// Subscribed to everything, with no tool filter.
+    unrestricted: bool,
+    pub limits: Limits,
+    pub audit_arguments: bool,
+}
+
+impl Tenant {
+    /// Resolves `policy`; upstream names that are not configured are ignored.
+    pub fn new(name: &str, policy: &Policy, upstreams: &[Arc<str>]) -> Tenant {
+        let all = policy.upstreams.iter().any(|u| u == "*");
+        let access: Vec<Option<ToolFilter>> = upstreams
+            .iter()
+            .map(|u| {
+                let subscribed = all || policy.upstreams.iter().any(|p| **p == **u);
+                subscribed.then(|| policy.tools.get(&**u).cloned().unwrap_or_default())
+            })
+            .collect();
+        let unrestricted = access.iter().all(|a| a.as_ref().is_some_and(|f| f.allow.is_empty() && f.deny.is_empty()));
+        Tenant {
+            name: Arc::from(name),
+            access,
+            unrestricted,
+            limits: policy.limits.clone(),
+            audit_arguments: policy.audit_arguments,
+        }
+    }
+
+    /// Whether the tenant subscribes to upstream `u` (its resources, prompts, tools).
+    pub fn sees_upstream(&self, u: UpstreamId) -> bool {
+        self.access.get(u.index()).is_some_and(Option::is_some)
+    }
+
+    /// Whether the tenant sees tool `name` (the upstream's own name) of upstream `u`.
+    pub fn sees_tool(&self, u: UpstreamId, name: &str) -> bool {
+        match self.access.get(u.index()) {
+            Some(Some(filter)) => filter.permits(name),
+            _ => false,
+        }
+    }
+
+    /// Sees every upstream and every tool: lists need no filtering.
+    pub fn unrestricted(&self) -> bool {
+        self.unrestricted
+    }
+}
+
+/// Who made a request: the tenant, and the prefix of the key used.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub tenant: Arc<Tenant>,
+    /// Empty when authentication is off.
+    pub key_prefix: Arc<str>,
+    /// The key's hash, for the per-key rate limit.
+    pub key_id: Arc<str>,
+}
+
+/// Why a request was not authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthFailure {
+    /// No `Authorization: Bearer` or `X-API-Key`.
+    Missing,
+    /// Not a key we know (or revoked).
+    Invalid,
+    /// Known, but past its expiry.
+    Expired,
+}
+
+impl AuthFailure {
+    pub fn label(self) -> &'static str {
+        match self {
+            AuthFailure::Missing => "missing",
+            AuthFailure::Invalid => "invalid",
+            AuthFailure::Expired => "expired",
+        }
+    }
+
+    pub fn message(self) -> &'static str {
+        match self {
+            AuthFailure::Missing => {
+                "an API key is required: send it as \"Authorization: Bearer <key>\" or \"X-API-Key: <key>\""
+            }
+            AuthFailure::Invalid => "the API key is not valid (unknown or revoked)",
+            AuthFailure::Expired => "the API key has expired; ask for a new one",
+        }
+    }
+}
+
+/// `*` matches any run of characters, `?` exactly one; everything else itself.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn u(i: usize) -> UpstreamId {
+        UpstreamId::new(i)
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob("*", ""));
+        assert!(glob("echo", "echo"));
+        assert!(!glob("echo", "echoes"));
+        assert!(glob("echo*", "echoes"));
+        assert!(glob("*_file", "create_file"));
+        assert!(glob("a*b*c", "aXXbYYc"));
+        assert!(!glob("a*b*c", "aXXbYY"));
+        assert!(glob("g?t", "get"));
+        assert!(!glob("g?t", "gt"));
+    }
+
+    #[test]
+    fn filters() {
+        let f = ToolFilter { allow: vec!["get_*".into(), "echo".into()], deny: vec!["get_secret*".into()] };
+        assert!(f.permits("get_time"));
+        assert!(f.permits("echo"));
+        assert!(!f.permits("get_secret_key"));
+        assert!(!f.permits("delete_all"));
+        assert!(ToolFilter::default().permits("anything"));
+    }
+
+    #[test]
+    fn tenants_resolve_against_upstreams() {
+        let ups: Vec<Arc<str>> = vec!["a".into(), "b".into(), "c".into()];
+        let mut policy = Policy { upstreams: vec!["a".into(), "c".into(), "gone".into()], ..Policy::default() };
+        policy.tools.insert("c".into(), ToolFilter { allow: vec!["x*".into()], deny: vec![] });
+        let t = Tenant::new("t", &policy, &ups);
+        assert!(t.sees_upstream(u(0)) && !t.sees_upstream(u(1)) && t.sees_upstream(u(2)));
+        assert!(t.sees_tool(u(0), "anything"));
+        assert!(!t.sees_tool(u(1), "anything"));
+        assert!(t.sees_tool(u(2), "xray") && !t.sees_tool(u(2), "yak"));
+        assert!(!t.unrestricted());
+        let all = Tenant::new("all", &Policy { upstreams: vec!["*".into()], ..Policy::default() }, &ups);
+        assert!(all.unrestricted());
+        assert_eq!(
+            policy.problems(&["a", "b", "c"]).iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+            ["upstreams[2]"]
+        );
+    }
+}
