@@ -22,9 +22,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use switchboard::session_store::{MemoryStore, Record, RedisStore, SessionStore, Stored, UpstreamSession};
+use switchboard::session_store::{MemoryStore, Record, RedisStore, SessionStore, Stored};
 use switchboard_benches::rig::Rig;
 use switchboard_core::redis::RedisLink;
+use switchboard_upstream::UpstreamSession;
 
 const CALL: &[u8] =
     br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"u0__echo","arguments":{"text":"hello"}}}"#;

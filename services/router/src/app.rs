@@ -26,7 +26,7 @@ use crate::session_store::{Repair, SessionStore, Stored, Touch};
 use crate::shared_streams::SharedStreams;
 use crate::store::Database;
 use crate::tenancy::Directory;
-use crate::upstream::{self, Inbox, Upstream, Upstreams};
+use switchboard_upstream::{self as upstream, Inbox, Upstream, Upstreams};
 
 /// A legacy connection's stream, and the tenant that opened it.
 type LegacyConnection = (mpsc::Sender<Bytes>, Arc<str>);
@@ -149,7 +149,7 @@ impl App {
                         id: UpstreamId::new(index),
                         name: names[index].clone(),
                         config: u.clone(),
-                        transport: upstream::build(u, &metrics),
+                        transport: upstream::build(u, &metrics.upstreams),
                     })
                 })
                 .collect(),
@@ -376,7 +376,7 @@ impl App {
         match Envelope::parse(message) {
             Ok(env) => self.relay_parsed(session, u, &env, message),
             Err(_) => {
-                self.metrics.upstream_protocol_error(&self.upstreams[u].name);
+                self.metrics.upstreams.protocol_error(&self.upstreams[u].name);
                 None
             }
         }
@@ -403,7 +403,7 @@ impl App {
                 Some(message.clone())
             }
             MessageKind::Response | MessageKind::Error => {
-                self.metrics.relay_dropped(&self.upstreams[u].name, "stray_response");
+                self.metrics.upstreams.relay_dropped(&self.upstreams[u].name, "stray_response");
                 None
             }
         }

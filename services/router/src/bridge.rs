@@ -24,8 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::config::HttpConfig;
-use crate::metrics::Metrics;
-use crate::upstream::{self, Channel, Hello, Inbox, Outgoing, Reply, Transport as _};
+use switchboard_upstream::{self as upstream, Channel, Hello, Inbox, Outgoing, Reply, Transport as _};
 
 /// Where the bridge connects, and how.
 pub struct Options {
@@ -86,7 +85,12 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         connect_timeout: Duration::from_secs(5),
         pool_max_idle: 16,
     };
-    let transport = upstream::http::Transport::new(Arc::from("router"), &config, options.timeout, Metrics::new(&[]));
+    let transport = upstream::http::Transport::new(
+        Arc::from("router"),
+        &config,
+        options.timeout,
+        Arc::new(switchboard_upstream::Metrics::new(&Default::default(), &[])),
+    );
     let mut channel: Option<Arc<dyn Channel>> = None;
 
     let mut stdin = tokio::io::stdin();
@@ -263,7 +267,12 @@ pub async fn call_tool(
         connect_timeout: Duration::from_secs(5),
         pool_max_idle: 1,
     };
-    let transport = upstream::http::Transport::new(Arc::from("router"), &config, timeout, Metrics::new(&[]));
+    let transport = upstream::http::Transport::new(
+        Arc::from("router"),
+        &config,
+        timeout,
+        Arc::new(switchboard_upstream::Metrics::new(&Default::default(), &[])),
+    );
     let hello = Hello {
         protocol_version: switchboard_protocol::ProtocolVersion::LATEST,
         capabilities: Arc::from(upstream::empty_object()),

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use http::Uri;
 use serde::Deserialize;
+pub use switchboard_upstream::config::{HttpConfig, StdioConfig, TransportConfig, UpstreamConfig};
 
 /// The validated configuration.
 #[derive(Debug, Clone)]
@@ -180,66 +181,6 @@ pub struct LogConfig {
 pub enum LogFormat {
     Text,
     Json,
-}
-
-/// One `[[upstreams]]` entry.
-#[derive(Debug, Clone)]
-pub struct UpstreamConfig {
-    /// Unique name; appears in metrics, logs and errors.
-    pub name: String,
-    /// Namespace for its tools and prompts (`prefix + separator + name`); empty for none.
-    pub prefix: String,
-    /// How to reach it.
-    pub transport: TransportConfig,
-    /// Longest wait for the answer to one request.
-    pub timeout: Duration,
-    /// Longest wait for one of its lists when building the catalog.
-    pub list_timeout: Duration,
-}
-
-/// The transport-specific part of an upstream.
-#[derive(Debug, Clone)]
-pub enum TransportConfig {
-    /// Streamable HTTP.
-    Http(HttpConfig),
-    /// A child process speaking newline-delimited JSON.
-    Stdio(StdioConfig),
-    /// Legacy HTTP+SSE (2024-11-05): `url` is the SSE endpoint.
-    Sse(HttpConfig),
-}
-
-/// `transport = "http"`.
-#[derive(Debug, Clone)]
-pub struct HttpConfig {
-    /// The first of `replicas`.
-    pub url: Uri,
-    /// Every URL of the upstream (`urls`, or just `url`): replicas of one
-    /// server, sessions spread over them by consistent hashing.
-    pub replicas: Vec<Uri>,
-    /// How often replicas are checked (with several).
-    pub health_interval: Duration,
-    /// Extra headers on every request (the router's own credentials for this upstream).
-    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
-    /// Use HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1.
-    pub http2: bool,
-    pub connect_timeout: Duration,
-    /// Idle pooled connections kept per upstream.
-    pub pool_max_idle: usize,
-}
-
-/// `transport = "stdio"`.
-#[derive(Debug, Clone)]
-pub struct StdioConfig {
-    pub command: String,
-    pub args: Vec<String>,
-    pub env: BTreeMap<String, String>,
-    /// Pass the router's whole environment to the child (default: only a safe set).
-    pub inherit_env: bool,
-    pub cwd: Option<PathBuf>,
-    /// Longest pause between restarts of a child that keeps exiting.
-    pub restart_max_backoff: Duration,
-    /// Grace between closing stdin and SIGTERM, and between SIGTERM and SIGKILL.
-    pub shutdown_grace: Duration,
 }
 
 /// An allowed `Origin`: exact, any port of a host (`http://localhost:*`), or anything (`*`).
@@ -510,9 +451,6 @@ const NAME_CHARS: &str = "letters, digits, '_' and '-'";
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= 48 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
-
-/// The environment a stdio child gets when `inherit_env` is off.
-pub const SAFE_ENV: &[&str] = &["PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "LC_ALL", "TZ", "TMPDIR"];
 
 impl RawConfig {
     /// Checks every value and builds the [`Config`]; reports all problems at once.

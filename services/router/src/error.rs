@@ -11,7 +11,7 @@ use http::StatusCode;
 use switchboard_protocol::jsonrpc::{code, ParseError};
 use switchboard_protocol::modern::code as modern;
 
-use crate::upstream::UpstreamError;
+use switchboard_upstream::UpstreamError;
 
 /// JSON-RPC code of a request refused for its API key (HTTP 401).
 pub const UNAUTHENTICATED: i64 = -32011;

@@ -47,7 +47,6 @@ pub mod session_store;
 mod shared_streams;
 pub mod store;
 pub mod tenancy;
-pub mod upstream;
 
 pub use config::Config;
 pub use error::Error;

@@ -39,12 +39,6 @@ pub struct Metrics {
     requests: IntCounterVec,
     duration: HistogramVec,
     table: Vec<OnceLock<RequestHandles>>,
-    upstream_up: IntGaugeVec,
-    upstream_era: IntGaugeVec,
-    reinitializations: IntCounterVec,
-    restarts: IntCounterVec,
-    protocol_errors: IntCounterVec,
-    relay_dropped: IntCounterVec,
     catalog_failures: IntCounterVec,
     catalog_collisions: IntCounterVec,
     catalog_refreshes: IntCounterVec,
@@ -53,9 +47,9 @@ pub struct Metrics {
     sessions_repaired: IntCounter,
     session_store_errors: IntCounterVec,
     stream_events_dropped: IntCounter,
-    upstream_sessions_resumed: IntCounterVec,
-    upstream_replica_up: IntGaugeVec,
     rejections: IntCounterVec,
+    /// Upstream servers: reachability, era, re-initialisations, restarts.
+    pub upstreams: Arc<switchboard_upstream::Metrics>,
     guard: Guard,
     /// Edge devices and their connections.
     pub edge: EdgeMetrics,
@@ -165,48 +159,6 @@ impl Metrics {
             &["method", "upstream"]
         )
         .expect("valid"));
-        let upstream_up = reg!(IntGaugeVec::new(
-            Opts::new("switchboard_upstream_up", "1 if the upstream answered its last handshake or list, else 0."),
-            &["upstream"]
-        )
-        .expect("valid"));
-        let upstream_era = reg!(IntGaugeVec::new(
-            Opts::new(
-                "switchboard_upstream_era",
-                "1 for the protocol era the router found the upstream speaks: 2026-07-28 (stateless), 2025 (sessions) or 2024-11-05 (legacy HTTP+SSE).",
-            ),
-            &["upstream", "era"]
-        )
-        .expect("valid"));
-        let reinitializations = reg!(IntCounterVec::new(
-            Opts::new(
-                "switchboard_upstream_reinitializations_total",
-                "Upstream sessions re-initialised after the upstream forgot them."
-            ),
-            &["upstream"]
-        )
-        .expect("valid"));
-        let restarts = reg!(IntCounterVec::new(
-            Opts::new("switchboard_upstream_restarts_total", "Restarts of stdio upstream processes."),
-            &["upstream"]
-        )
-        .expect("valid"));
-        let protocol_errors = reg!(IntCounterVec::new(
-            Opts::new(
-                "switchboard_upstream_protocol_errors_total",
-                "Messages from an upstream that were not valid JSON-RPC."
-            ),
-            &["upstream"]
-        )
-        .expect("valid"));
-        let relay_dropped = reg!(IntCounterVec::new(
-            Opts::new(
-                "switchboard_relay_dropped_total",
-                "Upstream messages that could not be delivered to any client, by reason."
-            ),
-            &["upstream", "reason"]
-        )
-        .expect("valid"));
         let catalog_failures = reg!(IntCounterVec::new(
             Opts::new(
                 "switchboard_catalog_upstream_failures_total",
@@ -248,22 +200,6 @@ impl Metrics {
         let stream_events_dropped = reg!(IntCounter::new(
             "switchboard_stream_events_dropped_total",
             "Events for streams shared across replicas dropped because the queue to Redis was full."
-        )
-        .expect("valid"));
-        let upstream_replica_up = reg!(IntGaugeVec::new(
-            Opts::new(
-                "switchboard_upstream_replica_up",
-                "For an upstream with several urls: 1 while a replica accepts connections, else 0."
-            ),
-            &["upstream", "replica"]
-        )
-        .expect("valid"));
-        let upstream_sessions_resumed = reg!(IntCounterVec::new(
-            Opts::new(
-                "switchboard_upstream_sessions_resumed_total",
-                "Upstream sessions continued without a handshake (opened earlier, maybe by another replica)."
-            ),
-            &["upstream"]
         )
         .expect("valid"));
         let rejections = reg!(IntCounterVec::new(
@@ -387,9 +323,8 @@ impl Metrics {
         for state in ["connected", "grace"] {
             edge.devices.with_label_values(&[state]).set(0);
         }
-        for name in upstream_names {
-            upstream_up.with_label_values(&[name]).set(0);
-        }
+        let names: Vec<&str> = upstream_names.iter().map(|n| &**n).collect();
+        let upstreams = Arc::new(switchboard_upstream::Metrics::new(&registry, &names));
         let mut table = Vec::new();
         table.resize_with(METHODS * (upstream_names.len() + 1), OnceLock::new);
         Arc::new(Metrics {
@@ -398,12 +333,6 @@ impl Metrics {
             requests,
             duration,
             table,
-            upstream_up,
-            upstream_era,
-            reinitializations,
-            restarts,
-            protocol_errors,
-            relay_dropped,
             catalog_failures,
             catalog_collisions,
             catalog_refreshes,
@@ -412,9 +341,8 @@ impl Metrics {
             sessions_repaired,
             session_store_errors,
             stream_events_dropped,
-            upstream_sessions_resumed,
-            upstream_replica_up,
             rejections,
+            upstreams,
             guard,
             edge,
         })
@@ -432,39 +360,6 @@ impl Metrics {
                 duration: self.duration.with_label_values(&[label, upstream]),
             }
         })
-    }
-
-    pub fn set_upstream_up(&self, upstream: &str, up: bool) {
-        self.upstream_up.with_label_values(&[upstream]).set(up as i64);
-    }
-
-    /// Records the era an upstream was found to speak (1 for it, 0 for the
-    /// others). The era probe cannot tell a legacy HTTP+SSE server from a
-    /// session-era one, so `Sessions` leaves a recorded `LegacySse` alone.
-    pub fn set_upstream_era(&self, upstream: &str, era: crate::upstream::Era) {
-        use crate::upstream::Era;
-        if era == Era::Sessions && self.upstream_era.with_label_values(&[upstream, Era::LegacySse.label()]).get() == 1 {
-            return;
-        }
-        for e in crate::upstream::Era::ALL {
-            self.upstream_era.with_label_values(&[upstream, e.label()]).set((e == era) as i64);
-        }
-    }
-
-    pub fn upstream_reinitialized(&self, upstream: &str) {
-        self.reinitializations.with_label_values(&[upstream]).inc();
-    }
-
-    pub fn upstream_restarted(&self, upstream: &str) {
-        self.restarts.with_label_values(&[upstream]).inc();
-    }
-
-    pub fn upstream_protocol_error(&self, upstream: &str) {
-        self.protocol_errors.with_label_values(&[upstream]).inc();
-    }
-
-    pub fn relay_dropped(&self, upstream: &str, reason: &str) {
-        self.relay_dropped.with_label_values(&[upstream, reason]).inc();
     }
 
     pub fn catalog_failure(&self, upstream: &str, list: ListKind) {
@@ -497,14 +392,6 @@ impl Metrics {
 
     pub fn stream_event_dropped(&self) {
         self.stream_events_dropped.inc();
-    }
-
-    pub fn set_upstream_replica_up(&self, upstream: &str, replica: &str, up: bool) {
-        self.upstream_replica_up.with_label_values(&[upstream, replica]).set(i64::from(up));
-    }
-
-    pub fn upstream_session_resumed(&self, upstream: &str) {
-        self.upstream_sessions_resumed.with_label_values(&[upstream]).inc();
     }
 
     pub fn rejected(&self, reason: &str) {

@@ -32,9 +32,9 @@ use crate::error::Error;
 use crate::events::Log;
 use crate::session_store::{Record, Stored};
 use crate::shared_streams::SharedStreams;
-use crate::upstream::{Channel, Hello, Inbox, UpstreamSession};
 use switchboard_core::hash::fnv1a64;
 use switchboard_core::ids::random_id;
+use switchboard_upstream::{Channel, Hello, Inbox, UpstreamSession};
 
 /// The prefix of tenant sessions' ids (see [`Session::for_tenant`]).
 pub const TENANT_PREFIX: &str = "t.";
@@ -302,7 +302,7 @@ impl Session {
                 let resumed = known.and_then(|at| upstream.transport.resume(&hello, inbox.clone(), &at));
                 let channel = match resumed {
                     Some(channel) => {
-                        app.metrics.upstream_session_resumed(&upstream.name);
+                        app.metrics.upstreams.session_resumed(&upstream.name);
                         channel
                     }
                     None => {
@@ -784,7 +784,7 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upstream::empty_object;
+    use switchboard_upstream::empty_object;
 
     fn session() -> Arc<Session> {
         Session::new(Arc::from("t"), ProtocolVersion::LATEST, Arc::from(empty_object()), 2, Instant::now())

@@ -33,6 +33,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use switchboard_core::redis::{RedisError, RedisLink};
+use switchboard_upstream::UpstreamSession;
 
 /// Extra life of a session's Redis hash past its expiry, so that the sweep
 /// (not Redis) ends it and can still read its upstream sessions.
@@ -46,17 +47,6 @@ pub struct Record {
     pub version: String,
     /// The client's capabilities, as JSON.
     pub capabilities: String,
-}
-
-/// A session with one upstream.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UpstreamSession {
-    /// Which of the upstream's replicas (its URL) holds it.
-    pub replica: String,
-    /// The upstream's `Mcp-Session-Id`.
-    pub session: String,
-    /// The version negotiated with the upstream.
-    pub version: String,
 }
 
 /// A session as stored: the record and its upstream sessions by upstream name.

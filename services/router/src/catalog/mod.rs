@@ -33,7 +33,7 @@ use switchboard_protocol::methods::ListKind;
 
 use crate::config::CatalogConfig;
 use crate::metrics::Metrics;
-use crate::upstream::{collect_response, Channel, Handshake, Hello, Inbox, Outgoing, UpstreamError, Upstreams};
+use switchboard_upstream::{collect_response, Channel, Handshake, Hello, Inbox, Outgoing, UpstreamError, Upstreams};
 
 /// One exposed item.
 #[derive(Debug)]
@@ -284,7 +284,7 @@ impl Catalog {
                     }
                     list.items = Some(Arc::new(items));
                     settled.push((u, kind, changes, true));
-                    self.metrics.set_upstream_up(&upstream.name, true);
+                    self.metrics.upstreams.set_up(&upstream.name, true);
                 }
                 Err(e) => {
                     if list.items.as_ref().is_some_and(|i| !i.is_empty()) {
@@ -293,7 +293,7 @@ impl Catalog {
                     list.items = None;
                     settled.push((u, kind, changes, false));
                     self.metrics.catalog_failure(&upstream.name, kind);
-                    self.metrics.set_upstream_up(&upstream.name, false);
+                    self.metrics.upstreams.set_up(&upstream.name, false);
                     tracing::warn!(upstream = %upstream.name, list = kind.label(), error = %e,
                         "upstream left out of the catalog");
                 }
@@ -431,11 +431,14 @@ impl Catalog {
         let body = jsonrpc::request(
             Some(b"\"switchboard-discover\""),
             "server/discover",
-            Some(format!(r#"{{"_meta":{}}}"#, crate::upstream::ROUTER_META).as_bytes()),
+            Some(format!(r#"{{"_meta":{}}}"#, switchboard_upstream::ROUTER_META).as_bytes()),
         );
         let probe = upstream.transport.modern(body, switchboard_protocol::Method::ServerDiscover, Vec::new(), "");
         let discovered = match tokio::time::timeout(upstream.config.list_timeout, probe).await {
-            Ok(Ok(crate::upstream::ModernAnswer { status: 200, reply: crate::upstream::Reply::Done(message) })) => {
+            Ok(Ok(switchboard_upstream::ModernAnswer {
+                status: 200,
+                reply: switchboard_upstream::Reply::Done(message),
+            })) => {
                 serde_json::from_slice::<Value>(&message).ok().and_then(|mut v| v.get_mut("result").map(Value::take))
             }
             // No answer at all (down, or not listening yet): ask again next
@@ -463,9 +466,9 @@ impl Catalog {
         }
         state.modern = Some(modern);
         state.stateless_only = modern && !sessions_too;
-        self.metrics.set_upstream_era(
+        self.metrics.upstreams.set_era(
             &upstream.name,
-            if modern { crate::upstream::Era::Stateless } else { crate::upstream::Era::Sessions },
+            if modern { switchboard_upstream::Era::Stateless } else { switchboard_upstream::Era::Sessions },
         );
         if modern {
             let r = discovered.expect("a discovery result");
@@ -493,16 +496,16 @@ impl Catalog {
     ) -> Result<(Value, Option<u64>), String> {
         let params = match cursor {
             Some(c) => {
-                format!(r#"{{"cursor":{},"_meta":{}}}"#, Value::String(c.to_owned()), crate::upstream::ROUTER_META)
+                format!(r#"{{"cursor":{},"_meta":{}}}"#, Value::String(c.to_owned()), switchboard_upstream::ROUTER_META)
             }
-            None => format!(r#"{{"_meta":{}}}"#, crate::upstream::ROUTER_META),
+            None => format!(r#"{{"_meta":{}}}"#, switchboard_upstream::ROUTER_META),
         };
         let body = jsonrpc::request(Some(b"\"switchboard-list\""), kind.method(), Some(params.as_bytes()));
         let method = switchboard_protocol::Method::from_name(kind.method());
         let answer =
             self.upstreams[u].transport.modern(body, method, Vec::new(), "").await.map_err(|e| e.to_string())?;
         let message = match answer.reply {
-            crate::upstream::Reply::Done(message) => message,
+            switchboard_upstream::Reply::Done(message) => message,
             reply => collect_response(reply, "\"switchboard-list\"").await.map_err(|e| e.to_string())?,
         };
         let mut value: Value = serde_json::from_slice(&message).map_err(|e| format!("invalid JSON: {e}"))?;
@@ -709,15 +712,17 @@ impl Catalog {
 /// Follows a stateless upstream's list changes: a `subscriptions/listen`
 /// stream, reopened (after a pause) whenever it ends; each change goes to
 /// the inbox as the notification it is.
-async fn listen_upstream(transport: Arc<dyn crate::upstream::Transport>, inbox: Arc<dyn Inbox>, name: Arc<str>) {
+async fn listen_upstream(transport: Arc<dyn switchboard_upstream::Transport>, inbox: Arc<dyn Inbox>, name: Arc<str>) {
     let params = format!(
         r#"{{"notifications":{{"toolsListChanged":true,"promptsListChanged":true,"resourcesListChanged":true}},"_meta":{}}}"#,
-        crate::upstream::ROUTER_META
+        switchboard_upstream::ROUTER_META
     );
     loop {
         let body = jsonrpc::request(Some(b"\"switchboard-listen\""), "subscriptions/listen", Some(params.as_bytes()));
         match transport.modern(body, switchboard_protocol::Method::SubscriptionsListen, Vec::new(), "").await {
-            Ok(crate::upstream::ModernAnswer { reply: crate::upstream::Reply::Stream(mut stream), .. }) => {
+            Ok(switchboard_upstream::ModernAnswer {
+                reply: switchboard_upstream::Reply::Stream(mut stream), ..
+            }) => {
                 while let Some(Ok(message)) = stream.next().await {
                     inbox.deliver(message);
                 }

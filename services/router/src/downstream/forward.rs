@@ -30,9 +30,9 @@ use crate::events::Log;
 use crate::ratelimit::InflightPermit;
 use crate::session::Session;
 use crate::store::AuditRecord;
-use crate::upstream::{Item, MessageStream, Outgoing, Reply, UpstreamError};
 use switchboard_core::policy::{Principal, Tenant};
 use switchboard_core::Outcome;
+use switchboard_upstream::{Item, MessageStream, Outgoing, Reply, UpstreamError};
 
 /// The `retry:` hint sent with priming events.
 const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
@@ -434,7 +434,7 @@ pub(crate) async fn call_internal(
     let work = async {
         let channel = session.channel(app, u).await?;
         let reply = channel.request(out).await.map_err(|e| Error::upstream(&upstream.name, e))?;
-        crate::upstream::collect_response(reply, &id).await.map_err(|e| Error::upstream(&upstream.name, e))
+        switchboard_upstream::collect_response(reply, &id).await.map_err(|e| Error::upstream(&upstream.name, e))
     };
     let message = tokio::time::timeout(timeout, work)
         .await
@@ -559,7 +559,7 @@ impl Call {
         let env = match Envelope::parse(&message) {
             Ok(env) => env,
             Err(_) => {
-                self.app.metrics.upstream_protocol_error(&self.app.upstreams[self.upstream].name);
+                self.app.metrics.upstreams.protocol_error(&self.app.upstreams[self.upstream].name);
                 return Step::Skip;
             }
         };
@@ -656,7 +656,7 @@ impl Call {
                         if is_request {
                             self.session.push(out);
                         } else {
-                            self.app.metrics.relay_dropped(&name, "client_accepts_json_only");
+                            self.app.metrics.upstreams.relay_dropped(&name, "client_accepts_json_only");
                         }
                     }
                     Step::Skip => {}

@@ -20,9 +20,9 @@ use crate::body::Body;
 use crate::catalog::cursor::Cursor;
 use crate::error::Error;
 use crate::session::Session;
-use crate::upstream::empty_object;
 use switchboard_core::policy::{Principal, Tenant};
 use switchboard_core::Outcome;
+use switchboard_upstream::empty_object;
 
 /// The list a `*/list` method asks for.
 pub fn kind_of(method: Method) -> ListKind {

@@ -281,7 +281,7 @@ async fn set_level(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>) -
         let params = params.get().as_bytes().to_vec();
         async move {
             let upstream = &app.upstreams[u];
-            let (out, request_id) = crate::upstream::Outgoing::own("logging/setLevel", &params, "set-level");
+            let (out, request_id) = switchboard_upstream::Outgoing::own("logging/setLevel", &params, "set-level");
             let result = async {
                 let channel = session.channel(app, u).await?;
                 let reply = tokio::time::timeout(upstream.config.timeout, channel.request(out))
@@ -291,7 +291,7 @@ async fn set_level(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>) -
                         after: upstream.config.timeout,
                     })?
                     .map_err(|e| Error::upstream(&upstream.name, e))?;
-                crate::upstream::collect_response(reply, &request_id)
+                switchboard_upstream::collect_response(reply, &request_id)
                     .await
                     .map_err(|e| Error::upstream(&upstream.name, e))
             }
@@ -354,7 +354,7 @@ async fn answer(app: &Arc<App>, who: &Principal, session: &Arc<Session>, env: &E
             }
             return;
         }
-        app.metrics.relay_dropped("", "unknown_answer");
+        app.metrics.upstreams.relay_dropped("", "unknown_answer");
         tracing::debug!(id = id.get(), "client answered a request the router does not know");
         return;
     };
@@ -366,7 +366,7 @@ async fn answer(app: &Arc<App>, who: &Principal, session: &Arc<Session>, env: &E
     // continues the same upstream session, whichever replica opened it. An
     // answer never opens an upstream session (no request of one awaits it).
     let Some(channel) = session.existing_channel(app, u).await else {
-        app.metrics.relay_dropped(&app.upstreams[u].name, "unknown_answer");
+        app.metrics.upstreams.relay_dropped(&app.upstreams[u].name, "unknown_answer");
         tracing::debug!(id = id.get(), "client answered for an upstream session this session does not have");
         return;
     };

@@ -66,9 +66,9 @@ use crate::app::{App, Change};
 use crate::body::Body;
 use crate::error::Error;
 use crate::session::Session;
-use crate::upstream::{ModernAnswer, Reply};
 use switchboard_core::policy::Principal;
 use switchboard_core::Outcome;
+use switchboard_upstream::{ModernAnswer, Reply};
 
 /// The versions the router speaks, newest first (`server/discover`, -32022).
 pub const SUPPORTED_VERSIONS: [&str; 4] = ["2026-07-28", "2025-11-25", "2025-06-18", "2025-03-26"];
@@ -561,7 +561,8 @@ async fn passthrough(
                             break (Outcome::UpstreamFailed, Some(code));
                         }
                         None => {
-                            let (event, code) = fail(Error::upstream(&name, crate::upstream::UpstreamError::Closed));
+                            let (event, code) =
+                                fail(Error::upstream(&name, switchboard_upstream::UpstreamError::Closed));
                             let _ = tx.send(event).await;
                             break (Outcome::UpstreamFailed, Some(code));
                         }
@@ -781,7 +782,7 @@ async fn bridged(
     let progress_token = resolved.progress_token.as_ref().map(moved);
     let call_raw: Box<RawValue> = RawValue::from_string(call_id.clone()).expect("a JSON string");
     let deadline = tokio::time::Instant::now() + upstream.config.timeout;
-    let out = crate::upstream::Outgoing { body, method, id: id_range, progress_token };
+    let out = switchboard_upstream::Outgoing { body, method, id: id_range, progress_token };
     session.begin(&call_raw, u);
     let inflight = forward::Inflight::new(app, &session, &call_raw, u, method, started, ledger);
     let reply = tokio::time::timeout_at(deadline, channel.request(out)).await;
@@ -1039,7 +1040,7 @@ impl Round {
     /// The call's stream ended without an answer (its replica died, or it
     /// was taken over by a newer round).
     fn closed(&self) -> Error {
-        Error::upstream(&self.app.upstreams[self.upstream].name, crate::upstream::UpstreamError::Closed)
+        Error::upstream(&self.app.upstreams[self.upstream].name, switchboard_upstream::UpstreamError::Closed)
     }
 
     /// A modern client hanging up cancels its call.

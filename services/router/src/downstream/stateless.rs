@@ -35,8 +35,8 @@ use crate::body::Body;
 use crate::error::Error;
 use crate::events::Log;
 use crate::session::Session;
-use crate::upstream::{ModernAnswer, Reply, UpstreamError};
 use switchboard_core::Outcome;
+use switchboard_upstream::{ModernAnswer, Reply, UpstreamError};
 
 /// Forwards one request of `session` to the stateless upstream `resolved` names.
 #[allow(clippy::too_many_arguments)]

@@ -505,7 +505,7 @@ impl Conn {
                 crate::session::Session::new(
                     principal.tenant.name.clone(),
                     switchboard_protocol::ProtocolVersion::LATEST,
-                    Arc::from(crate::upstream::empty_object()),
+                    Arc::from(switchboard_upstream::empty_object()),
                     self.app.upstreams.len(),
                     self.app.epoch,
                 )

@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use crate::config::EdgeConfig;
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::upstream::UpstreamError;
+use switchboard_upstream::UpstreamError;
 
 /// One registered service, as a tool.
 #[derive(Debug)]

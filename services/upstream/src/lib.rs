@@ -21,9 +21,11 @@
 //! Adding a transport is one new file implementing these traits and one line
 //! in [`build`].
 
+pub mod config;
 mod detect;
 mod h1;
 pub mod http;
+mod metrics;
 pub mod sse;
 pub mod stdio;
 
@@ -33,14 +35,26 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 use switchboard_core::UpstreamId;
 use switchboard_protocol::{Method, ProtocolVersion};
 
 use crate::config::{TransportConfig, UpstreamConfig};
-use crate::metrics::Metrics;
-pub use crate::session_store::UpstreamSession;
+pub use crate::metrics::Metrics;
+
+/// A session with one upstream, as another replica can continue it
+/// ([`Transport::resume`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpstreamSession {
+    /// Which of the upstream's replicas (its URL) holds it.
+    pub replica: String,
+    /// The upstream's `Mcp-Session-Id`.
+    pub session: String,
+    /// The version negotiated with the upstream.
+    pub version: String,
+}
 
 /// How an upstream failed.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 
 use super::{h1, Handshake, Hello, Inbox, Outgoing, Reply, SinkStream, UpstreamError};
 use crate::config::HttpConfig;
-use crate::metrics::Metrics;
+use crate::Metrics;
 
 const MAX_MESSAGE: usize = 64 << 20;
 
@@ -84,7 +84,7 @@ impl Transport {
 impl super::Transport for Transport {
     async fn open(&self, hello: &Hello, inbox: Arc<dyn Inbox>) -> Result<Arc<dyn super::Channel>, UpstreamError> {
         let connection = connect(&self.shared, hello, &inbox).await?;
-        self.shared.metrics.set_upstream_era(&self.shared.name, super::Era::LegacySse);
+        self.shared.metrics.set_era(&self.shared.name, super::Era::LegacySse);
         Ok(Arc::new(Channel {
             shared: self.shared.clone(),
             hello: hello.clone(),
@@ -256,7 +256,7 @@ impl Drop for Connection {
 
 fn dispatch(connection: &Connection, inbox: &Arc<dyn Inbox>, shared: &Shared, message: Bytes) {
     let Ok(env) = Envelope::parse(&message) else {
-        shared.metrics.upstream_protocol_error(&shared.name);
+        shared.metrics.protocol_error(&shared.name);
         return;
     };
     let mut pending = connection.pending.lock().expect("lock");
@@ -312,7 +312,7 @@ impl Channel {
         }
         let fresh = connect(&self.shared, &self.hello, &self.inbox).await?;
         *self.connection.write().expect("lock") = fresh.clone();
-        self.shared.metrics.upstream_reinitialized(&self.shared.name);
+        self.shared.metrics.reinitialized(&self.shared.name);
         tracing::info!(upstream = %self.shared.name, "legacy SSE stream ended; reconnected and re-initialised");
         Ok(fresh)
     }

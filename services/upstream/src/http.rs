@@ -36,7 +36,7 @@ use tokio::task::JoinHandle;
 
 use super::{collect_response, h1, Handshake, Hello, Inbox, Item, MessageStream, Outgoing, Reply, UpstreamError};
 use crate::config::HttpConfig;
-use crate::metrics::Metrics;
+use crate::Metrics;
 use switchboard_core::body::CollectError;
 
 /// Largest message accepted from an upstream.
@@ -109,7 +109,7 @@ impl Replicas {
                 tracing::warn!(upstream = %self.name, %replica, "upstream replica is down; its sessions move to another");
             }
         }
-        self.metrics.set_upstream_replica_up(&self.name, &self.members[i].replica, up);
+        self.metrics.set_replica_up(&self.name, &self.members[i].replica, up);
     }
 
     /// Whether replica `i` accepts a TCP connection now.
@@ -667,7 +667,7 @@ impl Channel {
         let mut fresh = shared.handshake(&self.hello).await?;
         fresh.epoch = stale.epoch + 1;
         *self.state.write().expect("lock") = fresh;
-        shared.metrics.upstream_reinitialized(&shared.name);
+        shared.metrics.reinitialized(&shared.name);
         if move_away {
             tracing::info!(upstream = %shared.name, replica = %shared.replica, "upstream session moved to another replica; re-initialised");
         } else {

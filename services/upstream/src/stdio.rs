@@ -40,7 +40,7 @@ use tokio::sync::{mpsc, watch, Notify};
 
 use super::{Handshake, Hello, Inbox, Outgoing, Reply, SinkStream, UpstreamError};
 use crate::config::{StdioConfig, SAFE_ENV};
-use crate::metrics::Metrics;
+use crate::Metrics;
 
 /// Largest line accepted from a child.
 const MAX_LINE: usize = 64 << 20;
@@ -163,7 +163,7 @@ impl Shared {
         let env = match Envelope::parse(&line) {
             Ok(env) => env,
             Err(e) => {
-                self.metrics.upstream_protocol_error(&self.name);
+                self.metrics.protocol_error(&self.name);
                 let shown = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
                 tracing::warn!(upstream = %self.name, error = %e, line = %shown, "child wrote a line that is not JSON-RPC");
                 return;
@@ -309,11 +309,11 @@ async fn supervise(shared: Arc<Shared>) {
         }
         shared.running.send_replace(None);
         shared.fail_all_pending();
-        shared.metrics.set_upstream_up(&shared.name, false);
+        shared.metrics.set_up(&shared.name, false);
         if shared.stopping.load(Ordering::SeqCst) {
             return;
         }
-        shared.metrics.upstream_restarted(&shared.name);
+        shared.metrics.restarted(&shared.name);
         if started.elapsed() > Duration::from_secs(60) {
             backoff = Duration::from_millis(250);
         }
@@ -396,7 +396,7 @@ async fn run(shared: &Arc<Shared>, mut child: Child) {
             shared
                 .running
                 .send_replace(Some(Arc::new(Running { stdin: stdin_tx.clone(), handshake: Arc::new(handshake) })));
-            shared.metrics.set_upstream_up(&shared.name, true);
+            shared.metrics.set_up(&shared.name, true);
             let exited = tokio::select! {
                 status = child.wait() => Some(status),
                 () = shared.stop.notified() => None,
