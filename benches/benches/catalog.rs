@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use serde_json::{json, Map, Value};
-use switchboard::catalog::cursor::Cursor;
-use switchboard::catalog::naming::expose_name;
-use switchboard::catalog::Listing;
 use switchboard_benches::{allocations_of, Counting};
+use switchboard_catalog::cursor::Cursor;
+use switchboard_catalog::naming::expose_name;
+use switchboard_catalog::Listing;
 use switchboard_protocol::methods::ListKind;
 
 #[global_allocator]

@@ -16,7 +16,6 @@ use switchboard_protocol::Method;
 use tokio::sync::mpsc;
 
 use crate::audit::Audit;
-use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::error::Error;
 use crate::metrics::Metrics;
@@ -26,6 +25,7 @@ use crate::session_store::{Repair, SessionStore, Stored, Touch};
 use crate::shared_streams::SharedStreams;
 use crate::store::Database;
 use crate::tenancy::Directory;
+use switchboard_catalog::Catalog;
 use switchboard_upstream::{self as upstream, Inbox, Upstream, Upstreams};
 
 /// A legacy connection's stream, and the tenant that opened it.
@@ -153,6 +153,7 @@ impl App {
                     })
                 })
                 .collect(),
+            metrics.upstreams.clone(),
         );
         let app = Arc::new_cyclic(|me: &Weak<App>| {
             let for_inbox = me.clone();
@@ -166,7 +167,13 @@ impl App {
                 }
             });
             App {
-                catalog: Catalog::new(upstreams.clone(), config.catalog.clone(), metrics.clone(), inbox, announce),
+                catalog: Catalog::new(
+                    upstreams.clone(),
+                    config.catalog.clone(),
+                    metrics.catalog.clone(),
+                    inbox,
+                    announce,
+                ),
                 config,
                 upstreams,
                 sessions: Sessions::default(),

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use http::Uri;
 use serde::Deserialize;
+pub use switchboard_catalog::CatalogConfig;
 pub use switchboard_upstream::config::{HttpConfig, StdioConfig, TransportConfig, UpstreamConfig};
 
 /// The validated configuration.
@@ -152,19 +153,6 @@ pub enum ResponseMode {
     Json,
     /// `text/event-stream` whenever the client accepts it, as the SDK servers do.
     Sse,
-}
-
-/// `[catalog]`: how lists are merged and served.
-#[derive(Debug, Clone)]
-pub struct CatalogConfig {
-    /// Between upstream prefix and tool or prompt name.
-    pub separator: String,
-    /// Items per page of a list answer; 0 for one page with everything.
-    pub page_size: usize,
-    /// An upstream whose list failed is left out this long before it is asked again.
-    pub retry_after: Duration,
-    /// At most this many pages are read from one upstream's list.
-    pub max_upstream_pages: usize,
 }
 
 /// `[log]`.
@@ -569,13 +557,13 @@ impl RawConfig {
             if !prefix.is_empty() {
                 if !valid_name(&prefix) {
                     bad(key("prefix"), format!("must be empty or 1 to 48 of {NAME_CHARS}"));
-                } else if !prefixes.insert(crate::catalog::naming::scheme_prefix(&prefix)) {
+                } else if !prefixes.insert(switchboard_catalog::naming::scheme_prefix(&prefix)) {
                     bad(
                         key("prefix"),
                         format!(
                             "{prefix:?} is too close to another upstream's prefix: resource URIs would share the \
                              scheme prefix {:?} (prefixes are compared ignoring case, with '_' as '-')",
-                            crate::catalog::naming::scheme_prefix(&prefix)
+                            switchboard_catalog::naming::scheme_prefix(&prefix)
                         ),
                     );
                 }

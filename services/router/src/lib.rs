@@ -33,7 +33,7 @@ mod app;
 mod audit;
 mod body;
 pub mod bridge;
-pub mod catalog;
+
 pub mod config;
 mod downstream;
 pub mod edge;

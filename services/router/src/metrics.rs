@@ -13,7 +13,6 @@ use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
 };
-use switchboard_protocol::methods::ListKind;
 use switchboard_protocol::Method;
 
 pub use switchboard_core::Outcome;
@@ -39,9 +38,6 @@ pub struct Metrics {
     requests: IntCounterVec,
     duration: HistogramVec,
     table: Vec<OnceLock<RequestHandles>>,
-    catalog_failures: IntCounterVec,
-    catalog_collisions: IntCounterVec,
-    catalog_refreshes: IntCounterVec,
     sessions: IntGauge,
     sessions_adopted: IntCounter,
     sessions_repaired: IntCounter,
@@ -50,6 +46,8 @@ pub struct Metrics {
     rejections: IntCounterVec,
     /// Upstream servers: reachability, era, re-initialisations, restarts.
     pub upstreams: Arc<switchboard_upstream::Metrics>,
+    /// The merged catalog: fetches, upstreams left out, collisions.
+    pub catalog: Arc<switchboard_catalog::Metrics>,
     guard: Guard,
     /// Edge devices and their connections.
     pub edge: EdgeMetrics,
@@ -157,27 +155,6 @@ impl Metrics {
                 30.0
             ]),
             &["method", "upstream"]
-        )
-        .expect("valid"));
-        let catalog_failures = reg!(IntCounterVec::new(
-            Opts::new(
-                "switchboard_catalog_upstream_failures_total",
-                "Times an upstream was left out of a list because it failed or was too slow."
-            ),
-            &["upstream", "list"]
-        )
-        .expect("valid"));
-        let catalog_collisions = reg!(IntCounterVec::new(
-            Opts::new(
-                "switchboard_catalog_collisions_total",
-                "Items dropped from a list because another upstream's item has the same exposed name."
-            ),
-            &["list"]
-        )
-        .expect("valid"));
-        let catalog_refreshes = reg!(IntCounterVec::new(
-            Opts::new("switchboard_catalog_refreshes_total", "Lists fetched from upstreams (cache misses)."),
-            &["upstream", "list"]
         )
         .expect("valid"));
         let sessions =
@@ -325,6 +302,7 @@ impl Metrics {
         }
         let names: Vec<&str> = upstream_names.iter().map(|n| &**n).collect();
         let upstreams = Arc::new(switchboard_upstream::Metrics::new(&registry, &names));
+        let catalog = Arc::new(switchboard_catalog::Metrics::new(&registry));
         let mut table = Vec::new();
         table.resize_with(METHODS * (upstream_names.len() + 1), OnceLock::new);
         Arc::new(Metrics {
@@ -333,9 +311,6 @@ impl Metrics {
             requests,
             duration,
             table,
-            catalog_failures,
-            catalog_collisions,
-            catalog_refreshes,
             sessions,
             sessions_adopted,
             sessions_repaired,
@@ -343,6 +318,7 @@ impl Metrics {
             stream_events_dropped,
             rejections,
             upstreams,
+            catalog,
             guard,
             edge,
         })
@@ -360,18 +336,6 @@ impl Metrics {
                 duration: self.duration.with_label_values(&[label, upstream]),
             }
         })
-    }
-
-    pub fn catalog_failure(&self, upstream: &str, list: ListKind) {
-        self.catalog_failures.with_label_values(&[upstream, list.label()]).inc();
-    }
-
-    pub fn catalog_collision(&self, list: ListKind) {
-        self.catalog_collisions.with_label_values(&[list.label()]).inc();
-    }
-
-    pub fn catalog_refresh(&self, upstream: &str, list: ListKind) {
-        self.catalog_refreshes.with_label_values(&[upstream, list.label()]).inc();
     }
 
     pub fn set_sessions(&self, n: usize) {

@@ -396,45 +396,54 @@ pub struct Upstream {
     pub transport: Arc<dyn Transport>,
 }
 
-/// Every configured upstream, in configuration order, indexed by [`UpstreamId`].
-#[derive(Clone, Default)]
-pub struct Upstreams(Arc<[Arc<Upstream>]>);
+/// Every configured upstream, in configuration order, indexed by
+/// [`UpstreamId`], with the metrics they record.
+#[derive(Clone)]
+pub struct Upstreams {
+    list: Arc<[Arc<Upstream>]>,
+    metrics: Arc<Metrics>,
+}
 
 impl Upstreams {
     /// The upstreams of `list`, whose ids must be their positions.
-    pub fn new(list: Vec<Arc<Upstream>>) -> Upstreams {
+    pub fn new(list: Vec<Arc<Upstream>>, metrics: Arc<Metrics>) -> Upstreams {
         debug_assert!(list.iter().enumerate().all(|(i, u)| u.id.index() == i));
-        Upstreams(list.into())
+        Upstreams { list: list.into(), metrics }
+    }
+
+    /// What the upstreams record: reachability, era, restarts, …
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// How many there are.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.list.len()
     }
 
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.list.is_empty()
     }
 
     /// Each upstream, in configuration order.
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Upstream>> {
-        self.0.iter()
+        self.list.iter()
     }
 
     /// Each upstream's id, in configuration order.
     pub fn ids(&self) -> impl Iterator<Item = UpstreamId> {
-        UpstreamId::all(self.0.len())
+        UpstreamId::all(self.list.len())
     }
 
     /// The upstream named `name`.
     pub fn find(&self, name: &str) -> Option<UpstreamId> {
-        self.0.iter().find(|u| &*u.name == name).map(|u| u.id)
+        self.list.iter().find(|u| &*u.name == name).map(|u| u.id)
     }
 
     /// The upstream `id`, if there is one (an id read from a client's message).
     pub fn get(&self, id: UpstreamId) -> Option<&Arc<Upstream>> {
-        self.0.get(id.index())
+        self.list.get(id.index())
     }
 }
 
@@ -442,7 +451,7 @@ impl std::ops::Index<UpstreamId> for Upstreams {
     type Output = Arc<Upstream>;
 
     fn index(&self, id: UpstreamId) -> &Arc<Upstream> {
-        &self.0[id.index()]
+        &self.list[id.index()]
     }
 }
 

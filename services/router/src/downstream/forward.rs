@@ -24,12 +24,12 @@ use tokio::sync::mpsc;
 use super::respond;
 use crate::app::App;
 use crate::body::Body;
-use crate::catalog::Snapshot;
 use crate::error::Error;
 use crate::events::Log;
 use crate::ratelimit::InflightPermit;
 use crate::session::Session;
 use crate::store::AuditRecord;
+use switchboard_catalog::Snapshot;
 use switchboard_core::policy::{Principal, Tenant};
 use switchboard_core::Outcome;
 use switchboard_upstream::{Item, MessageStream, Outgoing, Reply, UpstreamError};
@@ -387,7 +387,7 @@ async fn find(
         ListKind::Prompts => Error::UnknownPrompt(name.to_owned()),
         _ => Error::UnknownTool(name.to_owned()),
     };
-    let visible = |item: &crate::catalog::Item| super::lists::sees(tenant, kind, item);
+    let visible = |item: &switchboard_catalog::Item| super::lists::sees(tenant, kind, item);
     if let Some(item) = snapshot.list(kind).get(name) {
         return if visible(item) {
             Ok((item.upstream, Original::Shared(item.original.clone())))

@@ -17,9 +17,9 @@ use switchboard_protocol::{Method, ProtocolVersion};
 use super::respond;
 use crate::app::App;
 use crate::body::Body;
-use crate::catalog::cursor::Cursor;
 use crate::error::Error;
 use crate::session::Session;
+use switchboard_catalog::cursor::Cursor;
 use switchboard_core::policy::{Principal, Tenant};
 use switchboard_core::Outcome;
 use switchboard_upstream::empty_object;
@@ -122,7 +122,7 @@ pub async fn open_session(
 
 /// The capabilities the router declares: list changes always (it announces
 /// its own), the rest as the upstreams have them.
-pub fn server_capabilities(merged: &crate::catalog::Merged) -> Value {
+pub fn server_capabilities(merged: &switchboard_catalog::Merged) -> Value {
     let mut caps = json!({
         "tools": {"listChanged": true},
         "prompts": {"listChanged": true},
@@ -143,7 +143,7 @@ struct ListParams {
 }
 
 /// Whether `tenant` sees an item of a list.
-pub fn sees(tenant: &Tenant, kind: ListKind, item: &crate::catalog::Item) -> bool {
+pub fn sees(tenant: &Tenant, kind: ListKind, item: &switchboard_catalog::Item) -> bool {
     match kind {
         ListKind::Tools => tenant.sees_tool(item.upstream, &item.name),
         _ => tenant.sees_upstream(item.upstream),

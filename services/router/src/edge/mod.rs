@@ -304,7 +304,7 @@ impl Edge {
                 refused.push((name.clone(), "a service name must be 1 to 128 characters".into()));
                 continue;
             }
-            let tool = crate::catalog::naming::expose_name(device, &self.separator, name);
+            let tool = switchboard_catalog::naming::expose_name(device, &self.separator, name);
             if services.iter().any(|s| s.tool == tool) {
                 refused.push((name.clone(), format!("its tool name {tool:?} is taken by another service")));
                 continue;

@@ -17,6 +17,7 @@
 //! the collision is logged and counted.
 
 pub mod cursor;
+mod metrics;
 pub mod naming;
 
 use std::collections::HashMap;
@@ -31,9 +32,21 @@ use serde_json::{Map, Value};
 use switchboard_protocol::jsonrpc;
 use switchboard_protocol::methods::ListKind;
 
-use crate::config::CatalogConfig;
-use crate::metrics::Metrics;
+pub use crate::metrics::Metrics;
 use switchboard_upstream::{collect_response, Channel, Handshake, Hello, Inbox, Outgoing, UpstreamError, Upstreams};
+
+/// `[catalog]`: how lists are merged and served.
+#[derive(Debug, Clone)]
+pub struct CatalogConfig {
+    /// Between upstream prefix and tool or prompt name.
+    pub separator: String,
+    /// Items per page of a list answer; 0 for one page with everything.
+    pub page_size: usize,
+    /// An upstream whose list failed is left out this long before it is asked again.
+    pub retry_after: Duration,
+    /// At most this many pages are read from one upstream's list.
+    pub max_upstream_pages: usize,
+}
 
 /// One exposed item.
 #[derive(Debug)]
@@ -273,7 +286,7 @@ impl Catalog {
         // fresh (or failed) must find the snapshot already built from it.
         for ((u, kind, result), changes) in futures_util::future::join_all(fetches).await.into_iter().zip(started) {
             let upstream = &self.upstreams[u];
-            self.metrics.catalog_refresh(&upstream.name, kind);
+            self.metrics.refreshed(&upstream.name, kind);
             let mut state = self.states[u.index()].lock().expect("lock");
             let list = &mut state.lists[kind as usize];
             match result {
@@ -284,7 +297,7 @@ impl Catalog {
                     }
                     list.items = Some(Arc::new(items));
                     settled.push((u, kind, changes, true));
-                    self.metrics.upstreams.set_up(&upstream.name, true);
+                    self.upstreams.metrics().set_up(&upstream.name, true);
                 }
                 Err(e) => {
                     if list.items.as_ref().is_some_and(|i| !i.is_empty()) {
@@ -292,8 +305,8 @@ impl Catalog {
                     }
                     list.items = None;
                     settled.push((u, kind, changes, false));
-                    self.metrics.catalog_failure(&upstream.name, kind);
-                    self.metrics.upstreams.set_up(&upstream.name, false);
+                    self.metrics.failed(&upstream.name, kind);
+                    self.upstreams.metrics().set_up(&upstream.name, false);
                     tracing::warn!(upstream = %upstream.name, list = kind.label(), error = %e,
                         "upstream left out of the catalog");
                 }
@@ -466,7 +479,7 @@ impl Catalog {
         }
         state.modern = Some(modern);
         state.stateless_only = modern && !sessions_too;
-        self.metrics.upstreams.set_era(
+        self.upstreams.metrics().set_era(
             &upstream.name,
             if modern { switchboard_upstream::Era::Stateless } else { switchboard_upstream::Era::Sessions },
         );
@@ -644,7 +657,7 @@ impl Catalog {
                 for exposed in lists[kind as usize].extend(u, kind, items, expose) {
                     tracing::error!(upstream = %upstream.name, list = kind.label(), name = %exposed,
                         "name collision: another upstream already exposes this name; this one is left out");
-                    self.metrics.catalog_collision(kind);
+                    self.metrics.collision(kind);
                 }
             }
         }
