@@ -22,9 +22,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use switchboard::session_store::{MemoryStore, Record, RedisStore, SessionStore, Stored};
 use switchboard_benches::rig::Rig;
 use switchboard_core::redis::RedisLink;
+use switchboard_session::store::{MemoryStore, Record, RedisStore, SessionStore, Stored};
 use switchboard_upstream::UpstreamSession;
 
 const CALL: &[u8] =

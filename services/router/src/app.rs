@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use switchboard_core::UpstreamId;
 
 use bytes::Bytes;
@@ -17,15 +17,13 @@ use tokio::sync::mpsc;
 
 use crate::audit::Audit;
 use crate::config::Config;
-use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::ratelimit::Limiter;
-use crate::session::{Session, Sessions};
-use crate::session_store::{Repair, SessionStore, Stored, Touch};
-use crate::shared_streams::SharedStreams;
 use crate::store::Database;
 use crate::tenancy::Directory;
 use switchboard_catalog::Catalog;
+use switchboard_session::shared_streams::SharedStreams;
+use switchboard_session::{Relay, Session, Sessions};
 use switchboard_upstream::{self as upstream, Inbox, Upstream, Upstreams};
 
 /// A legacy connection's stream, and the tenant that opened it.
@@ -49,12 +47,9 @@ pub struct App {
     pub config: Config,
     pub upstreams: Upstreams,
     pub catalog: Catalog,
-    /// This replica's live sessions (for stored ones, a cache of the store).
+    /// This replica's sessions: a cache of the session store (memory, or
+    /// Redis shared by every replica).
     pub sessions: Sessions,
-    /// Where sessions live between requests: memory, or Redis shared by replicas.
-    pub store: Arc<dyn SessionStore>,
-    /// With the Redis session store: event streams every replica reads.
-    pub shared_streams: Option<Arc<SharedStreams>>,
     pub metrics: Arc<Metrics>,
     /// Tenants and API keys (an in-memory copy of the database's).
     pub directory: Arc<Directory>,
@@ -64,8 +59,6 @@ pub struct App {
     pub database: Option<Database>,
     /// Edge devices and their tools.
     pub edge: Arc<crate::edge::Edge>,
-    /// When the router started; sessions measure idleness from it.
-    pub epoch: Instant,
     shutting_down: AtomicBool,
     /// List changes, for stateless clients' `subscriptions/listen` streams.
     pub changes: tokio::sync::broadcast::Sender<Change>,
@@ -122,14 +115,18 @@ impl App {
         // The streams get a connection of their own (see shared_streams.rs).
         let shared_streams = match (&config.redis.url, config.sessions.redis) {
             (Some(url), true) => Some(SharedStreams::start(
-                switchboard_core::redis::RedisLink::new(url, &config.redis.key_prefix, crate::shared_streams::TIMEOUT)
-                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
+                switchboard_core::redis::RedisLink::new(
+                    url,
+                    &config.redis.key_prefix,
+                    switchboard_session::shared_streams::TIMEOUT,
+                )
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
                 config.server.session_idle_timeout,
-                metrics.clone(),
+                metrics.sessions.clone(),
             )),
             _ => None,
         };
-        let store = crate::session_store::build(shared, config.server.session_idle_timeout);
+        let store = switchboard_session::store::build(shared, config.server.session_idle_timeout);
         let limiter = Limiter::new(redis.map(crate::ratelimit::cluster::Shared::new), metrics.clone());
         let reserved: Vec<String> = config
             .upstreams
@@ -166,6 +163,20 @@ impl App {
                     app.announce(kind);
                 }
             });
+            let relay: Weak<dyn Relay> = me.clone();
+            let sessions = Sessions::new(
+                switchboard_session::Setup {
+                    upstreams: upstreams.clone(),
+                    store,
+                    shared_streams,
+                    metrics: metrics.sessions.clone(),
+                    options: switchboard_session::Options {
+                        idle_timeout: config.server.session_idle_timeout,
+                        cache: config.sessions.cache,
+                    },
+                },
+                relay,
+            );
             App {
                 catalog: Catalog::new(
                     upstreams.clone(),
@@ -176,16 +187,13 @@ impl App {
                 ),
                 config,
                 upstreams,
-                sessions: Sessions::default(),
-                store,
-                shared_streams,
+                sessions,
                 metrics,
                 directory,
                 limiter,
                 audit,
                 database,
                 edge,
-                epoch: Instant::now(),
                 shutting_down: AtomicBool::new(false),
                 changes: tokio::sync::broadcast::channel(256).0,
                 state_key: RwLock::new(None),
@@ -193,7 +201,7 @@ impl App {
                 legacy: Mutex::new(HashMap::new()),
             }
         });
-        if let Some(shared) = &app.shared_streams {
+        if let Some(shared) = app.sessions.shared_streams() {
             let weak = Arc::downgrade(&app);
             shared.on_cancel(Box::new(move |session, notification| {
                 let Some(app) = weak.upgrade() else { return };
@@ -255,7 +263,8 @@ impl App {
                 };
                 tokio::time::sleep(period).await;
                 let Some(app) = app.upgrade() else { return };
-                app.sweep_sessions().await;
+                app.sessions.sweep().await;
+                app.reassert_state_key().await;
             }
         });
     }
@@ -291,25 +300,7 @@ impl App {
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::Relaxed);
         let _ = self.changes.send(Change::Shutdown);
-        for session in self.sessions.all() {
-            session.close_stream();
-            session.hand_off_streams();
-        }
-    }
-
-    /// Waits (at most `limit`) until no request of any session is in flight
-    /// here: answers whose streams were handed off are still being relayed.
-    pub async fn wait_for_requests(&self, limit: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            if !self.sessions.all().iter().any(|s| s.has_inflight()) {
-                return true;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.sessions.begin_shutdown();
     }
 
     /// Last step of shutdown: end upstream sessions and stop child processes.
@@ -317,16 +308,8 @@ impl App {
     /// sessions are left open for them.
     pub async fn close(&self) {
         self.edge.close_all();
-        for session in self.sessions.all() {
-            if let Some(session) = self.sessions.remove(&session.id) {
-                if session.stored && self.store.shared() {
-                    session.detach().await;
-                } else {
-                    session.close().await;
-                }
-            }
-        }
-        if let Some(shared) = &self.shared_streams {
+        self.sessions.close_all().await;
+        if let Some(shared) = self.sessions.shared_streams() {
             // Events still queued for Redis (answers relayed for streams
             // handed off) go out before the process does.
             if !shared.flush(self.config.server.shutdown_grace).await {
@@ -359,37 +342,17 @@ impl App {
     pub fn announce_tools(&self, tenant: &str) {
         let _ = self.changes.send(Change::List(ListKind::Tools, Some(Arc::from(tenant))));
         let note = jsonrpc::request(None, ListKind::Tools.changed_notification(), None);
-        for session in self.sessions.all() {
-            if &*session.tenant == tenant {
-                session.announce(note.clone(), ListKind::Tools.changed_notification());
-            }
-        }
+        self.sessions.announce(&note, ListKind::Tools.changed_notification(), Some(tenant));
     }
 
     /// Tells every session that a list changed.
     fn announce(&self, kind: ListKind) {
         let _ = self.changes.send(Change::List(kind, None));
         let note = jsonrpc::request(None, kind.changed_notification(), None);
-        for session in self.sessions.all() {
-            session.announce(note.clone(), kind.changed_notification());
-        }
+        self.sessions.announce(&note, kind.changed_notification(), None);
     }
 
-    /// What a session's client should see of a message upstream `u` sent
-    /// outside a response: requests get a session-unique id, cancellations of
-    /// them are mapped, list changes are absorbed (and announced once by
-    /// [`App::list_changed`]). `None` means nothing to deliver.
-    pub fn relay_from_upstream(&self, session: &Session, u: UpstreamId, message: &Bytes) -> Option<Bytes> {
-        match Envelope::parse(message) {
-            Ok(env) => self.relay_parsed(session, u, &env, message),
-            Err(_) => {
-                self.metrics.upstreams.protocol_error(&self.upstreams[u].name);
-                None
-            }
-        }
-    }
-
-    /// [`App::relay_from_upstream`] for a message already parsed.
+    /// [`Relay::relay`] for a message already parsed.
     pub fn relay_parsed(&self, session: &Session, u: UpstreamId, env: &Envelope<'_>, message: &Bytes) -> Option<Bytes> {
         match env.kind {
             MessageKind::Request => Some(session.ask(u, env, message)),
@@ -417,67 +380,9 @@ impl App {
     }
 }
 
-/// A replica forgets a stored session it has not used for this long (at
-/// most; less if sessions expire sooner), while other replicas may go on
-/// with it.
-const LOCAL_KEEP: Duration = Duration::from_secs(300);
-
-/// Sessions across replicas: the local registry is a cache of the store.
+/// Cross-replica state of the stateless bridge: awaited answers and the
+/// `requestState` key.
 impl App {
-    /// How often a replica asks the store about a session it is using.
-    fn check_every(&self) -> Duration {
-        self.config.sessions.cache.min(self.config.server.session_idle_timeout / 4)
-    }
-
-    /// The index of the upstream named `name`.
-    fn upstream_index(&self, name: &str) -> Option<UpstreamId> {
-        self.upstreams.find(name)
-    }
-
-    /// Registers a new session here and, if it is a stored one, in the
-    /// store. A store that cannot be reached is logged: the session then
-    /// lives on this replica, and is written to the store when it answers
-    /// again ([`Touch::Unknown`]).
-    pub async fn add_session(&self, session: &Arc<Session>) {
-        self.sessions.insert(session.clone());
-        self.metrics.set_sessions(self.sessions.len());
-        if session.stored {
-            if let Err(e) = self.store.create(&session.id, &session.to_stored(self)).await {
-                self.metrics.session_store_error("create");
-                tracing::warn!(error = %e, "new session not in the session store; only this replica serves it until the store answers");
-            }
-        }
-    }
-
-    /// The session a tenant's stateless calls to session-based upstreams
-    /// share (`t.` and a hash of the tenant's name): this replica's copy,
-    /// the store's, or a new one. If the store cannot be reached, a copy of
-    /// this replica's own serves until it can.
-    pub async fn tenant_session(&self, tenant: &Arc<str>) -> Result<Arc<Session>, Error> {
-        let id = crate::session::tenant_session_id(tenant);
-        match self.find_session(&id).await {
-            Ok(Some(session)) if session.tenant == *tenant => return Ok(session),
-            Ok(Some(_)) => return Err(Error::Internal("tenant session names another tenant".into())),
-            Ok(None) => {}
-            Err(_) => {
-                if let Some(session) = self.sessions.get(&id) {
-                    return Ok(session);
-                }
-            }
-        }
-        let session =
-            Session::for_tenant(id, tenant.clone(), self.upstreams.len(), self.epoch, self.shared_streams.clone());
-        let kept = self.sessions.insert_if_absent(session.clone());
-        if Arc::ptr_eq(&kept, &session) {
-            self.metrics.set_sessions(self.sessions.len());
-            if let Err(e) = self.store.create(&session.id, &session.to_stored(self)).await {
-                self.metrics.session_store_error("create");
-                tracing::warn!(error = %e, "tenant session not in the session store; only this replica uses it until the store answers");
-            }
-        }
-        Ok(kept)
-    }
-
     /// Waits for the answer of session `session`'s client to the input
     /// request `ours` (an id of the form `m.…`, unique to this request).
     pub fn await_answer(self: &Arc<Self>, session: &Arc<str>, ours: &str) -> Awaiting {
@@ -503,8 +408,8 @@ impl App {
         if let Some((_, key)) = &*self.state_key.read().expect("lock") {
             return *key;
         }
-        let own = switchboard_core::ids::random_id().to_string() + &switchboard_core::ids::random_id();
-        let text = match &self.shared_streams {
+        let own = switchboard_core::ids::random_hex(32);
+        let text = match self.sessions.shared_streams() {
             Some(shared) => match shared.shared_secret(&own).await {
                 Ok(text) => text,
                 Err(e) => {
@@ -531,7 +436,8 @@ impl App {
     /// again (rounds sealed with a key given up on are refused, and their
     /// clients start the call again).
     async fn reassert_state_key(&self) {
-        let (Some(shared), Some((ours, _))) = (&self.shared_streams, self.state_key.read().expect("lock").clone())
+        let (Some(shared), Some((ours, _))) =
+            (self.sessions.shared_streams(), self.state_key.read().expect("lock").clone())
         else {
             return;
         };
@@ -543,185 +449,6 @@ impl App {
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "cannot check the shared requestState key"),
         }
-    }
-
-    /// The live session `id`: this replica's copy (checked against the
-    /// store at most once per `sessions.cache`), or the store's, which this
-    /// replica then continues. `Ok(None)`: no such session.
-    pub async fn find_session(&self, id: &str) -> Result<Option<Arc<Session>>, Error> {
-        if let Some(session) = self.sessions.get(id) {
-            if session.stored && session.due_for_check(self.check_every()) && !self.still_live(&session).await {
-                return Ok(None);
-            }
-            return Ok(Some(session));
-        }
-        if !self.store.shared() {
-            return Ok(None);
-        }
-        let stored = match self.store.load(id).await {
-            Ok(Some(stored)) => stored,
-            Ok(None) => return Ok(None),
-            Err(e) => {
-                self.metrics.session_store_error("load");
-                tracing::debug!(error = %e, "cannot load a session from the store");
-                return Err(Error::SessionStoreDown);
-            }
-        };
-        let known =
-            stored.upstreams.iter().filter_map(|(name, at)| Some((self.upstream_index(name)?, at.clone()))).collect();
-        let adopted = Session::adopt(
-            Arc::from(id),
-            &stored.record,
-            known,
-            self.upstreams.len(),
-            self.epoch,
-            self.shared_streams.clone(),
-        );
-        let Some(session) = adopted else {
-            tracing::warn!(session = id, "a stored session names an unknown protocol version; treated as unknown");
-            return Ok(None);
-        };
-        let session = self.sessions.insert_if_absent(session);
-        self.metrics.session_adopted();
-        self.metrics.set_sessions(self.sessions.len());
-        Ok(Some(session))
-    }
-
-    /// Asks the store whether a session this replica holds is still live
-    /// (which slides its expiry). One that ended elsewhere is forgotten
-    /// here; one the store lost is written back. If the store cannot be
-    /// reached, the session goes on here.
-    async fn still_live(&self, session: &Arc<Session>) -> bool {
-        match self.check_store(session).await {
-            Some(true) | None => true,
-            Some(false) => {
-                // Ended through another replica, which ended the upstream
-                // sessions it knew of; end the ones opened here too (a second
-                // DELETE of one is harmless).
-                if let Some(session) = self.sessions.remove(&session.id) {
-                    self.metrics.set_sessions(self.sessions.len());
-                    session.close().await;
-                }
-                false
-            }
-        }
-    }
-
-    /// Whether the store has the session live (sliding its expiry), after
-    /// writing it back if the store had lost it; `None` if the store cannot
-    /// be reached.
-    async fn check_store(&self, session: &Session) -> Option<bool> {
-        match self.store.touch(&session.id).await {
-            Ok(Touch::Alive) => Some(true),
-            Ok(Touch::Ended) => Some(false),
-            Ok(Touch::Unknown) => match self.store.repair(&session.id, &session.to_stored(self)).await {
-                Ok(Repair::Written) => {
-                    self.metrics.session_repaired();
-                    tracing::info!(session = %session.id, "session written back to the session store, which had lost it");
-                    Some(true)
-                }
-                Ok(Repair::Live) => Some(true),
-                Ok(Repair::Ended) => Some(false),
-                Err(e) => {
-                    self.metrics.session_store_error("repair");
-                    tracing::debug!(error = %e, "cannot write a session back to the store");
-                    None
-                }
-            },
-            Err(e) => {
-                self.metrics.session_store_error("touch");
-                tracing::debug!(error = %e, "cannot check a session in the store; serving it from this replica");
-                None
-            }
-        }
-    }
-
-    /// Ends a session for good (DELETE, expiry): its channels here and every
-    /// upstream session the store lists for it, wherever it was opened.
-    pub async fn end_session(&self, id: &str, local: Option<Arc<Session>>, stored: Option<Stored>) {
-        if let Some(shared) = &self.shared_streams {
-            shared.forget(&Arc::from(id));
-        }
-        let mut closed: Vec<Option<upstream::UpstreamSession>> = vec![None; self.upstreams.len()];
-        if let Some(session) = &local {
-            for (u, channel) in session.open_channels() {
-                closed[u.index()] = channel.upstream_session();
-            }
-            session.close().await;
-        }
-        for (name, at) in stored.iter().flat_map(|s| s.upstreams.iter()) {
-            let Some(u) = self.upstream_index(name) else { continue };
-            // Closed just now, unless another replica moved it elsewhere.
-            if closed[u.index()].as_ref() == Some(at) {
-                continue;
-            }
-            let discard: Arc<dyn Inbox> = Arc::new(upstream::Discard);
-            if let Some(channel) = self.upstreams[u].transport.resume(&upstream::Hello::router(), discard, at) {
-                channel.close().await;
-            }
-        }
-    }
-
-    /// One round of the session sweeper: sessions the store says expired are
-    /// ended (each by exactly one replica); stored sessions in use here
-    /// (a request in flight, a GET stream) are kept live in the store;
-    /// stored sessions unused here for a while are forgotten here (a shared
-    /// store keeps them for other replicas); this replica's own sessions
-    /// (legacy) expire when idle.
-    pub async fn sweep_sessions(&self) {
-        self.reassert_state_key().await;
-        let idle = self.config.server.session_idle_timeout;
-        match self.store.take_expired(1000).await {
-            Ok(expired) => {
-                if !expired.is_empty() {
-                    tracing::debug!(count = expired.len(), "sessions expired");
-                }
-                for (id, stored) in expired {
-                    // Used here since the store last heard of it (touches
-                    // are at most `check_every` apart): it is not idle.
-                    if let Some(session) = self.sessions.get(&id).filter(|s| s.idle() < idle) {
-                        if self.store.create(&id, &session.to_stored(self)).await.is_ok() {
-                            continue;
-                        }
-                    }
-                    let local = self.sessions.remove(&id);
-                    self.end_session(&id, local, Some(stored)).await;
-                }
-            }
-            Err(e) => {
-                self.metrics.session_store_error("take_expired");
-                tracing::debug!(error = %e, "cannot sweep expired sessions from the store");
-            }
-        }
-        for session in self.sessions.all() {
-            if !session.stored {
-                continue;
-            }
-            if session.busy() {
-                if session.due_for_check(self.check_every()) {
-                    self.still_live(&session).await;
-                }
-            } else if self.store.shared() && session.idle() > idle.min(LOCAL_KEEP) {
-                // Forgotten here only once the store has it for the others
-                // (written back if it had lost it); kept while the store
-                // cannot be reached.
-                match self.check_store(&session).await {
-                    Some(true) => {
-                        if let Some(session) = self.sessions.remove(&session.id) {
-                            session.detach().await;
-                        }
-                    }
-                    Some(false) => {
-                        self.still_live(&session).await;
-                    }
-                    None => {}
-                }
-            }
-        }
-        for session in self.sessions.take_expired(idle, |s| !s.stored) {
-            session.close().await;
-        }
-        self.metrics.set_sessions(self.sessions.len());
     }
 
     /// `notifications/resources/updated` names the upstream's URI; clients
@@ -736,6 +463,22 @@ impl App {
         }
         let exposed = jsonrpc::json_string(&exposed);
         splice(message, &mut [Edit::new(span(message, raw.get()), &exposed)])
+    }
+}
+
+impl Relay for App {
+    /// What a session's client should see of a message upstream `u` sent
+    /// outside a response: requests get a session-unique id, cancellations of
+    /// them are mapped, list changes are absorbed (and announced once by
+    /// [`App::list_changed`]). `None` means nothing to deliver.
+    fn relay(&self, session: &Session, u: UpstreamId, message: &Bytes) -> Option<Bytes> {
+        match Envelope::parse(message) {
+            Ok(env) => self.relay_parsed(session, u, &env, message),
+            Err(_) => {
+                self.metrics.upstreams.protocol_error(&self.upstreams[u].name);
+                None
+            }
+        }
     }
 }
 

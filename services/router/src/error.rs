@@ -105,6 +105,19 @@ pub enum Error {
     InvalidRequestState(String),
 }
 
+impl From<switchboard_session::SessionError> for Error {
+    fn from(e: switchboard_session::SessionError) -> Error {
+        use switchboard_session::SessionError as S;
+        match e {
+            S::Unknown => Error::UnknownSession,
+            S::StoreDown => Error::SessionStoreDown,
+            S::UnknownStream => Error::UnknownStream,
+            S::Upstream { upstream, source } => Error::Upstream { upstream, source },
+            S::UpstreamTimeout { upstream, after } => Error::UpstreamTimeout { upstream, after },
+        }
+    }
+}
+
 impl Error {
     /// Which side caused it.
     pub fn side(&self) -> Side {

@@ -38,13 +38,9 @@ pub mod config;
 mod downstream;
 pub mod edge;
 pub mod error;
-mod events;
 mod metrics;
 mod ratelimit;
 mod server;
-mod session;
-pub mod session_store;
-mod shared_streams;
 pub mod store;
 pub mod tenancy;
 

@@ -38,16 +38,13 @@ pub struct Metrics {
     requests: IntCounterVec,
     duration: HistogramVec,
     table: Vec<OnceLock<RequestHandles>>,
-    sessions: IntGauge,
-    sessions_adopted: IntCounter,
-    sessions_repaired: IntCounter,
-    session_store_errors: IntCounterVec,
-    stream_events_dropped: IntCounter,
     rejections: IntCounterVec,
     /// Upstream servers: reachability, era, re-initialisations, restarts.
     pub upstreams: Arc<switchboard_upstream::Metrics>,
     /// The merged catalog: fetches, upstreams left out, collisions.
     pub catalog: Arc<switchboard_catalog::Metrics>,
+    /// Sessions: how many, adopted, repaired, store failures.
+    pub sessions: Arc<switchboard_session::Metrics>,
     guard: Guard,
     /// Edge devices and their connections.
     pub edge: EdgeMetrics,
@@ -155,28 +152,6 @@ impl Metrics {
                 30.0
             ]),
             &["method", "upstream"]
-        )
-        .expect("valid"));
-        let sessions =
-            reg!(IntGauge::new("switchboard_sessions", "Live downstream sessions on this replica.").expect("valid"));
-        let sessions_adopted = reg!(IntCounter::new(
-            "switchboard_sessions_adopted_total",
-            "Sessions this replica loaded from the shared session store to continue them."
-        )
-        .expect("valid"));
-        let sessions_repaired = reg!(IntCounter::new(
-            "switchboard_sessions_repaired_total",
-            "Live sessions written back to the session store after it lost them (a Redis restart)."
-        )
-        .expect("valid"));
-        let session_store_errors = reg!(IntCounterVec::new(
-            Opts::new("switchboard_session_store_errors_total", "Session store operations that failed, by operation."),
-            &["op"]
-        )
-        .expect("valid"));
-        let stream_events_dropped = reg!(IntCounter::new(
-            "switchboard_stream_events_dropped_total",
-            "Events for streams shared across replicas dropped because the queue to Redis was full."
         )
         .expect("valid"));
         let rejections = reg!(IntCounterVec::new(
@@ -303,6 +278,7 @@ impl Metrics {
         let names: Vec<&str> = upstream_names.iter().map(|n| &**n).collect();
         let upstreams = Arc::new(switchboard_upstream::Metrics::new(&registry, &names));
         let catalog = Arc::new(switchboard_catalog::Metrics::new(&registry));
+        let sessions = Arc::new(switchboard_session::Metrics::new(&registry));
         let mut table = Vec::new();
         table.resize_with(METHODS * (upstream_names.len() + 1), OnceLock::new);
         Arc::new(Metrics {
@@ -311,14 +287,10 @@ impl Metrics {
             requests,
             duration,
             table,
-            sessions,
-            sessions_adopted,
-            sessions_repaired,
-            session_store_errors,
-            stream_events_dropped,
             rejections,
             upstreams,
             catalog,
+            sessions,
             guard,
             edge,
         })
@@ -336,26 +308,6 @@ impl Metrics {
                 duration: self.duration.with_label_values(&[label, upstream]),
             }
         })
-    }
-
-    pub fn set_sessions(&self, n: usize) {
-        self.sessions.set(n as i64);
-    }
-
-    pub fn session_adopted(&self) {
-        self.sessions_adopted.inc();
-    }
-
-    pub fn session_repaired(&self) {
-        self.sessions_repaired.inc();
-    }
-
-    pub fn session_store_error(&self, op: &str) {
-        self.session_store_errors.with_label_values(&[op]).inc();
-    }
-
-    pub fn stream_event_dropped(&self) {
-        self.stream_events_dropped.inc();
     }
 
     pub fn rejected(&self, reason: &str) {

@@ -124,7 +124,7 @@ pub async fn serve_with(
     let grace = app.config.server.shutdown_grace;
     let deadline = tokio::time::Instant::now() + grace;
     let drained = tokio::time::timeout(grace, graceful.shutdown()).await.is_ok()
-        && app.wait_for_requests(deadline.saturating_duration_since(tokio::time::Instant::now())).await;
+        && app.sessions.wait_for_requests(deadline.saturating_duration_since(tokio::time::Instant::now())).await;
     if !drained {
         tracing::warn!(?grace, "requests still in flight after the shutdown grace period; closing anyway");
     }

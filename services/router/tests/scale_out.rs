@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use http::StatusCode;
 use serde_json::{json, Value};
-use switchboard::session_store::{MemoryStore, Record, RedisStore, Repair, SessionStore, Stored, Touch};
 use switchboard_core::redis::RedisLink;
+use switchboard_session::store::{MemoryStore, Record, RedisStore, Repair, SessionStore, Stored, Touch};
 use switchboard_test_support::peers::{free_port, wait_for_port, Process};
 use switchboard_test_support::services::{redis_url, unique, PrivateRedis};
 use switchboard_test_support::{

@@ -25,13 +25,13 @@ use super::respond;
 use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
-use crate::events::Log;
 use crate::ratelimit::InflightPermit;
-use crate::session::Session;
 use crate::store::AuditRecord;
 use switchboard_catalog::Snapshot;
 use switchboard_core::policy::{Principal, Tenant};
 use switchboard_core::Outcome;
+use switchboard_session::events::Log;
+use switchboard_session::Session;
 use switchboard_upstream::{Item, MessageStream, Outgoing, Reply, UpstreamError};
 
 /// The `retry:` hint sent with priming events.
@@ -161,7 +161,7 @@ pub async fn forward(
     }
     let upstream = &app.upstreams[u];
     let metrics = app.metrics.request(method, Some(u));
-    let channel = match session.channel(app, u).await {
+    let channel = match session.channel(u).await.map_err(Error::from) {
         Ok(channel) => channel,
         Err(e) => {
             let outcome =
@@ -432,7 +432,7 @@ pub(crate) async fn call_internal(
     params.push(b'}');
     let (out, id) = Outgoing::own("tools/call", &params, "edge-task");
     let work = async {
-        let channel = session.channel(app, u).await?;
+        let channel = session.channel(u).await?;
         let reply = channel.request(out).await.map_err(|e| Error::upstream(&upstream.name, e))?;
         switchboard_upstream::collect_response(reply, &id).await.map_err(|e| Error::upstream(&upstream.name, e))
     };

@@ -28,8 +28,8 @@ use super::{
 use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
-use crate::session::Session;
 use switchboard_core::ids::random_id;
+use switchboard_session::Session;
 
 /// `GET …/sse`: a new connection; `prefix` is the path before `/sse`.
 pub fn open(app: &Arc<App>, headers: &HeaderMap, prefix: &str) -> Response<Body> {
@@ -151,10 +151,7 @@ fn attach(app: &Arc<App>, session: &Arc<Session>, stream: mpsc::Sender<Bytes>) {
                 () = stream.closed() => break,
             }
         }
-        if let Some(session) = app.sessions.remove(&session.id) {
-            app.metrics.set_sessions(app.sessions.len());
-            session.close().await;
-        }
+        app.sessions.end_here(&session.id).await;
     });
 }
 

@@ -18,10 +18,10 @@ use super::respond;
 use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
-use crate::session::Session;
 use switchboard_catalog::cursor::Cursor;
 use switchboard_core::policy::{Principal, Tenant};
 use switchboard_core::Outcome;
+use switchboard_session::{Client, Session};
 use switchboard_upstream::empty_object;
 
 /// The list a `*/list` method asks for.
@@ -102,20 +102,11 @@ pub async fn open_session(
     if let Some(instructions) = &merged.instructions {
         result["instructions"] = Value::String(instructions.clone());
     }
+    let client = Client { tenant: who.tenant.name.clone(), version, capabilities };
     let session = match legacy_id {
-        Some(legacy_id) => {
-            Session::legacy(legacy_id, who.tenant.name.clone(), version, capabilities, app.upstreams.len(), app.epoch)
-        }
-        None => Session::stored(
-            who.tenant.name.clone(),
-            version,
-            capabilities,
-            app.upstreams.len(),
-            app.epoch,
-            app.shared_streams.clone(),
-        ),
+        Some(legacy_id) => app.sessions.open_legacy(legacy_id, client),
+        None => app.sessions.open(client).await,
     };
-    app.add_session(&session).await;
     let body = jsonrpc::result_response(id, &serde_json::to_vec(&result).expect("serializable"));
     Ok((session, body))
 }

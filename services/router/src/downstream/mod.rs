@@ -45,13 +45,13 @@ use crate::app::App;
 use crate::body::Body;
 use crate::config::ResponseMode;
 use crate::error::Error;
-use crate::events;
 use crate::ratelimit::Decision;
-use crate::session::Session;
 use crate::store::AuditRecord;
 use switchboard_core::body::CollectError;
 use switchboard_core::policy::Principal;
 use switchboard_core::Outcome;
+use switchboard_protocol::sse::EventId;
+use switchboard_session::Session;
 
 pub(crate) static PROTOCOL_VERSION: http::HeaderName = http::HeaderName::from_static("mcp-protocol-version");
 static LAST_EVENT_ID: http::HeaderName = http::HeaderName::from_static("last-event-id");
@@ -283,7 +283,7 @@ async fn set_level(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>) -
             let upstream = &app.upstreams[u];
             let (out, request_id) = switchboard_upstream::Outgoing::own("logging/setLevel", &params, "set-level");
             let result = async {
-                let channel = session.channel(app, u).await?;
+                let channel = session.channel(u).await?;
                 let reply = tokio::time::timeout(upstream.config.timeout, channel.request(out))
                     .await
                     .map_err(|_| Error::UpstreamTimeout {
@@ -311,7 +311,7 @@ async fn notification(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>
         Method::Cancelled => {
             let here = cancel_here(app, session, env, body).await;
             // If not here, perhaps another replica serves the request.
-            if let Some(shared) = app.shared_streams.as_ref().filter(|_| !here && session.stored) {
+            if let Some(shared) = app.sessions.shared_streams().filter(|_| !here && session.stored) {
                 shared.broadcast_cancel(&session.id, body).await;
             }
         }
@@ -348,7 +348,7 @@ async fn answer(app: &Arc<App>, who: &Principal, session: &Arc<Session>, env: &E
         // another replica.
         if let Some(ours) = jsonrpc::as_str(id).filter(|i| i.starts_with("m.")) {
             if !app.deliver_answer(&session.id, &ours, body.clone()) {
-                if let Some(shared) = app.shared_streams.as_ref().filter(|_| session.stored) {
+                if let Some(shared) = app.sessions.shared_streams().filter(|_| session.stored) {
                     shared.broadcast_cancel(&session.id, body).await;
                 }
             }
@@ -365,7 +365,7 @@ async fn answer(app: &Arc<App>, who: &Principal, session: &Arc<Session>, env: &E
     // The request may have come through another replica: the channel
     // continues the same upstream session, whichever replica opened it. An
     // answer never opens an upstream session (no request of one awaits it).
-    let Some(channel) = session.existing_channel(app, u).await else {
+    let Some(channel) = session.existing_channel(u).await else {
         app.metrics.upstreams.relay_dropped(&app.upstreams[u].name, "unknown_answer");
         tracing::debug!(id = id.get(), "client answered for an upstream session this session does not have");
         return;
@@ -392,15 +392,15 @@ async fn get(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
     if let Err(e) = check_version(headers) {
         return reject(app, None, e);
     }
-    let resume = headers.get(&LAST_EVENT_ID).and_then(|v| v.to_str().ok()).and_then(events::parse_event_id);
+    let resume = headers.get(&LAST_EVENT_ID).and_then(|v| v.to_str().ok()).and_then(EventId::parse);
     // While draining, answers in flight may still be resumed; nothing new starts.
-    if app.shutting_down() && resume.is_none_or(|(stream, _)| stream == 0) {
+    if app.shutting_down() && resume.is_none_or(|id| id.stream == 0) {
         return reject(app, None, Error::ShuttingDown);
     }
     session.touch();
-    match session.open_get(app, resume).await {
+    match session.open_get(resume).await {
         Ok(rx) => respond::sse(rx, app.config.server.keep_alive),
-        Err(e) => reject(app, None, e),
+        Err(e) => reject(app, None, e.into()),
     }
 }
 
@@ -419,26 +419,10 @@ async fn delete(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
         Ok(session) => session,
         Err(e) => return reject(app, None, e),
     };
-    // The store first: if it cannot be reached, other replicas would go on
-    // with the session, so it is not ended anywhere and the client is told
-    // to retry.
-    let stored = if session.stored {
-        match app.store.remove(&session.id).await {
-            Ok(stored) => stored,
-            Err(e) => {
-                app.metrics.session_store_error("remove");
-                tracing::warn!(error = %e, "DELETE refused: the session store is unreachable");
-                return reject(app, None, Error::SessionStoreDown);
-            }
-        }
-    } else {
-        None
-    };
-    let Some(session) = app.sessions.remove(&session.id) else {
-        return reject(app, None, Error::UnknownSession);
-    };
-    app.metrics.set_sessions(app.sessions.len());
-    app.end_session(&session.id.clone(), Some(session), stored).await;
+    // Ended everywhere, or (the store unreachable) nowhere: the client retries.
+    if let Err(e) = app.sessions.delete(&session).await {
+        return reject(app, None, e.into());
+    }
     let mut response = Response::new(Body::Empty);
     *response.status_mut() = StatusCode::OK;
     response
@@ -450,10 +434,10 @@ pub(crate) async fn session_of(app: &App, headers: &HeaderMap, who: &Principal) 
     let id = headers.get(&respond::SESSION_ID).ok_or(Error::MissingSession)?;
     let id = id.to_str().map_err(|_| Error::UnknownSession)?;
     // `t.…` names a tenant's shared session (stateless clients'): never a client's.
-    if id.is_empty() || id.len() > 128 || id.starts_with(crate::session::TENANT_PREFIX) {
+    if id.is_empty() || id.len() > 128 || id.starts_with(switchboard_session::TENANT_PREFIX) {
         return Err(Error::UnknownSession);
     }
-    let session = app.find_session(id).await?.ok_or(Error::UnknownSession)?;
+    let session = app.sessions.find(id).await?.ok_or(Error::UnknownSession)?;
     if session.tenant != who.tenant.name {
         app.metrics.auth_failed("wrong_tenant");
         return Err(Error::UnknownSession);

@@ -65,9 +65,10 @@ use super::{lists, respond, PROTOCOL_VERSION};
 use crate::app::{App, Change};
 use crate::body::Body;
 use crate::error::Error;
-use crate::session::Session;
 use switchboard_core::policy::Principal;
 use switchboard_core::Outcome;
+use switchboard_protocol::sse::EventId;
+use switchboard_session::{Session, SessionError};
 use switchboard_upstream::{ModernAnswer, Reply};
 
 /// The versions the router speaks, newest first (`server/discover`, -32022).
@@ -743,12 +744,12 @@ async fn bridged(
         ledger.close(app, Some(u), outcome, Some(e.code()), 0, started);
         respond::error(Some(id), &e)
     };
-    let session = match app.tenant_session(&who.tenant.name).await {
+    let session = match app.sessions.tenant_session(&who.tenant.name).await {
         Ok(session) => session,
-        Err(e) => return fail(&mut ledger, e, Outcome::Error),
+        Err(e) => return fail(&mut ledger, e.into(), Outcome::Error),
     };
     session.touch();
-    let channel = match session.channel(app, u).await {
+    let channel = match session.channel(u).await.map_err(Error::from) {
         Ok(channel) => channel,
         Err(e) => {
             let outcome =
@@ -852,7 +853,7 @@ async fn resume(
             return Err(Error::InvalidRequestState("not one this router issued".into()));
         }
         let session =
-            app.find_session(&state.session).await?.filter(|s| s.tenant == who.tenant.name).ok_or_else(|| {
+            app.sessions.find(&state.session).await?.filter(|s| s.tenant == who.tenant.name).ok_or_else(|| {
                 Error::InvalidRequestState("the call it continues is over; send the request again".into())
             })?;
         let wanted =
@@ -870,7 +871,7 @@ async fn resume(
                 return Err(Error::InvalidRequestState("not one this router issued".into()));
             };
             let channel = session
-                .existing_channel(app, u)
+                .existing_channel(u)
                 .await
                 .ok_or_else(|| Error::InvalidRequestState("the upstream session of the call is gone".into()))?;
             let message = jsonrpc::result_response(
@@ -881,12 +882,13 @@ async fn resume(
             u
         };
         session.touch();
-        let rx = session.open_get(app, Some((state.stream, state.seq))).await.map_err(|e| match e {
-            Error::UnknownStream => {
-                Error::InvalidRequestState("the call it continues is over; send the request again".into())
-            }
-            e => e,
-        })?;
+        let rx =
+            session.open_get(Some(EventId { stream: state.stream, seq: state.seq })).await.map_err(|e| match e {
+                SessionError::UnknownStream => {
+                    Error::InvalidRequestState("the call it continues is over; send the request again".into())
+                }
+                e => e.into(),
+            })?;
         Ok((session, state, rx, u))
     }
     .await;
@@ -1056,7 +1058,7 @@ impl Round {
         let mut data = BytesMut::new();
         for line in event.split(|&b| b == b'\n') {
             if let Some(id) = line.strip_prefix(b"id: ") {
-                seq = std::str::from_utf8(id).ok().and_then(crate::events::parse_event_id).map(|(_, s)| s);
+                seq = std::str::from_utf8(id).ok().and_then(EventId::parse).map(|id| id.seq);
             } else if let Some(d) = line.strip_prefix(b"data: ").or_else(|| line.strip_prefix(b"data:")) {
                 if !data.is_empty() {
                     data.put_u8(b'\n');
@@ -1152,7 +1154,7 @@ impl Round {
                 None,
             ),
         };
-        if let Some(channel) = self.session.existing_channel(&self.app, u).await {
+        if let Some(channel) = self.session.existing_channel(u).await {
             let _ = channel.send(message).await;
         }
     }

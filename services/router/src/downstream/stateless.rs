@@ -33,9 +33,9 @@ use super::respond;
 use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
-use crate::events::Log;
-use crate::session::Session;
 use switchboard_core::Outcome;
+use switchboard_session::events::Log;
+use switchboard_session::Session;
 use switchboard_upstream::{ModernAnswer, Reply, UpstreamError};
 
 /// Forwards one request of `session` to the stateless upstream `resolved` names.

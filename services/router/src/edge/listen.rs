@@ -31,8 +31,8 @@ use tokio_rustls::TlsAcceptor;
 
 use super::{Answer, Device, Link};
 use crate::app::App;
-use crate::session::Session;
 use switchboard_core::policy::Principal;
+use switchboard_session::Session;
 
 /// The text tasks being gathered on one connection may hold, together, at
 /// most this many frames' worth of bytes.
@@ -502,13 +502,11 @@ impl Conn {
         let session = self
             .session
             .get_or_insert_with(|| {
-                crate::session::Session::new(
-                    principal.tenant.name.clone(),
-                    switchboard_protocol::ProtocolVersion::LATEST,
-                    Arc::from(switchboard_upstream::empty_object()),
-                    self.app.upstreams.len(),
-                    self.app.epoch,
-                )
+                self.app.sessions.private(switchboard_session::Client {
+                    tenant: principal.tenant.name.clone(),
+                    version: switchboard_protocol::ProtocolVersion::LATEST,
+                    capabilities: Arc::from(switchboard_upstream::empty_object()),
+                })
             })
             .clone();
         let app = self.app.clone();

@@ -11,8 +11,8 @@ use switchboard_protocol::edge::{task_str, TaskId};
 
 use super::Device;
 use crate::app::App;
-use crate::session::Session;
 use switchboard_core::policy::Principal;
+use switchboard_session::Session;
 
 /// Runs one text task and returns the text to send back.
 pub async fn run(

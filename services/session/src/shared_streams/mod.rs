@@ -58,6 +58,8 @@
 //! ([`QUEUE`]), and a full queue, or an event over [`MAX_EVENT_BYTES`], is
 //! dropped and counted in `switchboard_stream_events_dropped_total`.
 
+mod scripts;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -65,11 +67,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
+use switchboard_core::redis::{RedisError, RedisLink};
+use switchboard_protocol::sse::{self, EventId};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use crate::events;
+use self::scripts::{APPEND, CLOSE, DELIVERED, OPEN, READ};
+
 use crate::metrics::Metrics;
-use switchboard_core::redis::{RedisError, RedisLink};
 
 /// Events kept per stream (Redis trims approximately).
 pub const MAX_EVENTS: usize = 512;
@@ -97,106 +101,6 @@ const CLOSED_TTL_MS: u64 = 300_000;
 /// Two announcements of the same list change to one session within this
 /// long (from several replicas holding it) are one.
 const ANNOUNCE_DEDUPE_MS: u64 = 2_000;
-
-/// Appends one event: KEYS log, meta, dedupe; ARGV seq (`''`: the next),
-/// field (`m` or `e`), value, max events, ttl ms, wake channel prefix, wake
-/// payload, owner replica (`''`: none), dedupe ms (`''`: none). Never an
-/// error (a failed script would fail its whole pipeline): an entry id
-/// already written (a retried write) is skipped.
-const APPEND: &str = r"
-if ARGV[9] ~= '' then
-  if not redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[9]) then return 0 end
-end
-local n
-if ARGV[1] == '' then
-  if redis.call('HEXISTS', KEYS[2], 'seq') == 0 then
-    local t = redis.call('TIME')
-    redis.call('HSET', KEYS[2], 'seq', string.format('%.0f', t[1] * 1000000 + math.floor(t[2] / 1000) * 1000))
-  end
-  n = redis.call('HINCRBY', KEYS[2], 'seq', 1)
-else
-  n = tonumber(ARGV[1])
-  local top = tonumber(redis.call('HGET', KEYS[2], 'seq') or '-1')
-  if n > top then redis.call('HSET', KEYS[2], 'seq', ARGV[1]) end
-end
-redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '1-' .. string.format('%.0f', n), ARGV[2], ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-local t = redis.call('TIME')
-redis.call('HSET', KEYS[2], 'open', '1', 'last', t[1] * 1000 + math.floor(t[2] / 1000))
-if ARGV[8] ~= '' then redis.call('HSET', KEYS[2], 'owner', ARGV[8]) end
-redis.call('PEXPIRE', KEYS[2], ARGV[5])
-local reader = redis.call('HGET', KEYS[2], 'reader')
-if reader then
-  redis.call('PUBLISH', ARGV[6] .. string.match(reader, '^[^:]+'), ARGV[7])
-end
-return 1
-";
-
-/// Marks a stream answered, resumable a while longer: KEYS meta, log; ARGV
-/// ttl ms, wake prefix, payload.
-const CLOSE: &str = r"
-redis.call('HSET', KEYS[1], 'closed', '1', 'open', '1')
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-redis.call('PEXPIRE', KEYS[2], ARGV[1])
-local reader = redis.call('HGET', KEYS[1], 'reader')
-if reader then
-  redis.call('PUBLISH', ARGV[2] .. string.match(reader, '^[^:]+'), ARGV[3])
-end
-return 1
-";
-
-/// Takes a stream over for a new reader: KEYS meta; ARGV token, ttl ms,
-/// wake prefix, payload, must exist (`1`). Returns false for a stream that
-/// must exist and does not, else `{delivered}` (`''` if none).
-const OPEN: &str = r"
-if ARGV[5] == '1' and redis.call('HGET', KEYS[1], 'open') ~= '1' then return false end
-local old = redis.call('HGET', KEYS[1], 'reader')
-redis.call('HSET', KEYS[1], 'reader', ARGV[1])
-if redis.call('HGET', KEYS[1], 'closed') ~= '1' then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-if old and old ~= ARGV[1] then
-  redis.call('PUBLISH', ARGV[3] .. string.match(old, '^[^:]+'), ARGV[4])
-end
-return {redis.call('HGET', KEYS[1], 'delivered') or ''}
-";
-
-/// One read: KEYS log, meta; ARGV token, after (`''`: from the start),
-/// count, ttl ms, heartbeat key prefix, orphan ms. Returns `{0}` when
-/// another reader took the stream over, else `{1, closed, entries,
-/// abandoned}`. An open stream's keys live on while it is read. If `after`
-/// is beyond the stream's numbering, the numbering restarted (Redis lost
-/// the stream): everything is read.
-const READ: &str = r"
-if redis.call('HGET', KEYS[2], 'reader') ~= ARGV[1] then return {0} end
-local closed = redis.call('HGET', KEYS[2], 'closed') == '1'
-if not closed then
-  redis.call('PEXPIRE', KEYS[2], ARGV[4])
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-end
-local start = '-'
-if ARGV[2] ~= '' then
-  local top = tonumber(redis.call('HGET', KEYS[2], 'seq') or '-1')
-  if tonumber(ARGV[2]) <= top then start = '(1-' .. ARGV[2] end
-end
-local entries = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', ARGV[3])
-local abandoned = 0
-local owner = redis.call('HGET', KEYS[2], 'owner')
-if not closed and owner and redis.call('EXISTS', ARGV[5] .. owner) == 0 then
-  local t = redis.call('TIME')
-  local now = t[1] * 1000 + math.floor(t[2] / 1000)
-  if now - tonumber(redis.call('HGET', KEYS[2], 'last') or '0') > tonumber(ARGV[6]) then abandoned = 1 end
-end
-return {1, closed and 1 or 0, entries, abandoned}
-";
-
-/// Records what a reader sent, for the next reader without `Last-Event-ID`
-/// (never moving back, and only by the stream's reader): KEYS meta; ARGV
-/// seq, token.
-const DELIVERED: &str = r"
-if redis.call('HGET', KEYS[1], 'reader') ~= ARGV[2] then return 0 end
-local d = tonumber(redis.call('HGET', KEYS[1], 'delivered') or '-1')
-if tonumber(ARGV[1]) > d then redis.call('HSET', KEYS[1], 'delivered', ARGV[1]) end
-return 1
-";
 
 /// A write waiting for Redis.
 enum Op {
@@ -372,7 +276,7 @@ impl SharedStreams {
             })
             .await;
         if let Err(e) = result {
-            self.metrics.session_store_error("stream_cancel");
+            self.metrics.store_error("stream_cancel");
             tracing::debug!(error = %e, "cannot pass a cancellation to the other replicas");
         }
     }
@@ -523,7 +427,7 @@ impl SharedStreams {
                     full
                 }
                 Err(e) => {
-                    self.metrics.session_store_error("stream_read");
+                    self.metrics.store_error("stream_read");
                     tracing::debug!(error = %e, "cannot read a shared stream; retrying");
                     tokio::select! {
                         () = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -557,7 +461,7 @@ impl SharedStreams {
             })
             .await;
         if let Err(e) = result {
-            self.metrics.session_store_error("stream_delivered");
+            self.metrics.store_error("stream_delivered");
             tracing::debug!(error = %e, "cannot record what a shared stream reader sent");
         }
     }
@@ -691,7 +595,7 @@ async fn write(shared: Weak<SharedStreams>, mut writes: mpsc::Receiver<Op>) {
                 match streams.execute(&batch[from..to]).await {
                     Ok(()) => break,
                     Err(e) => {
-                        streams.metrics.session_store_error("stream_write");
+                        streams.metrics.store_error("stream_write");
                         tracing::debug!(error = %e, "cannot write shared stream events yet; retrying");
                         drop(streams);
                         tokio::time::sleep(RETRY).await;
@@ -819,7 +723,7 @@ fn parse_read(stream: u64, value: redis::Value) -> Result<Read, RedisError> {
         };
         let event = match &field[..] {
             b"e" => Bytes::from(data),
-            _ => events::encode(stream, seq, None, &data),
+            _ => sse::encode_with_id(EventId { stream, seq }, None, &data),
         };
         events.push((seq, event));
     }

@@ -22,7 +22,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
+use switchboard_protocol::sse::{self, EventId};
 use tokio::sync::{mpsc, Notify};
 
 use crate::shared_streams::SharedStreams;
@@ -94,7 +95,8 @@ impl Log {
             }
             let seq = state.next;
             state.next += 1;
-            let event = encode(self.stream, seq, retry, data);
+            let event =
+                sse::encode_with_id(EventId { stream: self.stream, seq }, retry.map(|r| r.as_millis() as u64), data);
             if let Some((shared, session)) = &state.mirror {
                 shared.spill(session, self.stream, seq, event.clone());
             }
@@ -223,26 +225,6 @@ impl Drop for ReaderCount {
     }
 }
 
-/// `id: STREAM-SEQ`, an optional `retry:`, then the data lines.
-pub(crate) fn encode(stream: u64, seq: u64, retry: Option<Duration>, data: &[u8]) -> Bytes {
-    let id = format!("{stream}-{seq}");
-    match retry {
-        None => switchboard_protocol::sse::encode_event(Some(&id), None, data),
-        Some(retry) => {
-            let mut out = BytesMut::with_capacity(48 + data.len());
-            out.put_slice(format!("id: {id}\nretry: {}\n", retry.as_millis()).as_bytes());
-            out.put_slice(&switchboard_protocol::sse::encode_event(None, None, data));
-            out.freeze()
-        }
-    }
-}
-
-/// Reads `STREAM-SEQ`.
-pub fn parse_event_id(text: &str) -> Option<(u64, u64)> {
-    let (stream, seq) = text.trim().split_once('-')?;
-    Some((stream.parse().ok()?, seq.parse().ok()?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,9 +268,9 @@ mod tests {
             log.push(format!("{{\"n\":{i}}}").as_bytes());
         }
         log.close();
-        let (stream, seq) = parse_event_id("1-2").unwrap();
-        assert_eq!(stream, 1);
-        let got = drain(log, Some(seq)).await;
+        let id = EventId::parse("1-2").unwrap();
+        assert_eq!(id.stream, 1);
+        let got = drain(log, Some(id.seq)).await;
         assert_eq!(got.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["1-3", "1-4"]);
     }
 
@@ -317,12 +299,5 @@ mod tests {
         let state = log.state.lock().unwrap();
         assert_eq!(state.events.len(), MAX_EVENTS);
         assert_eq!(state.events.front().unwrap().0, 10, "the oldest events go first");
-    }
-
-    #[test]
-    fn event_ids() {
-        assert_eq!(parse_event_id("12-345"), Some((12, 345)));
-        assert_eq!(parse_event_id("nope"), None);
-        assert_eq!(parse_event_id("1-x"), None);
     }
 }

@@ -1,0 +1,422 @@
+//! [`Sessions`]: this replica's sessions, as a cache of the session store.
+//!
+//! - **Any replica continues a session.** A request whose session this
+//!   replica does not hold loads it from a shared store (one round trip)
+//!   and keeps a local copy; its channels resume the stored upstream
+//!   sessions instead of opening new ones.
+//! - **The local copy is checked**, not trusted forever: at most once per
+//!   `cache` a request asks the store whether the session is live (which
+//!   slides its expiry). Ended elsewhere: the copy is dropped and the client
+//!   told the session is gone. Unknown to the store (Redis lost it): the copy
+//!   is written back. The store unreachable: the copy serves on.
+//! - **Ending.** DELETE removes the session from the store and ends every
+//!   upstream session the store lists, opened by whichever replica. Expiry:
+//!   each replica's sweep asks the store for expired sessions, and the store
+//!   hands each to exactly one replica, which ends it the same way.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use switchboard_core::UpstreamId;
+use switchboard_upstream::{Inbox, Upstreams};
+
+use crate::registry::Registry;
+use crate::shared_streams::SharedStreams;
+use crate::store::{Repair, SessionStore, Stored, Touch};
+use crate::{Client, Context, Metrics, Relay, Session, SessionError};
+
+/// A replica forgets a stored session it has not used for this long (at
+/// most; less if sessions expire sooner), while other replicas may go on
+/// with it.
+const LOCAL_KEEP: Duration = Duration::from_secs(300);
+
+/// Timing of sessions.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// A session unused this long expires (`server.session_idle_timeout`).
+    pub idle_timeout: Duration,
+    /// How often a replica asks the store about a session it is using
+    /// (`sessions.cache`).
+    pub cache: Duration,
+}
+
+/// What the sessions of this replica are built on.
+pub struct Setup {
+    pub upstreams: Upstreams,
+    pub store: Arc<dyn SessionStore>,
+    /// With the Redis store: the streams every replica reads.
+    pub shared_streams: Option<Arc<SharedStreams>>,
+    pub metrics: Arc<Metrics>,
+    pub options: Options,
+}
+
+/// This replica's sessions.
+pub struct Sessions {
+    ctx: Arc<Context>,
+    registry: Registry,
+    options: Options,
+}
+
+impl Sessions {
+    /// No sessions yet; `relay` takes what upstreams send sessions on their own.
+    pub fn new(setup: Setup, relay: Weak<dyn Relay>) -> Sessions {
+        let Setup { upstreams, store, shared_streams, metrics, options } = setup;
+        let ctx = Context { upstreams, store, shared: shared_streams, metrics, relay, epoch: Instant::now() };
+        Sessions { ctx: Arc::new(ctx), registry: Registry::default(), options }
+    }
+
+    /// What sessions record.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.ctx.metrics
+    }
+
+    /// With the Redis store: the streams every replica reads.
+    pub fn shared_streams(&self) -> Option<&Arc<SharedStreams>> {
+        self.ctx.shared.as_ref()
+    }
+
+    /// How many sessions this replica holds.
+    pub fn len(&self) -> usize {
+        self.registry.len()
+    }
+
+    /// Whether this replica holds no session.
+    pub fn is_empty(&self) -> bool {
+        self.registry.len() == 0
+    }
+
+    /// This replica's copy of session `id`, unchecked (a legacy connection's
+    /// session lives only here).
+    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
+        self.registry.get(id)
+    }
+
+    /// Every session this replica holds.
+    pub fn all(&self) -> Vec<Arc<Session>> {
+        self.registry.all()
+    }
+
+    /// A session of this replica only, not registered (an edge device's).
+    pub fn private(&self, client: Client) -> Arc<Session> {
+        Session::private(&self.ctx, client)
+    }
+
+    /// A new Streamable HTTP session, here and in the store. A store that
+    /// cannot be reached is logged: the session then lives on this replica,
+    /// and is written to the store when it answers again.
+    pub async fn open(&self, client: Client) -> Arc<Session> {
+        let session = Session::stored(&self.ctx, client);
+        self.add(&session).await;
+        session
+    }
+
+    /// A new legacy HTTP+SSE session, named by its connection's id.
+    pub fn open_legacy(&self, id: Arc<str>, client: Client) -> Arc<Session> {
+        let session = Session::legacy(&self.ctx, id, client);
+        self.registry.insert(session.clone());
+        self.ctx.metrics.set_sessions(self.registry.len());
+        session
+    }
+
+    async fn add(&self, session: &Arc<Session>) {
+        self.registry.insert(session.clone());
+        self.ctx.metrics.set_sessions(self.registry.len());
+        if let Err(e) = self.ctx.store.create(&session.id, &session.to_stored()).await {
+            self.ctx.metrics.store_error("create");
+            tracing::warn!(error = %e, "new session not in the session store; only this replica serves it until the store answers");
+        }
+    }
+
+    /// The session a tenant's stateless calls to session-based upstreams
+    /// share (`t.` and a hash of the tenant's name): this replica's copy,
+    /// the store's, or a new one. If the store cannot be reached, a copy of
+    /// this replica's own serves until it can.
+    pub async fn tenant_session(&self, tenant: &Arc<str>) -> Result<Arc<Session>, SessionError> {
+        let id = crate::tenant_session_id(tenant);
+        match self.find(&id).await {
+            Ok(Some(session)) if session.tenant == *tenant => return Ok(session),
+            // 128 bits of SHA-256 of two tenants' names do not meet.
+            Ok(Some(_)) => return Err(SessionError::Unknown),
+            Ok(None) => {}
+            Err(_) => {
+                if let Some(session) = self.registry.get(&id) {
+                    return Ok(session);
+                }
+            }
+        }
+        let session = Session::for_tenant(&self.ctx, id, tenant.clone());
+        let kept = self.registry.insert_if_absent(session.clone());
+        if Arc::ptr_eq(&kept, &session) {
+            self.ctx.metrics.set_sessions(self.registry.len());
+            if let Err(e) = self.ctx.store.create(&session.id, &session.to_stored()).await {
+                self.ctx.metrics.store_error("create");
+                tracing::warn!(error = %e, "tenant session not in the session store; only this replica uses it until the store answers");
+            }
+        }
+        Ok(kept)
+    }
+
+    /// How often a replica asks the store about a session it is using.
+    fn check_every(&self) -> Duration {
+        self.options.cache.min(self.options.idle_timeout / 4)
+    }
+
+    /// The live session `id`: this replica's copy (checked against the
+    /// store at most once per `cache`), or the store's, which this replica
+    /// then continues. `Ok(None)`: no such session.
+    pub async fn find(&self, id: &str) -> Result<Option<Arc<Session>>, SessionError> {
+        if let Some(session) = self.registry.get(id) {
+            if session.stored && session.due_for_check(self.check_every()) && !self.still_live(&session).await {
+                return Ok(None);
+            }
+            return Ok(Some(session));
+        }
+        if !self.ctx.store.shared() {
+            return Ok(None);
+        }
+        let stored = match self.ctx.store.load(id).await {
+            Ok(Some(stored)) => stored,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                self.ctx.metrics.store_error("load");
+                tracing::debug!(error = %e, "cannot load a session from the store");
+                return Err(SessionError::StoreDown);
+            }
+        };
+        let known = stored
+            .upstreams
+            .iter()
+            .filter_map(|(name, at)| Some((self.ctx.upstreams.find(name)?, at.clone())))
+            .collect();
+        let Some(session) = Session::adopt(&self.ctx, Arc::from(id), &stored.record, known) else {
+            tracing::warn!(session = id, "a stored session names an unknown protocol version; treated as unknown");
+            return Ok(None);
+        };
+        let session = self.registry.insert_if_absent(session);
+        self.ctx.metrics.adopted();
+        self.ctx.metrics.set_sessions(self.registry.len());
+        Ok(Some(session))
+    }
+
+    /// Asks the store whether a session this replica holds is still live
+    /// (which slides its expiry). One that ended elsewhere is forgotten
+    /// here; one the store lost is written back. If the store cannot be
+    /// reached, the session goes on here.
+    async fn still_live(&self, session: &Arc<Session>) -> bool {
+        match self.check_store(session).await {
+            Some(true) | None => true,
+            Some(false) => {
+                // Ended through another replica, which ended the upstream
+                // sessions it knew of; end the ones opened here too (a second
+                // DELETE of one is harmless).
+                if let Some(session) = self.registry.remove(&session.id) {
+                    self.ctx.metrics.set_sessions(self.registry.len());
+                    session.close().await;
+                }
+                false
+            }
+        }
+    }
+
+    /// Whether the store has the session live (sliding its expiry), after
+    /// writing it back if the store had lost it; `None` if the store cannot
+    /// be reached.
+    async fn check_store(&self, session: &Session) -> Option<bool> {
+        match self.ctx.store.touch(&session.id).await {
+            Ok(Touch::Alive) => Some(true),
+            Ok(Touch::Ended) => Some(false),
+            Ok(Touch::Unknown) => match self.ctx.store.repair(&session.id, &session.to_stored()).await {
+                Ok(Repair::Written) => {
+                    self.ctx.metrics.repaired();
+                    tracing::info!(session = %session.id, "session written back to the session store, which had lost it");
+                    Some(true)
+                }
+                Ok(Repair::Live) => Some(true),
+                Ok(Repair::Ended) => Some(false),
+                Err(e) => {
+                    self.ctx.metrics.store_error("repair");
+                    tracing::debug!(error = %e, "cannot write a session back to the store");
+                    None
+                }
+            },
+            Err(e) => {
+                self.ctx.metrics.store_error("touch");
+                tracing::debug!(error = %e, "cannot check a session in the store; serving it from this replica");
+                None
+            }
+        }
+    }
+
+    /// Ends a session for good at its client's request (DELETE), here and
+    /// at every replica: the store first (if it cannot be reached, other
+    /// replicas would go on with the session, so it is not ended anywhere:
+    /// [`SessionError::StoreDown`]), then every upstream session it had.
+    pub async fn delete(&self, session: &Session) -> Result<(), SessionError> {
+        let stored = if session.stored {
+            match self.ctx.store.remove(&session.id).await {
+                Ok(stored) => stored,
+                Err(e) => {
+                    self.ctx.metrics.store_error("remove");
+                    tracing::warn!(error = %e, "DELETE refused: the session store is unreachable");
+                    return Err(SessionError::StoreDown);
+                }
+            }
+        } else {
+            None
+        };
+        let Some(local) = self.registry.remove(&session.id) else { return Err(SessionError::Unknown) };
+        self.ctx.metrics.set_sessions(self.registry.len());
+        self.end(&local.id.clone(), Some(local), stored).await;
+        Ok(())
+    }
+
+    /// Ends a session only this replica has (a legacy connection that closed).
+    pub async fn end_here(&self, id: &str) {
+        if let Some(session) = self.registry.remove(id) {
+            self.ctx.metrics.set_sessions(self.registry.len());
+            session.close().await;
+        }
+    }
+
+    /// Ends a session: its channels here and every upstream session the
+    /// store lists for it, wherever it was opened.
+    async fn end(&self, id: &str, local: Option<Arc<Session>>, stored: Option<Stored>) {
+        if let Some(shared) = &self.ctx.shared {
+            shared.forget(&Arc::from(id));
+        }
+        let upstreams = &self.ctx.upstreams;
+        let mut closed = vec![None; upstreams.len()];
+        if let Some(session) = &local {
+            for (u, channel) in session.open_channels() {
+                closed[u.index()] = channel.upstream_session();
+            }
+            session.close().await;
+        }
+        for (name, at) in stored.iter().flat_map(|s| s.upstreams.iter()) {
+            let Some(u): Option<UpstreamId> = upstreams.find(name) else { continue };
+            // Closed just now, unless another replica moved it elsewhere.
+            if closed[u.index()].as_ref() == Some(at) {
+                continue;
+            }
+            let discard: Arc<dyn Inbox> = Arc::new(switchboard_upstream::Discard);
+            let hello = switchboard_upstream::Hello::router();
+            if let Some(channel) = upstreams[u].transport.resume(&hello, discard, at) {
+                channel.close().await;
+            }
+        }
+    }
+
+    /// One round of the sweep: sessions the store says expired are ended
+    /// (each by exactly one replica); stored sessions in use here (a request
+    /// in flight, a GET stream) are kept live in the store; stored sessions
+    /// unused here for a while are forgotten here (a shared store keeps them
+    /// for other replicas); this replica's own sessions (legacy) expire when
+    /// idle.
+    pub async fn sweep(&self) {
+        let idle = self.options.idle_timeout;
+        match self.ctx.store.take_expired(1000).await {
+            Ok(expired) => {
+                if !expired.is_empty() {
+                    tracing::debug!(count = expired.len(), "sessions expired");
+                }
+                for (id, stored) in expired {
+                    // Used here since the store last heard of it (touches
+                    // are at most `check_every` apart): it is not idle.
+                    if let Some(session) = self.registry.get(&id).filter(|s| s.idle() < idle) {
+                        if self.ctx.store.create(&id, &session.to_stored()).await.is_ok() {
+                            continue;
+                        }
+                    }
+                    let local = self.registry.remove(&id);
+                    self.end(&id, local, Some(stored)).await;
+                }
+            }
+            Err(e) => {
+                self.ctx.metrics.store_error("take_expired");
+                tracing::debug!(error = %e, "cannot sweep expired sessions from the store");
+            }
+        }
+        for session in self.registry.all() {
+            if !session.stored {
+                continue;
+            }
+            if session.busy() {
+                if session.due_for_check(self.check_every()) {
+                    self.still_live(&session).await;
+                }
+            } else if self.ctx.store.shared() && session.idle() > idle.min(LOCAL_KEEP) {
+                // Forgotten here only once the store has it for the others
+                // (written back if it had lost it); kept while the store
+                // cannot be reached.
+                match self.check_store(&session).await {
+                    Some(true) => {
+                        if let Some(session) = self.registry.remove(&session.id) {
+                            session.detach().await;
+                        }
+                    }
+                    Some(false) => {
+                        self.still_live(&session).await;
+                    }
+                    None => {}
+                }
+            }
+        }
+        for session in self.registry.take_expired(idle, |s| !s.stored) {
+            session.close().await;
+        }
+        self.ctx.metrics.set_sessions(self.registry.len());
+    }
+
+    /// Tells every session (or `tenant`'s) that a list changed: `note` is
+    /// the notification, `what` names the change (announced once however
+    /// many replicas announce it).
+    pub fn announce(&self, note: &Bytes, what: &'static str, tenant: Option<&str>) {
+        for session in self.registry.all() {
+            if tenant.is_none_or(|t| *session.tenant == *t) {
+                session.announce(note.clone(), what);
+            }
+        }
+    }
+
+    /// First step of shutdown: every GET stream ends (clients reconnect
+    /// elsewhere); with shared streams, the streams of requests in flight
+    /// are handed off too, for their clients to resume at another replica
+    /// while this one finishes the requests.
+    pub fn begin_shutdown(&self) {
+        for session in self.registry.all() {
+            session.close_stream();
+            session.hand_off_streams();
+        }
+    }
+
+    /// Waits (at most `limit`) until no request of any session is in flight
+    /// here: answers whose streams were handed off are still being relayed.
+    pub async fn wait_for_requests(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if !self.registry.all().iter().any(|s| s.has_inflight()) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Last step of shutdown: upstream sessions end, but those of sessions
+    /// in a shared store, which other replicas continue.
+    pub async fn close_all(&self) {
+        for session in self.registry.all() {
+            if let Some(session) = self.registry.remove(&session.id) {
+                if session.stored && self.ctx.store.shared() {
+                    session.detach().await;
+                } else {
+                    session.close().await;
+                }
+            }
+        }
+        self.ctx.metrics.set_sessions(self.registry.len());
+    }
+}

@@ -1,0 +1,63 @@
+//! The sessions' metrics: how many live here, adopted and repaired ones,
+//! session store failures, stream events that could not be shared.
+
+use switchboard_core::metrics::{counter, counter_vec, gauge, IntCounter, IntCounterVec, IntGauge, Registry};
+
+/// Metrics about downstream sessions and where they are kept.
+pub struct Metrics {
+    sessions: IntGauge,
+    adopted: IntCounter,
+    repaired: IntCounter,
+    store_errors: IntCounterVec,
+    stream_events_dropped: IntCounter,
+}
+
+impl Metrics {
+    pub fn new(registry: &Registry) -> Metrics {
+        Metrics {
+            sessions: gauge(registry, "switchboard_sessions", "Live downstream sessions on this replica."),
+            adopted: counter(
+                registry,
+                "switchboard_sessions_adopted_total",
+                "Sessions this replica loaded from the shared session store to continue them.",
+            ),
+            repaired: counter(
+                registry,
+                "switchboard_sessions_repaired_total",
+                "Live sessions written back to the session store after it lost them (a Redis restart).",
+            ),
+            store_errors: counter_vec(
+                registry,
+                "switchboard_session_store_errors_total",
+                "Session store operations that failed, by operation.",
+                &["op"],
+            ),
+            stream_events_dropped: counter(
+                registry,
+                "switchboard_stream_events_dropped_total",
+                "Events for streams shared across replicas dropped because the queue to Redis was full.",
+            ),
+        }
+    }
+
+    pub(crate) fn set_sessions(&self, n: usize) {
+        self.sessions.set(n as i64);
+    }
+
+    pub(crate) fn adopted(&self) {
+        self.adopted.inc();
+    }
+
+    pub(crate) fn repaired(&self) {
+        self.repaired.inc();
+    }
+
+    /// A session store operation (`op`) failed.
+    pub fn store_error(&self, op: &str) {
+        self.store_errors.with_label_values(&[op]).inc();
+    }
+
+    pub(crate) fn stream_event_dropped(&self) {
+        self.stream_events_dropped.inc();
+    }
+}

@@ -1,0 +1,119 @@
+//! The session store of one replica: sessions in this process's memory.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use switchboard_upstream::UpstreamSession;
+
+use super::{Repair, SessionStore, StoreError, Stored, Touch};
+
+/// Sessions in this process only.
+pub struct MemoryStore {
+    idle: Duration,
+    state: Mutex<MemoryState>,
+}
+
+#[derive(Default)]
+struct MemoryState {
+    live: HashMap<String, (Stored, Instant)>,
+    /// Ended sessions, until their tombstone expires.
+    gone: HashMap<String, Instant>,
+}
+
+impl MemoryStore {
+    pub fn new(idle: Duration) -> MemoryStore {
+        MemoryStore { idle, state: Mutex::default() }
+    }
+}
+
+#[async_trait]
+impl SessionStore for MemoryStore {
+    fn shared(&self) -> bool {
+        false
+    }
+
+    async fn create(&self, id: &str, stored: &Stored) -> Result<(), StoreError> {
+        let mut state = self.state.lock().expect("lock");
+        state.gone.remove(id);
+        state.live.insert(id.to_owned(), (stored.clone(), Instant::now() + self.idle));
+        Ok(())
+    }
+
+    async fn repair(&self, id: &str, stored: &Stored) -> Result<Repair, StoreError> {
+        let now = Instant::now();
+        let mut state = self.state.lock().expect("lock");
+        if state.gone.get(id).is_some_and(|until| *until > now) {
+            return Ok(Repair::Ended);
+        }
+        match state.live.get(id) {
+            Some((_, expires)) if *expires >= now => Ok(Repair::Live),
+            Some(_) => Ok(Repair::Ended),
+            None => {
+                state.live.insert(id.to_owned(), (stored.clone(), now + self.idle));
+                Ok(Repair::Written)
+            }
+        }
+    }
+
+    async fn load(&self, id: &str) -> Result<Option<Stored>, StoreError> {
+        let now = Instant::now();
+        let mut state = self.state.lock().expect("lock");
+        match state.live.get_mut(id) {
+            Some((stored, expires)) if *expires >= now => {
+                *expires = now + self.idle;
+                Ok(Some(stored.clone()))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    async fn touch(&self, id: &str) -> Result<Touch, StoreError> {
+        let now = Instant::now();
+        let mut state = self.state.lock().expect("lock");
+        let gone = state.gone.get(id).is_some_and(|until| *until > now);
+        match state.live.get_mut(id) {
+            Some((_, expires)) if *expires >= now => {
+                *expires = now + self.idle;
+                Ok(Touch::Alive)
+            }
+            Some(_) => Ok(Touch::Ended),
+            None if gone => Ok(Touch::Ended),
+            None => Ok(Touch::Unknown),
+        }
+    }
+
+    async fn set_upstream(&self, id: &str, upstream: &str, entry: &UpstreamSession) -> Result<(), StoreError> {
+        if let Some((stored, _)) = self.state.lock().expect("lock").live.get_mut(id) {
+            stored.upstreams.insert(upstream.to_owned(), entry.clone());
+        }
+        Ok(())
+    }
+
+    async fn remove(&self, id: &str) -> Result<Option<Stored>, StoreError> {
+        let now = Instant::now();
+        let mut state = self.state.lock().expect("lock");
+        let removed = state.live.remove(id).map(|(stored, _)| stored);
+        if removed.is_some() {
+            state.gone.insert(id.to_owned(), now + self.idle);
+        }
+        Ok(removed)
+    }
+
+    async fn take_expired(&self, max: usize) -> Result<Vec<(String, Stored)>, StoreError> {
+        let now = Instant::now();
+        let mut state = self.state.lock().expect("lock");
+        state.gone.retain(|_, until| *until > now);
+        let ids: Vec<String> =
+            state.live.iter().filter(|(_, (_, expires))| *expires < now).map(|(id, _)| id.clone()).take(max).collect();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some((stored, _)) = state.live.remove(&id) {
+                state.gone.insert(id.clone(), now + self.idle);
+                out.push((id, stored));
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,166 @@
+//! Where sessions live between requests, so that any replica can continue
+//! any session.
+//!
+//! A [`Stored`] session is what a replica needs to take one over: the
+//! tenant, the negotiated version, the client's capabilities, and for each
+//! upstream it has used, the upstream replica and the upstream's own session
+//! id. Two stores implement [`SessionStore`]:
+//!
+//! - [`MemoryStore`] (the default): one replica, nothing shared;
+//! - [`RedisStore`]: shared by every replica. One hash per session
+//!   (`{prefix}session:{id}`: field `m` the record, `u:{upstream}` one per
+//!   upstream session), a sorted set of expiry times (`{prefix}sessions`),
+//!   and a tombstone (`{prefix}session-gone:{id}`) for a while after a
+//!   session ends. Every operation is one Lua script, one round trip, timed
+//!   by Redis's clock.
+//!
+//! Expiry slides: every [`touch`](SessionStore::touch) and
+//! [`load`](SessionStore::load) pushes it `idle` into the future. Replicas
+//! touch a session at most once per `sessions.cache` while they use it, and
+//! sweep expired sessions with [`take_expired`](SessionStore::take_expired),
+//! which hands each to exactly one replica (to end its upstream sessions).
+//!
+//! A session that is missing with no tombstone was lost by the store (a
+//! Redis restart empties it): [`Touch::Unknown`]. A replica that still has
+//! the session writes it back ([`SessionStore::repair`]), so a Redis restart
+//! costs no live session.
+
+mod memory;
+mod redis;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use switchboard_core::redis::{RedisError, RedisLink};
+use switchboard_upstream::UpstreamSession;
+
+pub use memory::MemoryStore;
+pub use redis::RedisStore;
+
+/// What a session is, whichever replica serves it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub tenant: String,
+    /// The negotiated protocol version.
+    pub version: String,
+    /// The client's capabilities, as JSON.
+    pub capabilities: String,
+}
+
+/// A session as stored: the record and its upstream sessions by upstream name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored {
+    pub record: Record,
+    pub upstreams: BTreeMap<String, UpstreamSession>,
+}
+
+/// What [`SessionStore::touch`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Touch {
+    /// Live; its expiry now slides from now.
+    Alive,
+    /// Ended (deleted or expired).
+    Ended,
+    /// Not there and not known to have ended: the store lost it.
+    Unknown,
+}
+
+/// What [`SessionStore::repair`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Repair {
+    /// The session was missing; it is written back.
+    Written,
+    /// It is live already (another replica wrote it back first).
+    Live,
+    /// It ended; it stays ended.
+    Ended,
+}
+
+/// Why the store could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("session store: {0}")]
+    Redis(#[from] RedisError),
+    #[error("session store: unreadable entry: {0}")]
+    Corrupt(String),
+}
+
+/// Where sessions live. Every method is one round trip at most.
+#[async_trait]
+pub trait SessionStore: Send + Sync {
+    /// Whether other replicas see this store (Redis) or only this one.
+    fn shared(&self) -> bool;
+
+    /// Stores a new session.
+    async fn create(&self, id: &str, stored: &Stored) -> Result<(), StoreError>;
+
+    /// Writes back a session the store lost, unless it ended meanwhile or
+    /// is live again (another replica wrote it back first).
+    async fn repair(&self, id: &str, stored: &Stored) -> Result<Repair, StoreError>;
+
+    /// The session, if live (its expiry slides).
+    async fn load(&self, id: &str) -> Result<Option<Stored>, StoreError>;
+
+    /// Slides the expiry of a live session.
+    async fn touch(&self, id: &str) -> Result<Touch, StoreError>;
+
+    /// Records the session's upstream session with `upstream` (replacing
+    /// any). Nothing happens if the session ended.
+    async fn set_upstream(&self, id: &str, upstream: &str, entry: &UpstreamSession) -> Result<(), StoreError>;
+
+    /// Ends a session; returns what it held, if it was live.
+    async fn remove(&self, id: &str) -> Result<Option<Stored>, StoreError>;
+
+    /// Ends up to `max` expired sessions and returns them: each to exactly
+    /// one caller, whichever replica asks.
+    async fn take_expired(&self, max: usize) -> Result<Vec<(String, Stored)>, StoreError>;
+}
+
+/// Builds the configured store.
+pub fn build(redis: Option<Arc<RedisLink>>, idle: Duration) -> Arc<dyn SessionStore> {
+    match redis {
+        Some(link) => Arc::new(RedisStore::new(link, idle)),
+        None => Arc::new(MemoryStore::new(idle)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample(tenant: &str) -> Stored {
+        Stored {
+            record: Record { tenant: tenant.into(), version: "2025-11-25".into(), capabilities: "{}".into() },
+            upstreams: BTreeMap::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn memory_store_slides_expires_and_remembers_ended_sessions() {
+        let store = MemoryStore::new(Duration::from_millis(200));
+        store.create("a", &sample("t")).await.unwrap();
+        let entry = UpstreamSession { replica: "http://u".into(), session: "s1".into(), version: "v".into() };
+        store.set_upstream("a", "up", &entry).await.unwrap();
+        assert_eq!(store.load("a").await.unwrap().unwrap().upstreams["up"], entry);
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        assert_eq!(store.touch("a").await.unwrap(), Touch::Alive);
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        // Touched 120 ms ago, idle 200 ms: still live.
+        assert!(store.take_expired(10).await.unwrap().is_empty());
+        assert_eq!(store.touch("missing").await.unwrap(), Touch::Unknown);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let expired = store.take_expired(10).await.unwrap();
+        assert_eq!(expired.len(), 1);
+        assert_eq!(expired[0].1.upstreams["up"].session, "s1");
+        assert_eq!(store.touch("a").await.unwrap(), Touch::Ended);
+        assert_eq!(
+            store.repair("a", &sample("t")).await.unwrap(),
+            Repair::Ended,
+            "an ended session is not brought back"
+        );
+        assert!(store.take_expired(10).await.unwrap().is_empty(), "taken once");
+    }
+}
