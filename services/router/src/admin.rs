@@ -26,8 +26,8 @@ use crate::config::Config;
 use switchboard_core::policy::Policy;
 use switchboard_core::time::{format_time, now_ms, parse_time};
 
-use crate::store::{AuditQuery, AuditRecord, Database, KeyRow, StoreError, TenantRow};
-use crate::tenancy::generate_key;
+use switchboard_db::{AuditQuery, AuditRecord, Database, DbError, KeyRow, TenantRow};
+use switchboard_tenancy::generate_key;
 
 /// The operations, over one database and the config file's tenants.
 #[derive(Clone)]
@@ -45,15 +45,15 @@ pub enum AdminError {
     #[error("{0}")]
     Invalid(String),
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(#[from] DbError),
 }
 
 impl AdminError {
     fn status(&self) -> StatusCode {
         match self {
             AdminError::Invalid(_) => StatusCode::BAD_REQUEST,
-            AdminError::Store(StoreError::NotFound(_)) => StatusCode::NOT_FOUND,
-            AdminError::Store(StoreError::Exists(_)) => StatusCode::CONFLICT,
+            AdminError::Store(DbError::NotFound(_)) => StatusCode::NOT_FOUND,
+            AdminError::Store(DbError::Exists(_)) => StatusCode::CONFLICT,
             AdminError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -160,12 +160,12 @@ impl Admin {
             .await?
             .into_iter()
             .find(|t| t.name == name)
-            .ok_or_else(|| AdminError::Store(StoreError::NotFound(format!("tenant {name:?}"))))
+            .ok_or_else(|| AdminError::Store(DbError::NotFound(format!("tenant {name:?}"))))
     }
 
     pub async fn delete_tenant(&self, name: &str) -> Result<(), AdminError> {
         match self.db.delete_tenant(name).await {
-            Err(StoreError::NotFound(_)) if self.static_tenants.iter().any(|(n, _)| n == name) => {
+            Err(DbError::NotFound(_)) if self.static_tenants.iter().any(|(n, _)| n == name) => {
                 Err(AdminError::Invalid(format!("tenant {name:?} is declared in the config file; remove it there")))
             }
             other => Ok(other?),
@@ -247,7 +247,7 @@ fn problem(status: StatusCode, message: impl std::fmt::Display) -> Response<Body
 
 /// Equal-time comparison: the admin token must not leak through timing.
 fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    let (ha, hb) = (crate::tenancy::hash_bytes(a), crate::tenancy::hash_bytes(b));
+    let (ha, hb) = (switchboard_tenancy::hash_bytes(a), switchboard_tenancy::hash_bytes(b));
     ha.iter().zip(hb.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

@@ -15,15 +15,15 @@ use switchboard_protocol::Method;
 
 use tokio::sync::mpsc;
 
-use crate::audit::Audit;
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::ratelimit::Limiter;
-use crate::store::Database;
-use crate::tenancy::Directory;
+use switchboard_audit::Audit;
 use switchboard_catalog::Catalog;
+use switchboard_db::Database;
+use switchboard_limits::Limiter;
 use switchboard_session::shared_streams::SharedStreams;
 use switchboard_session::{Relay, Session, Sessions};
+use switchboard_tenancy::Directory;
 use switchboard_upstream::{self as upstream, Inbox, Upstream, Upstreams};
 
 /// A legacy connection's stream, and the tenant that opened it.
@@ -87,20 +87,25 @@ impl App {
             ),
             None => None,
         };
-        let directory =
-            Arc::new(Directory::new(names.clone(), config.tenants.clone(), database.clone(), !config.auth.required));
+        let directory = Arc::new(Directory::new(
+            names.clone(),
+            config.tenants.clone(),
+            database.clone(),
+            !config.auth.required,
+            metrics.tenancy.clone(),
+        ));
         let audit = match (&database, config.audit.enabled) {
             (Some(db), true) => Some(Audit::start(
                 db.clone(),
                 &config.audit.spool,
-                crate::audit::Options {
+                switchboard_audit::Options {
                     queue: config.audit.queue,
                     batch: config.audit.batch,
                     write_timeout: config.audit.write_timeout,
                     retry_every: config.audit.retry_every,
                     flush_every: config.audit.flush_every,
                 },
-                metrics.clone(),
+                metrics.audit.clone(),
             )?),
             _ => None,
         };
@@ -127,15 +132,19 @@ impl App {
             _ => None,
         };
         let store = switchboard_session::store::build(shared, config.server.session_idle_timeout);
-        let limiter = Limiter::new(redis.map(crate::ratelimit::cluster::Shared::new), metrics.clone());
+        let limiter = Limiter::new(redis.map(switchboard_limits::cluster::Shared::new), metrics.limits.clone());
         let reserved: Vec<String> = config
             .upstreams
             .iter()
             .flat_map(|u| [u.name.clone(), u.prefix.clone()])
             .filter(|p| !p.is_empty())
             .collect();
-        let edge =
-            Arc::new(crate::edge::Edge::new(config.edge.clone(), &config.catalog.separator, reserved, metrics.clone()));
+        let edge = Arc::new(crate::edge::Edge::new(
+            config.edge.clone(),
+            &config.catalog.separator,
+            reserved,
+            metrics.edge.clone(),
+        ));
         let upstreams = Upstreams::new(
             config
                 .upstreams
@@ -236,9 +245,8 @@ impl App {
             }
         }
         match self.directory.reload().await {
-            Ok(()) => self.metrics.set_directory_db(true),
+            Ok(()) => {}
             Err(e) => {
-                self.metrics.set_directory_db(false);
                 tracing::warn!(error = %e, "cannot load tenants and keys from the database yet; retrying in the background");
             }
         }
@@ -247,8 +255,7 @@ impl App {
     /// Starts background work: the catalog warm-up, the session sweeper and
     /// the tenant directory refresh.
     pub fn start(self: &Arc<Self>) {
-        let metrics = self.metrics.clone();
-        self.directory.start(self.config.database.refresh, move |up| metrics.set_directory_db(up));
+        self.directory.start(self.config.database.refresh);
         let app = self.clone();
         tokio::spawn(async move {
             app.catalog.ensure(&ListKind::ALL).await;

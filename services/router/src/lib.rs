@@ -30,7 +30,6 @@
 
 pub mod admin;
 mod app;
-mod audit;
 mod body;
 pub mod bridge;
 
@@ -39,10 +38,7 @@ mod downstream;
 pub mod edge;
 pub mod error;
 mod metrics;
-mod ratelimit;
 mod server;
-pub mod store;
-pub mod tenancy;
 
 pub use config::Config;
 pub use error::Error;

@@ -260,7 +260,7 @@ fn main() -> Result<()> {
                     .with_context(|| format!("binding {}", config.server.listen))?;
                 let admin = match (config.admin.listen, &config.admin.token, &config.database.url) {
                     (Some(addr), Some(token), Some(url)) => {
-                        let db = switchboard::store::Database::connect(url, config.database.connect_timeout)?;
+                        let db = switchboard_db::Database::connect(url, config.database.connect_timeout)?;
                         let listener = tokio::net::TcpListener::bind(addr)
                             .await
                             .with_context(|| format!("binding the admin API to {addr}"))?;
@@ -342,7 +342,7 @@ async fn open_admin(db: &DbArgs, migrate: bool) -> Result<(switchboard::admin::A
     let Some(url) = config.database.url.clone() else {
         anyhow::bail!("no database: database.url is \"\" in {}; pass --database-url", db.config.display());
     };
-    let database = switchboard::store::Database::connect(&url, config.database.connect_timeout)?;
+    let database = switchboard_db::Database::connect(&url, config.database.connect_timeout)?;
     if migrate && config.database.migrate_on_start {
         database.migrate().await.context("applying migrations (see `switchboard migrate`)")?;
     }
@@ -465,7 +465,7 @@ async fn keys(db: DbArgs, command: KeyCommand) -> Result<()> {
 async fn audit(db: DbArgs, command: AuditCommand) -> Result<()> {
     let (admin, _) = open_admin(&db, true).await?;
     // Records go to stdout as JSON lines; a closed pipe (`| head`) ends the command quietly.
-    let print = |seq: i64, record: &switchboard::store::AuditRecord| -> Result<bool> {
+    let print = |seq: i64, record: &switchboard_db::AuditRecord| -> Result<bool> {
         use std::io::Write;
         let mut value = serde_json::to_value(record)?;
         value["seq"] = seq.into();
@@ -481,7 +481,7 @@ async fn audit(db: DbArgs, command: AuditCommand) -> Result<()> {
     };
     match command {
         AuditCommand::Query { tenant, since: from, limit } => {
-            let query = switchboard::store::AuditQuery { tenant, since_ms: since(from)?, after_seq: None, limit };
+            let query = switchboard_db::AuditQuery { tenant, since_ms: since(from)?, after_seq: None, limit };
             for (seq, record) in admin.audit(&query).await? {
                 if !print(seq, &record)? {
                     break;
@@ -499,7 +499,7 @@ async fn audit(db: DbArgs, command: AuditCommand) -> Result<()> {
                 }
             };
             loop {
-                let query = switchboard::store::AuditQuery {
+                let query = switchboard_db::AuditQuery {
                     tenant: tenant.clone(),
                     since_ms: from,
                     after_seq: Some(after),

@@ -315,7 +315,7 @@ async fn python_sdk_with_a_tenant_key_sees_only_its_catalog() {
         http_upstream("everything", &url, "list_timeout = \"20s\""),
         stdio_upstream("time", &time, &["--local-timezone", "UTC"]),
     );
-    let db = switchboard::store::Database::connect(&pg.url, std::time::Duration::from_secs(3)).unwrap();
+    let db = switchboard_db::Database::connect(&pg.url, std::time::Duration::from_secs(3)).unwrap();
     db.migrate().await.unwrap();
     let admin = switchboard::admin::Admin::new(db, &switchboard::Config::from_toml(&config).unwrap());
     let key_everyone = admin.create_key("everyone", None).await.unwrap().key;

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 use serde_json::{json, Value};
 use switchboard::admin::Admin;
-use switchboard::store::Database;
 use switchboard::Config;
 use switchboard_core::policy::{Limits, Policy, Rate, ToolFilter};
+use switchboard_db::Database;
 use switchboard_test_support::services::{unique, PrivatePostgres, PrivateRedis, TempDatabase};
 use switchboard_test_support::{eventually, http_upstream, mock_named, Client, MockServer, Router, Stateless};
 
@@ -254,7 +254,7 @@ async fn key_lifecycle_through_the_admin_api_on_two_replicas() {
     pg.drop_now().await;
 }
 
-const PREFIX_LEN: usize = switchboard::tenancy::PREFIX_LEN;
+const PREFIX_LEN: usize = switchboard_tenancy::PREFIX_LEN;
 
 #[tokio::test]
 async fn a_burst_over_the_limit_gets_429_with_retry_after() {
@@ -415,11 +415,7 @@ async fn every_forwarded_call_leaves_one_audit_record() {
         "N calls and one unknown tool give N + 1 records"
     );
     let records = db
-        .query_audit(&switchboard::store::AuditQuery {
-            tenant: Some("audited".into()),
-            limit: 1000,
-            ..Default::default()
-        })
+        .query_audit(&switchboard_db::AuditQuery { tenant: Some("audited".into()), limit: 1000, ..Default::default() })
         .await
         .unwrap();
     let calls: Vec<_> = records.iter().map(|(_, r)| r).filter(|r| r.target.as_deref() == Some("alpha__echo")).collect();
@@ -446,18 +442,13 @@ async fn every_forwarded_call_leaves_one_audit_record() {
         eventually(Duration::from_secs(10), || async { db.count_audit(Some("private")).await.unwrap() == 1 }).await
     );
     let private = db
-        .query_audit(&switchboard::store::AuditQuery {
-            tenant: Some("private".into()),
-            limit: 10,
-            ..Default::default()
-        })
+        .query_audit(&switchboard_db::AuditQuery { tenant: Some("private".into()), limit: 10, ..Default::default() })
         .await
         .unwrap();
     assert_eq!(private[0].1.arguments, None);
     assert!(
         eventually(Duration::from_secs(10), || async {
-            let all =
-                db.query_audit(&switchboard::store::AuditQuery { limit: 1000, ..Default::default() }).await.unwrap();
+            let all = db.query_audit(&switchboard_db::AuditQuery { limit: 1000, ..Default::default() }).await.unwrap();
             all.iter().any(|(_, r)| {
                 r.outcome == "refused"
                     && r.tenant.is_none()
@@ -530,7 +521,7 @@ async fn audit_records_survive_a_postgres_outage_exactly_once() {
     let got = db.count_audit(Some("outage")).await.unwrap();
     assert!(arrived, "records arrive after the outage: {got} of {expected}");
     let records = db
-        .query_audit(&switchboard::store::AuditQuery {
+        .query_audit(&switchboard_db::AuditQuery {
             tenant: Some("outage".into()),
             limit: 100_000,
             ..Default::default()

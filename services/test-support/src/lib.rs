@@ -76,7 +76,7 @@ impl Router {
         }
         let mut admin_addr = None;
         if let (Some(_), Some(token), Some(url)) = (config.admin.listen, &config.admin.token, &config.database.url) {
-            let db = switchboard::store::Database::connect(url, config.database.connect_timeout).expect("database");
+            let db = switchboard_db::Database::connect(url, config.database.connect_timeout).expect("database");
             let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             admin_addr = Some(admin.local_addr().expect("addr"));
             extra.admin = Some((admin, switchboard::admin::Admin::new(db, &config), token.clone()));

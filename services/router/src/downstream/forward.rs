@@ -25,11 +25,11 @@ use super::respond;
 use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
-use crate::ratelimit::InflightPermit;
-use crate::store::AuditRecord;
 use switchboard_catalog::Snapshot;
 use switchboard_core::policy::{Principal, Tenant};
 use switchboard_core::Outcome;
+use switchboard_db::AuditRecord;
+use switchboard_limits::InflightPermit;
 use switchboard_session::events::Log;
 use switchboard_session::Session;
 use switchboard_upstream::{Item, MessageStream, Outgoing, Reply, UpstreamError};
@@ -53,7 +53,7 @@ pub struct Ledger {
     pub permit: Option<InflightPermit>,
     /// Where a record still in `draft` goes when the ledger is dropped
     /// unclosed (the client hung up first): written as `abandoned`.
-    pub sink: Option<crate::audit::Sink>,
+    pub sink: Option<switchboard_audit::Sink>,
     pub started: Instant,
 }
 

@@ -45,11 +45,11 @@ use crate::app::App;
 use crate::body::Body;
 use crate::config::ResponseMode;
 use crate::error::Error;
-use crate::ratelimit::Decision;
-use crate::store::AuditRecord;
 use switchboard_core::body::CollectError;
 use switchboard_core::policy::Principal;
 use switchboard_core::Outcome;
+use switchboard_db::AuditRecord;
+use switchboard_limits::Decision;
 use switchboard_protocol::sse::EventId;
 use switchboard_session::Session;
 
@@ -225,7 +225,7 @@ pub(crate) fn ledger(
     let mut ledger = forward::Ledger {
         draft: app.audit.as_ref().map(|audit| draft(audit, Some(who), headers, session, Some(env), request_bytes)),
         permit: None,
-        sink: app.audit.as_ref().map(crate::audit::Audit::sink),
+        sink: app.audit.as_ref().map(switchboard_audit::Audit::sink),
         started,
     };
     if let Some(max) = who.tenant.limits.concurrent {
@@ -233,7 +233,7 @@ pub(crate) fn ledger(
             Some(permit) => ledger.permit = Some(permit),
             None => {
                 let e = Error::TooManyInFlight(max);
-                app.metrics.rate_limited(&who.tenant.name, "concurrent");
+                app.metrics.limits.rate_limited(&who.tenant.name, "concurrent");
                 ledger.close(app, None, Outcome::Rejected, Some(e.code()), 0, started);
                 app.metrics.request(method, None).record(Outcome::Rejected, started.elapsed());
                 return Err(Box::new(respond::error(env.id, &e)));
@@ -439,7 +439,7 @@ pub(crate) async fn session_of(app: &App, headers: &HeaderMap, who: &Principal) 
     }
     let session = app.sessions.find(id).await?.ok_or(Error::UnknownSession)?;
     if session.tenant != who.tenant.name {
-        app.metrics.auth_failed("wrong_tenant");
+        app.directory.metrics().auth_failed("wrong_tenant");
         return Err(Error::UnknownSession);
     }
     Ok(session)
@@ -448,10 +448,7 @@ pub(crate) async fn session_of(app: &App, headers: &HeaderMap, who: &Principal) 
 /// Phase 3: the caller, from its API key (or the open tenant when
 /// `auth.mode = "none"`).
 pub(crate) fn authenticate(app: &App, headers: &HeaderMap) -> Result<Principal, Error> {
-    app.directory.authenticate(headers, switchboard_core::time::now_ms()).map_err(|failure| {
-        app.metrics.auth_failed(failure.label());
-        Error::Unauthenticated(failure)
-    })
+    app.directory.authenticate(headers, switchboard_core::time::now_ms()).map_err(Error::Unauthenticated)
 }
 
 /// Phase 5: the rate limits of a request (key, tenant, and the tool for `tools/call`).
@@ -464,11 +461,11 @@ pub(crate) async fn admit(app: &App, who: &Principal, env: &Envelope<'_>) -> Res
         (true, Some(params)) => Target::parse(params).ok().and_then(|t| t.name).and_then(jsonrpc::as_str),
         _ => None,
     };
-    let checks = crate::ratelimit::checks(who, tool.as_deref());
+    let checks = switchboard_limits::checks(who, tool.as_deref());
     match app.limiter.check(&checks).await {
         Decision::Allow => Ok(()),
         Decision::Deny { limit, retry_after } => {
-            app.metrics.rate_limited(&who.tenant.name, limit);
+            app.metrics.limits.rate_limited(&who.tenant.name, limit);
             Err(Error::RateLimited { limit, retry_after })
         }
     }
@@ -506,7 +503,7 @@ pub(crate) fn refuse(
 
 /// The audit record of a request, before its outcome is known.
 pub(crate) fn draft(
-    audit: &crate::audit::Audit,
+    audit: &switchboard_audit::Audit,
     who: Option<&Principal>,
     headers: &HeaderMap,
     session: Option<&Arc<Session>>,
@@ -533,9 +530,9 @@ pub(crate) fn draft(
         Some(_) => None,
         // An unknown key: keep its prefix only if it has our format (never
         // part of some other secret).
-        None => crate::tenancy::presented_key(headers)
+        None => switchboard_tenancy::presented_key(headers)
             .filter(|k| k.len() == 43 && k.starts_with("sb_"))
-            .map(|k| k[..crate::tenancy::PREFIX_LEN].to_owned()),
+            .map(|k| k[..switchboard_tenancy::PREFIX_LEN].to_owned()),
     };
     AuditRecord {
         id: audit.new_id(),

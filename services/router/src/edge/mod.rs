@@ -16,6 +16,7 @@
 //! do when a device registers or changes its services.
 
 pub mod listen;
+mod metrics;
 mod task;
 
 use std::collections::HashMap;
@@ -31,9 +32,9 @@ use switchboard_protocol::edge as frames;
 use switchboard_protocol::jsonrpc;
 use tokio::sync::{mpsc, oneshot, Notify};
 
+pub use self::metrics::Metrics;
 use crate::config::EdgeConfig;
 use crate::error::Error;
-use crate::metrics::Metrics;
 use switchboard_upstream::UpstreamError;
 
 /// One registered service, as a tool.
@@ -439,7 +440,7 @@ impl Edge {
         let devices = self.devices.lock().expect("lock");
         let connected = devices.values().filter(|d| !d.link.is_closed()).count();
         let services: usize = devices.values().map(|d| d.services.len()).sum();
-        self.metrics.edge.set_devices(connected, devices.len() - connected, services);
+        self.metrics.set_devices(connected, devices.len() - connected, services);
     }
 
     /// The devices of one tenant, or of all, for the admin API.
@@ -520,7 +521,7 @@ impl Edge {
         match sent {
             Err(_) => return Err(Error::UpstreamTimeout { upstream: upstream(), after: self.config.call_timeout }),
             Ok(Err(())) => return Err(Error::upstream(&upstream(), UpstreamError::Closed)),
-            Ok(Ok(())) => self.metrics.edge.frame_out(frames::MCP),
+            Ok(Ok(())) => self.metrics.frame_out(frames::MCP),
         }
         let answer = tokio::select! {
             answer = rx => answer,

@@ -84,7 +84,7 @@ pub async fn run(
     };
     // The handler call is audited like a client's call, as the device's key.
     if let Some(audit) = &app.audit {
-        audit.record(crate::store::AuditRecord {
+        audit.record(switchboard_db::AuditRecord {
             id: audit.new_id(),
             at_ms: switchboard_core::time::now_ms(),
             tenant: Some(principal.tenant.name.to_string()),

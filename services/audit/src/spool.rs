@@ -11,7 +11,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use crate::store::AuditRecord;
+use switchboard_db::AuditRecord;
 
 pub struct Spool {
     path: PathBuf,

@@ -25,7 +25,7 @@ static SQLITE: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqlite
 
 /// What can go wrong with the database.
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub enum DbError {
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
     #[error("migrations: {0}")]
@@ -123,7 +123,7 @@ impl Database {
     /// Connects (lazily: the pool opens connections when first used, so a
     /// router can start while its database is down). A SQLite file is
     /// created if missing.
-    pub fn connect(url: &str, acquire_timeout: Duration) -> Result<Database, StoreError> {
+    pub fn connect(url: &str, acquire_timeout: Duration) -> Result<Database, DbError> {
         static DRIVERS: Once = Once::new();
         DRIVERS.call_once(sqlx::any::install_default_drivers);
         let backend = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
@@ -131,7 +131,7 @@ impl Database {
         } else if url.starts_with("sqlite:") {
             Backend::Sqlite
         } else {
-            return Err(StoreError::Url(url.to_owned()));
+            return Err(DbError::Url(url.to_owned()));
         };
         let mut url = url.to_owned();
         if backend == Backend::Sqlite && !url.contains("mode=") && !url.contains(":memory:") {
@@ -148,7 +148,7 @@ impl Database {
     /// The same database through a pool of its own, for a component that
     /// runs on a runtime of its own (a pool's connections belong to the
     /// runtime that opened them). Must be called inside that runtime.
-    pub fn separate_pool(&self) -> Result<Database, StoreError> {
+    pub fn separate_pool(&self) -> Result<Database, DbError> {
         Database::connect(&self.url, self.acquire_timeout)
     }
 
@@ -157,7 +157,7 @@ impl Database {
     }
 
     /// Applies the migrations not yet applied (idempotent).
-    pub async fn migrate(&self) -> Result<(), StoreError> {
+    pub async fn migrate(&self) -> Result<(), DbError> {
         match self.backend {
             Backend::Postgres => POSTGRES.run(&self.pool).await?,
             Backend::Sqlite => {
@@ -170,13 +170,13 @@ impl Database {
     }
 
     /// The number bumped by every change to tenants or keys.
-    pub async fn version(&self) -> Result<i64, StoreError> {
+    pub async fn version(&self) -> Result<i64, DbError> {
         let row = sqlx::query("SELECT version FROM config_version WHERE id = 1").fetch_one(&self.pool).await?;
         Ok(row.try_get::<i64, _>(0)?)
     }
 
     /// Every tenant and every key that is not revoked.
-    pub async fn load(&self) -> Result<(i64, Vec<TenantRow>, Vec<KeyRow>), StoreError> {
+    pub async fn load(&self) -> Result<(i64, Vec<TenantRow>, Vec<KeyRow>), DbError> {
         // Read the version first: a change racing with the load bumps it
         // again, and the next poll reloads.
         let version = self.version().await?;
@@ -185,13 +185,13 @@ impl Database {
         Ok((version, tenants, keys))
     }
 
-    pub async fn tenants(&self) -> Result<Vec<TenantRow>, StoreError> {
+    pub async fn tenants(&self) -> Result<Vec<TenantRow>, DbError> {
         let rows =
             sqlx::query("SELECT name, policy, created_at_ms FROM tenants ORDER BY name").fetch_all(&self.pool).await?;
         rows.iter().map(tenant_row).collect()
     }
 
-    pub async fn create_tenant(&self, tenant: &TenantRow) -> Result<(), StoreError> {
+    pub async fn create_tenant(&self, tenant: &TenantRow) -> Result<(), DbError> {
         let policy = serde_json::to_string(&tenant.policy).expect("serializable");
         let mut tx = self.pool.begin().await?;
         let inserted = sqlx::query(
@@ -204,7 +204,7 @@ impl Database {
         .await?
         .rows_affected();
         if inserted == 0 {
-            return Err(StoreError::Exists(format!("tenant {:?}", tenant.name)));
+            return Err(DbError::Exists(format!("tenant {:?}", tenant.name)));
         }
         self.bump(&mut tx).await?;
         tx.commit().await?;
@@ -212,7 +212,7 @@ impl Database {
     }
 
     /// Replaces a tenant's policy.
-    pub async fn update_tenant(&self, name: &str, policy: &switchboard_core::policy::Policy) -> Result<(), StoreError> {
+    pub async fn update_tenant(&self, name: &str, policy: &switchboard_core::policy::Policy) -> Result<(), DbError> {
         let policy = serde_json::to_string(policy).expect("serializable");
         let mut tx = self.pool.begin().await?;
         let n = sqlx::query("UPDATE tenants SET policy = $1 WHERE name = $2")
@@ -222,7 +222,7 @@ impl Database {
             .await?
             .rows_affected();
         if n == 0 {
-            return Err(StoreError::NotFound(format!("tenant {name:?}")));
+            return Err(DbError::NotFound(format!("tenant {name:?}")));
         }
         self.bump(&mut tx).await?;
         tx.commit().await?;
@@ -230,12 +230,12 @@ impl Database {
     }
 
     /// Deletes a tenant and its keys (audit records stay).
-    pub async fn delete_tenant(&self, name: &str) -> Result<(), StoreError> {
+    pub async fn delete_tenant(&self, name: &str) -> Result<(), DbError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("DELETE FROM api_keys WHERE tenant = $1").bind(name).execute(&mut *tx).await?;
         let n = sqlx::query("DELETE FROM tenants WHERE name = $1").bind(name).execute(&mut *tx).await?.rows_affected();
         if n == 0 {
-            return Err(StoreError::NotFound(format!("tenant {name:?}")));
+            return Err(DbError::NotFound(format!("tenant {name:?}")));
         }
         self.bump(&mut tx).await?;
         tx.commit().await?;
@@ -244,7 +244,7 @@ impl Database {
 
     /// Stores a key. The caller checks that its tenant exists (in the
     /// database or the config file).
-    pub async fn create_key(&self, key: &KeyRow) -> Result<(), StoreError> {
+    pub async fn create_key(&self, key: &KeyRow) -> Result<(), DbError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(
             "INSERT INTO api_keys (prefix, hash, tenant, created_at_ms, expires_at_ms, revoked_at_ms) \
@@ -263,7 +263,7 @@ impl Database {
     }
 
     /// Keys, of one tenant or all, with or without the revoked ones.
-    pub async fn keys(&self, tenant: Option<&str>, with_revoked: bool) -> Result<Vec<KeyRow>, StoreError> {
+    pub async fn keys(&self, tenant: Option<&str>, with_revoked: bool) -> Result<Vec<KeyRow>, DbError> {
         let mut q = Sql::new(
             self.backend,
             "SELECT prefix, hash, tenant, created_at_ms, expires_at_ms, revoked_at_ms FROM api_keys WHERE 1 = 1",
@@ -291,7 +291,7 @@ impl Database {
     }
 
     /// Revokes a key by its prefix; `NotFound` if there is no such live key.
-    pub async fn revoke_key(&self, prefix: &str, now_ms: i64) -> Result<(), StoreError> {
+    pub async fn revoke_key(&self, prefix: &str, now_ms: i64) -> Result<(), DbError> {
         let mut tx = self.pool.begin().await?;
         let n = sqlx::query("UPDATE api_keys SET revoked_at_ms = $1 WHERE prefix = $2 AND revoked_at_ms IS NULL")
             .bind(now_ms)
@@ -300,14 +300,14 @@ impl Database {
             .await?
             .rows_affected();
         if n == 0 {
-            return Err(StoreError::NotFound(format!("live key {prefix:?}")));
+            return Err(DbError::NotFound(format!("live key {prefix:?}")));
         }
         self.bump(&mut tx).await?;
         tx.commit().await?;
         Ok(())
     }
 
-    async fn bump(&self, tx: &mut sqlx::Transaction<'_, sqlx::Any>) -> Result<(), StoreError> {
+    async fn bump(&self, tx: &mut sqlx::Transaction<'_, sqlx::Any>) -> Result<(), DbError> {
         sqlx::query("UPDATE config_version SET version = version + 1 WHERE id = 1").execute(&mut **tx).await?;
         if self.backend == Backend::Postgres {
             sqlx::query("SELECT pg_notify($1, '')").bind(CHANGES_CHANNEL).execute(&mut **tx).await?;
@@ -317,7 +317,7 @@ impl Database {
 
     /// Writes audit records in one multi-row insert. Records already present
     /// (same id) are skipped, so a batch may be written again safely.
-    pub async fn insert_audit(&self, records: &[AuditRecord]) -> Result<u64, StoreError> {
+    pub async fn insert_audit(&self, records: &[AuditRecord]) -> Result<u64, DbError> {
         if records.is_empty() {
             return Ok(0);
         }
@@ -354,7 +354,7 @@ impl Database {
     }
 
     /// Reads audit records back, oldest first, with their sequence numbers.
-    pub async fn query_audit(&self, query: &AuditQuery) -> Result<Vec<(i64, AuditRecord)>, StoreError> {
+    pub async fn query_audit(&self, query: &AuditQuery) -> Result<Vec<(i64, AuditRecord)>, DbError> {
         let mut q = Sql::new(self.backend, &format!("SELECT seq, {AUDIT_COLUMNS} FROM audit_log WHERE 1 = 1"));
         if let Some(t) = &query.tenant {
             q.and("tenant =", Param::Text(Some(t.clone())));
@@ -372,13 +372,13 @@ impl Database {
     }
 
     /// The sequence number of the newest audit record.
-    pub async fn latest_audit_seq(&self) -> Result<Option<i64>, StoreError> {
+    pub async fn latest_audit_seq(&self) -> Result<Option<i64>, DbError> {
         let row = sqlx::query("SELECT MAX(seq) FROM audit_log").fetch_one(&self.pool).await?;
         Ok(row.try_get::<Option<i64>, _>(0)?)
     }
 
     /// How many audit records there are (for tests and the benchmark).
-    pub async fn count_audit(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
+    pub async fn count_audit(&self, tenant: Option<&str>) -> Result<i64, DbError> {
         let mut q = Sql::new(self.backend, "SELECT COUNT(*) FROM audit_log WHERE 1 = 1");
         if let Some(t) = tenant {
             q.and("tenant =", Param::Text(Some(t.to_owned())));
@@ -485,11 +485,11 @@ impl Sql {
     }
 }
 
-fn tenant_row(r: &AnyRow) -> Result<TenantRow, StoreError> {
+fn tenant_row(r: &AnyRow) -> Result<TenantRow, DbError> {
     let name: String = r.try_get(0)?;
     let policy: String = r.try_get(1)?;
     let policy =
-        serde_json::from_str(&policy).map_err(|e| StoreError::Policy { tenant: name.clone(), error: e.to_string() })?;
+        serde_json::from_str(&policy).map_err(|e| DbError::Policy { tenant: name.clone(), error: e.to_string() })?;
     Ok(TenantRow { name, policy, created_at_ms: r.try_get(2)? })
 }
 

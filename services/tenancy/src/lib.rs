@@ -20,7 +20,10 @@ use sha2::{Digest, Sha256};
 
 use switchboard_core::policy::{AuthFailure, Policy, Principal, Tenant};
 
-use crate::store::{Database, KeyRow, StoreError, TenantRow};
+use switchboard_db::{Database, DbError, KeyRow, TenantRow};
+
+mod metrics;
+pub use metrics::Metrics;
 
 /// Length of a key's visible prefix (`sb_` and 8 characters).
 pub const PREFIX_LEN: usize = 11;
@@ -49,6 +52,7 @@ pub struct Directory {
     static_tenants: Vec<(String, Policy)>,
     upstreams: Vec<Arc<str>>,
     db: Option<Database>,
+    metrics: Arc<Metrics>,
 }
 
 impl Directory {
@@ -60,6 +64,7 @@ impl Directory {
         static_tenants: Vec<(String, Policy)>,
         db: Option<Database>,
         open: bool,
+        metrics: Arc<Metrics>,
     ) -> Directory {
         let open = open.then(|| {
             let policy = Policy { upstreams: vec!["*".into()], ..Policy::default() };
@@ -69,7 +74,7 @@ impl Directory {
                 key_id: Arc::from(""),
             }
         });
-        let directory = Directory { snapshot: ArcSwap::default(), open, static_tenants, upstreams, db };
+        let directory = Directory { snapshot: ArcSwap::default(), open, static_tenants, upstreams, db, metrics };
         directory.install(0, Vec::new(), Vec::new());
         directory
     }
@@ -80,14 +85,25 @@ impl Directory {
     }
 
     /// The caller of a request, from its `Authorization: Bearer` or
-    /// `X-API-Key` header.
+    /// `X-API-Key` header. A refusal is counted.
     pub fn authenticate(&self, headers: &HeaderMap, now_ms: i64) -> Result<Principal, AuthFailure> {
         self.authenticate_key(presented_key(headers), now_ms)
     }
 
     /// The owner of an API key presented some other way (an edge device's
-    /// `register` message). With authentication off, the open tenant.
+    /// `register` message). With authentication off, the open tenant. A
+    /// refusal is counted.
     pub fn authenticate_key(&self, key: Option<&str>, now_ms: i64) -> Result<Principal, AuthFailure> {
+        self.check_key(key, now_ms).inspect_err(|failure| self.metrics.auth_failed(failure.label()))
+    }
+
+    /// What the metrics of this directory record (a refusal the directory
+    /// cannot see, such as a key naming another tenant's session).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    fn check_key(&self, key: Option<&str>, now_ms: i64) -> Result<Principal, AuthFailure> {
         if let Some(open) = &self.open {
             return Ok(open.clone());
         }
@@ -111,9 +127,11 @@ impl Directory {
     }
 
     /// Reads tenants and keys from the database and swaps them in.
-    pub async fn reload(&self) -> Result<(), StoreError> {
+    /// `switchboard_tenant_directory_db_up` says whether it could.
+    pub async fn reload(&self) -> Result<(), DbError> {
         let Some(db) = &self.db else { return Ok(()) };
-        let (version, tenants, keys) = db.load().await?;
+        let (version, tenants, keys) = db.load().await.inspect_err(|_| self.metrics.set_db_up(false))?;
+        self.metrics.set_db_up(true);
         self.install(version, tenants, keys);
         Ok(())
     }
@@ -154,7 +172,7 @@ impl Directory {
     /// Keeps the snapshot current: reloads on every database notification
     /// (PostgreSQL) and whenever the change counter moved (polled every
     /// `refresh`, on both databases, as a safety net).
-    pub fn start(self: &Arc<Self>, refresh: Duration, on_reload: impl Fn(bool) + Send + Sync + 'static) {
+    pub fn start(self: &Arc<Self>, refresh: Duration) {
         let Some(db) = self.db.clone() else { return };
         let directory = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -191,14 +209,14 @@ impl Directory {
                         if reloaded {
                             tracing::debug!("tenant directory reloaded");
                         }
-                        on_reload(true);
+                        directory.metrics.set_db_up(true);
                     }
                     Err(e) => {
                         if healthy {
                             tracing::warn!(error = %e, "tenant directory: cannot reach the database; serving the last known tenants and keys");
                         }
                         healthy = false;
-                        on_reload(false);
+                        directory.metrics.set_db_up(false);
                     }
                 }
             }
@@ -284,6 +302,7 @@ mod tests {
             vec![("t".into(), Policy { upstreams: vec!["a".into()], ..Policy::default() })],
             None,
             false,
+            Arc::new(Metrics::new(&Default::default())),
         );
         let (key, prefix, h) = generate_key();
         let (old, old_prefix, old_h) = generate_key();

@@ -15,13 +15,14 @@
 
 pub mod cluster;
 pub mod local;
+mod metrics;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::metrics::Metrics;
+pub use crate::metrics::Metrics;
 use switchboard_core::policy::{Principal, Rate};
 
 /// One limit a request must pass.
@@ -80,7 +81,7 @@ pub struct Limiter {
 impl Limiter {
     pub fn new(redis: Option<Arc<cluster::Shared>>, metrics: Arc<Metrics>) -> Limiter {
         if redis.is_some() {
-            metrics.set_ratelimit_redis(true);
+            metrics.set_redis_up(true);
         }
         Limiter {
             local: local::Local::default(),
@@ -101,16 +102,16 @@ impl Limiter {
                 Ok(decision) => {
                     if self.redis_down.swap(false, Ordering::Relaxed) {
                         tracing::info!("rate limits: Redis reachable again; limits are shared across replicas");
-                        self.metrics.set_ratelimit_redis(true);
+                        self.metrics.set_redis_up(true);
                     }
                     return decision;
                 }
                 Err(e) => {
                     if !self.redis_down.swap(true, Ordering::Relaxed) {
                         tracing::warn!(error = %e, "rate limits: Redis unreachable; each replica now enforces limits locally");
-                        self.metrics.set_ratelimit_redis(false);
+                        self.metrics.set_redis_up(false);
                     }
-                    self.metrics.ratelimit_fallback();
+                    self.metrics.fallback();
                 }
             }
         }

@@ -10,6 +10,7 @@
 //! (the database skips ids it already has). If the queue is full, the request
 //! path appends its record to the spool itself rather than drop it.
 
+mod metrics;
 pub mod spool;
 
 use std::path::Path;
@@ -19,8 +20,9 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, Notify};
 
-use crate::metrics::Metrics;
-use crate::store::{AuditRecord, Database};
+use switchboard_db::{AuditRecord, Database};
+
+pub use crate::metrics::Metrics;
 use spool::Spool;
 
 /// Tuning of the writer (from `[audit]`).
@@ -53,15 +55,15 @@ impl Sink {
         match self.queue.try_send(record) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(record) | mpsc::error::TrySendError::Closed(record)) => {
-                self.metrics.audit_overflow();
+                self.metrics.overflow();
                 let mut spool = self.spool.lock().expect("lock");
                 match spool.append(std::slice::from_ref(&record)) {
                     Ok(()) => {
-                        self.metrics.audit_spooled(1);
-                        self.metrics.set_audit_spool_bytes(spool.pending_bytes());
+                        self.metrics.spooled(1);
+                        self.metrics.set_spool_bytes(spool.pending_bytes());
                     }
                     Err(e) => {
-                        self.metrics.audit_lost(1);
+                        self.metrics.lost(1);
                         tracing::error!(error = %e, id = %record.id, "audit: record lost: queue full and the spool cannot be written");
                     }
                 }
@@ -91,7 +93,7 @@ impl Audit {
             if s.pending() {
                 tracing::info!(bytes = s.pending_bytes(), path = %spool_path.display(), "audit: spooled records from an earlier run will be replayed");
             }
-            metrics.set_audit_spool_bytes(s.pending_bytes());
+            metrics.set_spool_bytes(s.pending_bytes());
         }
         let (tx, rx) = mpsc::channel(options.queue.max(1));
         let stop = Arc::new(Notify::new());
@@ -224,7 +226,7 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            self.metrics.set_audit_queue(self.capacity - self.rx.capacity());
+            self.metrics.set_queue(self.capacity - self.rx.capacity());
             if !batch.is_empty() {
                 self.write(&mut batch, &mut retry_at).await;
             }
@@ -244,7 +246,7 @@ impl Writer {
         if !spooling {
             match tokio::time::timeout(self.options.write_timeout, self.db.insert_audit(batch)).await {
                 Ok(Ok(_)) => {
-                    self.metrics.audit_written(batch.len());
+                    self.metrics.written(batch.len());
                     batch.clear();
                     return;
                 }
@@ -255,7 +257,7 @@ impl Writer {
                     tracing::warn!(timeout = ?self.options.write_timeout, records = batch.len(), "audit: database write timed out; spooling to disk until it is back");
                 }
             }
-            self.metrics.audit_write_failed();
+            self.metrics.write_failed();
             *retry_at = tokio::time::Instant::now() + self.options.retry_every;
         }
         self.spool_batch(batch);
@@ -264,13 +266,13 @@ impl Writer {
     fn spool_batch(&mut self, batch: &mut Vec<AuditRecord>) {
         let mut spool = self.spool.lock().expect("lock");
         match spool.append(batch) {
-            Ok(()) => self.metrics.audit_spooled(batch.len()),
+            Ok(()) => self.metrics.spooled(batch.len()),
             Err(e) => {
-                self.metrics.audit_lost(batch.len());
+                self.metrics.lost(batch.len());
                 tracing::error!(error = %e, records = batch.len(), "audit: records lost: the database and the spool both failed");
             }
         }
-        self.metrics.set_audit_spool_bytes(spool.pending_bytes());
+        self.metrics.set_spool_bytes(spool.pending_bytes());
         batch.clear();
     }
 
@@ -288,7 +290,7 @@ impl Writer {
                 }
             };
             if corrupt > 0 {
-                self.metrics.audit_lost(corrupt);
+                self.metrics.lost(corrupt);
                 tracing::error!(
                     lines = corrupt,
                     "audit: unreadable lines in the spool skipped (a write cut short by a crash)"
@@ -297,8 +299,8 @@ impl Writer {
             if !records.is_empty() {
                 match tokio::time::timeout(self.options.write_timeout, self.db.insert_audit(&records)).await {
                     Ok(Ok(_)) => {
-                        self.metrics.audit_replayed(records.len());
-                        self.metrics.audit_written(records.len());
+                        self.metrics.replayed(records.len());
+                        self.metrics.written(records.len());
                     }
                     Ok(Err(e)) => {
                         tracing::debug!(error = %e, "audit: database still unavailable");
@@ -317,7 +319,7 @@ impl Writer {
                 *retry_at = tokio::time::Instant::now() + self.options.retry_every;
                 return;
             }
-            self.metrics.set_audit_spool_bytes(spool.pending_bytes());
+            self.metrics.set_spool_bytes(spool.pending_bytes());
             if !spool.pending() {
                 tracing::info!("audit: spool replayed; writing to the database again");
                 return;

@@ -1,0 +1,69 @@
+//! The audit writer's metrics: its queue, its spool, and what happened to
+//! each record.
+
+use switchboard_core::metrics::{counter, counter_vec, gauge, IntCounter, IntCounterVec, IntGauge, Registry};
+
+/// Metrics about audit records.
+pub struct Metrics {
+    queue: IntGauge,
+    spool_bytes: IntGauge,
+    records: IntCounterVec,
+    write_failures: IntCounter,
+}
+
+impl Metrics {
+    pub fn new(registry: &Registry) -> Metrics {
+        Metrics {
+            queue: gauge(registry, "switchboard_audit_queue_depth", "Audit records waiting for the writer."),
+            spool_bytes: gauge(
+                registry,
+                "switchboard_audit_spool_bytes",
+                "Bytes of audit records in the spool file waiting for replay.",
+            ),
+            records: counter_vec(
+                registry,
+                "switchboard_audit_records_total",
+                "Audit records by what happened to them: written, spooled, replayed, overflow (queue full, \
+                 spooled by the request), lost.",
+                &["event"],
+            ),
+            write_failures: counter(
+                registry,
+                "switchboard_audit_write_failures_total",
+                "Failed or timed-out audit writes to the database.",
+            ),
+        }
+    }
+
+    pub(crate) fn set_queue(&self, depth: usize) {
+        self.queue.set(depth as i64);
+    }
+
+    pub(crate) fn set_spool_bytes(&self, bytes: u64) {
+        self.spool_bytes.set(bytes as i64);
+    }
+
+    pub(crate) fn written(&self, n: usize) {
+        self.records.with_label_values(&["written"]).inc_by(n as u64);
+    }
+
+    pub(crate) fn spooled(&self, n: usize) {
+        self.records.with_label_values(&["spooled"]).inc_by(n as u64);
+    }
+
+    pub(crate) fn replayed(&self, n: usize) {
+        self.records.with_label_values(&["replayed"]).inc_by(n as u64);
+    }
+
+    pub(crate) fn overflow(&self) {
+        self.records.with_label_values(&["overflow"]).inc();
+    }
+
+    pub(crate) fn lost(&self, n: usize) {
+        self.records.with_label_values(&["lost"]).inc_by(n as u64);
+    }
+
+    pub(crate) fn write_failed(&self) {
+        self.write_failures.inc();
+    }
+}
