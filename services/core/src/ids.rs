@@ -46,6 +46,12 @@ impl fmt::Display for UpstreamId {
     }
 }
 
+/// Whether `name` may name an upstream, a tenant or a device: 1 to 48
+/// letters, digits, `_` or `-`.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 48 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,6 +63,14 @@ mod tests {
         assert!(a.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
         assert_ne!(a, b);
         assert_eq!(random_hex(3).len(), 6);
+    }
+
+    #[test]
+    fn names() {
+        assert!(valid_name("a-b_C9"));
+        assert!(!valid_name(""));
+        assert!(!valid_name("a b"));
+        assert!(!valid_name(&"x".repeat(49)));
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub struct Admin {
     static_tenants: Vec<(String, Policy)>,
     upstreams: Vec<String>,
     /// The running router's edge devices (the HTTP API only).
-    edge: Option<Arc<crate::edge::Edge>>,
+    edge: Option<Arc<switchboard_devices::Devices>>,
 }
 
 /// What went wrong with an operation.
@@ -91,7 +91,7 @@ impl Admin {
     }
 
     /// With the running router's edge registry, for `GET /v1/edge/devices`.
-    pub fn with_edge(mut self, edge: Arc<crate::edge::Edge>) -> Admin {
+    pub fn with_edge(mut self, edge: Arc<switchboard_devices::Devices>) -> Admin {
         self.edge = Some(edge);
         self
     }
@@ -102,7 +102,7 @@ impl Admin {
     }
 
     pub async fn create_tenant(&self, name: &str, policy: Policy) -> Result<TenantRow, AdminError> {
-        if !crate::config::valid_name(name) {
+        if !switchboard_core::ids::valid_name(name) {
             return Err(AdminError::Invalid(format!(
                 "tenant name {name:?}: use 1 to 48 of letters, digits, '_' and '-'"
             )));

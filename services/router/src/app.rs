@@ -58,7 +58,7 @@ pub struct App {
     pub audit: Option<Audit>,
     pub database: Option<Database>,
     /// Edge devices and their tools.
-    pub edge: Arc<crate::edge::Edge>,
+    pub edge: Arc<switchboard_devices::Devices>,
     shutting_down: AtomicBool,
     /// List changes, for stateless clients' `subscriptions/listen` streams.
     pub changes: tokio::sync::broadcast::Sender<Change>,
@@ -139,7 +139,7 @@ impl App {
             .flat_map(|u| [u.name.clone(), u.prefix.clone()])
             .filter(|p| !p.is_empty())
             .collect();
-        let edge = Arc::new(crate::edge::Edge::new(
+        let edge = Arc::new(switchboard_devices::Devices::new(
             config.edge.clone(),
             &config.catalog.separator,
             reserved,

@@ -15,6 +15,7 @@ use std::time::Duration;
 use http::Uri;
 use serde::Deserialize;
 pub use switchboard_catalog::CatalogConfig;
+pub use switchboard_devices::EdgeConfig;
 pub use switchboard_upstream::config::{HttpConfig, StdioConfig, TransportConfig, UpstreamConfig};
 
 /// The validated configuration.
@@ -98,29 +99,6 @@ pub struct AdminConfig {
     pub listen: Option<SocketAddr>,
     /// The bearer token it requires.
     pub token: Option<String>,
-}
-
-/// `[edge]`: devices that connect out to the router over framed TCP.
-#[derive(Debug, Clone)]
-pub struct EdgeConfig {
-    /// Where devices connect; `None` for no edge listener.
-    pub listen: Option<SocketAddr>,
-    /// TLS certificate chain and private key (PEM); both or neither.
-    pub tls: Option<(PathBuf, PathBuf)>,
-    /// Largest frame accepted from a device (markers included).
-    pub max_frame_bytes: usize,
-    /// A connection must register within this long.
-    pub register_timeout: Duration,
-    /// Longest wait for a device's answer to a call.
-    pub call_timeout: Duration,
-    /// A disconnected device's tools stay this long, for it to reconnect.
-    pub grace: Duration,
-    /// The tool (exposed name) that answers devices' text tasks; `None` for none.
-    pub task_handler: Option<String>,
-    /// Longest wait for the task handler's answer.
-    pub task_timeout: Duration,
-    /// At most this many devices connected at once.
-    pub max_devices: usize,
 }
 
 /// `[server]`: the downstream listener and its limits.
@@ -436,10 +414,6 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 const NAME_CHARS: &str = "letters, digits, '_' and '-'";
 
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 48 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
-
 impl RawConfig {
     /// Checks every value and builds the [`Config`]; reports all problems at once.
     pub fn validate(self) -> Result<Config, ConfigError> {
@@ -548,14 +522,14 @@ impl RawConfig {
         for (i, u) in self.upstreams.into_iter().enumerate() {
             let key = |field: &str| format!("upstreams[{i}].{field}");
             let name = u.name.clone().unwrap_or_default();
-            if !valid_name(&name) {
+            if !switchboard_core::ids::valid_name(&name) {
                 bad(key("name"), format!("must be 1 to 48 of {NAME_CHARS}"));
             } else if !names.insert(name.clone()) {
                 bad(key("name"), format!("{name:?} is used by another upstream"));
             }
             let prefix = u.prefix.clone().unwrap_or_else(|| name.clone());
             if !prefix.is_empty() {
-                if !valid_name(&prefix) {
+                if !switchboard_core::ids::valid_name(&prefix) {
                     bad(key("prefix"), format!("must be empty or 1 to 48 of {NAME_CHARS}"));
                 } else if !prefixes.insert(switchboard_catalog::naming::scheme_prefix(&prefix)) {
                     bad(
@@ -859,7 +833,7 @@ impl RawConfig {
         let mut tenant_names = HashSet::new();
         for (i, t) in self.tenants.into_iter().enumerate() {
             let name = t.name.unwrap_or_default();
-            if !valid_name(&name) {
+            if !switchboard_core::ids::valid_name(&name) {
                 bad(format!("tenants[{i}].name"), format!("must be 1 to 48 of {NAME_CHARS}"));
             } else if !tenant_names.insert(name.clone()) {
                 bad(format!("tenants[{i}].name"), format!("{name:?} is used by another tenant"));

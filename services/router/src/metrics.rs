@@ -52,7 +52,7 @@ pub struct Metrics {
     /// The audit writer: queue, spool, records.
     pub audit: Arc<switchboard_audit::Metrics>,
     /// Edge devices and their connections.
-    pub edge: Arc<crate::edge::Metrics>,
+    pub edge: Arc<switchboard_devices::Metrics>,
 }
 
 const METHODS: usize = Method::Other as usize + 1;
@@ -93,7 +93,7 @@ impl Metrics {
             tenancy: Arc::new(switchboard_tenancy::Metrics::new(&registry)),
             limits: Arc::new(switchboard_limits::Metrics::new(&registry)),
             audit: Arc::new(switchboard_audit::Metrics::new(&registry)),
-            edge: Arc::new(crate::edge::Metrics::new(&registry)),
+            edge: Arc::new(switchboard_devices::Metrics::new(&registry)),
             registry,
             upstream_names: upstream_names.to_vec(),
             requests,

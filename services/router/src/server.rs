@@ -48,7 +48,7 @@ pub async fn serve_with(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let edge_tls = match &config.edge.tls {
-        Some((cert, key)) => Some(crate::edge::listen::tls_acceptor(cert, key)?),
+        Some((cert, key)) => Some(switchboard_devices::tls_acceptor(cert, key)?),
         None => None,
     };
     let edge_listener = match (extra.edge, config.edge.listen) {
@@ -75,7 +75,8 @@ pub async fn serve_with(
     };
     let mut others = Vec::new();
     if let Some(edge) = edge_listener {
-        others.push(tokio::spawn(crate::edge::listen::serve(app.clone(), edge, edge_tls, stopped())));
+        let host = Arc::new(crate::edge::EdgeHost(app.clone()));
+        others.push(tokio::spawn(switchboard_devices::serve(app.edge.clone(), host, edge, edge_tls, stopped())));
     }
     if let Some((admin_listener, admin, token)) = extra.admin {
         let admin = admin.with_edge(app.edge.clone());

@@ -4,7 +4,7 @@
 //!
 //! - `listen.rs`: the listener (plain TCP or TLS) and one task pair per
 //!   connection: frames in (register, results, text tasks), frames out.
-//! - this file: the [`Edge`] registry: which devices are connected for which
+//! - this file: the [`Devices`] registry: which devices are connected for which
 //!   tenant, the per-tenant view of their tools (an immutable snapshot
 //!   swapped whole, like the catalog's), calls to a device, and the mapping of
 //!   its answer to an MCP tool result.
@@ -17,25 +17,76 @@
 
 pub mod listen;
 mod metrics;
-mod task;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
 use serde_json::{json, Value};
 use switchboard_protocol::edge as frames;
-use switchboard_protocol::jsonrpc;
 use tokio::sync::{mpsc, oneshot, Notify};
 
+pub use self::listen::{serve, tls_acceptor, Host, TaskRunner};
 pub use self::metrics::Metrics;
-use crate::config::EdgeConfig;
-use crate::error::Error;
-use switchboard_upstream::UpstreamError;
+
+/// `[edge]`: devices that connect out to the router over framed TCP.
+#[derive(Debug, Clone)]
+pub struct EdgeConfig {
+    /// Where devices connect; `None` for no edge listener.
+    pub listen: Option<SocketAddr>,
+    /// TLS certificate chain and private key (PEM); both or neither.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Largest frame accepted from a device (markers included).
+    pub max_frame_bytes: usize,
+    /// A connection must register within this long.
+    pub register_timeout: Duration,
+    /// Longest wait for a device's answer to a call.
+    pub call_timeout: Duration,
+    /// A disconnected device's tools stay this long, for it to reconnect.
+    pub grace: Duration,
+    /// The tool (exposed name) that answers devices' text tasks; `None` for none.
+    pub task_handler: Option<String>,
+    /// Longest wait for the task handler's answer.
+    pub task_timeout: Duration,
+    /// At most this many devices connected at once.
+    pub max_devices: usize,
+}
+
+/// Why a call to a device failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The arguments do not match the schema the device registered.
+    #[error("invalid arguments for {tool}: {invalid}")]
+    InvalidArguments { tool: String, invalid: switchboard_protocol::schema::Invalid },
+    /// The call would not fit in one frame the device takes.
+    #[error("the call is {size} bytes as a frame; devices take frames of at most {max} bytes (edge.max_frame_bytes)")]
+    TooLarge { size: usize, max: usize },
+    /// No answer in time.
+    #[error("device {device:?} did not answer within {after:?}")]
+    Timeout { device: Arc<str>, after: std::time::Duration },
+    /// The device is not connected, or left before answering.
+    #[error("device {device:?} is unavailable: {why}")]
+    Unavailable { device: Arc<str>, why: Unavailable },
+}
+
+/// Why a device could not take a call.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Unavailable {
+    /// Disconnected; its tools stay listed for the grace period.
+    #[error("the device is disconnected; its tools stay listed for {0:?} in case it reconnects")]
+    Disconnected(std::time::Duration),
+    /// Its connection closed while the call was being sent.
+    #[error("connection closed before the answer")]
+    Closed,
+    /// It disconnected after the call was sent.
+    #[error("the device disconnected before answering")]
+    LeftBeforeAnswering,
+}
 
 /// One registered service, as a tool.
 #[derive(Debug)]
@@ -194,15 +245,15 @@ pub enum RegisterError {
 pub type Refused = (String, String);
 
 /// Devices by (tenant, device name).
-type Devices = HashMap<(Arc<str>, Arc<str>), Arc<Device>>;
+type ByName = HashMap<(Arc<str>, Arc<str>), Arc<Device>>;
 
 /// The registry of connected devices.
-pub struct Edge {
+pub struct Devices {
     pub config: EdgeConfig,
     separator: String,
     /// Prefixes of configured upstreams, which device names must not take.
     reserved: Vec<String>,
-    devices: Mutex<Devices>,
+    devices: Mutex<ByName>,
     views: ArcSwap<HashMap<Arc<str>, Arc<View>>>,
     /// Devices in the registry (connected or in their grace period).
     count: AtomicU64,
@@ -211,9 +262,9 @@ pub struct Edge {
     metrics: Arc<Metrics>,
 }
 
-impl Edge {
-    pub fn new(config: EdgeConfig, separator: &str, reserved: Vec<String>, metrics: Arc<Metrics>) -> Edge {
-        Edge {
+impl Devices {
+    pub fn new(config: EdgeConfig, separator: &str, reserved: Vec<String>, metrics: Arc<Metrics>) -> Devices {
+        Devices {
             config,
             separator: separator.to_owned(),
             reserved,
@@ -254,7 +305,7 @@ impl Edge {
     /// Checks a device name: letters, digits, `_` and `-`, without the
     /// catalog's separator, and not an upstream's prefix.
     pub fn check_device_name(&self, name: &str) -> Result<(), RegisterError> {
-        if !crate::config::valid_name(name) {
+        if !switchboard_core::ids::valid_name(name) {
             return Err(RegisterError::Invalid(format!(
                 "device name {name:?} must be 1 to 48 letters, digits, '_' or '-'"
             )));
@@ -400,7 +451,7 @@ impl Edge {
     }
 
     /// Rebuilds one tenant's view (under the devices lock).
-    fn rebuild(&self, devices: &Devices, tenant: &Arc<str>) {
+    fn rebuild(&self, devices: &ByName, tenant: &Arc<str>) {
         let mut tools: Vec<(&str, Arc<Device>, usize)> = Vec::new();
         for ((t, _), d) in devices.iter() {
             if t == tenant {
@@ -473,21 +524,14 @@ impl Edge {
     /// Calls service `index` of `device` with `arguments` (already parsed),
     /// after checking them against its schema. Returns the MCP tool result
     /// (the `result` object, as JSON text).
-    pub async fn call(&self, device: &Device, index: usize, arguments: &Value) -> Result<Vec<u8>, Error> {
+    pub async fn call(&self, device: &Device, index: usize, arguments: &Value) -> Result<Vec<u8>, CallError> {
         let service = &device.services[index];
         switchboard_protocol::schema::check(&service.schema, arguments, "arguments")
-            .map_err(|invalid| Error::InvalidArguments { tool: service.tool.clone(), invalid })?;
-        // Named in errors only: built when one happens.
-        let upstream = || -> Arc<str> { Arc::from(format!("edge:{}", device.name)) };
+            .map_err(|invalid| CallError::InvalidArguments { tool: service.tool.clone(), invalid })?;
+        let unavailable = |why| CallError::Unavailable { device: device.name.clone(), why };
         let link = &device.link;
         if link.is_closed() {
-            return Err(Error::upstream(
-                &upstream(),
-                UpstreamError::Down(format!(
-                    "the device is disconnected; its tools stay listed for {:?} in case it reconnects",
-                    self.config.grace
-                )),
-            ));
+            return Err(unavailable(Unavailable::Disconnected(self.config.grace)));
         }
         let call_id = format!("sb-{}", self.next_call.fetch_add(1, Ordering::Relaxed));
         let (tx, rx) = oneshot::channel();
@@ -501,7 +545,7 @@ impl Edge {
         }
         let _waiter = Waiter(link, &call_id);
         if link.is_closed() {
-            return Err(Error::upstream(&upstream(), UpstreamError::Closed));
+            return Err(unavailable(Unavailable::Closed));
         }
         let message = json!({
             "type": "call",
@@ -510,28 +554,22 @@ impl Edge {
         let mut frame = BytesMut::new();
         frames::encode_json(link.next_seq(), &serde_json::to_vec(&message).expect("serializable"), &mut frame);
         if frame.len() > self.config.max_frame_bytes {
-            return Err(Error::InvalidParams(format!(
-                "the call is {} bytes as a frame; devices take frames of at most {} bytes (edge.max_frame_bytes)",
-                frame.len(),
-                self.config.max_frame_bytes
-            )));
+            return Err(CallError::TooLarge { size: frame.len(), max: self.config.max_frame_bytes });
         }
         let deadline = tokio::time::Instant::now() + self.config.call_timeout;
         let sent = tokio::time::timeout_at(deadline, link.send_raw(frame.freeze())).await;
         match sent {
-            Err(_) => return Err(Error::UpstreamTimeout { upstream: upstream(), after: self.config.call_timeout }),
-            Ok(Err(())) => return Err(Error::upstream(&upstream(), UpstreamError::Closed)),
+            Err(_) => return Err(CallError::Timeout { device: device.name.clone(), after: self.config.call_timeout }),
+            Ok(Err(())) => return Err(unavailable(Unavailable::Closed)),
             Ok(Ok(())) => self.metrics.frame_out(frames::MCP),
         }
         let answer = tokio::select! {
             answer = rx => answer,
             () = tokio::time::sleep_until(deadline) => {
-                return Err(Error::UpstreamTimeout { upstream: upstream(), after: self.config.call_timeout });
+                return Err(CallError::Timeout { device: device.name.clone(), after: self.config.call_timeout });
             }
         };
-        let answer = answer.map_err(|_| {
-            Error::upstream(&upstream(), UpstreamError::Down("the device disconnected before answering".into()))
-        })?;
+        let answer = answer.map_err(|_| unavailable(Unavailable::LeftBeforeAnswering))?;
         Ok(tool_result(answer))
     }
 }
@@ -561,80 +599,4 @@ pub fn tool_result(answer: Answer) -> Vec<u8> {
         json!({"content": [{"type": "text", "text": text}], "isError": true})
     };
     serde_json::to_vec(&result).expect("serializable")
-}
-
-/// A `tools/call` of a device tool, found.
-pub struct Target {
-    pub device: Arc<Device>,
-    pub index: usize,
-    pub arguments: Value,
-}
-
-/// Whether a `tools/call` names one of `tenant`'s device tools (`None`: the
-/// catalog resolves it). Costs one atomic load when no device is registered.
-pub fn target(app: &crate::app::App, tenant: &str, env: &jsonrpc::Envelope<'_>) -> Option<Target> {
-    let view = app.edge.view(tenant)?;
-    let params = env.params?;
-    // The name first (borrowed); the arguments are decoded only for a device tool.
-    let name = jsonrpc::Target::parse(params).ok()?.name.and_then(jsonrpc::as_str)?;
-    let (device, index) = view.by_name.get(&*name).cloned()?;
-    #[derive(serde::Deserialize)]
-    struct Call {
-        #[serde(default)]
-        arguments: Option<Value>,
-    }
-    let arguments = serde_json::from_str::<Call>(params.get()).ok().and_then(|c| c.arguments);
-    Some(Target { device, index, arguments: arguments.unwrap_or_else(|| json!({})) })
-}
-
-/// Calls a device tool for an MCP client and returns the JSON-RPC answer.
-/// The ledger (audit record, in-flight slot) is closed however the call
-/// ends, a client that hangs up included.
-pub async fn answer(
-    app: &Arc<crate::app::App>,
-    target: Target,
-    id: &serde_json::value::RawValue,
-    started: Instant,
-    ledger: crate::downstream::forward::Ledger,
-) -> Bytes {
-    use switchboard_core::Outcome;
-    struct Books<'a> {
-        app: &'a crate::app::App,
-        upstream: String,
-        started: Instant,
-        ledger: crate::downstream::forward::Ledger,
-        open: bool,
-    }
-    impl Books<'_> {
-        fn close(&mut self, outcome: Outcome, code: Option<i64>, bytes: usize) {
-            self.open = false;
-            self.app.metrics.edge.call(outcome, self.started.elapsed());
-            self.ledger.close_named(self.app, Some(&self.upstream), outcome, code, bytes, self.started);
-        }
-    }
-    impl Drop for Books<'_> {
-        fn drop(&mut self) {
-            if self.open {
-                self.close(Outcome::Abandoned, None, 0);
-            }
-        }
-    }
-    let mut books = Books { app, upstream: format!("edge:{}", target.device.name), started, ledger, open: true };
-    match app.edge.call(&target.device, target.index, &target.arguments).await {
-        Ok(result) => {
-            let body = jsonrpc::result_response(id, &result);
-            books.close(Outcome::Ok, None, body.len());
-            body
-        }
-        Err(e) => {
-            let outcome = match &e {
-                Error::InvalidArguments { .. } => Outcome::Rejected,
-                Error::UpstreamTimeout { .. } => Outcome::Timeout,
-                _ => Outcome::UpstreamFailed,
-            };
-            let body = jsonrpc::error_response(Some(id), e.code(), &e.to_string(), e.data().as_ref());
-            books.close(outcome, Some(e.code()), body.len());
-            body
-        }
-    }
 }

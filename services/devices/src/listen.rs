@@ -29,10 +29,47 @@ use tokio::net::TcpListener;
 use tokio_rustls::rustls;
 use tokio_rustls::TlsAcceptor;
 
-use super::{Answer, Device, Link};
-use crate::app::App;
-use switchboard_core::policy::Principal;
-use switchboard_session::Session;
+use async_trait::async_trait;
+use switchboard_core::policy::{AuthFailure, Principal, Tenant};
+
+use super::{Answer, Device, Devices, Link};
+
+/// What the router provides to edge devices: authentication, the tools
+/// their tenant already sees, news of their comings and goings, and the
+/// handling of text tasks.
+pub trait Host: Send + Sync + 'static {
+    /// The owner of the API key a device registered with (`None`: it gave
+    /// none). With authentication off, the open tenant.
+    fn authenticate(&self, key: Option<&str>) -> Result<Principal, AuthFailure>;
+
+    /// Whether `tenant` already sees a tool named `tool` from an upstream
+    /// (a device's service must not shadow it).
+    fn sees_tool(&self, tenant: &Tenant, tool: &str) -> bool;
+
+    /// `tenant`'s tools changed: a device registered, changed its services,
+    /// or is gone.
+    fn tools_changed(&self, tenant: &str);
+
+    /// What runs the text tasks of a registered device's connection: made
+    /// at its first task, closed when the connection ends.
+    fn task_runner(&self, principal: &Principal, device: &Arc<Device>) -> Arc<dyn TaskRunner>;
+}
+
+/// Runs the text tasks of one device connection.
+#[async_trait]
+pub trait TaskRunner: Send + Sync {
+    /// Runs one text task and returns the text to send back.
+    async fn run(&self, task: TaskId, text: String) -> String;
+
+    /// The connection ended.
+    async fn close(&self) {}
+}
+
+/// What every connection's task shares.
+struct Ctx {
+    devices: Arc<Devices>,
+    host: Arc<dyn Host>,
+}
 
 /// The text tasks being gathered on one connection may hold, together, at
 /// most this many frames' worth of bytes.
@@ -78,7 +115,14 @@ pub fn tls_acceptor(cert: &Path, key: &Path) -> std::io::Result<TlsAcceptor> {
 }
 
 /// Accepts device connections until `shutdown`, then closes them all.
-pub async fn serve(app: Arc<App>, listener: TcpListener, tls: Option<TlsAcceptor>, shutdown: impl Future<Output = ()>) {
+pub async fn serve(
+    devices: Arc<Devices>,
+    host: Arc<dyn Host>,
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let ctx = Arc::new(Ctx { devices, host });
     if let Ok(addr) = listener.local_addr() {
         let scheme = if tls.is_some() { "tls" } else { "tcp" };
         tracing::info!(%addr, "edge devices connect to {scheme}://{addr}");
@@ -97,21 +141,21 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, tls: Option<TlsAcceptor
                 };
                 let _ = stream.set_nodelay(true);
                 keepalive(&stream);
-                let app = app.clone();
+                let ctx = ctx.clone();
                 match tls.clone() {
                     None => {
-                        tokio::spawn(connection(app, stream, remote, false));
+                        tokio::spawn(connection(ctx, stream, remote, false));
                     }
                     Some(acceptor) => {
                         tokio::spawn(async move {
-                            let handshake = tokio::time::timeout(app.edge.config.register_timeout, acceptor.accept(stream)).await;
+                            let handshake = tokio::time::timeout(ctx.devices.config.register_timeout, acceptor.accept(stream)).await;
                             match handshake {
-                                Ok(Ok(stream)) => connection(app, stream, remote, true).await,
+                                Ok(Ok(stream)) => connection(ctx, stream, remote, true).await,
                                 Ok(Err(e)) => {
-                                    app.metrics.edge.connection("tls_failed");
+                                    ctx.devices.metrics.connection("tls_failed");
                                     tracing::debug!(%remote, error = %e, "edge TLS handshake failed");
                                 }
-                                Err(_) => app.metrics.edge.connection("timeout"),
+                                Err(_) => ctx.devices.metrics.connection("timeout"),
                             }
                         });
                     }
@@ -120,12 +164,12 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, tls: Option<TlsAcceptor
             () = &mut shutdown => break,
         }
     }
-    app.edge.close_all();
+    ctx.devices.close_all();
 }
 
 /// What one connection knows about itself.
 struct Conn {
-    app: Arc<App>,
+    ctx: Arc<Ctx>,
     link: Arc<Link>,
     principal: Option<Principal>,
     device: Option<Arc<Device>>,
@@ -137,7 +181,7 @@ struct Conn {
     /// Slots for text tasks at their handler.
     running: Arc<tokio::sync::Semaphore>,
     /// The device's own session, for its text tasks' handler calls.
-    session: Option<Arc<Session>>,
+    runner: Option<Arc<dyn TaskRunner>>,
 }
 
 /// What to do after a frame.
@@ -147,11 +191,11 @@ enum Next {
 }
 
 /// Runs one device connection to its end.
-async fn connection<S>(app: Arc<App>, stream: S, remote: SocketAddr, tls: bool)
+async fn connection<S>(ctx: Arc<Ctx>, stream: S, remote: SocketAddr, tls: bool)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let (link, mut outgoing) = app.edge.link(remote, tls);
+    let (link, mut outgoing) = ctx.devices.link(remote, tls);
     let (mut reader, mut writer) = tokio::io::split(stream);
     let writer_link = link.clone();
     let writer_task = tokio::spawn(async move {
@@ -185,17 +229,17 @@ where
     });
 
     let mut conn = Conn {
-        app: app.clone(),
+        ctx: ctx.clone(),
         link: link.clone(),
         principal: None,
         device: None,
         tasks: HashMap::new(),
         task_bytes: 0,
         running: Arc::new(tokio::sync::Semaphore::new(MAX_RUNNING_TASKS)),
-        session: None,
+        runner: None,
     };
-    let mut decoder = Decoder::new(app.edge.config.max_frame_bytes);
-    let register_by = tokio::time::Instant::now() + app.edge.config.register_timeout;
+    let mut decoder = Decoder::new(ctx.devices.config.max_frame_bytes);
+    let register_by = tokio::time::Instant::now() + ctx.devices.config.register_timeout;
     'read: loop {
         while let Some(decoded) = decoder.next_frame() {
             if link.is_closed() {
@@ -204,7 +248,7 @@ where
             let next = match decoded {
                 Ok(frame) => conn.frame(frame).await,
                 Err(e) => {
-                    app.metrics.edge.frame_error(e.label());
+                    ctx.devices.metrics.frame_error(e.label());
                     tracing::debug!(%remote, error = %e, "edge input skipped");
                     Next::Go
                 }
@@ -222,29 +266,29 @@ where
             },
             () = link.closed() => break,
             () = tokio::time::sleep_until(register_by), if !registered => {
-                conn.error("register_timeout", &format!("no register message within {:?}", app.edge.config.register_timeout)).await;
-                app.metrics.edge.connection("timeout");
+                conn.error("register_timeout", &format!("no register message within {:?}", ctx.devices.config.register_timeout)).await;
+                ctx.devices.metrics.connection("timeout");
                 break;
             }
         }
     }
     if conn.device.is_none() && conn.principal.is_none() && !link.is_closed() {
-        app.metrics.edge.connection("closed");
+        ctx.devices.metrics.connection("closed");
     }
     link.close();
     let _ = writer_task.await; // bounded: its writes time out
-    if let Some(session) = conn.session.take() {
-        session.close().await;
+    if let Some(runner) = conn.runner.take() {
+        runner.close().await;
     }
     if let Some(device) = conn.device.take() {
         tracing::info!(tenant = %device.tenant, device = %device.name, %remote, "edge device disconnected");
-        app.edge.refresh_gauges();
-        let grace = app.edge.config.grace;
+        ctx.devices.refresh_gauges();
+        let grace = ctx.devices.config.grace;
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
-            if app.edge.remove_if_held(&device.tenant, &device.name, &link) {
+            if ctx.devices.remove_if_held(&device.tenant, &device.name, &link) {
                 tracing::info!(tenant = %device.tenant, device = %device.name, "edge device removed after its grace period");
-                app.announce_tools(&device.tenant);
+                ctx.host.tools_changed(&device.tenant);
             }
         });
     }
@@ -255,7 +299,7 @@ impl Conn {
     /// (the queue is full) is disconnected rather than waited for.
     async fn error(&self, code: &str, message: &str) {
         if self.link.try_send_json(&json!({"type": "error", "data": {"code": code, "message": message}})) {
-            self.app.metrics.edge.frame_out(frames::MCP);
+            self.ctx.devices.metrics.frame_out(frames::MCP);
         } else {
             self.link.close();
         }
@@ -264,12 +308,12 @@ impl Conn {
     /// Refuses anything but `register` before registration: error, close.
     async fn not_registered(&self, message: &str) -> Next {
         self.error("not_registered", message).await;
-        self.app.metrics.edge.connection("invalid");
+        self.ctx.devices.metrics.connection("invalid");
         Next::Close
     }
 
     async fn frame(&mut self, frame: Frame) -> Next {
-        let metrics = &self.app.metrics.edge;
+        let metrics = &self.ctx.devices.metrics;
         metrics.frame_in(frame.kind);
         match frame.kind {
             frames::MCP => self.message(&frame.payload).await,
@@ -301,7 +345,7 @@ impl Conn {
     }
 
     async fn message(&mut self, payload: &Bytes) -> Next {
-        let metrics = &self.app.metrics.edge;
+        let metrics = &self.ctx.devices.metrics;
         let message: Value = match serde_json::from_slice(payload) {
             Ok(Value::Object(m)) => Value::Object(m),
             _ => {
@@ -352,13 +396,13 @@ impl Conn {
     }
 
     async fn register(&mut self, data: &Value) -> Next {
-        let app = self.app.clone();
-        let metrics = &app.metrics.edge;
+        let ctx = self.ctx.clone();
+        let metrics = &ctx.devices.metrics;
         let first = self.device.is_none();
         let refuse = |code: &'static str, message: String| (code, message);
         let result: Result<Arc<Device>, (&str, String)> = async {
             let key = data.pointer("/auth/api_key").and_then(Value::as_str);
-            let principal = app.directory.authenticate_key(key, switchboard_core::time::now_ms()).map_err(|f| {
+            let principal = ctx.host.authenticate(key).map_err(|f| {
                 refuse(
                     "unauthenticated",
                     f.message().replace(
@@ -384,7 +428,7 @@ impl Conn {
                 (None | Some(Value::Null), None) => Arc::from(generated_name()),
                 (Some(_), None) => return Err(refuse("invalid", "data.device must be a string".into())),
             };
-            app.edge.check_device_name(&name).map_err(|e| refuse("invalid", e.to_string()))?;
+            ctx.devices.check_device_name(&name).map_err(|e| refuse("invalid", e.to_string()))?;
             let empty = serde_json::Map::new();
             let registered = match data.get("services") {
                 None | Some(Value::Null) => &empty,
@@ -396,16 +440,14 @@ impl Conn {
                     ))
                 }
             };
-            let (mut services, mut refused) = app.edge.services(&name, registered);
+            let (mut services, mut refused) = ctx.devices.services(&name, registered);
             // A device tool must not shadow a tool the tenant already sees.
-            let snapshot = app.catalog.current();
-            let tools = snapshot.list(switchboard_protocol::methods::ListKind::Tools);
-            services.retain(|s| match tools.get(&s.tool) {
-                Some(item) if principal.tenant.sees_tool(item.upstream, &item.name) => {
+            services.retain(|s| {
+                let shadows = ctx.host.sees_tool(&principal.tenant, &s.tool);
+                if shadows {
                     refused.push((s.name.clone(), format!("its tool name {:?} is an upstream's tool", s.tool)));
-                    false
                 }
-                _ => true,
+                !shadows
             });
             let device = Device {
                 tenant: principal.tenant.name.clone(),
@@ -414,7 +456,7 @@ impl Conn {
                 link: self.link.clone(),
                 registered_at_ms: switchboard_core::time::now_ms(),
             };
-            let (device, taken) = app.edge.register(device).map_err(|e| match e {
+            let (device, taken) = ctx.devices.register(device).map_err(|e| match e {
                 super::RegisterError::Full(_) => refuse("full", e.to_string()),
                 super::RegisterError::Invalid(m) => refuse("invalid", m),
             })?;
@@ -442,7 +484,7 @@ impl Conn {
                 if first {
                     metrics.connection("registered");
                 }
-                app.announce_tools(&device.tenant);
+                ctx.host.tools_changed(&device.tenant);
                 self.device = Some(device);
                 Next::Go
             }
@@ -457,9 +499,9 @@ impl Conn {
     }
 
     async fn text(&mut self, frame: Frame) {
-        let limit = self.app.edge.config.max_frame_bytes * TASK_FRAMES;
+        let limit = self.ctx.devices.config.max_frame_bytes * TASK_FRAMES;
         if !self.tasks.contains_key(&frame.task) && self.tasks.len() >= MAX_OPEN_TASKS {
-            self.app.metrics.edge.task("too_many");
+            self.ctx.devices.metrics.task("too_many");
             self.tasks.insert(frame.task, None);
             let message = format!("error: at most {MAX_OPEN_TASKS} text tasks may be open at once");
             self.reply_text(frame.task, &message).await;
@@ -470,7 +512,7 @@ impl Conn {
         if self.task_bytes + frame.payload.len() > limit {
             self.task_bytes -= text.len();
             *slot = None;
-            self.app.metrics.edge.task("too_large");
+            self.ctx.devices.metrics.task("too_large");
             let message = format!("error: the text tasks of one connection may hold at most {limit} bytes together");
             self.reply_text(frame.task, &message).await;
             return;
@@ -481,58 +523,49 @@ impl Conn {
 
     async fn end(&mut self, task: TaskId) {
         let Some(gathered) = self.tasks.remove(&task) else {
-            self.app.metrics.edge.frame_error("unknown_task");
+            self.ctx.devices.metrics.frame_error("unknown_task");
             return;
         };
         let Some(bytes) = gathered else { return }; // refused: already answered
         self.task_bytes -= bytes.len();
         let Ok(permit) = self.running.clone().try_acquire_owned() else {
-            self.app.metrics.edge.task("too_many");
+            self.ctx.devices.metrics.task("too_many");
             let message = format!("error: at most {MAX_RUNNING_TASKS} text tasks may be at the handler at once");
             self.reply_text(task, &message).await;
             return;
         };
         let Ok(text) = String::from_utf8(Vec::from(bytes)) else {
-            self.app.metrics.edge.task("bad_text");
+            self.ctx.devices.metrics.task("bad_text");
             self.reply_text(task, "error: the text of a task must be UTF-8").await;
             return;
         };
         let principal = self.principal.clone().expect("registered");
         let device = self.device.clone().expect("registered");
-        let session = self
-            .session
-            .get_or_insert_with(|| {
-                self.app.sessions.private(switchboard_session::Client {
-                    tenant: principal.tenant.name.clone(),
-                    version: switchboard_protocol::ProtocolVersion::LATEST,
-                    capabilities: Arc::from(switchboard_upstream::empty_object()),
-                })
-            })
-            .clone();
-        let app = self.app.clone();
+        let runner = self.runner.get_or_insert_with(|| self.ctx.host.task_runner(&principal, &device)).clone();
+        let ctx = self.ctx.clone();
         let link = self.link.clone();
         tokio::spawn(async move {
-            let answer = super::task::run(&app, &principal, &device, &session, task, text).await;
-            send_text(&app, &link, task, &answer).await;
+            let answer = runner.run(task, text).await;
+            send_text(&ctx, &link, task, &answer).await;
             drop(permit);
         });
     }
 
     async fn reply_text(&self, task: TaskId, text: &str) {
-        send_text(&self.app, &self.link, task, text).await;
+        send_text(&self.ctx, &self.link, task, text).await;
     }
 }
 
 /// Sends `text` as text frames of `task`, then its end frame.
-async fn send_text(app: &App, link: &Link, task: TaskId, text: &str) {
+async fn send_text(ctx: &Ctx, link: &Link, task: TaskId, text: &str) {
     let mut out = BytesMut::new();
-    let max_payload = app.edge.config.max_frame_bytes.saturating_sub(32).max(16);
+    let max_payload = ctx.devices.config.max_frame_bytes.saturating_sub(32).max(16);
     let n = frames::encode_text(&task, 0, text, max_payload, &mut out);
     frames::encode_end(&task, n as u16, &mut out);
     for _ in 0..n {
-        app.metrics.edge.frame_out(frames::TEXT);
+        ctx.devices.metrics.frame_out(frames::TEXT);
     }
-    app.metrics.edge.frame_out(frames::END);
+    ctx.devices.metrics.frame_out(frames::END);
     let _ = link.send_raw(out.freeze()).await;
 }
 

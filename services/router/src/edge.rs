@@ -1,0 +1,265 @@
+//! Edge devices in the router: what the devices crate asks of the router
+//! ([`Host`]: keys, the tools a tenant already sees, news of devices coming
+//! and going, text tasks), and device tools answering clients' `tools/call`.
+//!
+//! Text tasks: a device's user text is handed to the tool named by
+//! `edge.task_handler` (resolved in the device's tenant's catalog, or among
+//! its device tools), called with `{"text", "task_id", "device"}` on a
+//! session of the device's own, and audited as the device's key. The
+//! handler's text answer goes back to the device; so does a clear error
+//! text when there is no handler or it fails.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde_json::{json, Value};
+use switchboard_core::policy::{AuthFailure, Principal, Tenant};
+use switchboard_devices::{CallError, Device, Host, TaskRunner, Unavailable};
+use switchboard_protocol::edge::{task_str, TaskId};
+use switchboard_protocol::jsonrpc;
+use switchboard_protocol::methods::ListKind;
+use switchboard_session::Session;
+use switchboard_upstream::UpstreamError;
+
+use crate::app::App;
+use crate::error::Error;
+
+/// The router, as edge devices see it.
+pub struct EdgeHost(pub Arc<App>);
+
+impl Host for EdgeHost {
+    fn authenticate(&self, key: Option<&str>) -> Result<Principal, AuthFailure> {
+        self.0.directory.authenticate_key(key, switchboard_core::time::now_ms())
+    }
+
+    fn sees_tool(&self, tenant: &Tenant, tool: &str) -> bool {
+        let snapshot = self.0.catalog.current();
+        snapshot.list(ListKind::Tools).get(tool).is_some_and(|item| tenant.sees_tool(item.upstream, &item.name))
+    }
+
+    fn tools_changed(&self, tenant: &str) {
+        self.0.announce_tools(tenant);
+    }
+
+    fn task_runner(&self, principal: &Principal, device: &Arc<Device>) -> Arc<dyn TaskRunner> {
+        let session = self.0.sessions.private(switchboard_session::Client {
+            tenant: principal.tenant.name.clone(),
+            version: switchboard_protocol::ProtocolVersion::LATEST,
+            capabilities: Arc::from(switchboard_upstream::empty_object()),
+        });
+        Arc::new(Tasks { app: self.0.clone(), principal: principal.clone(), device: device.clone(), session })
+    }
+}
+
+/// The text tasks of one device connection, on a session of its own.
+struct Tasks {
+    app: Arc<App>,
+    principal: Principal,
+    device: Arc<Device>,
+    session: Arc<Session>,
+}
+
+#[async_trait]
+impl TaskRunner for Tasks {
+    async fn run(&self, task: TaskId, text: String) -> String {
+        let (app, principal, device, session) = (&self.app, &self.principal, &self.device, &self.session);
+        let metrics = &app.metrics.edge;
+        let Some(handler) = app.edge.config.task_handler.clone() else {
+            metrics.task("no_handler");
+            return "error: this router has no task handler for text tasks (edge.task_handler is not set)".into();
+        };
+        let arguments = json!({"text": text, "task_id": task_str(&task), "device": &*device.name});
+        let timeout = app.edge.config.task_timeout;
+        let started = std::time::Instant::now();
+        let (upstream, result) = match app.edge.lookup(&principal.tenant.name, &handler) {
+            // The handler may itself be a device's tool.
+            Some((handler_device, index)) => {
+                let call = app.edge.call(&handler_device, index, &arguments);
+                let result = match tokio::time::timeout(timeout, call).await {
+                    Ok(result) => result.map(|bytes| serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null)),
+                    Err(_) => Err(switchboard_devices::CallError::Timeout {
+                        device: handler_device.name.clone(),
+                        after: timeout,
+                    }),
+                };
+                (Some(format!("edge:{}", handler_device.name)), result.map_err(Error::from))
+            }
+            None => {
+                let upstream = app
+                    .catalog
+                    .current()
+                    .list(switchboard_protocol::methods::ListKind::Tools)
+                    .get(&handler)
+                    .map(|item| app.upstreams[item.upstream].name.to_string());
+                let result = crate::downstream::forward::call_internal(
+                    app,
+                    &principal.tenant,
+                    session,
+                    &handler,
+                    &arguments,
+                    timeout,
+                )
+                .await;
+                (upstream, result)
+            }
+        };
+        let (answer, outcome, code) = match result {
+            Ok(result) => {
+                let text = result_text(&result);
+                if result.get("isError").and_then(Value::as_bool).unwrap_or(false) {
+                    metrics.task("handler_failed");
+                    (format!("error: the task handler {handler} failed: {text}"), "error", None)
+                } else {
+                    metrics.task("answered");
+                    (text, "ok", None)
+                }
+            }
+            Err(e) => {
+                metrics.task("handler_failed");
+                tracing::info!(handler, device = %device.name, error = %e, "edge text task: the handler failed");
+                let outcome = if matches!(e, Error::UpstreamTimeout { .. }) { "timeout" } else { "upstream_failed" };
+                (format!("error: the task handler {handler} failed: {e}"), outcome, Some(e.code()))
+            }
+        };
+        // The handler call is audited like a client's call, as the device's key.
+        if let Some(audit) = &app.audit {
+            audit.record(switchboard_db::AuditRecord {
+                id: audit.new_id(),
+                at_ms: switchboard_core::time::now_ms(),
+                tenant: Some(principal.tenant.name.to_string()),
+                key_prefix: Some(principal.key_prefix.to_string()).filter(|p| !p.is_empty()),
+                session: Some(session.id.to_string()),
+                method: "tools/call".into(),
+                target: Some(handler.clone()),
+                upstream,
+                outcome: outcome.into(),
+                error_code: code,
+                latency_us: started.elapsed().as_micros() as i64,
+                request_bytes: text.len() as i64,
+                response_bytes: answer.len() as i64,
+                trace_id: None,
+                arguments: principal.tenant.audit_arguments.then(|| arguments.to_string()),
+            });
+        }
+        answer
+    }
+
+    async fn close(&self) {
+        self.session.close().await;
+    }
+}
+
+/// The text of a tool result: its text contents, one per line; else its
+/// structured content as JSON.
+fn result_text(result: &Value) -> String {
+    let texts: Vec<&str> = result
+        .get("content")
+        .and_then(Value::as_array)
+        .map(|c| c.iter().filter_map(|item| item.get("text").and_then(Value::as_str)).collect())
+        .unwrap_or_default();
+    if !texts.is_empty() {
+        return texts.join("\n");
+    }
+    match result.get("structuredContent") {
+        Some(v) if !v.is_null() => v.to_string(),
+        _ => String::new(),
+    }
+}
+
+impl From<CallError> for Error {
+    fn from(e: CallError) -> Error {
+        let upstream = |device: &str| -> Arc<str> { Arc::from(format!("edge:{device}")) };
+        match e {
+            CallError::InvalidArguments { tool, invalid } => Error::InvalidArguments { tool, invalid },
+            e @ CallError::TooLarge { .. } => Error::InvalidParams(e.to_string()),
+            CallError::Timeout { device, after } => Error::UpstreamTimeout { upstream: upstream(&device), after },
+            CallError::Unavailable { device, why } => {
+                let source = match why {
+                    Unavailable::Closed => UpstreamError::Closed,
+                    why => UpstreamError::Down(why.to_string()),
+                };
+                Error::Upstream { upstream: upstream(&device), source }
+            }
+        }
+    }
+}
+
+/// A `tools/call` of a device tool, found.
+pub struct Target {
+    pub device: Arc<Device>,
+    pub index: usize,
+    pub arguments: Value,
+}
+
+/// Whether a `tools/call` names one of `tenant`'s device tools (`None`: the
+/// catalog resolves it). Costs one atomic load when no device is registered.
+pub fn target(app: &App, tenant: &str, env: &jsonrpc::Envelope<'_>) -> Option<Target> {
+    if !app.edge.has_devices() {
+        return None;
+    }
+    let params = env.params?;
+    // The name first (borrowed); the arguments are decoded only for a device tool.
+    let name = jsonrpc::Target::parse(params).ok()?.name.and_then(jsonrpc::as_str)?;
+    let (device, index) = app.edge.lookup(tenant, &name)?;
+    #[derive(serde::Deserialize)]
+    struct Call {
+        #[serde(default)]
+        arguments: Option<Value>,
+    }
+    let arguments = serde_json::from_str::<Call>(params.get()).ok().and_then(|c| c.arguments);
+    Some(Target { device, index, arguments: arguments.unwrap_or_else(|| json!({})) })
+}
+
+/// Calls a device tool for an MCP client and returns the JSON-RPC answer.
+/// The ledger (audit record, in-flight slot) is closed however the call
+/// ends, a client that hangs up included.
+pub async fn answer(
+    app: &Arc<App>,
+    target: Target,
+    id: &serde_json::value::RawValue,
+    started: Instant,
+    ledger: crate::downstream::forward::Ledger,
+) -> Bytes {
+    use switchboard_core::Outcome;
+    struct Books<'a> {
+        app: &'a App,
+        upstream: String,
+        started: Instant,
+        ledger: crate::downstream::forward::Ledger,
+        open: bool,
+    }
+    impl Books<'_> {
+        fn close(&mut self, outcome: Outcome, code: Option<i64>, bytes: usize) {
+            self.open = false;
+            self.app.metrics.edge.call(outcome, self.started.elapsed());
+            self.ledger.close_named(self.app, Some(&self.upstream), outcome, code, bytes, self.started);
+        }
+    }
+    impl Drop for Books<'_> {
+        fn drop(&mut self) {
+            if self.open {
+                self.close(Outcome::Abandoned, None, 0);
+            }
+        }
+    }
+    let mut books = Books { app, upstream: format!("edge:{}", target.device.name), started, ledger, open: true };
+    match app.edge.call(&target.device, target.index, &target.arguments).await.map_err(Error::from) {
+        Ok(result) => {
+            let body = jsonrpc::result_response(id, &result);
+            books.close(Outcome::Ok, None, body.len());
+            body
+        }
+        Err(e) => {
+            let outcome = match &e {
+                Error::InvalidArguments { .. } => Outcome::Rejected,
+                Error::UpstreamTimeout { .. } => Outcome::Timeout,
+                _ => Outcome::UpstreamFailed,
+            };
+            let body = jsonrpc::error_response(Some(id), e.code(), &e.to_string(), e.data().as_ref());
+            books.close(outcome, Some(e.code()), body.len());
+            body
+        }
+    }
+}
