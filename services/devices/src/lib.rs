@@ -226,6 +226,11 @@ pub struct View {
 }
 
 impl View {
+    /// How many tools.
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
     /// Whether there is no tool.
     pub fn is_empty(&self) -> bool {
         self.by_name.is_empty()

@@ -15,8 +15,10 @@ use switchboard_protocol::Method;
 
 use tokio::sync::mpsc;
 
+use crate::auth::{ApiKeys, Authenticator};
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::tools::{CatalogTools, ToolSource};
 use switchboard_audit::Audit;
 use switchboard_catalog::Catalog;
 use switchboard_db::Database;
@@ -46,7 +48,14 @@ pub enum Change {
 pub struct App {
     pub config: Config,
     pub upstreams: Upstreams,
-    pub catalog: Catalog,
+    pub catalog: Arc<Catalog>,
+    /// How callers are authenticated (API keys).
+    pub auth: Arc<dyn Authenticator>,
+    /// Where tools come from, asked in this order: edge devices, the catalog.
+    pub tools: Vec<Arc<dyn ToolSource>>,
+    /// The catalog as a tool source (prompts and the router's own calls
+    /// resolve through it too).
+    pub catalog_tools: Arc<CatalogTools>,
     /// This replica's sessions: a cache of the session store (memory, or
     /// Redis shared by every replica).
     pub sessions: Sessions,
@@ -172,6 +181,15 @@ impl App {
                     app.announce(kind);
                 }
             });
+            let catalog = Arc::new(Catalog::new(
+                upstreams.clone(),
+                config.catalog.clone(),
+                metrics.catalog.clone(),
+                inbox,
+                announce,
+            ));
+            let catalog_tools = Arc::new(CatalogTools { catalog: catalog.clone(), upstreams: upstreams.clone() });
+            let auth: Arc<dyn Authenticator> = Arc::new(ApiKeys(directory.clone()));
             let relay: Weak<dyn Relay> = me.clone();
             let sessions = Sessions::new(
                 switchboard_session::Setup {
@@ -187,13 +205,10 @@ impl App {
                 relay,
             );
             App {
-                catalog: Catalog::new(
-                    upstreams.clone(),
-                    config.catalog.clone(),
-                    metrics.catalog.clone(),
-                    inbox,
-                    announce,
-                ),
+                catalog,
+                auth,
+                tools: vec![Arc::new(crate::edge::DeviceTools(edge.clone())), catalog_tools.clone()],
+                catalog_tools,
                 config,
                 upstreams,
                 sessions,

@@ -1,6 +1,6 @@
 //! Edge devices in the router: what the devices crate asks of the router
 //! ([`Host`]: keys, the tools a tenant already sees, news of devices coming
-//! and going, text tasks), and device tools answering clients' `tools/call`.
+//! and going, text tasks), and devices as a tool source ([`DeviceTools`]).
 //!
 //! Text tasks: a device's user text is handed to the tool named by
 //! `edge.task_handler` (resolved in the device's tenant's catalog, or among
@@ -10,21 +10,20 @@
 //! text when there is no handler or it fails.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use async_trait::async_trait;
-use bytes::Bytes;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use switchboard_core::policy::{AuthFailure, Principal, Tenant};
-use switchboard_devices::{CallError, Device, Host, TaskRunner, Unavailable};
+use switchboard_devices::{CallError, Device, Devices, Host, TaskRunner, Unavailable};
 use switchboard_protocol::edge::{task_str, TaskId};
-use switchboard_protocol::jsonrpc;
 use switchboard_protocol::methods::ListKind;
 use switchboard_session::Session;
 use switchboard_upstream::UpstreamError;
 
 use crate::app::App;
 use crate::error::Error;
+use crate::tools::{LocalTool, Lookup, Page, Tool, ToolSource};
 
 /// The router, as edge devices see it.
 pub struct EdgeHost(pub Arc<App>);
@@ -186,80 +185,56 @@ impl From<CallError> for Error {
     }
 }
 
-/// A `tools/call` of a device tool, found.
-pub struct Target {
-    pub device: Arc<Device>,
-    pub index: usize,
-    pub arguments: Value,
+/// Edge devices' tools: a tenant's device tools come after the catalog's
+/// in `tools/list` (on its last page), and are asked first in `tools/call`.
+pub struct DeviceTools(pub Arc<Devices>);
+
+#[async_trait]
+impl ToolSource for DeviceTools {
+    fn list(&self, tenant: &Tenant, page: &mut Page) -> Result<(), Error> {
+        if page.is_cut() {
+            return Ok(());
+        }
+        if let Some(view) = self.0.view(&tenant.name) {
+            page.push_run(view.json.clone(), view.len());
+        }
+        Ok(())
+    }
+
+    /// Costs one atomic load when no device is registered. The name is
+    /// read borrowed; the arguments are decoded only for a device tool.
+    fn resolve(&self, tenant: &Tenant, name: &str, params: &RawValue) -> Lookup {
+        if !self.0.has_devices() {
+            return Lookup::Missing;
+        }
+        let Some((device, index)) = self.0.lookup(&tenant.name, name) else { return Lookup::Missing };
+        #[derive(serde::Deserialize)]
+        struct Call {
+            #[serde(default)]
+            arguments: Option<Value>,
+        }
+        let arguments = serde_json::from_str::<Call>(params.get()).ok().and_then(|c| c.arguments);
+        let call =
+            DeviceCall { devices: self.0.clone(), device, index, arguments: arguments.unwrap_or_else(|| json!({})) };
+        Lookup::Found(Tool::Local(Box::new(call)))
+    }
 }
 
-/// Whether a `tools/call` names one of `tenant`'s device tools (`None`: the
-/// catalog resolves it). Costs one atomic load when no device is registered.
-pub fn target(app: &App, tenant: &str, env: &jsonrpc::Envelope<'_>) -> Option<Target> {
-    if !app.edge.has_devices() {
-        return None;
-    }
-    let params = env.params?;
-    // The name first (borrowed); the arguments are decoded only for a device tool.
-    let name = jsonrpc::Target::parse(params).ok()?.name.and_then(jsonrpc::as_str)?;
-    let (device, index) = app.edge.lookup(tenant, &name)?;
-    #[derive(serde::Deserialize)]
-    struct Call {
-        #[serde(default)]
-        arguments: Option<Value>,
-    }
-    let arguments = serde_json::from_str::<Call>(params.get()).ok().and_then(|c| c.arguments);
-    Some(Target { device, index, arguments: arguments.unwrap_or_else(|| json!({})) })
+/// A `tools/call` of a device's service.
+struct DeviceCall {
+    devices: Arc<Devices>,
+    device: Arc<Device>,
+    index: usize,
+    arguments: Value,
 }
 
-/// Calls a device tool for an MCP client and returns the JSON-RPC answer.
-/// The ledger (audit record, in-flight slot) is closed however the call
-/// ends, a client that hangs up included.
-pub async fn answer(
-    app: &Arc<App>,
-    target: Target,
-    id: &serde_json::value::RawValue,
-    started: Instant,
-    ledger: crate::downstream::forward::Ledger,
-) -> Bytes {
-    use switchboard_core::Outcome;
-    struct Books<'a> {
-        app: &'a App,
-        upstream: String,
-        started: Instant,
-        ledger: crate::downstream::forward::Ledger,
-        open: bool,
+#[async_trait]
+impl LocalTool for DeviceCall {
+    fn served_by(&self) -> Arc<str> {
+        Arc::from(format!("edge:{}", self.device.name))
     }
-    impl Books<'_> {
-        fn close(&mut self, outcome: Outcome, code: Option<i64>, bytes: usize) {
-            self.open = false;
-            self.app.metrics.edge.call(outcome, self.started.elapsed());
-            self.ledger.close_named(self.app, Some(&self.upstream), outcome, code, bytes, self.started);
-        }
-    }
-    impl Drop for Books<'_> {
-        fn drop(&mut self) {
-            if self.open {
-                self.close(Outcome::Abandoned, None, 0);
-            }
-        }
-    }
-    let mut books = Books { app, upstream: format!("edge:{}", target.device.name), started, ledger, open: true };
-    match app.edge.call(&target.device, target.index, &target.arguments).await.map_err(Error::from) {
-        Ok(result) => {
-            let body = jsonrpc::result_response(id, &result);
-            books.close(Outcome::Ok, None, body.len());
-            body
-        }
-        Err(e) => {
-            let outcome = match &e {
-                Error::InvalidArguments { .. } => Outcome::Rejected,
-                Error::UpstreamTimeout { .. } => Outcome::Timeout,
-                _ => Outcome::UpstreamFailed,
-            };
-            let body = jsonrpc::error_response(Some(id), e.code(), &e.to_string(), e.data().as_ref());
-            books.close(outcome, Some(e.code()), body.len());
-            body
-        }
+
+    async fn call(self: Box<Self>) -> Result<Vec<u8>, Error> {
+        Ok(self.devices.call(&self.device, self.index, &self.arguments).await?)
     }
 }

@@ -50,7 +50,7 @@ pub enum Error {
     SessionStoreDown,
     #[error("unknown or expired event stream in Last-Event-ID")]
     UnknownStream,
-    #[error("unsupported MCP-Protocol-Version {0:?} (supported: 2025-03-26, 2025-06-18, 2025-11-25)")]
+    #[error("unsupported MCP-Protocol-Version {0:?} (supported: {versions})", versions = switchboard_protocol::version::session_versions())]
     UnsupportedVersion(String),
     #[error("the router has reached its limit of {0} sessions; try again later")]
     TooManySessions(usize),
@@ -126,7 +126,63 @@ impl Error {
             Error::Internal(_) | Error::ShuttingDown | Error::TooManySessions(_) | Error::SessionStoreDown => {
                 Side::Internal
             }
-            _ => Side::Downstream,
+            Error::Parse(_)
+            | Error::BodyTooLarge { .. }
+            | Error::UnsupportedMediaType(_)
+            | Error::ForbiddenOrigin(_)
+            | Error::MissingSession
+            | Error::UnknownSession
+            | Error::UnknownStream
+            | Error::UnsupportedVersion(_)
+            | Error::MethodNotFound(_)
+            | Error::InvalidParams(_)
+            | Error::UnknownTool(_)
+            | Error::InvalidArguments { .. }
+            | Error::UnknownPrompt(_)
+            | Error::UnknownResource(_)
+            | Error::InvalidCursor(_)
+            | Error::Unauthenticated(_)
+            | Error::RateLimited { .. }
+            | Error::TooManyInFlight(_)
+            | Error::HeaderMismatch(_)
+            | Error::InvalidMeta(_)
+            | Error::UnsupportedModernVersion(_)
+            | Error::NoSuchMethod(_)
+            | Error::MissingCapability(_)
+            | Error::InvalidRequestState(_) => Side::Downstream,
+        }
+    }
+
+    /// Whether the same request may succeed if sent again later (the
+    /// answer's `Retry-After`, where there is one, says when).
+    pub fn retryable(&self) -> bool {
+        match self.side() {
+            Side::Upstream => true,
+            Side::Internal => !matches!(self, Error::Internal(_)),
+            Side::Downstream => matches!(self, Error::RateLimited { .. } | Error::TooManyInFlight(_)),
+        }
+    }
+
+    /// When to try again, for the answers that say so (`Retry-After` on 429
+    /// and 503).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::RateLimited { retry_after, .. } => Some(*retry_after),
+            Error::TooManyInFlight(_) | Error::TooManySessions(_) | Error::SessionStoreDown | Error::ShuttingDown => {
+                Some(Duration::from_secs(1))
+            }
+            _ => None,
+        }
+    }
+
+    /// How the request ended, for metrics and audit records, when this
+    /// error ends it.
+    pub fn outcome(&self) -> switchboard_core::Outcome {
+        use switchboard_core::Outcome;
+        match self {
+            Error::UpstreamTimeout { .. } => Outcome::Timeout,
+            _ if self.side() == Side::Upstream => Outcome::UpstreamFailed,
+            _ => Outcome::Rejected,
         }
     }
 
@@ -156,7 +212,17 @@ impl Error {
             Error::TooManySessions(_) | Error::ShuttingDown | Error::SessionStoreDown => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            _ => StatusCode::OK,
+            Error::MethodNotFound(_)
+            | Error::InvalidParams(_)
+            | Error::UnknownTool(_)
+            | Error::InvalidArguments { .. }
+            | Error::UnknownPrompt(_)
+            | Error::UnknownResource(_)
+            | Error::InvalidCursor(_)
+            | Error::UpstreamTimeout { .. }
+            | Error::Upstream { .. }
+            | Error::Internal(_)
+            | Error::InvalidRequestState(_) => StatusCode::OK,
         }
     }
 
@@ -209,13 +275,34 @@ impl Error {
             }
             Error::TooManyInFlight(max) => Some(serde_json::json!({ "limit": "concurrent", "max": max })),
             Error::UnsupportedModernVersion(requested) => Some(serde_json::json!({
-                "supported": crate::downstream::modern::SUPPORTED_VERSIONS,
+                "supported": switchboard_protocol::version::supported(),
                 "requested": requested,
             })),
             Error::MissingCapability(capability) => {
                 Some(serde_json::json!({ "requiredCapabilities": { *capability: {} } }))
             }
-            _ => None,
+            Error::Parse(_)
+            | Error::BodyTooLarge { .. }
+            | Error::UnsupportedMediaType(_)
+            | Error::ForbiddenOrigin(_)
+            | Error::MissingSession
+            | Error::UnknownSession
+            | Error::SessionStoreDown
+            | Error::UnknownStream
+            | Error::UnsupportedVersion(_)
+            | Error::TooManySessions(_)
+            | Error::MethodNotFound(_)
+            | Error::InvalidParams(_)
+            | Error::UnknownPrompt(_)
+            | Error::UnknownResource(_)
+            | Error::InvalidCursor(_)
+            | Error::ShuttingDown
+            | Error::Unauthenticated(_)
+            | Error::Internal(_)
+            | Error::HeaderMismatch(_)
+            | Error::InvalidMeta(_)
+            | Error::NoSuchMethod(_)
+            | Error::InvalidRequestState(_) => None,
         }
     }
 

@@ -30,6 +30,7 @@
 
 pub mod admin;
 mod app;
+mod auth;
 mod body;
 pub mod bridge;
 
@@ -37,8 +38,10 @@ pub mod config;
 mod downstream;
 pub mod edge;
 pub mod error;
+mod exchange;
 mod metrics;
 mod server;
+mod tools;
 
 pub use config::Config;
 pub use error::Error;

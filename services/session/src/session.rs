@@ -533,14 +533,14 @@ impl Session {
         relayed::id(u, their_id)
     }
 
-    /// Notes a request in flight to upstream `u`.
-    pub fn begin(&self, id: &RawValue, u: UpstreamId) {
-        self.inflight.lock().expect("lock").push((fnv1a64(id.get().as_bytes()), u));
+    /// Notes a request in flight to upstream `u`, by its id (JSON text).
+    pub fn begin(&self, id: &[u8], u: UpstreamId) {
+        self.inflight.lock().expect("lock").push((fnv1a64(id), u));
     }
 
-    /// Notes that a request finished.
-    pub fn end(&self, id: &str) {
-        let key = fnv1a64(id.as_bytes());
+    /// Notes that a request (its id, JSON text) finished.
+    pub fn end(&self, id: &[u8]) {
+        let key = fnv1a64(id);
         let mut inflight = self.inflight.lock().expect("lock");
         if let Some(i) = inflight.iter().position(|(k, _)| *k == key) {
             inflight.swap_remove(i);

@@ -1,111 +1,165 @@
-//! Forwarding a request to the upstream that serves it: resolve the exposed
-//! name or URI, rewrite just that field by splicing, send it on the session's
-//! channel, and relay the answer — as one JSON body, or as an SSE stream when
-//! the upstream streams (progress, logging, server-to-client requests).
+//! Phases 6 and 7 of a session's request: resolve the exposed name or URI,
+//! rewrite just that field by splicing, send it on the session's channel,
+//! and relay the answer — as one JSON body, or as an SSE stream when the
+//! upstream streams (progress, logging, server-to-client requests).
 //!
 //! The hot path: the body is never decoded beyond the envelope and the routing
 //! members of `params`; arguments and results travel as the bytes received.
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Instant;
-use switchboard_core::UpstreamId;
 
 use bytes::Bytes;
 use http::Response;
 use serde_json::value::RawValue;
 use serde_json::Value;
+use switchboard_core::policy::Tenant;
+use switchboard_core::{Outcome, UpstreamId};
 use switchboard_protocol::jsonrpc::{self, as_str, span, Envelope, MessageKind, Target};
 use switchboard_protocol::methods::ListKind;
 use switchboard_protocol::rewrite::{splice, Edit};
 use switchboard_protocol::{Method, ProtocolVersion};
+use switchboard_session::events::Log;
+use switchboard_session::Session;
+use switchboard_upstream::{Item, MessageStream, Outgoing, Reply, UpstreamError};
 use tokio::sync::mpsc;
 
 use super::respond;
 use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
-use switchboard_catalog::Snapshot;
-use switchboard_core::policy::{Principal, Tenant};
-use switchboard_core::Outcome;
-use switchboard_db::AuditRecord;
-use switchboard_limits::InflightPermit;
-use switchboard_session::events::Log;
-use switchboard_session::Session;
-use switchboard_upstream::{Item, MessageStream, Outgoing, Reply, UpstreamError};
+use crate::exchange::{cancel_upstream, Exchange};
+use crate::tools::{LocalTool, Tool};
 
 /// The `retry:` hint sent with priming events.
 const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A request rewritten for its upstream.
-pub(super) struct Resolved {
+pub(crate) struct Resolved {
     pub upstream: UpstreamId,
     pub body: Bytes,
     pub id: Range<usize>,
     pub progress_token: Option<Range<usize>>,
 }
 
-/// What a forwarded request leaves behind when it ends, however it ends:
-/// its audit record (when auditing) and its slot of the tenant's limit on
-/// requests in flight.
-pub struct Ledger {
-    pub draft: Option<AuditRecord>,
-    pub permit: Option<InflightPermit>,
-    /// Where a record still in `draft` goes when the ledger is dropped
-    /// unclosed (the client hung up first): written as `abandoned`.
-    pub sink: Option<switchboard_audit::Sink>,
-    pub started: Instant,
+/// What a request resolved to.
+pub(crate) enum Resolution {
+    /// A configured upstream's tool, prompt or resource: the request rewritten for it.
+    Upstream(Resolved),
+    /// A tool its source calls itself.
+    Local(Box<dyn LocalTool>),
 }
 
-impl Drop for Ledger {
-    fn drop(&mut self) {
-        if let (Some(mut record), Some(sink)) = (self.draft.take(), self.sink.as_ref()) {
-            record.outcome = Outcome::Abandoned.label().to_owned();
-            record.latency_us = self.started.elapsed().as_micros() as i64;
-            sink.record(record);
+/// Phase 6: resolves, then phase 7: forwards and answers one request of a
+/// session. The exchange is finished however it ends.
+pub async fn forward(
+    mut x: Exchange,
+    session: &Arc<Session>,
+    method: Method,
+    env: &Envelope<'_>,
+    body: &Bytes,
+    accepts_sse: bool,
+) -> Response<Body> {
+    let id = env.id.expect("a request has an id");
+    let tenant = x.principal().expect("authenticated").tenant.clone();
+    let resolved = match resolve(x.app(), &tenant, method, env, body).await {
+        Ok(Resolution::Upstream(resolved)) => resolved,
+        Ok(Resolution::Local(tool)) => return respond::json(call_local(x, tool, id).await),
+        Err(e) => {
+            let outcome = match e {
+                _ if e.side() == crate::error::Side::Upstream => Outcome::UpstreamFailed,
+                Error::InvalidParams(_) => Outcome::Rejected,
+                _ => Outcome::Error,
+            };
+            return x.fail_as(Some(id), &e, outcome);
+        }
+    };
+    let u = resolved.upstream;
+    x.served_by(u);
+    let app = x.app().clone();
+    if app.catalog.is_stateless_only(u) {
+        if matches!(method, Method::ResourcesSubscribe | Method::ResourcesUnsubscribe) {
+            let e = Error::InvalidParams(format!(
+                "upstream {:?} speaks MCP 2026-07-28, whose resource subscriptions the router does not bridge",
+                app.upstreams[u].name
+            ));
+            return x.fail_as(Some(id), &e, Outcome::Rejected);
+        }
+        return super::stateless_upstream::forward(x, session, method, id, resolved, accepts_sse).await;
+    }
+    let upstream = &app.upstreams[u];
+    let channel = match session.channel(u).await.map_err(Error::from) {
+        Ok(channel) => channel,
+        Err(e) => {
+            let outcome =
+                if matches!(e, Error::UpstreamTimeout { .. }) { Outcome::Timeout } else { Outcome::UpstreamFailed };
+            return x.fail_as(Some(id), &e, outcome);
+        }
+    };
+    let deadline = tokio::time::Instant::now() + upstream.config.timeout;
+    x.in_flight(session, u, &resolved.body, resolved.id.clone());
+    let out = Outgoing { body: resolved.body, method, id: resolved.id, progress_token: resolved.progress_token };
+    match tokio::time::timeout_at(deadline, channel.request(out)).await {
+        Err(_) => {
+            cancel_upstream(&app, session, u, id.get(), "timeout");
+            let e = Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout };
+            x.fail_as(Some(id), &e, Outcome::Timeout)
+        }
+        Ok(Err(e)) => x.fail_as(Some(id), &Error::upstream(&upstream.name, e), Outcome::UpstreamFailed),
+        Ok(Ok(Reply::Done(message))) => {
+            let (message, outcome) = classify(&app, u, method, message);
+            let code = if outcome == Outcome::Error { error_code(&message) } else { None };
+            x.add_sent(message.len());
+            x.finish(outcome, code);
+            respond::json(message)
+        }
+        Ok(Ok(Reply::Stream(stream))) => {
+            let call = Call { x, session: session.clone(), upstream: u, method, id: id.to_owned(), deadline };
+            if !accepts_sse {
+                return call.drain(stream).await;
+            }
+            // The relay finishes the exchange from here, client or no client.
+            let log = session.new_stream();
+            if session.version >= ProtocolVersion::V2025_11_25 && !session.legacy {
+                // Something to resume from before the first real event.
+                log.prime(RETRY);
+            }
+            let (tx, rx) = mpsc::channel(64);
+            tokio::spawn(log.clone().reader(None, tx));
+            tokio::spawn(call.relay(stream, log));
+            respond::sse(rx, app.config.server.keep_alive)
         }
     }
 }
 
-impl Ledger {
-    /// Frees the slot and writes the audit record.
-    pub fn close(
-        &mut self,
-        app: &App,
-        upstream: Option<UpstreamId>,
-        outcome: Outcome,
-        error_code: Option<i64>,
-        response_bytes: usize,
-        started: Instant,
-    ) {
-        self.close_named(app, upstream.map(|u| &*app.upstreams[u].name), outcome, error_code, response_bytes, started);
-    }
-
-    /// [`Ledger::close`] for a request answered by something other than a
-    /// configured upstream (an edge device).
-    pub fn close_named(
-        &mut self,
-        app: &App,
-        upstream: Option<&str>,
-        outcome: Outcome,
-        error_code: Option<i64>,
-        response_bytes: usize,
-        started: Instant,
-    ) {
-        self.permit.take();
-        if let (Some(mut record), Some(audit)) = (self.draft.take(), app.audit.as_ref()) {
-            record.upstream = upstream.map(str::to_owned);
-            record.outcome = outcome.label().to_owned();
-            record.error_code = error_code;
-            record.latency_us = started.elapsed().as_micros() as i64;
-            record.response_bytes = response_bytes as i64;
-            audit.record(record);
+/// Calls a tool its source answers itself, and returns the JSON-RPC answer;
+/// the exchange is finished however the call ends, a client that hangs up
+/// included.
+pub(crate) async fn call_local(mut x: Exchange, tool: Box<dyn LocalTool>, id: &RawValue) -> Bytes {
+    x.served_locally(tool.served_by());
+    match tool.call().await {
+        Ok(result) => {
+            let body = jsonrpc::result_response(id, &result);
+            x.add_sent(body.len());
+            x.finish(Outcome::Ok, None);
+            body
+        }
+        Err(e) => {
+            let outcome = match &e {
+                Error::InvalidArguments { .. } => Outcome::Rejected,
+                Error::UpstreamTimeout { .. } => Outcome::Timeout,
+                _ => Outcome::UpstreamFailed,
+            };
+            let body = jsonrpc::error_response(Some(id), e.code(), &e.to_string(), e.data().as_ref());
+            x.add_sent(body.len());
+            x.finish(outcome, Some(e.code()));
+            body
         }
     }
 }
 
 /// The `error.code` of an error response, if it is one.
-pub(super) fn error_code(message: &[u8]) -> Option<i64> {
+pub(crate) fn error_code(message: &[u8]) -> Option<i64> {
     let env = Envelope::parse(message).ok()?;
     #[derive(serde::Deserialize)]
     struct Code {
@@ -114,209 +168,39 @@ pub(super) fn error_code(message: &[u8]) -> Option<i64> {
     serde_json::from_str::<Code>(env.error?.get()).ok().map(|c| c.code)
 }
 
-/// Resolves, forwards and answers one request.
-#[allow(clippy::too_many_arguments)]
-pub async fn forward(
-    app: &Arc<App>,
-    who: &Principal,
-    session: &Arc<Session>,
-    method: Method,
-    env: &Envelope<'_>,
-    body: &Bytes,
-    accepts_sse: bool,
-    started: Instant,
-    mut ledger: Ledger,
-) -> Response<Body> {
-    let id = env.id.expect("a request has an id");
-    if method == Method::ToolsCall {
-        if let Some(target) = crate::edge::target(app, &who.tenant.name, env) {
-            return respond::json(crate::edge::answer(app, target, id, started, ledger).await);
-        }
-    }
-    let resolved = match resolve(app, &who.tenant, method, env, body).await {
-        Ok(resolved) => resolved,
-        Err(e) => {
-            let outcome = match e {
-                _ if e.side() == crate::error::Side::Upstream => Outcome::UpstreamFailed,
-                Error::InvalidParams(_) => Outcome::Rejected,
-                _ => Outcome::Error,
-            };
-            app.metrics.request(method, None).record(outcome, started.elapsed());
-            ledger.close(app, None, outcome, Some(e.code()), 0, started);
-            return respond::error(Some(id), &e);
-        }
-    };
-    let u = resolved.upstream;
-    if app.catalog.is_stateless_only(u) {
-        if matches!(method, Method::ResourcesSubscribe | Method::ResourcesUnsubscribe) {
-            let e = Error::InvalidParams(format!(
-                "upstream {:?} speaks MCP 2026-07-28, whose resource subscriptions the router does not bridge",
-                app.upstreams[u].name
-            ));
-            app.metrics.request(method, Some(u)).record(Outcome::Rejected, started.elapsed());
-            ledger.close(app, Some(u), Outcome::Rejected, Some(e.code()), 0, started);
-            return respond::error(Some(id), &e);
-        }
-        return super::stateless::forward(app, session, method, id, resolved, accepts_sse, started, ledger).await;
-    }
-    let upstream = &app.upstreams[u];
-    let metrics = app.metrics.request(method, Some(u));
-    let channel = match session.channel(u).await.map_err(Error::from) {
-        Ok(channel) => channel,
-        Err(e) => {
-            let outcome =
-                if matches!(e, Error::UpstreamTimeout { .. }) { Outcome::Timeout } else { Outcome::UpstreamFailed };
-            metrics.record(outcome, started.elapsed());
-            ledger.close(app, Some(u), outcome, Some(e.code()), 0, started);
-            return respond::error(Some(id), &e);
-        }
-    };
-    let deadline = tokio::time::Instant::now() + upstream.config.timeout;
-    let out = Outgoing { body: resolved.body, method, id: resolved.id, progress_token: resolved.progress_token };
-    session.begin(id, u);
-    let inflight = Inflight { app, session, id, upstream: u, method, started, armed: true, ledger };
-    let reply = tokio::time::timeout_at(deadline, channel.request(out)).await;
-    match reply {
-        Err(_) => {
-            cancel_upstream(app, session, u, id, "timeout");
-            let e = Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout };
-            inflight.finish(Outcome::Timeout, Some(e.code()), 0);
-            respond::error(Some(id), &e)
-        }
-        Ok(Err(e)) => {
-            let e = Error::upstream(&upstream.name, e);
-            inflight.finish(Outcome::UpstreamFailed, Some(e.code()), 0);
-            respond::error(Some(id), &e)
-        }
-        Ok(Ok(Reply::Done(message))) => {
-            let (message, outcome) = finish(app, u, method, message);
-            let code =
-                if outcome == Outcome::Error && inflight.ledger.draft.is_some() { error_code(&message) } else { None };
-            inflight.finish(outcome, code, message.len());
-            respond::json(message)
-        }
-        Ok(Ok(Reply::Stream(stream))) => {
-            let mut inflight = inflight;
-            let call = Call {
-                app: app.clone(),
-                session: session.clone(),
-                upstream: u,
-                method,
-                id: id.to_owned(),
-                started,
-                deadline,
-                ledger: inflight.take_ledger(),
-                sent: 0,
-            };
-            if accepts_sse {
-                // The relay does the bookkeeping from here, client or no client.
-                inflight.disarm();
-                let log = session.new_stream();
-                if session.version >= ProtocolVersion::V2025_11_25 && !session.legacy {
-                    // Something to resume from before the first real event.
-                    log.prime(RETRY);
-                }
-                let (tx, rx) = mpsc::channel(64);
-                tokio::spawn(log.clone().reader(None, tx));
-                tokio::spawn(call.relay(stream, log));
-                respond::sse(rx, app.config.server.keep_alive)
-            } else {
-                let response = call.drain(stream).await;
-                inflight.disarm();
-                response
-            }
-        }
-    }
-}
-
-/// The bookkeeping of a request in flight, done however the handler ends:
-/// if the client disconnects, hyper drops the handler mid-await, and the
-/// request is then recorded as abandoned and cancelled upstream.
-pub(super) struct Inflight<'a> {
-    app: &'a Arc<App>,
-    session: &'a Arc<Session>,
-    id: &'a RawValue,
-    upstream: UpstreamId,
-    method: Method,
-    started: Instant,
-    armed: bool,
-    ledger: Ledger,
-}
-
-impl<'a> Inflight<'a> {
-    /// Bookkeeping for a request to upstream `u` under the id `id`.
-    pub(super) fn new(
-        app: &'a Arc<App>,
-        session: &'a Arc<Session>,
-        id: &'a RawValue,
-        upstream: UpstreamId,
-        method: Method,
-        started: Instant,
-        ledger: Ledger,
-    ) -> Self {
-        Inflight { app, session, id, upstream, method, started, armed: true, ledger }
-    }
-
-    pub(super) fn finish(mut self, outcome: Outcome, error_code: Option<i64>, response_bytes: usize) {
-        self.armed = false;
-        self.session.end(self.id.get());
-        self.app.metrics.request(self.method, Some(self.upstream)).record(outcome, self.started.elapsed());
-        self.ledger.close(self.app, Some(self.upstream), outcome, error_code, response_bytes, self.started);
-    }
-
-    /// Hands the ledger to whoever finishes the request (a streamed answer).
-    pub(super) fn take_ledger(&mut self) -> Ledger {
-        Ledger {
-            draft: self.ledger.draft.take(),
-            permit: self.ledger.permit.take(),
-            sink: self.ledger.sink.clone(),
-            started: self.ledger.started,
-        }
-    }
-
-    /// Someone else does the bookkeeping.
-    pub(super) fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for Inflight<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.session.end(self.id.get());
-            let metrics = self.app.metrics.request(self.method, Some(self.upstream));
-            metrics.record(Outcome::Abandoned, self.started.elapsed());
-            self.ledger.close(self.app, Some(self.upstream), Outcome::Abandoned, None, 0, self.started);
-            cancel_upstream(self.app, self.session, self.upstream, self.id, "the client disconnected");
-        }
-    }
-}
-
-/// Finds the upstream and builds the rewritten body.
-/// Only what `tenant` sees resolves; anything else is unknown, exactly as if
-/// it did not exist.
-pub(super) async fn resolve(
+/// Finds who serves the request and builds the rewritten body. Only what
+/// `tenant` sees resolves; anything else is unknown, exactly as if it did
+/// not exist.
+pub(crate) async fn resolve(
     app: &Arc<App>,
     tenant: &Tenant,
     method: Method,
     env: &Envelope<'_>,
     body: &Bytes,
-) -> Result<Resolved, Error> {
+) -> Result<Resolution, Error> {
     let params = env.params.ok_or_else(|| Error::InvalidParams(format!("{} needs params", method.as_str())))?;
     let target = Target::parse(params).map_err(|e| Error::InvalidParams(e.to_string()))?;
-    let mut snapshot = app.catalog.current();
-    let (upstream, field, replacement): (UpstreamId, &RawValue, Original) = match method {
-        Method::ToolsCall | Method::PromptsGet => {
-            let kind = if method == Method::ToolsCall { ListKind::Tools } else { ListKind::Prompts };
+    let (upstream, field, replacement): (UpstreamId, &RawValue, Vec<u8>) = match method {
+        Method::ToolsCall => {
             let raw = target.name.ok_or_else(|| Error::InvalidParams("params.name is required".into()))?;
             let name = as_str(raw).ok_or_else(|| Error::InvalidParams("params.name must be a string".into()))?;
-            let (u, original) = find(app, tenant, &mut snapshot, kind, &name).await?;
-            (u, raw, original)
+            match crate::tools::resolve(&app.tools, tenant, &name, params).await? {
+                Tool::Local(tool) => return Ok(Resolution::Local(tool)),
+                Tool::Upstream { upstream, original } => {
+                    return Ok(Resolution::Upstream(rewrite(upstream, body, env, &target, raw, &original)))
+                }
+            }
+        }
+        Method::PromptsGet => {
+            let raw = target.name.ok_or_else(|| Error::InvalidParams("params.name is required".into()))?;
+            let name = as_str(raw).ok_or_else(|| Error::InvalidParams("params.name must be a string".into()))?;
+            let (u, original) = app.catalog_tools.find(tenant, ListKind::Prompts, &name).await?;
+            return Ok(Resolution::Upstream(rewrite(u, body, env, &target, raw, &original)));
         }
         Method::ResourcesRead | Method::ResourcesSubscribe | Method::ResourcesUnsubscribe => {
             let raw = target.uri.ok_or_else(|| Error::InvalidParams("params.uri is required".into()))?;
-            let (u, original) = resolve_uri(app, tenant, &snapshot, raw)?;
-            (u, raw, Original::Built(original))
+            let (u, original) = resolve_uri(app, tenant, raw)?;
+            (u, raw, original)
         }
         Method::CompletionComplete => {
             let reference =
@@ -327,24 +211,37 @@ pub(super) async fn resolve(
                         reference.name.ok_or_else(|| Error::InvalidParams("params.ref.name is required".into()))?;
                     let name =
                         as_str(raw).ok_or_else(|| Error::InvalidParams("params.ref.name must be a string".into()))?;
-                    let (u, original) = find(app, tenant, &mut snapshot, ListKind::Prompts, &name).await?;
-                    (u, raw, original)
+                    let (u, original) = app.catalog_tools.find(tenant, ListKind::Prompts, &name).await?;
+                    return Ok(Resolution::Upstream(rewrite(u, body, env, &target, raw, &original)));
                 }
                 Some("ref/resource") => {
                     let raw = reference.uri.ok_or_else(|| Error::InvalidParams("params.ref.uri is required".into()))?;
-                    let (u, original) = resolve_uri(app, tenant, &snapshot, raw)?;
-                    (u, raw, Original::Built(original))
+                    let (u, original) = resolve_uri(app, tenant, raw)?;
+                    (u, raw, original)
                 }
                 other => return Err(Error::InvalidParams(format!("unknown ref type {other:?}"))),
             }
         }
         _ => unreachable!("only forwarded methods reach resolve"),
     };
+    Ok(Resolution::Upstream(rewrite(upstream, body, env, &target, field, &replacement)))
+}
+
+/// The request with `field` (a name or URI in it) replaced by `replacement`,
+/// the upstream's own (JSON text), and where its id and progress token are.
+fn rewrite(
+    upstream: UpstreamId,
+    body: &Bytes,
+    env: &Envelope<'_>,
+    target: &Target<'_>,
+    field: &RawValue,
+    replacement: &[u8],
+) -> Resolved {
     let field_span = span(body, field.get());
     let id = span(body, env.id.expect("a request has an id").get());
     let token = target.progress_token.map(|t| span(body, t.get()));
     if *replacement == *field.get().as_bytes() {
-        return Ok(Resolved { upstream, body: body.clone(), id, progress_token: token });
+        return Resolved { upstream, body: body.clone(), id, progress_token: token };
     }
     let delta = replacement.len() as isize - field_span.len() as isize;
     let shift = |r: Range<usize>| {
@@ -354,60 +251,8 @@ pub(super) async fn resolve(
             r
         }
     };
-    let rewritten = splice(body, &mut [Edit::new(field_span.clone(), &replacement)]);
-    Ok(Resolved { upstream, body: rewritten, id: shift(id), progress_token: token.map(shift) })
-}
-
-/// A name or URI as its upstream knows it (JSON text): shared with the
-/// catalog (no copy per call), or built for this request.
-enum Original {
-    Shared(Arc<[u8]>),
-    Built(Vec<u8>),
-}
-
-impl std::ops::Deref for Original {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Original::Shared(bytes) => bytes,
-            Original::Built(bytes) => bytes,
-        }
-    }
-}
-
-/// Looks a tool or prompt up, refreshing the catalog once if it is missing.
-async fn find(
-    app: &Arc<App>,
-    tenant: &Tenant,
-    snapshot: &mut Arc<Snapshot>,
-    kind: ListKind,
-    name: &str,
-) -> Result<(UpstreamId, Original), Error> {
-    let unknown = || match kind {
-        ListKind::Prompts => Error::UnknownPrompt(name.to_owned()),
-        _ => Error::UnknownTool(name.to_owned()),
-    };
-    let visible = |item: &switchboard_catalog::Item| super::lists::sees(tenant, kind, item);
-    if let Some(item) = snapshot.list(kind).get(name) {
-        return if visible(item) {
-            Ok((item.upstream, Original::Shared(item.original.clone())))
-        } else {
-            Err(unknown())
-        };
-    }
-    *snapshot = app.catalog.ensure(&[kind]).await;
-    if let Some(item) = snapshot.list(kind).get(name) {
-        return if visible(item) {
-            Ok((item.upstream, Original::Shared(item.original.clone())))
-        } else {
-            Err(unknown())
-        };
-    }
-    if let Some(u) = app.catalog.missing_upstream(kind, name).filter(|&u| tenant.sees_upstream(u)) {
-        let why = format!("left out of the catalog after failing; retried every {:?}", app.catalog.retry_after());
-        return Err(Error::upstream(&app.upstreams[u].name, UpstreamError::Down(why)));
-    }
-    Err(unknown())
+    let rewritten = splice(body, &mut [Edit::new(field_span.clone(), replacement)]);
+    Resolved { upstream, body: rewritten, id: shift(id), progress_token: token.map(shift) }
 }
 
 /// Calls tool `name` (as `tenant` sees it) on behalf of the router itself,
@@ -421,8 +266,7 @@ pub(crate) async fn call_internal(
     arguments: &Value,
     timeout: std::time::Duration,
 ) -> Result<Value, Error> {
-    let mut snapshot = app.catalog.current();
-    let (u, original) = find(app, tenant, &mut snapshot, ListKind::Tools, name).await?;
+    let (u, original) = app.catalog_tools.find(tenant, ListKind::Tools, name).await?;
     let upstream = &app.upstreams[u];
     let mut params = Vec::with_capacity(original.len() + 64);
     params.extend_from_slice(b"{\"name\":");
@@ -448,24 +292,20 @@ pub(crate) async fn call_internal(
     Ok(value.get_mut("result").map(Value::take).unwrap_or(Value::Null))
 }
 
-fn resolve_uri(
-    app: &App,
-    tenant: &Tenant,
-    snapshot: &Snapshot,
-    raw: &RawValue,
-) -> Result<(UpstreamId, Vec<u8>), Error> {
+fn resolve_uri(app: &App, tenant: &Tenant, raw: &RawValue) -> Result<(UpstreamId, Vec<u8>), Error> {
     let uri = as_str(raw).ok_or_else(|| Error::InvalidParams("the uri must be a string".into()))?;
+    let snapshot = app.catalog.current();
     let (u, original) = app
         .catalog
-        .resolve_uri(snapshot, &uri)
+        .resolve_uri(&snapshot, &uri)
         .filter(|&(u, _)| tenant.sees_upstream(u))
         .ok_or_else(|| Error::UnknownResource(uri.to_string()))?;
     Ok((u, jsonrpc::json_string(original)))
 }
 
-/// Classifies the response and applies the few rewrites results need
-/// (resource URIs in `resources/read`).
-pub(super) fn finish(app: &App, u: UpstreamId, method: Method, message: Bytes) -> (Bytes, Outcome) {
+/// Classifies an upstream's answer and applies the few rewrites results
+/// need (resource URIs in `resources/read`).
+pub(crate) fn classify(app: &App, u: UpstreamId, method: Method, message: Bytes) -> (Bytes, Outcome) {
     let outcome = match Envelope::parse(&message) {
         Ok(env) if env.kind == MessageKind::Response => Outcome::Ok,
         _ => Outcome::Error,
@@ -485,62 +325,16 @@ pub(super) fn finish(app: &App, u: UpstreamId, method: Method, message: Bytes) -
     (Bytes::from(serde_json::to_vec(&value).expect("serializable")), outcome)
 }
 
-/// Tells the upstream to stop working on a request (best effort, in the background).
-pub(super) fn cancel_upstream(app: &Arc<App>, session: &Arc<Session>, u: UpstreamId, id: &RawValue, reason: &str) {
-    let Some(channel) = session.open_channel(u) else { return };
-    let params =
-        format!(r#"{{"requestId":{},"reason":{}}}"#, id.get(), String::from_utf8_lossy(&jsonrpc::json_string(reason)));
-    let note = jsonrpc::request(None, "notifications/cancelled", Some(params.as_bytes()));
-    let name = app.upstreams[u].name.clone();
-    tokio::spawn(async move {
-        if let Err(e) = channel.send(note).await {
-            tracing::debug!(upstream = %name, error = %e, "cancellation not delivered");
-        }
-    });
-}
-
-/// Relays a streamed answer into `log` in the background, and does the
-/// request's bookkeeping when it ends (a stateless client's call, whose
-/// rounds read the log).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn spawn_relay(
-    app: &Arc<App>,
-    session: &Arc<Session>,
-    upstream: UpstreamId,
-    method: Method,
-    id: &RawValue,
-    started: Instant,
-    deadline: tokio::time::Instant,
-    ledger: Ledger,
-    stream: Box<dyn MessageStream>,
-    log: Arc<Log>,
-) {
-    let call = Call {
-        app: app.clone(),
-        session: session.clone(),
-        upstream,
-        method,
-        id: id.to_owned(),
-        started,
-        deadline,
-        ledger,
-        sent: 0,
-    };
-    tokio::spawn(call.relay(stream, log));
-}
-
-/// A forwarded request whose answer streams.
-struct Call {
-    app: Arc<App>,
-    session: Arc<Session>,
-    upstream: UpstreamId,
-    method: Method,
-    id: Box<RawValue>,
-    started: Instant,
-    deadline: tokio::time::Instant,
-    ledger: Ledger,
-    /// Bytes relayed to the client, for the audit record.
-    sent: usize,
+/// A forwarded request whose answer streams. It owns the exchange, and
+/// finishes it when the answer (or a failure in its place) is relayed.
+pub(crate) struct Call {
+    pub x: Exchange,
+    pub session: Arc<Session>,
+    pub upstream: UpstreamId,
+    pub method: Method,
+    /// The id the upstream knows the request by.
+    pub id: Box<RawValue>,
+    pub deadline: tokio::time::Instant,
 }
 
 /// What one upstream message means for the call.
@@ -556,10 +350,11 @@ enum Step {
 
 impl Call {
     fn step(&self, message: Bytes) -> Step {
+        let app = self.x.app();
         let env = match Envelope::parse(&message) {
             Ok(env) => env,
             Err(_) => {
-                self.app.metrics.upstreams.protocol_error(&self.app.upstreams[self.upstream].name);
+                app.metrics.upstreams.protocol_error(&app.upstreams[self.upstream].name);
                 return Step::Skip;
             }
         };
@@ -567,11 +362,11 @@ impl Call {
             && env.id.is_some_and(|i| same_id(i, &self.id))
         {
             drop(env);
-            let (message, outcome) = finish(&self.app, self.upstream, self.method, message);
+            let (message, outcome) = classify(app, self.upstream, self.method, message);
             return Step::Done(message, outcome);
         }
         let is_request = env.kind == MessageKind::Request;
-        match self.app.relay_parsed(&self.session, self.upstream, &env, &message) {
+        match app.relay_parsed(&self.session, self.upstream, &env, &message) {
             Some(out) => Step::Relay(out, is_request),
             None => Step::Skip,
         }
@@ -581,18 +376,30 @@ impl Call {
         jsonrpc::error_response(Some(&self.id), err.code(), &err.to_string(), err.data().as_ref())
     }
 
-    /// Relays the stream into the request's event log until the response.
-    /// The relay goes on if the client disconnects: a disconnect is not a
-    /// cancellation, and the client may resume with `Last-Event-ID`.
+    fn timeout(&self) -> Error {
+        let upstream = &self.x.app().upstreams[self.upstream];
+        Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout }
+    }
+
+    fn failed(&self, e: UpstreamError) -> Error {
+        Error::upstream(&self.x.app().upstreams[self.upstream].name, e)
+    }
+
+    /// Relays the stream into the request's event log until the response,
+    /// in the background. The relay goes on if the client disconnects: a
+    /// disconnect is not a cancellation, and the client may resume with
+    /// `Last-Event-ID`.
+    pub fn spawn_relay(self, stream: Box<dyn MessageStream>, log: Arc<Log>) {
+        tokio::spawn(self.relay(stream, log));
+    }
+
     async fn relay(mut self, mut stream: Box<dyn MessageStream>, log: Arc<Log>) {
-        let name = self.app.upstreams[self.upstream].name.clone();
-        let outcome = loop {
+        let (outcome, code) = loop {
             let next = tokio::select! {
                 next = stream.next_item() => next,
                 () = tokio::time::sleep_until(self.deadline) => {
-                    let timeout = self.app.upstreams[self.upstream].config.timeout;
-                    log.push(&self.error_message(&Error::UpstreamTimeout { upstream: name.clone(), after: timeout }));
-                    cancel_upstream(&self.app, &self.session, self.upstream, &self.id, "timeout");
+                    log.push(&self.error_message(&self.timeout()));
+                    cancel_upstream(self.x.app(), &self.session, self.upstream, self.id.get(), "timeout");
                     break (Outcome::Timeout, Some(switchboard_protocol::jsonrpc::code::REQUEST_TIMEOUT));
                 }
             };
@@ -600,12 +407,12 @@ impl Call {
                 Some(Ok(Item::Message(message))) => match self.step(message) {
                     Step::Done(message, outcome) => {
                         log.push(&message);
-                        self.sent += message.len();
+                        self.x.add_sent(message.len());
                         let code = if outcome == Outcome::Error { error_code(&message) } else { None };
                         break (outcome, code);
                     }
                     Step::Relay(out, _) => {
-                        self.sent += out.len();
+                        self.x.add_sent(out.len());
                         log.push(&out)
                     }
                     Step::Skip => {}
@@ -621,32 +428,30 @@ impl Call {
                     }
                 }
                 Some(Err(e)) => {
-                    let e = Error::upstream(&name, e);
+                    let e = self.failed(e);
                     log.push(&self.error_message(&e));
                     break (Outcome::UpstreamFailed, Some(e.code()));
                 }
                 None => {
-                    let e = Error::upstream(&name, UpstreamError::Closed);
+                    let e = self.failed(UpstreamError::Closed);
                     log.push(&self.error_message(&e));
                     break (Outcome::UpstreamFailed, Some(e.code()));
                 }
             }
         };
         log.close();
-        self.finish(outcome.0, outcome.1);
+        self.x.finish(outcome, code);
     }
 
     /// For a client that takes only JSON: waits for the response; server
     /// requests go to the session's GET stream, notifications are dropped.
-    async fn drain(mut self, mut stream: Box<dyn MessageStream>) -> Response<Body> {
-        let name = self.app.upstreams[self.upstream].name.clone();
+    async fn drain(self, mut stream: Box<dyn MessageStream>) -> Response<Body> {
         let result = loop {
             let next = match tokio::time::timeout_at(self.deadline, stream.next()).await {
                 Ok(next) => next,
                 Err(_) => {
-                    cancel_upstream(&self.app, &self.session, self.upstream, &self.id, "timeout");
-                    let timeout = self.app.upstreams[self.upstream].config.timeout;
-                    break Err((Error::UpstreamTimeout { upstream: name.clone(), after: timeout }, Outcome::Timeout));
+                    cancel_upstream(self.x.app(), &self.session, self.upstream, self.id.get(), "timeout");
+                    break Err((self.timeout(), Outcome::Timeout));
                 }
             };
             match next {
@@ -656,44 +461,27 @@ impl Call {
                         if is_request {
                             self.session.push(out);
                         } else {
-                            self.app.metrics.upstreams.relay_dropped(&name, "client_accepts_json_only");
+                            let app = self.x.app();
+                            app.metrics
+                                .upstreams
+                                .relay_dropped(&app.upstreams[self.upstream].name, "client_accepts_json_only");
                         }
                     }
                     Step::Skip => {}
                 },
-                Some(Err(e)) => break Err((Error::upstream(&name, e), Outcome::UpstreamFailed)),
-                None => break Err((Error::upstream(&name, UpstreamError::Closed), Outcome::UpstreamFailed)),
+                Some(Err(e)) => break Err((self.failed(e), Outcome::UpstreamFailed)),
+                None => break Err((self.failed(UpstreamError::Closed), Outcome::UpstreamFailed)),
             }
         };
+        let Call { mut x, id, .. } = self;
         match result {
             Ok((message, outcome)) => {
-                self.sent += message.len();
+                x.add_sent(message.len());
                 let code = if outcome == Outcome::Error { error_code(&message) } else { None };
-                self.finish(outcome, code);
+                x.finish(outcome, code);
                 respond::json(message)
             }
-            Err((e, outcome)) => {
-                self.finish(outcome, Some(e.code()));
-                respond::error(Some(&self.id), &e)
-            }
-        }
-    }
-
-    fn finish(&mut self, outcome: Outcome, error_code: Option<i64>) {
-        self.session.end(self.id.get());
-        self.app.metrics.request(self.method, Some(self.upstream)).record(outcome, self.started.elapsed());
-        let app = self.app.clone();
-        self.ledger.close(&app, Some(self.upstream), outcome, error_code, self.sent, self.started);
-    }
-}
-
-impl Drop for Call {
-    /// A call dropped before it finished (the client hung up while a
-    /// JSON-only answer was drained) still leaves its audit record.
-    fn drop(&mut self) {
-        if self.ledger.draft.is_some() || self.ledger.permit.is_some() {
-            let app = self.app.clone();
-            self.ledger.close(&app, Some(self.upstream), Outcome::Abandoned, None, self.sent, self.started);
+            Err((e, outcome)) => x.fail_as(Some(&id), &e, outcome),
         }
     }
 }

@@ -22,27 +22,29 @@ use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind};
 use switchboard_protocol::sse;
 use tokio::sync::mpsc;
 
-use super::{
-    admit, authenticate, check_origin, lists, notification, receive, refuse, reject, reject_unread, request, respond,
-};
+use super::transport::{self, check_origin, reject};
+use super::{lists, notification, request, respond};
 use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
+use crate::exchange::Exchange;
 use switchboard_core::ids::random_id;
 use switchboard_session::Session;
 
 /// `GET …/sse`: a new connection; `prefix` is the path before `/sse`.
 pub fn open(app: &Arc<App>, headers: &HeaderMap, prefix: &str) -> Response<Body> {
+    let mut x = Exchange::new(app, Instant::now());
     if let Err(e) = check_origin(app, headers) {
-        return reject(app, None, e);
+        return x.reject(None, e);
     }
-    let who = match authenticate(app, headers) {
+    let who = match x.authenticate(headers) {
         Ok(who) => who,
-        Err(e) => return refuse(app, None, headers, None, None, 0, e, Instant::now(), "GET /sse"),
+        Err(e) => return x.refuse(headers, None, 0, e, "GET /sse"),
     };
     if app.shutting_down() {
-        return reject(app, None, Error::ShuttingDown);
+        return x.reject(None, Error::ShuttingDown);
     }
+    x.discard();
     let id = random_id();
     let forwarded = headers.get("x-forwarded-prefix").and_then(|v| v.to_str().ok()).unwrap_or("");
     let endpoint = format!("{}{prefix}/messages?sessionId={id}", forwarded.trim_end_matches('/'));
@@ -65,28 +67,33 @@ pub async fn message(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
         return reject(app, None, Error::MissingSession);
     };
     let id: Arc<str> = Arc::from(id);
-    let body = match receive(app, &parts.headers, body).await {
+    let headers = &parts.headers;
+    // The phases of `/mcp`, but for the session's: named in the query, and
+    // held by this replica alone.
+    let body = match transport::receive(app, headers, body).await {
         Ok(body) => body,
-        Err(e) => return reject_unread(app, e),
+        Err(response) => return response,
     };
     let env = match Envelope::parse(&body) {
         Ok(env) => env,
         Err(e) => return reject(app, None, Error::Parse(e)),
     };
-    let who = match authenticate(app, &parts.headers) {
+    let mut x = Exchange::new(app, started);
+    let who = match x.authenticate(headers) {
         Ok(who) => who,
-        Err(e) => return refuse(app, None, &parts.headers, None, Some(&env), body.len(), e, started, "POST"),
+        Err(e) => return x.refuse(headers, Some(&env), body.len(), e, "POST"),
     };
     if env.kind == MessageKind::Request {
-        if let Err(e) = admit(app, &who, &env).await {
-            return refuse(app, Some(&who), &parts.headers, None, Some(&env), body.len(), e, started, "POST");
+        if let Err(e) = x.admit(&env).await {
+            return x.refuse(headers, Some(&env), body.len(), e, "POST");
         }
     }
 
     if env.kind == MessageKind::Request && env.method_str() == "initialize" {
         let Some(stream) = app.legacy_take(&id, &who.tenant.name) else {
-            return reject(app, env.id, Error::UnknownSession);
+            return x.reject(env.id, Error::UnknownSession);
         };
+        x.discard();
         return match lists::open_session(app, &who, &env, Some(id.clone())).await {
             Ok((session, answer)) => {
                 attach(app, &session, stream);
@@ -106,26 +113,28 @@ pub async fn message(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     // A tenant's shared session (stateless clients' calls) is no client's
     // to post to, though its id can be worked out from the tenant's name.
     let Some(session) = app.sessions.get(&id).filter(|s| s.tenant == who.tenant.name && !s.for_tenant) else {
-        return reject(app, env.id, Error::UnknownSession);
+        return x.reject(env.id, Error::UnknownSession);
     };
+    x.set_session(&session);
     session.touch();
     match env.kind {
         MessageKind::Request => {
             // Answer in the background; the answer goes out on the SSE stream.
-            let app = app.clone();
             let headers = parts.headers;
             tokio::spawn(async move {
                 let Ok(env) = Envelope::parse(&body) else { return };
-                let response = request(&app, &who, &headers, &session, &env, &body, true, started).await;
+                let response = request(x, &headers, &session, &env, &body, true).await;
                 move_to_stream(&session, response).await;
             });
             accepted()
         }
         MessageKind::Notification => {
+            x.discard();
             notification(app, &session, &env, &body).await;
             accepted()
         }
         MessageKind::Response | MessageKind::Error => {
+            x.discard();
             super::answer(app, &who, &session, &env, &body).await;
             accepted()
         }

@@ -1,9 +1,7 @@
 //! Requests the router answers from its own state: `initialize` and the four
 //! lists, served from the catalog snapshot.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderValue, Response};
@@ -18,9 +16,9 @@ use super::respond;
 use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
-use switchboard_catalog::cursor::Cursor;
+use crate::exchange::Exchange;
+use crate::tools::{list_catalog, Page};
 use switchboard_core::policy::{Principal, Tenant};
-use switchboard_core::Outcome;
 use switchboard_session::{Client, Session};
 use switchboard_upstream::empty_object;
 
@@ -44,18 +42,18 @@ struct InitializeParams<'a> {
 
 /// `initialize` over Streamable HTTP: negotiates the version, creates the
 /// session and declares the merged capabilities of the upstreams.
-pub async fn initialize(app: &Arc<App>, who: &Principal, env: &Envelope<'_>, started: Instant) -> Response<Body> {
+pub async fn initialize(mut x: Exchange, env: &Envelope<'_>) -> Response<Body> {
+    x.set_method(Method::Initialize);
     let id = env.id.expect("a request has an id");
-    let result = open_session(app, who, env, None).await.map(|(session, body)| {
+    let who = x.principal().expect("authenticated").clone();
+    let result = open_session(x.app(), &who, env, None).await.map(|(session, body)| {
         let mut response = respond::json(body);
         response
             .headers_mut()
             .insert(respond::SESSION_ID.clone(), HeaderValue::from_str(&session.id).expect("hex is a valid header"));
         response
     });
-    let outcome = if result.is_ok() { Outcome::Ok } else { Outcome::Rejected };
-    app.metrics.request(Method::Initialize, None).record(outcome, started.elapsed());
-    result.unwrap_or_else(|e| respond::error(Some(id), &e))
+    x.answer(id, result)
 }
 
 /// Creates the session an `initialize` asks for and returns it with the
@@ -133,16 +131,8 @@ struct ListParams {
     cursor: Option<String>,
 }
 
-/// Whether `tenant` sees an item of a list.
-pub fn sees(tenant: &Tenant, kind: ListKind, item: &switchboard_catalog::Item) -> bool {
-    match kind {
-        ListKind::Tools => tenant.sees_tool(item.upstream, &item.name),
-        _ => tenant.sees_upstream(item.upstream),
-    }
-}
-
-/// One page of a merged list, of the items `tenant` sees. Cursors count
-/// positions in the whole list, so a filtered page resumes where it ended.
+/// One page of a merged list, of the items `tenant` sees: the catalog's,
+/// then (for tools) those of the other tool sources, on the last page.
 /// `tail` goes at the end of the result (members a 2026-07-28 result has).
 pub async fn list(
     app: &Arc<App>,
@@ -158,84 +148,17 @@ pub async fn list(
         }
         None => ListParams::default(),
     };
-    let snapshot = app.catalog.ensure(&[kind]).await;
-    let listing = snapshot.list(kind);
-    let page_size = app.config.catalog.page_size;
-    let head = head(id, kind);
-
-    // The tenant's edge device tools come after the catalog's, on the last page.
-    let edge = if kind == ListKind::Tools { app.edge.view(&tenant.name) } else { None };
-
-    if page_size == 0 && params.cursor.is_none() && tenant.unrestricted() {
-        // The whole list, prebuilt: sent without copying it.
-        let mut parts = match &edge {
-            None => VecDeque::from([head, listing.all.clone()]),
-            Some(view) => {
-                let open = listing.all.slice(..listing.all.len() - 1); // without its `]`
-                let comma = if open.len() > 1 { &b","[..] } else { &b""[..] };
-                VecDeque::from([head, open, Bytes::from_static(comma), view.json.clone(), Bytes::from_static(b"]")])
-            }
-        };
-        if !tail.is_empty() {
-            parts.push_back(Bytes::copy_from_slice(tail));
+    app.catalog.ensure(&[kind]).await;
+    let mut page = Page::new(params.cursor.as_deref(), app.config.catalog.page_size)?;
+    if kind == ListKind::Tools {
+        for source in app.tools.iter() {
+            source.list(tenant, &mut page)?;
         }
-        parts.push_back(Bytes::from_static(b"}}"));
-        return Ok(respond::json_parts(parts));
+    } else {
+        let snapshot = app.catalog.current();
+        list_catalog(&app.upstreams, snapshot.list(kind), tenant, kind, &mut page)?;
     }
-
-    let start = match &params.cursor {
-        None => 0,
-        Some(text) => {
-            let cursor = Cursor::decode(text).map_err(Error::InvalidCursor)?;
-            let u = app
-                .upstreams
-                .find(&cursor.upstream)
-                .ok_or_else(|| Error::InvalidCursor("the list changed; start again without a cursor".into()))?;
-            let &(_, first, count) = listing
-                .spans
-                .iter()
-                .find(|(up, _, _)| *up == u)
-                .ok_or_else(|| Error::InvalidCursor("the list changed; start again without a cursor".into()))?;
-            first + cursor.offset.min(count)
-        }
-    };
-    let mut body = BytesMut::with_capacity(head.len() + 4096);
-    body.put_slice(&head);
-    body.put_u8(b'[');
-    let mut shown = 0;
-    let mut end = start;
-    while end < listing.items.len() && (page_size == 0 || shown < page_size) {
-        let item = &listing.items[end];
-        end += 1;
-        if !sees(tenant, kind, item) {
-            continue;
-        }
-        if shown > 0 {
-            body.put_u8(b',');
-        }
-        body.put_slice(&item.json);
-        shown += 1;
-    }
-    let more = listing.items[end..].iter().any(|i| sees(tenant, kind, i));
-    if let (false, Some(view)) = (more, &edge) {
-        if shown > 0 {
-            body.put_u8(b',');
-        }
-        body.put_slice(&view.json);
-    }
-    body.put_u8(b']');
-    // Only promise a next page if something the tenant sees is on it.
-    if more {
-        let next = &listing.items[end];
-        let &(_, first, _) =
-            listing.spans.iter().find(|(up, _, _)| *up == next.upstream).expect("every item has a span");
-        let cursor = Cursor { upstream: app.upstreams[next.upstream].name.to_string(), offset: end - first };
-        body.put_slice(b",\"nextCursor\":");
-        body.put_slice(&jsonrpc::json_string(&cursor.encode()));
-    }
-    body.put_slice(tail);
-    body.put_slice(b"}}");
-    Ok(respond::json(body.freeze()))
+    Ok(respond::json_parts(page.into_parts(head(id, kind), tail)))
 }
 
 /// `{"jsonrpc":"2.0","id":ID,"result":{"tools":` — the list follows.

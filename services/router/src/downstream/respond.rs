@@ -30,29 +30,21 @@ pub fn json_parts(parts: VecDeque<Bytes>) -> Response<Body> {
 }
 
 /// A JSON-RPC error response for `err`, with the status it calls for.
-/// A 401 carries `WWW-Authenticate`, a 429 `Retry-After` (whole seconds,
-/// rounded up).
+/// A 401 carries `WWW-Authenticate`; a 429 or 503 `Retry-After` (whole
+/// seconds, rounded up).
 pub fn error(id: Option<&RawValue>, err: &Error) -> Response<Body> {
     let body = jsonrpc::error_response(id, err.code(), &err.to_string(), err.data().as_ref());
     let mut response = with_type(err.status(), Body::full(body), JSON);
-    match err {
-        Error::Unauthenticated(failure) => {
-            let challenge = match failure {
-                switchboard_core::policy::AuthFailure::Missing => {
-                    HeaderValue::from_static(r#"Bearer realm="switchboard""#)
-                }
-                _ => HeaderValue::from_static(r#"Bearer realm="switchboard", error="invalid_token""#),
-            };
-            response.headers_mut().insert(http::header::WWW_AUTHENTICATE, challenge);
-        }
-        Error::RateLimited { retry_after, .. } => {
-            let seconds = retry_after.as_millis().div_ceil(1000).max(1);
-            response.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(seconds as u64));
-        }
-        Error::TooManyInFlight(_) => {
-            response.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        _ => {}
+    if let Error::Unauthenticated(failure) = err {
+        let challenge = match failure {
+            switchboard_core::policy::AuthFailure::Missing => HeaderValue::from_static(r#"Bearer realm="switchboard""#),
+            _ => HeaderValue::from_static(r#"Bearer realm="switchboard", error="invalid_token""#),
+        };
+        response.headers_mut().insert(http::header::WWW_AUTHENTICATE, challenge);
+    }
+    if let Some(after) = err.retry_after() {
+        let seconds = after.as_millis().div_ceil(1000).max(1);
+        response.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(seconds as u64));
     }
     response
 }

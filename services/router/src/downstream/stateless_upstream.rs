@@ -1,5 +1,5 @@
-//! A session's request to a stateless (2026-07-28) upstream: the other way
-//! round from `modern.rs`'s bridge.
+//! Session clients' requests to stateless (2026-07-28) upstreams: the other
+//! way round from `stateless_client`'s bridge.
 //!
 //! A 2026-07-28 upstream keeps no session, so a session client's request
 //! reaches it as a stateless request: `params._meta` gets the protocol
@@ -15,7 +15,6 @@
 //! to the replica waiting for it (`App::deliver_answer`).
 
 use std::sync::Arc;
-use std::time::Instant;
 use switchboard_core::UpstreamId;
 
 use bytes::Bytes;
@@ -28,51 +27,38 @@ use switchboard_protocol::modern;
 use switchboard_protocol::Method;
 use tokio::sync::mpsc;
 
-use super::forward::{self, Ledger, Resolved};
+use super::forward::{self, Resolved};
 use super::respond;
 use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
+use crate::exchange::Exchange;
 use switchboard_core::Outcome;
 use switchboard_session::events::Log;
 use switchboard_session::Session;
 use switchboard_upstream::{ModernAnswer, Reply, UpstreamError};
 
-/// Forwards one request of `session` to the stateless upstream `resolved` names.
-#[allow(clippy::too_many_arguments)]
+/// Forwards one request of `session` to the stateless upstream `resolved`
+/// names; the exchange is finished when the last round ends.
 pub(super) async fn forward(
-    app: &Arc<App>,
+    x: Exchange,
     session: &Arc<Session>,
     method: Method,
     id: &RawValue,
     resolved: Resolved,
     accepts_sse: bool,
-    started: Instant,
-    mut ledger: Ledger,
 ) -> Response<Body> {
     let u = resolved.upstream;
+    let app = x.app().clone();
     let request = match with_meta(&resolved.body, session) {
         Ok(request) => request,
-        Err(e) => {
-            app.metrics.request(method, Some(u)).record(Outcome::Rejected, started.elapsed());
-            ledger.close(app, Some(u), Outcome::Rejected, Some(e.code()), 0, started);
-            return respond::error(Some(id), &e);
-        }
+        Err(e) => return x.fail_as(Some(id), &e, Outcome::Rejected),
     };
-    let mut headers = super::modern::upstream_headers(method, &resolved.body, None);
+    let mut headers = super::stateless_client::upstream_headers(method, &resolved.body, None);
     if method == Method::ToolsCall {
-        headers.extend(mirrored_arguments(app, u, &request));
+        headers.extend(mirrored_arguments(&app, u, &request));
     }
-    let call = Call {
-        app: app.clone(),
-        session: session.clone(),
-        upstream: u,
-        method,
-        id: id.to_owned(),
-        started,
-        ledger,
-        headers,
-    };
+    let call = Call { x, session: session.clone(), upstream: u, method, id: id.to_owned(), headers };
     if accepts_sse {
         let log = session.new_stream();
         let (tx, rx) = mpsc::channel(64);
@@ -150,20 +136,18 @@ fn mirrored_arguments(app: &App, u: UpstreamId, request: &Value) -> Vec<(HeaderN
         let Ok(header) = HeaderName::from_bytes(format!("mcp-param-{}", suffix.to_ascii_lowercase()).as_bytes()) else {
             continue;
         };
-        headers.push((header, super::modern::header_value(&text)));
+        headers.push((header, super::stateless_client::header_value(&text)));
     }
     headers
 }
 
 /// One request to a stateless upstream, over as many rounds as it takes.
 struct Call {
-    app: Arc<App>,
+    x: Exchange,
     session: Arc<Session>,
     upstream: UpstreamId,
     method: Method,
     id: Box<RawValue>,
-    started: Instant,
-    ledger: Ledger,
     headers: Vec<(HeaderName, HeaderValue)>,
 }
 
@@ -171,7 +155,8 @@ impl Call {
     /// Runs the rounds and returns the final message for the client
     /// (relaying notifications and input requests into `log` meanwhile).
     async fn run(mut self, mut request: Value, log: Option<&Arc<Log>>) -> Bytes {
-        let upstream = self.app.upstreams[self.upstream].clone();
+        let app = self.x.app().clone();
+        let upstream = app.upstreams[self.upstream].clone();
         let deadline = tokio::time::Instant::now() + upstream.config.timeout;
         let mut sent = 0usize;
         let result: Result<Bytes, (Error, Outcome)> = async {
@@ -252,7 +237,7 @@ impl Call {
         .await;
         let (message, outcome, code) = match result {
             Ok(message) => {
-                let (message, outcome) = forward::finish(&self.app, self.upstream, self.method, message);
+                let (message, outcome) = forward::classify(&app, self.upstream, self.method, message);
                 let code = forward::error_code(&message);
                 // The client's id: the upstream answers the id it was sent.
                 (message, outcome, code)
@@ -262,10 +247,8 @@ impl Call {
                 (message, outcome, Some(e.code()))
             }
         };
-        sent += message.len();
-        self.app.metrics.request(self.method, Some(self.upstream)).record(outcome, self.started.elapsed());
-        let app = self.app.clone();
-        self.ledger.close(&app, Some(self.upstream), outcome, code, sent, self.started);
+        self.x.add_sent(sent + message.len());
+        self.x.finish(outcome, code);
         message
     }
 
@@ -277,7 +260,7 @@ impl Call {
         log: Option<&Arc<Log>>,
         deadline: tokio::time::Instant,
     ) -> Result<Map<String, Value>, (Error, Outcome)> {
-        let upstream = &self.app.upstreams[self.upstream];
+        let upstream = &self.x.app().upstreams[self.upstream];
         let protocol =
             |why: String| (Error::upstream(&upstream.name, UpstreamError::Protocol(why)), Outcome::UpstreamFailed);
         let requests = result
@@ -291,7 +274,7 @@ impl Call {
                 .and_then(Value::as_str)
                 .ok_or_else(|| protocol(format!("input request {key:?} has no method")))?;
             let ours = format!("m.{}", switchboard_core::ids::random_id());
-            let awaiting = self.app.await_answer(&self.session.id, &ours);
+            let awaiting = self.x.app().await_answer(&self.session.id, &ours);
             let mut message = json!({"jsonrpc": "2.0", "id": ours, "method": method});
             if let Some(params) = input.get("params") {
                 message["params"] = params.clone();

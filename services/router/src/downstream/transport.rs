@@ -1,0 +1,148 @@
+//! The first phase of every request: HTTP-level checks, before anything is
+//! parsed. `Origin` (a browser page on another site must not reach a local
+//! router), `Content-Type`, the body's size, `Accept`, and the
+//! `MCP-Protocol-Version` of a session's request. Failures here are
+//! rejections: counted (`switchboard_http_rejections_total`), not audited.
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, ORIGIN};
+use http::{HeaderMap, HeaderValue, Response};
+use hyper::body::Incoming;
+use serde_json::value::RawValue;
+use switchboard_core::body::CollectError;
+use switchboard_protocol::jsonrpc;
+use switchboard_protocol::ProtocolVersion;
+
+use super::respond;
+use crate::app::App;
+use crate::body::Body;
+use crate::error::Error;
+
+pub(crate) static PROTOCOL_VERSION: http::HeaderName = http::HeaderName::from_static("mcp-protocol-version");
+
+/// Refuses a request before it reaches the MCP layer, and counts it.
+pub fn reject(app: &App, id: Option<&RawValue>, err: Error) -> Response<Body> {
+    app.metrics.rejected(err.label());
+    respond::error(id, &err)
+}
+
+/// Refuses a request whose body may be partly unread: the connection is
+/// closed rather than left for the client to reuse while the server drops it.
+pub fn reject_unread(app: &App, err: Error) -> Response<Body> {
+    let mut response = reject(app, None, err);
+    response.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+/// The transport checks of a POST (`Origin`, `Content-Type`, size), then its
+/// body; a refusal is the response to send.
+pub async fn receive(app: &App, headers: &HeaderMap, body: Incoming) -> Result<Bytes, Response<Body>> {
+    check_origin(app, headers).map_err(|e| reject_unread(app, e))?;
+    check_content_type(headers).map_err(|e| reject_unread(app, e))?;
+    read_body(app, headers, body).await.map_err(|e| reject_unread(app, e))
+}
+
+/// Browsers send `Origin`; a page on another site must not reach a local router.
+pub fn check_origin(app: &App, headers: &HeaderMap) -> Result<(), Error> {
+    let Some(origin) = headers.get(ORIGIN) else { return Ok(()) };
+    let origin = origin.to_str().unwrap_or("");
+    if app.config.server.allowed_origins.iter().any(|p| p.matches(origin)) {
+        Ok(())
+    } else {
+        Err(Error::ForbiddenOrigin(origin.to_owned()))
+    }
+}
+
+/// `application/json` (with any parameters), or no `Content-Type` at all.
+fn check_content_type(headers: &HeaderMap) -> Result<(), Error> {
+    let Some(ct) = headers.get(CONTENT_TYPE) else { return Ok(()) };
+    let text = ct.to_str().unwrap_or("");
+    let essence = text.split(';').next().unwrap_or("").trim();
+    if essence.eq_ignore_ascii_case("application/json") {
+        Ok(())
+    } else {
+        Err(Error::UnsupportedMediaType(text.to_owned()))
+    }
+}
+
+/// `MCP-Protocol-Version`, when a session's request sends it, must be one
+/// we speak on this endpoint.
+pub fn check_version(headers: &HeaderMap) -> Result<(), Error> {
+    let Some(v) = headers.get(&PROTOCOL_VERSION) else { return Ok(()) };
+    let text = v.to_str().unwrap_or("");
+    match ProtocolVersion::parse(text) {
+        Some(v) if v.is_streamable_http() => Ok(()),
+        _ => Err(Error::UnsupportedVersion(text.to_owned())),
+    }
+}
+
+/// Whether the client can take an SSE answer. Lenient: a missing `Accept`
+/// or a wildcard counts as yes; only an explicit list without
+/// `text/event-stream` means JSON only.
+pub fn accepts_sse(headers: &HeaderMap) -> bool {
+    let mut any = false;
+    for value in headers.get_all(http::header::ACCEPT) {
+        any = true;
+        let Ok(text) = value.to_str() else { continue };
+        for item in text.split(',') {
+            let essence = item.split(';').next().unwrap_or("").trim();
+            if essence.eq_ignore_ascii_case("text/event-stream")
+                || essence == "*/*"
+                || essence.eq_ignore_ascii_case("text/*")
+            {
+                return true;
+            }
+        }
+    }
+    !any
+}
+
+async fn read_body(app: &App, headers: &HeaderMap, body: Incoming) -> Result<Bytes, Error> {
+    let limit = app.config.server.max_body_bytes;
+    let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(Error::BodyTooLarge { limit });
+    }
+    match switchboard_core::body::collect(body, limit).await {
+        Ok(bytes) => Ok(bytes),
+        Err(CollectError::TooLarge) => Err(Error::BodyTooLarge { limit }),
+        Err(CollectError::Read(e)) => {
+            Err(Error::Parse(jsonrpc::ParseError::Syntax(format!("could not read the body: {e}"))))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn accept_is_lenient() {
+        assert!(accepts_sse(&headers(&[])));
+        assert!(accepts_sse(&headers(&[("accept", "application/json, text/event-stream")])));
+        assert!(accepts_sse(&headers(&[("accept", "*/*")])));
+        assert!(!accepts_sse(&headers(&[("accept", "application/json")])));
+        assert!(accepts_sse(&headers(&[("accept", "application/json"), ("accept", "text/event-stream;q=0.5")])));
+    }
+
+    #[test]
+    fn content_type_and_version() {
+        assert!(check_content_type(&headers(&[("content-type", "application/json; charset=utf-8")])).is_ok());
+        assert!(check_content_type(&headers(&[])).is_ok());
+        assert!(matches!(
+            check_content_type(&headers(&[("content-type", "text/plain")])),
+            Err(Error::UnsupportedMediaType(_))
+        ));
+        assert!(check_version(&headers(&[("mcp-protocol-version", "2025-06-18")])).is_ok());
+        assert!(check_version(&headers(&[("mcp-protocol-version", "2024-11-05")])).is_err());
+        assert!(check_version(&headers(&[("mcp-protocol-version", "1999-01-01")])).is_err());
+    }
+}

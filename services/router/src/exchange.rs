@@ -1,0 +1,391 @@
+//! One request's context, carried through its phases, and its one ending.
+//!
+//! An [`Exchange`] is made when a request arrives and learns, phase by
+//! phase, who is calling (authenticate), on which session, whether the
+//! limits admit it, and who serves it. However the request ends — answered,
+//! failed, timed out, refused, or abandoned by a client that hung up — it is
+//! finished exactly once: the request metric, the audit record (for requests
+//! that reach an upstream or a device, or are refused), the tenant's
+//! in-flight slot, and the session's note of the request in flight. A
+//! streamed answer takes the exchange with it into the task that relays it.
+//! An exchange dropped unfinished finishes as `abandoned`, and a request in
+//! flight upstream is then cancelled there.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderMap, Response};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use switchboard_core::policy::Principal;
+use switchboard_core::{Outcome, UpstreamId};
+use switchboard_db::AuditRecord;
+use switchboard_limits::{Decision, InflightPermit};
+use switchboard_protocol::jsonrpc::{self, Envelope, Target};
+use switchboard_protocol::Method;
+use switchboard_session::Session;
+
+use crate::app::App;
+use crate::body::Body;
+use crate::downstream::respond;
+use crate::error::Error;
+
+/// Who answered a request, for its metric and its audit record.
+#[derive(Debug, Clone)]
+enum Served {
+    /// The router itself (a list, `ping`), or nobody yet.
+    Router,
+    /// A configured upstream.
+    Upstream(UpstreamId),
+    /// Something else that serves tools, named as its audit records name it
+    /// (an edge device: `edge:<device>`).
+    Local(Arc<str>),
+}
+
+/// A request sent upstream on a session's channel: noted in the session
+/// (so that its cancellation finds it), and cancelled upstream if the
+/// exchange is abandoned.
+struct InFlight {
+    session: Arc<Session>,
+    upstream: UpstreamId,
+    /// The message sent, and where its id sits in it.
+    message: Bytes,
+    id: Range<usize>,
+}
+
+/// One request, from its arrival to its finish.
+pub struct Exchange {
+    app: Arc<App>,
+    started: Instant,
+    method: Method,
+    principal: Option<Principal>,
+    session: Option<Arc<Session>>,
+    served: Served,
+    /// The audit record, for a request that goes to an upstream or a device
+    /// (when auditing is on).
+    record: Option<AuditRecord>,
+    /// A slot of the tenant's limit on requests in flight.
+    permit: Option<InflightPermit>,
+    inflight: Option<InFlight>,
+    /// Bytes of answer sent to the client, for the audit record.
+    sent: usize,
+    finished: bool,
+}
+
+impl Exchange {
+    /// A request that arrived at `started`.
+    pub fn new(app: &Arc<App>, started: Instant) -> Exchange {
+        Exchange {
+            app: app.clone(),
+            started,
+            method: Method::Other,
+            principal: None,
+            session: None,
+            served: Served::Router,
+            record: None,
+            permit: None,
+            inflight: None,
+            sent: 0,
+            finished: false,
+        }
+    }
+
+    pub fn app(&self) -> &Arc<App> {
+        &self.app
+    }
+
+    /// The JSON-RPC method, for the request metric.
+    pub fn set_method(&mut self, method: Method) {
+        self.method = method;
+    }
+
+    /// Phase: authenticate. The caller, from its credentials; a refusal is
+    /// counted by the authenticator.
+    pub fn authenticate(&mut self, headers: &HeaderMap) -> Result<Principal, Error> {
+        let principal = self.app.auth.authenticate(headers).map_err(Error::Unauthenticated)?;
+        self.principal = Some(principal.clone());
+        Ok(principal)
+    }
+
+    /// The caller, once authenticated.
+    pub fn principal(&self) -> Option<&Principal> {
+        self.principal.as_ref()
+    }
+
+    /// Phase: session. The session a request names, if it is the caller's
+    /// tenant's; another tenant's session is reported exactly like one that
+    /// does not exist.
+    pub async fn find_session(&mut self, headers: &HeaderMap) -> Result<Arc<Session>, Error> {
+        let id = headers.get(&respond::SESSION_ID).ok_or(Error::MissingSession)?;
+        let id = id.to_str().map_err(|_| Error::UnknownSession)?;
+        // `t.…` names a tenant's shared session (stateless clients'): never a client's.
+        if id.is_empty() || id.len() > 128 || id.starts_with(switchboard_session::TENANT_PREFIX) {
+            return Err(Error::UnknownSession);
+        }
+        let session = self.app.sessions.find(id).await?.ok_or(Error::UnknownSession)?;
+        let tenant = &self.principal.as_ref().expect("authenticated before the session phase").tenant;
+        if session.tenant != tenant.name {
+            self.app.directory.metrics().auth_failed("wrong_tenant");
+            return Err(Error::UnknownSession);
+        }
+        self.session = Some(session.clone());
+        Ok(session)
+    }
+
+    /// The session the request runs on (found, created, or a tenant's shared one).
+    pub fn set_session(&mut self, session: &Arc<Session>) {
+        self.session = Some(session.clone());
+    }
+
+    /// Phase: admit. The rate limits of a request (key, tenant, and the tool
+    /// for `tools/call`).
+    pub async fn admit(&mut self, env: &Envelope<'_>) -> Result<(), Error> {
+        let who = self.principal.as_ref().expect("authenticated before admission");
+        let limits = &who.tenant.limits;
+        if limits.key.is_none() && limits.tenant.is_none() && limits.tool.is_none() {
+            return Ok(());
+        }
+        let tool = match (limits.tool.is_some() && env.method_str() == "tools/call", env.params) {
+            (true, Some(params)) => Target::parse(params).ok().and_then(|t| t.name).and_then(jsonrpc::as_str),
+            _ => None,
+        };
+        let checks = switchboard_limits::checks(who, tool.as_deref());
+        match self.app.limiter.check(&checks).await {
+            Decision::Allow => Ok(()),
+            Decision::Deny { limit, retry_after } => {
+                self.app.metrics.limits.rate_limited(&who.tenant.name, limit);
+                Err(Error::RateLimited { limit, retry_after })
+            }
+        }
+    }
+
+    /// Opens the books of a request about to go to an upstream or a device:
+    /// its audit record, and a slot of the tenant's limit on requests in
+    /// flight (refused when none is free: finish the exchange with the error).
+    pub fn open_books(&mut self, headers: &HeaderMap, env: &Envelope<'_>, request_bytes: usize) -> Result<(), Error> {
+        if self.app.audit.is_some() {
+            self.record = Some(self.draft(headers, Some(env), request_bytes));
+        }
+        let who = self.principal.as_ref().expect("authenticated before the books open");
+        if let Some(max) = who.tenant.limits.concurrent {
+            match self.app.limiter.enter(&who.tenant.name, max) {
+                Some(permit) => self.permit = Some(permit),
+                None => {
+                    self.app.metrics.limits.rate_limited(&who.tenant.name, "concurrent");
+                    return Err(Error::TooManyInFlight(max));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Leaves the request out of the audit log (a later round of a call
+    /// whose first round's record covers it) and frees its in-flight slot.
+    pub fn close_books(&mut self) {
+        self.record = None;
+        self.permit = None;
+    }
+
+    /// The upstream that serves the request.
+    pub fn served_by(&mut self, upstream: UpstreamId) {
+        self.served = Served::Upstream(upstream);
+    }
+
+    /// A tool source other than an upstream serves the request, named as
+    /// audit records name it.
+    pub fn served_locally(&mut self, name: Arc<str>) {
+        self.served = Served::Local(name);
+    }
+
+    /// Notes the request in flight on `session`'s channel to `upstream`:
+    /// `message` as sent, its id at `id`.
+    pub fn in_flight(&mut self, session: &Arc<Session>, upstream: UpstreamId, message: &Bytes, id: Range<usize>) {
+        session.begin(&message[id.clone()], upstream);
+        self.inflight = Some(InFlight { session: session.clone(), upstream, message: message.clone(), id });
+    }
+
+    /// Counts bytes of answer sent to the client.
+    pub fn add_sent(&mut self, bytes: usize) {
+        self.sent += bytes;
+    }
+
+    /// Phase: finish. Records how the request ended, once.
+    pub fn finish(mut self, outcome: Outcome, error_code: Option<i64>) {
+        self.close(outcome, error_code);
+    }
+
+    /// Finishes with `err` as the answer, as `outcome`.
+    pub fn fail_as(self, id: Option<&RawValue>, err: &Error, outcome: Outcome) -> Response<Body> {
+        self.finish(outcome, Some(err.code()));
+        respond::error(id, err)
+    }
+
+    /// Finishes a request the router answered itself: `ok` or `rejected`.
+    pub fn answer(self, id: &RawValue, result: Result<Response<Body>, Error>) -> Response<Body> {
+        match result {
+            Ok(response) => {
+                self.finish(Outcome::Ok, None);
+                response
+            }
+            Err(e) => self.fail_as(Some(id), &e, Outcome::Rejected),
+        }
+    }
+
+    /// Ends the exchange with nothing to record: a notification or an
+    /// answer taken (202), a GET stream opened, a session ended.
+    pub fn discard(mut self) {
+        self.finished = true;
+    }
+
+    /// Rejects the request before the MCP layer takes it (a missing
+    /// session, a bad header): counted as a rejection, not audited.
+    pub fn reject(mut self, id: Option<&RawValue>, err: Error) -> Response<Body> {
+        self.finished = true;
+        crate::downstream::transport::reject(&self.app, id, err)
+    }
+
+    /// Refuses the request (its key, a rate limit): counted as a rejection
+    /// and audited as `refused`; `http` names a request that is not JSON-RPC
+    /// (`GET /mcp`) in its record.
+    pub fn refuse(
+        mut self,
+        headers: &HeaderMap,
+        env: Option<&Envelope<'_>>,
+        request_bytes: usize,
+        err: Error,
+        http: &'static str,
+    ) -> Response<Body> {
+        self.finished = true;
+        self.app.metrics.rejected(err.label());
+        let response = respond::error(env.and_then(|e| e.id), &err);
+        if let Some(audit) = &self.app.audit {
+            let mut record = self.draft(headers, env, request_bytes);
+            if env.is_none() {
+                record.method = http.to_owned();
+            }
+            record.outcome = "refused".into();
+            record.error_code = Some(err.code());
+            record.latency_us = self.started.elapsed().as_micros() as i64;
+            audit.record(record);
+        }
+        response
+    }
+
+    fn close(&mut self, outcome: Outcome, error_code: Option<i64>) {
+        self.finished = true;
+        if let Some(inflight) = self.inflight.take() {
+            let id = &inflight.message[inflight.id.clone()];
+            inflight.session.end(id);
+            if outcome == Outcome::Abandoned {
+                let id = String::from_utf8_lossy(id);
+                cancel_upstream(&self.app, &inflight.session, inflight.upstream, &id, "the client disconnected");
+            }
+        }
+        let elapsed = self.started.elapsed();
+        let upstream = match &self.served {
+            Served::Router => {
+                self.app.metrics.request(self.method, None).record(outcome, elapsed);
+                None
+            }
+            Served::Upstream(u) => {
+                self.app.metrics.request(self.method, Some(*u)).record(outcome, elapsed);
+                Some(self.app.upstreams[*u].name.to_string())
+            }
+            Served::Local(name) => {
+                self.app.metrics.edge.call(outcome, elapsed);
+                Some(name.to_string())
+            }
+        };
+        self.permit = None;
+        if let (Some(mut record), Some(audit)) = (self.record.take(), self.app.audit.as_ref()) {
+            record.upstream = upstream;
+            record.outcome = outcome.label().to_owned();
+            record.error_code = error_code;
+            record.latency_us = elapsed.as_micros() as i64;
+            record.response_bytes = self.sent as i64;
+            audit.record(record);
+        }
+    }
+
+    /// The audit record of the request, before its outcome is known.
+    fn draft(&self, headers: &HeaderMap, env: Option<&Envelope<'_>>, request_bytes: usize) -> AuditRecord {
+        let audit = self.app.audit.as_ref().expect("auditing is on");
+        let who = self.principal.as_ref();
+        let target = env
+            .and_then(|e| e.params)
+            .and_then(|p| Target::parse(p).ok())
+            .and_then(|t| t.name.or(t.uri).or_else(|| t.reference.as_ref().and_then(|r| r.name.or(r.uri))));
+        let arguments = match (who, env) {
+            (Some(who), Some(env)) if who.tenant.audit_arguments => env.params.and_then(|p| {
+                #[derive(Deserialize)]
+                struct Args<'a> {
+                    #[serde(borrow)]
+                    arguments: Option<&'a RawValue>,
+                }
+                serde_json::from_str::<Args<'_>>(p.get()).ok().and_then(|a| a.arguments).map(|a| a.get().to_owned())
+            }),
+            _ => None,
+        };
+        let key_prefix = match who {
+            Some(who) if !who.key_prefix.is_empty() => Some(who.key_prefix.to_string()),
+            Some(_) => None,
+            // An unknown key: keep its prefix only if it has our format (never
+            // part of some other secret).
+            None => switchboard_tenancy::presented_key(headers)
+                .filter(|k| k.len() == 43 && k.starts_with("sb_"))
+                .map(|k| k[..switchboard_tenancy::PREFIX_LEN].to_owned()),
+        };
+        AuditRecord {
+            id: audit.new_id(),
+            at_ms: switchboard_core::time::now_ms(),
+            tenant: who.map(|w| w.tenant.name.to_string()),
+            key_prefix,
+            session: self.session.as_ref().map(|s| s.id.to_string()),
+            method: env.map_or_else(String::new, |e| e.method_str().to_owned()),
+            target: target.and_then(jsonrpc::as_str).map(|t| t.into_owned()),
+            upstream: None,
+            outcome: String::new(),
+            error_code: None,
+            latency_us: 0,
+            request_bytes: request_bytes as i64,
+            response_bytes: 0,
+            trace_id: trace_id(headers),
+            arguments,
+        }
+    }
+}
+
+impl Drop for Exchange {
+    /// An exchange dropped unfinished: the client hung up (hyper dropped the
+    /// handler), or the task relaying its answer ended early.
+    fn drop(&mut self) {
+        if !self.finished {
+            self.close(Outcome::Abandoned, None);
+        }
+    }
+}
+
+/// Tells the upstream to stop working on a request (best effort, in the
+/// background): `id` is the request's id as sent (JSON).
+pub fn cancel_upstream(app: &Arc<App>, session: &Arc<Session>, u: UpstreamId, id: &str, reason: &str) {
+    let Some(channel) = session.open_channel(u) else { return };
+    let params = format!(r#"{{"requestId":{id},"reason":{}}}"#, String::from_utf8_lossy(&jsonrpc::json_string(reason)));
+    let note = jsonrpc::request(None, "notifications/cancelled", Some(params.as_bytes()));
+    let name = app.upstreams[u].name.clone();
+    tokio::spawn(async move {
+        if let Err(e) = channel.send(note).await {
+            tracing::debug!(upstream = %name, error = %e, "cancellation not delivered");
+        }
+    });
+}
+
+/// The trace id of a W3C `traceparent` header (`00-<trace id>-<span id>-<flags>`).
+fn trace_id(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get("traceparent")?.to_str().ok()?;
+    let mut parts = value.split('-');
+    let (_version, trace) = (parts.next()?, parts.next()?);
+    (trace.len() == 32 && trace.bytes().all(|b| b.is_ascii_hexdigit()) && trace != "0".repeat(32))
+        .then(|| trace.to_ascii_lowercase())
+}
