@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use crate::auth::{ApiKeys, Authenticator};
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::tools::{CatalogTools, ToolSource};
+use crate::tools::{CatalogTools, DeviceTools, ToolSource};
 use switchboard_audit::Audit;
 use switchboard_catalog::Catalog;
 use switchboard_db::Database;
@@ -207,7 +207,7 @@ impl App {
             App {
                 catalog,
                 auth,
-                tools: vec![Arc::new(crate::edge::DeviceTools(edge.clone())), catalog_tools.clone()],
+                tools: vec![Arc::new(DeviceTools(edge.clone())), catalog_tools.clone()],
                 catalog_tools,
                 config,
                 upstreams,
@@ -241,7 +241,7 @@ impl App {
                 let Some(session) = app.sessions.get(session) else { return };
                 tokio::spawn(async move {
                     if let Ok(env) = Envelope::parse(&notification) {
-                        crate::downstream::cancel_here(&app, &session, &env, &notification).await;
+                        session.cancel_here(&env, &notification).await;
                     }
                 });
             }));

@@ -1,6 +1,6 @@
 //! Edge devices in the router: what the devices crate asks of the router
 //! ([`Host`]: keys, the tools a tenant already sees, news of devices coming
-//! and going, text tasks), and devices as a tool source ([`DeviceTools`]).
+//! and going, text tasks).
 //!
 //! Text tasks: a device's user text is handed to the tool named by
 //! `edge.task_handler` (resolved in the device's tenant's catalog, or among
@@ -12,18 +12,16 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use switchboard_core::policy::{AuthFailure, Principal, Tenant};
-use switchboard_devices::{CallError, Device, Devices, Host, TaskRunner, Unavailable};
+use switchboard_devices::{Device, Host, TaskRunner};
 use switchboard_protocol::edge::{task_str, TaskId};
 use switchboard_protocol::methods::ListKind;
 use switchboard_session::Session;
-use switchboard_upstream::UpstreamError;
+use switchboard_upstream::{Outgoing, UpstreamError};
 
 use crate::app::App;
 use crate::error::Error;
-use crate::tools::{LocalTool, Lookup, Page, Tool, ToolSource};
 
 /// The router, as edge devices see it.
 pub struct EdgeHost(pub Arc<App>);
@@ -92,15 +90,7 @@ impl TaskRunner for Tasks {
                     .list(switchboard_protocol::methods::ListKind::Tools)
                     .get(&handler)
                     .map(|item| app.upstreams[item.upstream].name.to_string());
-                let result = crate::downstream::forward::call_internal(
-                    app,
-                    &principal.tenant,
-                    session,
-                    &handler,
-                    &arguments,
-                    timeout,
-                )
-                .await;
+                let result = call_internal(app, &principal.tenant, session, &handler, &arguments, timeout).await;
                 (upstream, result)
             }
         };
@@ -167,74 +157,39 @@ fn result_text(result: &Value) -> String {
     }
 }
 
-impl From<CallError> for Error {
-    fn from(e: CallError) -> Error {
-        let upstream = |device: &str| -> Arc<str> { Arc::from(format!("edge:{device}")) };
-        match e {
-            CallError::InvalidArguments { tool, invalid } => Error::InvalidArguments { tool, invalid },
-            e @ CallError::TooLarge { .. } => Error::InvalidParams(e.to_string()),
-            CallError::Timeout { device, after } => Error::UpstreamTimeout { upstream: upstream(&device), after },
-            CallError::Unavailable { device, why } => {
-                let source = match why {
-                    Unavailable::Closed => UpstreamError::Closed,
-                    why => UpstreamError::Down(why.to_string()),
-                };
-                Error::Upstream { upstream: upstream(&device), source }
-            }
-        }
+/// Calls tool `name` (as `tenant` sees it) on behalf of the router itself,
+/// on `session`'s channel, and returns the tool result (the `result`
+/// object). Used for edge text tasks.
+async fn call_internal(
+    app: &Arc<App>,
+    tenant: &Tenant,
+    session: &Arc<Session>,
+    name: &str,
+    arguments: &Value,
+    timeout: std::time::Duration,
+) -> Result<Value, Error> {
+    let (u, original) = app.catalog_tools.find(tenant, ListKind::Tools, name).await?;
+    let upstream = &app.upstreams[u];
+    let mut params = Vec::with_capacity(original.len() + 64);
+    params.extend_from_slice(b"{\"name\":");
+    params.extend_from_slice(&original);
+    params.extend_from_slice(b",\"arguments\":");
+    params.extend_from_slice(&serde_json::to_vec(arguments).expect("serializable"));
+    params.push(b'}');
+    let (out, id) = Outgoing::own("tools/call", &params, "edge-task");
+    let work = async {
+        let channel = session.channel(u).await?;
+        let reply = channel.request(out).await.map_err(|e| Error::upstream(&upstream.name, e))?;
+        switchboard_upstream::collect_response(reply, &id).await.map_err(|e| Error::upstream(&upstream.name, e))
+    };
+    let message = tokio::time::timeout(timeout, work)
+        .await
+        .map_err(|_| Error::UpstreamTimeout { upstream: upstream.name.clone(), after: timeout })??;
+    let mut value: Value = serde_json::from_slice(&message)
+        .map_err(|e| Error::upstream(&upstream.name, UpstreamError::Protocol(e.to_string())))?;
+    if let Some(error) = value.get("error") {
+        let text = error.get("message").and_then(Value::as_str).unwrap_or("no message").to_owned();
+        return Err(Error::upstream(&upstream.name, UpstreamError::Protocol(format!("it answered an error: {text}"))));
     }
-}
-
-/// Edge devices' tools: a tenant's device tools come after the catalog's
-/// in `tools/list` (on its last page), and are asked first in `tools/call`.
-pub struct DeviceTools(pub Arc<Devices>);
-
-#[async_trait]
-impl ToolSource for DeviceTools {
-    fn list(&self, tenant: &Tenant, page: &mut Page) -> Result<(), Error> {
-        if page.is_cut() {
-            return Ok(());
-        }
-        if let Some(view) = self.0.view(&tenant.name) {
-            page.push_run(view.json.clone(), view.len());
-        }
-        Ok(())
-    }
-
-    /// Costs one atomic load when no device is registered. The name is
-    /// read borrowed; the arguments are decoded only for a device tool.
-    fn resolve(&self, tenant: &Tenant, name: &str, params: &RawValue) -> Lookup {
-        if !self.0.has_devices() {
-            return Lookup::Missing;
-        }
-        let Some((device, index)) = self.0.lookup(&tenant.name, name) else { return Lookup::Missing };
-        #[derive(serde::Deserialize)]
-        struct Call {
-            #[serde(default)]
-            arguments: Option<Value>,
-        }
-        let arguments = serde_json::from_str::<Call>(params.get()).ok().and_then(|c| c.arguments);
-        let call =
-            DeviceCall { devices: self.0.clone(), device, index, arguments: arguments.unwrap_or_else(|| json!({})) };
-        Lookup::Found(Tool::Local(Box::new(call)))
-    }
-}
-
-/// A `tools/call` of a device's service.
-struct DeviceCall {
-    devices: Arc<Devices>,
-    device: Arc<Device>,
-    index: usize,
-    arguments: Value,
-}
-
-#[async_trait]
-impl LocalTool for DeviceCall {
-    fn served_by(&self) -> Arc<str> {
-        Arc::from(format!("edge:{}", self.device.name))
-    }
-
-    async fn call(self: Box<Self>) -> Result<Vec<u8>, Error> {
-        Ok(self.devices.call(&self.device, self.index, &self.arguments).await?)
-    }
+    Ok(value.get_mut("result").map(Value::take).unwrap_or(Value::Null))
 }

@@ -345,6 +345,26 @@ impl Error {
     }
 }
 
+/// A device call's failure, named as an upstream's would be (`edge:<device>`).
+impl From<switchboard_devices::CallError> for Error {
+    fn from(e: switchboard_devices::CallError) -> Error {
+        use switchboard_devices::{CallError, Unavailable};
+        let upstream = |device: &str| -> Arc<str> { Arc::from(format!("edge:{device}")) };
+        match e {
+            CallError::InvalidArguments { tool, invalid } => Error::InvalidArguments { tool, invalid },
+            e @ CallError::TooLarge { .. } => Error::InvalidParams(e.to_string()),
+            CallError::Timeout { device, after } => Error::UpstreamTimeout { upstream: upstream(&device), after },
+            CallError::Unavailable { device, why } => {
+                let source = match why {
+                    Unavailable::Closed => UpstreamError::Closed,
+                    why => UpstreamError::Down(why.to_string()),
+                };
+                Error::Upstream { upstream: upstream(&device), source }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

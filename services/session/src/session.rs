@@ -553,6 +553,21 @@ impl Session {
         self.inflight.lock().expect("lock").iter().find(|(k, _)| *k == key).map(|(_, u)| *u)
     }
 
+    /// Passes the client's cancellation (`body`, parsed as `env`) to the
+    /// upstream if the request it names is in flight here; `false` if it
+    /// is not (another replica may be serving it).
+    pub async fn cancel_here(&self, env: &Envelope<'_>, body: &Bytes) -> bool {
+        let request_id =
+            env.params.and_then(|p| switchboard_protocol::jsonrpc::Target::parse(p).ok()).and_then(|t| t.request_id);
+        let Some(u) = request_id.and_then(|id| self.inflight_upstream(id)) else { return false };
+        if let Some(channel) = self.open_channel(u) {
+            if let Err(e) = channel.send(body.clone()).await {
+                tracing::debug!(upstream = %self.ctx.upstreams[u].name, error = %e, "cancellation not delivered");
+            }
+        }
+        true
+    }
+
     /// Stops serving the session here while it goes on at other replicas:
     /// its stream ends and its channels stop, leaving upstream sessions open.
     pub async fn detach(&self) {

@@ -22,6 +22,7 @@
 pub mod forward;
 pub mod legacy;
 mod lists;
+mod resolve;
 pub mod respond;
 pub mod stateless_client;
 mod stateless_upstream;
@@ -36,7 +37,7 @@ use hyper::body::Incoming;
 use serde::Deserialize;
 use switchboard_core::policy::Principal;
 use switchboard_core::UpstreamId;
-use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind, Target};
+use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind};
 use switchboard_protocol::sse::EventId;
 use switchboard_protocol::{Method, ProtocolVersion};
 use switchboard_session::Session;
@@ -255,7 +256,7 @@ async fn set_level(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>) -
 pub(crate) async fn notification(app: &Arc<App>, session: &Arc<Session>, env: &Envelope<'_>, body: &Bytes) {
     match Method::from_name(env.method_str()) {
         Method::Cancelled => {
-            let here = cancel_here(app, session, env, body).await;
+            let here = session.cancel_here(env, body).await;
             // If not here, perhaps another replica serves the request.
             if let Some(shared) = app.sessions.shared_streams().filter(|_| !here && session.stored) {
                 shared.broadcast_cancel(&session.id, body).await;
@@ -271,19 +272,6 @@ pub(crate) async fn notification(app: &Arc<App>, session: &Arc<Session>, env: &E
         // `initialized` and anything else: nothing to pass on.
         _ => {}
     }
-}
-
-/// Passes a client's cancellation upstream if the request is in flight
-/// here; `false` if it is not.
-pub(crate) async fn cancel_here(app: &App, session: &Session, env: &Envelope<'_>, body: &Bytes) -> bool {
-    let request_id = env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.request_id);
-    let Some(u) = request_id.and_then(|id| session.inflight_upstream(id)) else { return false };
-    if let Some(channel) = session.open_channel(u) {
-        if let Err(e) = channel.send(body.clone()).await {
-            tracing::debug!(upstream = %app.upstreams[u].name, error = %e, "cancellation not delivered");
-        }
-    }
-    true
 }
 
 /// The client's answer to a request an upstream sent it.

@@ -18,16 +18,16 @@ use std::sync::Arc;
 use switchboard_core::UpstreamId;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Response};
+use http::{HeaderMap, HeaderName, HeaderValue, Response};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
-use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind};
+use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind, Target};
 use switchboard_protocol::methods::ListKind;
 use switchboard_protocol::modern;
 use switchboard_protocol::Method;
 use tokio::sync::mpsc;
 
-use super::forward::{self, Resolved};
+use super::resolve::{self, Resolved};
 use super::respond;
 use crate::app::App;
 use crate::body::Body;
@@ -54,7 +54,7 @@ pub(super) async fn forward(
         Ok(request) => request,
         Err(e) => return x.fail_as(Some(id), &e, Outcome::Rejected),
     };
-    let mut headers = super::stateless_client::upstream_headers(method, &resolved.body, None);
+    let mut headers = upstream_headers(method, &resolved.body, None);
     if method == Method::ToolsCall {
         headers.extend(mirrored_arguments(&app, u, &request));
     }
@@ -72,6 +72,41 @@ pub(super) async fn forward(
     } else {
         respond::json(call.run(request, None).await)
     }
+}
+
+pub(crate) static MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
+
+/// The headers of a request to a stateless upstream besides the version and
+/// method: `Mcp-Name` (the upstream's own name or URI, from the rewritten
+/// `body`) and the client's `Mcp-Param-*` headers, passed through.
+pub(crate) fn upstream_headers(
+    method: Method,
+    body: &[u8],
+    client: Option<&HeaderMap>,
+) -> Vec<(HeaderName, http::HeaderValue)> {
+    let mut extra = Vec::new();
+    if let Some(target) = Envelope::parse(body).ok().and_then(|e| e.params).and_then(|p| Target::parse(p).ok()) {
+        let named = match method {
+            Method::ToolsCall | Method::PromptsGet => target.name,
+            Method::ResourcesRead => target.uri,
+            _ => None,
+        };
+        if let Some(name) = named.and_then(jsonrpc::as_str) {
+            extra.push((MCP_NAME.clone(), header_value(&name)));
+        }
+    }
+    for (name, value) in client.into_iter().flatten() {
+        if name.as_str().starts_with("mcp-param-") {
+            extra.push((name.clone(), value.clone()));
+        }
+    }
+    extra
+}
+
+/// A header value for `text`: as is if it is visible ASCII, else in the
+/// `=?base64?…?=` form.
+pub(crate) fn header_value(text: &str) -> http::HeaderValue {
+    http::HeaderValue::from_str(&modern::header_value_text(text)).expect("ASCII or base64 is a valid header value")
 }
 
 /// The request as the upstream gets it: `params._meta` with the era's keys.
@@ -136,7 +171,7 @@ fn mirrored_arguments(app: &App, u: UpstreamId, request: &Value) -> Vec<(HeaderN
         let Ok(header) = HeaderName::from_bytes(format!("mcp-param-{}", suffix.to_ascii_lowercase()).as_bytes()) else {
             continue;
         };
-        headers.push((header, super::stateless_client::header_value(&text)));
+        headers.push((header, header_value(&text)));
     }
     headers
 }
@@ -237,8 +272,8 @@ impl Call {
         .await;
         let (message, outcome, code) = match result {
             Ok(message) => {
-                let (message, outcome) = forward::classify(&app, self.upstream, self.method, message);
-                let code = forward::error_code(&message);
+                let (message, outcome) = resolve::classify(&app, self.upstream, self.method, message);
+                let code = resolve::error_code(&message);
                 // The client's id: the upstream answers the id it was sent.
                 (message, outcome, code)
             }

@@ -43,7 +43,8 @@ use tokio::sync::mpsc;
 use super::{stamp, Validated};
 use crate::app::App;
 use crate::body::Body;
-use crate::downstream::forward::{self, Call, Resolved};
+use crate::downstream::forward::Call;
+use crate::downstream::resolve::{self, Resolved};
 use crate::downstream::respond;
 use crate::error::Error;
 use crate::exchange::{cancel_upstream, Exchange};
@@ -247,9 +248,9 @@ pub(super) async fn bridged(
         }
         Ok(Err(e)) => x.fail_as(Some(id), &Error::upstream(&upstream.name, e), Outcome::UpstreamFailed),
         Ok(Ok(Reply::Done(message))) => {
-            let (message, outcome) = forward::classify(&app, u, method, message);
+            let (message, outcome) = resolve::classify(&app, u, method, message);
             x.add_sent(message.len());
-            x.finish(outcome, forward::error_code(&message));
+            x.finish(outcome, resolve::error_code(&message));
             respond::json(for_client(&message, id, method))
         }
         Ok(Ok(Reply::Stream(stream))) => {

@@ -47,7 +47,8 @@ use switchboard_protocol::rewrite::{splice, Edit};
 use switchboard_protocol::{Method, ProtocolVersion};
 use tokio::sync::{broadcast, mpsc};
 
-use super::forward::{self, Resolution, Resolved};
+use super::resolve::{self, Resolution, Resolved};
+use super::stateless_upstream::{upstream_headers, MCP_NAME};
 use super::transport::PROTOCOL_VERSION;
 use super::{lists, respond};
 use crate::app::{App, Change};
@@ -57,7 +58,6 @@ use crate::exchange::Exchange;
 use switchboard_upstream::{ModernAnswer, Reply};
 
 pub(crate) static MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
-pub(crate) static MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
 
 /// Whether a POST is a stateless request (see the module docs).
 pub fn is_stateless(headers: &HeaderMap, env: &Envelope<'_>) -> bool {
@@ -94,12 +94,6 @@ fn initialize_names_a_version(env: &Envelope<'_>) -> bool {
 /// `=?base64?…?=` form used for values that are not plain ASCII.
 pub(crate) fn header_text(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
     modern::header_text(headers.get(name)?.as_bytes())
-}
-
-/// A header value for `text`: as is if it is visible ASCII, else in the
-/// `=?base64?…?=` form.
-pub(crate) fn header_value(text: &str) -> http::HeaderValue {
-    http::HeaderValue::from_str(&modern::header_value_text(text)).expect("ASCII or base64 is a valid header value")
 }
 
 /// What phase 1 learned of a request.
@@ -397,9 +391,9 @@ async fn call(
     let id = env.id.expect("a request has an id");
     let app = x.app().clone();
     let tenant = x.principal().expect("authenticated").tenant.clone();
-    let resolved = match forward::resolve(&app, &tenant, method, env, body).await {
+    let resolved = match resolve::resolve(&app, &tenant, method, env, body).await {
         Ok(Resolution::Upstream(resolved)) => resolved,
-        Ok(Resolution::Local(tool)) => return respond::json(stamp_complete(forward::call_local(x, tool, id).await)),
+        Ok(Resolution::Local(tool)) => return respond::json(stamp_complete(resolve::call_local(x, tool, id).await)),
         Err(e) => {
             let outcome =
                 if e.side() == crate::error::Side::Upstream { Outcome::UpstreamFailed } else { Outcome::Rejected };
@@ -457,9 +451,9 @@ async fn passthrough(
             x.fail_as(Some(id), &e, outcome)
         }
         Ok(ModernAnswer { status, reply: Reply::Done(message) }) => {
-            let (message, outcome) = forward::classify(&app, u, method, message);
+            let (message, outcome) = resolve::classify(&app, u, method, message);
             x.add_sent(message.len());
-            x.finish(outcome, forward::error_code(&message));
+            x.finish(outcome, resolve::error_code(&message));
             let mut response = respond::json(message);
             *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
             response
@@ -495,7 +489,7 @@ async fn passthrough(
                     match next {
                         Some(Ok(message)) => {
                             let last = Envelope::parse(&message).is_ok_and(|e| e.method.is_none());
-                            let message = if last { forward::classify(&app, u, method, message).0 } else { message };
+                            let message = if last { resolve::classify(&app, u, method, message).0 } else { message };
                             x.add_sent(message.len());
                             let event = switchboard_protocol::sse::encode_event(None, None, &message);
                             if tx.send(event).await.is_err() {
@@ -504,7 +498,7 @@ async fn passthrough(
                                 break (Outcome::Abandoned, None);
                             }
                             if last {
-                                break (Outcome::Ok, forward::error_code(&message));
+                                break (Outcome::Ok, resolve::error_code(&message));
                             }
                         }
                         Some(Err(e)) => {
@@ -525,33 +519,6 @@ async fn passthrough(
             respond::sse(rx, keep_alive)
         }
     }
-}
-
-/// The headers of a request to a stateless upstream besides the version and
-/// method: `Mcp-Name` (the upstream's own name or URI, from the rewritten
-/// `body`) and the client's `Mcp-Param-*` headers, passed through.
-pub(crate) fn upstream_headers(
-    method: Method,
-    body: &[u8],
-    client: Option<&HeaderMap>,
-) -> Vec<(HeaderName, http::HeaderValue)> {
-    let mut extra = Vec::new();
-    if let Some(target) = Envelope::parse(body).ok().and_then(|e| e.params).and_then(|p| Target::parse(p).ok()) {
-        let named = match method {
-            Method::ToolsCall | Method::PromptsGet => target.name,
-            Method::ResourcesRead => target.uri,
-            _ => None,
-        };
-        if let Some(name) = named.and_then(jsonrpc::as_str) {
-            extra.push((MCP_NAME.clone(), header_value(&name)));
-        }
-    }
-    for (name, value) in client.into_iter().flatten() {
-        if name.as_str().starts_with("mcp-param-") {
-            extra.push((name.clone(), value.clone()));
-        }
-    }
-    extra
 }
 
 /// Adds `resultType: "complete"` to a result that has no `resultType`.
@@ -591,6 +558,7 @@ fn stamp(message: Bytes, cache: bool) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::downstream::stateless_upstream::header_value;
     use http::HeaderValue;
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
