@@ -28,10 +28,12 @@
 mod body;
 mod conformance;
 mod http;
+mod listen;
 mod mcp;
 mod modern;
 mod mrtr;
 mod seal;
+mod session;
 mod stdio;
 
 use std::future::Future;

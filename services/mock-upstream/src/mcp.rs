@@ -7,7 +7,7 @@
 //! `unsolicited` sink: the GET stream over HTTP, stdout over stdio.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,11 +17,12 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use switchboard_protocol::jsonrpc::{self, code, Envelope, MessageKind};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::conformance;
-use crate::modern::{Change, Listeners};
+use crate::listen::{Change, Listeners};
 use crate::mrtr::{self, Kind};
+pub(crate) use crate::session::{Reply, Session, SUPPORTED_VERSIONS};
 
 /// How the mock behaves.
 #[derive(Debug, Clone)]
@@ -94,98 +95,6 @@ pub(crate) struct Stats {
     pub cancelled: Mutex<Vec<String>>,
 }
 
-/// What to answer.
-pub(crate) enum Reply {
-    /// A notification or response was taken (HTTP 202).
-    Accepted,
-    /// One message.
-    Json(Bytes),
-    /// Not a JSON-RPC message at all (HTTP 400).
-    Invalid(Bytes),
-    /// Related messages, then the response.
-    Stream(mpsc::UnboundedReceiver<Bytes>),
-    /// Like `Stream`, but the server ends the SSE response right after a
-    /// priming event and the client must resume with `Last-Event-ID` (SSE
-    /// polling, 2025-11-25). Over stdio it is an ordinary stream.
-    Polled(mpsc::UnboundedReceiver<Bytes>),
-}
-
-/// One client's state.
-pub(crate) struct Session {
-    pub id: String,
-    unsolicited: Mutex<Option<mpsc::UnboundedSender<Bytes>>>,
-    pending: Mutex<HashMap<u64, oneshot::Sender<Bytes>>>,
-    next_id: AtomicU64,
-    subscriptions: Mutex<HashSet<String>>,
-    /// Events of polled streams, by stream number, for `Last-Event-ID`.
-    pub(crate) polled: Mutex<HashMap<u64, Vec<Bytes>>>,
-    pub(crate) next_stream: AtomicU64,
-}
-
-impl Session {
-    fn new(id: String) -> Arc<Self> {
-        Arc::new(Session {
-            id,
-            unsolicited: Mutex::new(None),
-            pending: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
-            subscriptions: Mutex::new(HashSet::new()),
-            polled: Mutex::new(HashMap::new()),
-            next_stream: AtomicU64::new(1),
-        })
-    }
-
-    /// Routes messages not tied to a request to `sink` from now on.
-    pub fn set_unsolicited(&self, sink: mpsc::UnboundedSender<Bytes>) {
-        *self.unsolicited.lock().expect("lock") = Some(sink);
-    }
-
-    /// Stops routing messages not tied to a request.
-    pub fn clear_unsolicited(&self) {
-        *self.unsolicited.lock().expect("lock") = None;
-    }
-
-    fn send_unsolicited(&self, message: Bytes) {
-        if let Some(sink) = self.unsolicited.lock().expect("lock").as_ref() {
-            let _ = sink.send(message);
-        }
-    }
-
-    /// Sends a server-to-client request on `out` and waits for the answer.
-    pub(crate) async fn ask(
-        &self,
-        out: &mpsc::UnboundedSender<Bytes>,
-        method: &str,
-        params: Value,
-    ) -> Result<Value, String> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.pending.lock().expect("lock").insert(id, tx);
-        let params = serde_json::to_vec(&params).expect("serializable");
-        let _ = out.send(jsonrpc::request(Some(id.to_string().as_bytes()), method, Some(&params)));
-        let answer = tokio::time::timeout(Duration::from_secs(30), rx).await;
-        self.pending.lock().expect("lock").remove(&id);
-        let bytes = match answer {
-            Ok(Ok(bytes)) => bytes,
-            Ok(Err(_)) => return Err("the request was dropped".into()),
-            Err(_) => return Err(format!("no answer to {method} within 30 s")),
-        };
-        let value: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-        match (value.get("result"), value.get("error")) {
-            (Some(result), _) => Ok(result.clone()),
-            (_, Some(error)) => Err(error.to_string()),
-            _ => Err("malformed answer".into()),
-        }
-    }
-
-    fn resolve(&self, id: Option<&RawValue>, message: Bytes) {
-        let Some(id) = id.and_then(|id| id.get().parse::<u64>().ok()) else { return };
-        if let Some(waiter) = self.pending.lock().expect("lock").remove(&id) {
-            let _ = waiter.send(message);
-        }
-    }
-}
-
 /// The server: sessions, tools, counters.
 pub(crate) struct Server {
     pub opts: Options,
@@ -241,8 +150,6 @@ const TOOLS: &[(&str, &str, &str)] = &[
         r#"{"type":"object"}"#,
     ),
 ];
-
-pub(crate) const SUPPORTED_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
 
 #[derive(Deserialize)]
 struct CallParams<'a> {

@@ -10,7 +10,7 @@
 //! (`resultType`, `ttlMs`/`cacheScope`, `_meta` serverInfo) to its answers.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -21,8 +21,10 @@ use switchboard_protocol::sse;
 use tokio::sync::mpsc;
 
 use crate::body::Body;
-use crate::mcp::{Reply, Server, SUPPORTED_VERSIONS};
+use crate::listen::{frame, Filter, Listener, META_SERVER_INFO, META_SUBSCRIPTION};
+use crate::mcp::Server;
 use crate::mrtr::{self, Kind, Round, Step};
+use crate::session::{Reply, SUPPORTED_VERSIONS};
 use crate::{conformance, seal};
 
 /// The version of this era.
@@ -31,8 +33,6 @@ pub const MODERN: &str = "2026-07-28";
 const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
 const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
 const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
-const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
-const META_SUBSCRIPTION: &str = "io.modelcontextprotocol/subscriptionId";
 
 const HEADER_MISMATCH: i64 = -32020;
 const UNSUPPORTED_VERSION: i64 = -32022;
@@ -98,10 +98,6 @@ fn sse_body(rx: mpsc::UnboundedReceiver<Bytes>) -> Response<Body> {
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
-}
-
-fn frame(message: &Value) -> Bytes {
-    sse::encode_event(None, None, message.to_string().as_bytes())
 }
 
 fn error(status: StatusCode, id: &Value, code: i64, message: &str, data: Option<Value>) -> Response<Body> {
@@ -505,109 +501,6 @@ fn level_rank(level: &str) -> usize {
     LEVELS.iter().position(|l| *l == level).unwrap_or(1)
 }
 
-/// What a `subscriptions/listen` stream asked for, as honoured.
-#[derive(Default, Clone)]
-struct Filter {
-    tools: bool,
-    prompts: bool,
-    resources: bool,
-    uris: Vec<String>,
-}
-
-impl Filter {
-    fn from_request(requested: &Value) -> Filter {
-        let flag = |k: &str| requested[k].as_bool().unwrap_or(false);
-        Filter {
-            tools: flag("toolsListChanged"),
-            prompts: flag("promptsListChanged"),
-            resources: flag("resourcesListChanged"),
-            uris: requested["resourceSubscriptions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|u| u.as_str().map(str::to_owned))
-                .collect(),
-        }
-    }
-
-    fn to_value(&self) -> Value {
-        let mut honoured = Map::new();
-        for (key, on) in [
-            ("toolsListChanged", self.tools),
-            ("promptsListChanged", self.prompts),
-            ("resourcesListChanged", self.resources),
-        ] {
-            if on {
-                honoured.insert(key.into(), json!(true));
-            }
-        }
-        if !self.uris.is_empty() {
-            honoured.insert("resourceSubscriptions".into(), json!(self.uris));
-        }
-        Value::Object(honoured)
-    }
-}
-
-/// A change that open listen streams may want to hear about.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Change<'a> {
-    Tools,
-    Prompts,
-    Updated(&'a str),
-}
-
-struct Listener {
-    id: Value,
-    filter: Filter,
-    out: mpsc::UnboundedSender<Bytes>,
-}
-
-/// The open `subscriptions/listen` streams.
-#[derive(Default)]
-pub(crate) struct Listeners {
-    open: Mutex<Vec<Listener>>,
-}
-
-impl Listeners {
-    /// Tells every listener that asked for it; forgets closed streams.
-    pub(crate) fn notify(&self, change: Change<'_>) {
-        let (method, params) = match change {
-            Change::Tools => ("notifications/tools/list_changed", json!({})),
-            Change::Prompts => ("notifications/prompts/list_changed", json!({})),
-            Change::Updated(uri) => ("notifications/resources/updated", json!({"uri": uri})),
-        };
-        self.open.lock().expect("lock").retain(|l| {
-            let wanted = match change {
-                Change::Tools => l.filter.tools,
-                Change::Prompts => l.filter.prompts,
-                Change::Updated(uri) => l.filter.uris.iter().any(|u| u == uri),
-            };
-            if !wanted {
-                return !l.out.is_closed();
-            }
-            let mut params = params.clone();
-            params["_meta"] = json!({META_SUBSCRIPTION: l.id});
-            l.out.send(frame(&json!({"jsonrpc": "2.0", "method": method, "params": params}))).is_ok()
-        });
-    }
-
-    /// Ends every stream with its result (a graceful close).
-    pub(crate) fn close_all(&self, server_info: &Value) {
-        for l in self.open.lock().expect("lock").drain(..) {
-            let result = json!({"resultType": "complete",
-                "_meta": {META_SUBSCRIPTION: l.id, META_SERVER_INFO: server_info}});
-            let _ = l.out.send(frame(&json!({"jsonrpc": "2.0", "id": l.id, "result": result})));
-        }
-    }
-
-    /// How many streams are open.
-    pub(crate) fn len(&self) -> usize {
-        let mut open = self.open.lock().expect("lock");
-        open.retain(|l| !l.out.is_closed());
-        open.len()
-    }
-}
-
 /// Ends every listen stream with its result (on shutdown).
 pub(crate) fn close_listeners(server: &Server) {
     server.listeners.close_all(&server_info(server));
@@ -619,7 +512,7 @@ fn listen(server: &Server, id: &Value, params: &Value) -> Response<Body> {
     let ack = json!({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
         "params": {"notifications": filter.to_value(), "_meta": {META_SUBSCRIPTION: id}}});
     let _ = tx.send(frame(&ack));
-    server.listeners.open.lock().expect("lock").push(Listener { id: id.clone(), filter, out: tx });
+    server.listeners.add(Listener { id: id.clone(), filter, out: tx });
     sse_body(rx)
 }
 

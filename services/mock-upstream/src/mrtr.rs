@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use bytes::Bytes;
 
 use crate::conformance;
-use crate::mcp::Session;
+use crate::session::Session;
 
 /// What a program is reached by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
