@@ -1,0 +1,473 @@
+//! Configuration: a TOML file plus `SWITCHBOARD__…` environment overrides,
+//! read into a raw form and then [`validate`](RawConfig::validate)d into the
+//! [`Config`] the rest of the router uses.
+//!
+//! Every problem is reported with the key it concerns
+//! (`upstreams[1].url: …`), all of them at once. Every option is documented in
+//! `docs/config.md`; keep the two in step.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+mod raw;
+
+pub use self::raw::RawConfig;
+pub use switchboard_catalog::CatalogConfig;
+pub use switchboard_devices::EdgeConfig;
+pub use switchboard_upstream::config::{HttpConfig, StdioConfig, TransportConfig, UpstreamConfig};
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub catalog: CatalogConfig,
+    pub upstreams: Vec<UpstreamConfig>,
+    pub log: LogConfig,
+    pub auth: AuthConfig,
+    pub database: DatabaseConfig,
+    pub redis: RedisConfig,
+    pub sessions: SessionsConfig,
+    pub audit: AuditConfig,
+    pub admin: AdminConfig,
+    pub edge: EdgeConfig,
+    /// `[[tenants]]` declared in the file (the database wins on a name in both).
+    pub tenants: Vec<(String, switchboard_core::policy::Policy)>,
+}
+
+/// `[auth]`.
+#[derive(Debug, Clone)]
+pub struct AuthConfig {
+    /// `false` (`mode = "none"`): no API keys; every request is tenant `default`, which sees everything.
+    pub required: bool,
+}
+
+/// `[database]`: tenants, keys and the audit log.
+#[derive(Debug, Clone)]
+pub struct DatabaseConfig {
+    /// `postgres://…` or `sqlite:…`; `None` (`url = ""`) for no database.
+    pub url: Option<String>,
+    /// Apply migrations when the router starts.
+    pub migrate_on_start: bool,
+    /// How often replicas check for changed tenants and keys (PostgreSQL also notifies at once).
+    pub refresh: Duration,
+    /// Longest wait for a database connection.
+    pub connect_timeout: Duration,
+}
+
+/// `[redis]`: cluster-wide rate limits.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// `redis://host:port[/db]`; `None` for local limits only.
+    pub url: Option<String>,
+    /// Prefix of every key the router writes.
+    pub key_prefix: String,
+    /// Longest wait for one Redis answer before falling back to local limits.
+    pub timeout: Duration,
+}
+
+/// `[sessions]`: where sessions live.
+#[derive(Debug, Clone)]
+pub struct SessionsConfig {
+    /// `redis`: in Redis (`[redis] url`), shared by every replica; else in memory.
+    pub redis: bool,
+    /// How long a replica uses its local copy of a session before checking
+    /// the store again (which also slides the expiry there).
+    pub cache: Duration,
+}
+
+/// `[audit]`.
+#[derive(Debug, Clone)]
+pub struct AuditConfig {
+    /// Write audit records (needs a database).
+    pub enabled: bool,
+    /// The spool file used while the database is unreachable (one per replica).
+    pub spool: PathBuf,
+    pub queue: usize,
+    pub batch: usize,
+    pub write_timeout: Duration,
+    pub retry_every: Duration,
+    /// How long the writer gathers records before an insert that is not full.
+    pub flush_every: Duration,
+}
+
+/// `[admin]`: the administration API.
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    /// Where it listens; `None` for no admin API.
+    pub listen: Option<SocketAddr>,
+    /// The bearer token it requires.
+    pub token: Option<String>,
+}
+
+/// `[server]`: the downstream listener and its limits.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// Largest accepted request body; larger gets 413.
+    pub max_body_bytes: usize,
+    /// Origins allowed to call (`Origin` header); requests without `Origin` are always allowed.
+    pub allowed_origins: Vec<OriginPattern>,
+    /// A session unused for this long is ended.
+    pub session_idle_timeout: Duration,
+    /// At most this many live sessions; `initialize` beyond it gets 503.
+    pub max_sessions: usize,
+    /// Comment sent on an idle SSE stream this often.
+    pub keep_alive: Duration,
+    /// How long shutdown waits for in-flight requests.
+    pub shutdown_grace: Duration,
+    /// Runtime worker threads; 0 for one per available core.
+    pub worker_threads: usize,
+    /// How answers that are complete at once are sent.
+    pub response_mode: ResponseMode,
+}
+
+/// `server.response_mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseMode {
+    /// `application/json`, unless the upstream streams (the fastest).
+    Json,
+    /// `text/event-stream` whenever the client accepts it, as the SDK servers do.
+    Sse,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// A `tracing` filter such as `info` or `switchboard=debug`; `RUST_LOG` wins when set.
+    pub level: String,
+    /// `text` or `json`.
+    pub format: LogFormat,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// An allowed `Origin`: exact, any port of a host (`http://localhost:*`), or anything (`*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OriginPattern {
+    Any,
+    Exact(String),
+    AnyPort(String),
+}
+
+impl OriginPattern {
+    fn parse(s: &str) -> Option<Self> {
+        if s == "*" {
+            return Some(OriginPattern::Any);
+        }
+        if !(s.starts_with("http://") || s.starts_with("https://")) {
+            return None;
+        }
+        match s.strip_suffix(":*") {
+            Some(base) => Some(OriginPattern::AnyPort(base.to_ascii_lowercase())),
+            None => Some(OriginPattern::Exact(s.trim_end_matches('/').to_ascii_lowercase())),
+        }
+    }
+
+    /// Whether `origin` (an `Origin` header value) matches.
+    pub fn matches(&self, origin: &str) -> bool {
+        let origin = origin.to_ascii_lowercase();
+        match self {
+            OriginPattern::Any => true,
+            OriginPattern::Exact(o) => *o == origin,
+            OriginPattern::AnyPort(base) => match origin.strip_prefix(base.as_str()) {
+                Some("") => true,
+                Some(rest) => {
+                    rest.strip_prefix(':').is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                }
+                None => false,
+            },
+        }
+    }
+}
+
+/// Every problem found in a configuration, each with its key.
+#[derive(Debug, thiserror::Error)]
+pub struct ConfigError {
+    pub problems: Vec<(String, String)>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "invalid configuration:")?;
+        for (key, message) in &self.problems {
+            writeln!(f, "  {key}: {message}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ConfigError {
+    fn one(key: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError { problems: vec![(key.into(), message.into())] }
+    }
+}
+
+// ---- The raw, deserialized form -------------------------------------------
+
+/// Parses `"250ms"`, `"5s"`, `"1.5s"`, `"2m"`, `"1h"`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 =
+        number.parse().map_err(|_| format!("{text:?} is not a duration (try \"500ms\", \"5s\", \"2m\")"))?;
+    let scale = match unit.trim() {
+        "ms" => 0.001,
+        "s" | "" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        "d" => 86_400.0,
+        other => return Err(format!("unknown unit {other:?} in {text:?} (use ms, s, m, h or d)")),
+    };
+    Ok(Duration::from_secs_f64(value * scale))
+}
+
+impl Config {
+    /// Reads `path` (TOML), applies `SWITCHBOARD__SECTION__KEY` environment
+    /// overrides, and validates.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let built = config::Config::builder()
+            .add_source(config::File::from(path).format(config::FileFormat::Toml))
+            .add_source(
+                config::Environment::with_prefix("SWITCHBOARD")
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true),
+            )
+            .build()
+            .map_err(|e| ConfigError::one(path.display().to_string(), e.to_string()))?;
+        let raw: RawConfig = built.try_deserialize().map_err(|e| ConfigError::one("config", e.to_string()))?;
+        raw.validate()
+    }
+
+    /// Parses and validates TOML text, without environment overrides (for tests and tools).
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let built = config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Toml))
+            .build()
+            .map_err(|e| ConfigError::one("config", e.to_string()))?;
+        let raw: RawConfig = built.try_deserialize().map_err(|e| ConfigError::one("config", e.to_string()))?;
+        raw.validate()
+    }
+
+    /// The upstream with this name.
+    pub fn upstream(&self, name: &str) -> Option<&UpstreamConfig> {
+        self.upstreams.iter().find(|u| u.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(toml: &str) -> Vec<(String, String)> {
+        Config::from_toml(toml).expect_err("invalid").problems
+    }
+
+    #[test]
+    fn the_issue_example_is_valid() {
+        let config = Config::from_toml(
+            r#"
+            [server]
+            listen = "127.0.0.1:8080"
+            [[upstreams]]
+            name = "everything"
+            transport = "http"
+            url = "http://127.0.0.1:3001/mcp"
+            [[upstreams]]
+            name = "time"
+            transport = "stdio"
+            command = "mcp-server-time"
+            args = ["--local-timezone", "UTC"]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.upstreams.len(), 2);
+        assert_eq!(config.upstreams[0].prefix, "everything");
+        assert!(matches!(&config.upstreams[1].transport, TransportConfig::Stdio(s) if s.args.len() == 2));
+        assert_eq!(config.catalog.separator, "__");
+        assert_eq!(config.server.max_body_bytes, 4 << 20);
+    }
+
+    #[test]
+    fn errors_name_their_keys() {
+        let p = problems(
+            r#"
+            [server]
+            listen = "nowhere"
+            session_idle_timeout = "5 fortnights"
+            [catalog]
+            separator = "::"
+            [[upstreams]]
+            name = "a b"
+            transport = "http"
+            [[upstreams]]
+            name = "t"
+            transport = "stdio"
+            url = "http://x/mcp"
+            [[upstreams]]
+            name = "t"
+            transport = "carrier-pigeon"
+            "#,
+        );
+        let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
+        for expected in [
+            "server.listen",
+            "server.session_idle_timeout",
+            "catalog.separator",
+            "upstreams[0].name",
+            "upstreams[0].url",
+            "upstreams[1].command",
+            "upstreams[1].url",
+            "upstreams[2].name",
+            "upstreams[2].transport",
+        ] {
+            assert!(keys.contains(&expected), "{expected} missing from {p:?}");
+        }
+    }
+
+    #[test]
+    fn the_redis_session_store_needs_redis() {
+        let p = problems("[sessions]\nstore = \"redis\"\n");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].0, "sessions.store");
+        let p = problems("[sessions]\nstore = \"etcd\"\n");
+        assert_eq!(p[0].0, "sessions.store");
+        let config = Config::from_toml(
+            "[sessions]\nstore = \"redis\"\ncache = \"500ms\"\n[redis]\nurl = \"redis://127.0.0.1:6379\"\n",
+        )
+        .unwrap();
+        assert!(config.sessions.redis);
+        assert_eq!(config.sessions.cache, Duration::from_millis(500));
+        assert!(!Config::from_toml("").unwrap().sessions.redis, "memory by default");
+    }
+
+    #[test]
+    fn upstream_replicas() {
+        let config = Config::from_toml(
+            "[[upstreams]]\nname = \"w\"\ntransport = \"http\"\nurls = [\"http://a:1/mcp\", \"http://b:1/mcp\"]\nhealth_interval = \"500ms\"\n",
+        )
+        .unwrap();
+        let TransportConfig::Http(http) = &config.upstreams[0].transport else { panic!("http") };
+        assert_eq!(http.replicas.len(), 2);
+        assert_eq!(http.url, http.replicas[0]);
+        assert_eq!(http.health_interval, Duration::from_millis(500));
+        for (toml, key) in [
+            ("url = \"http://a/mcp\"\nurls = [\"http://b/mcp\"]", "upstreams[0].urls"),
+            ("urls = []", "upstreams[0].urls"),
+            ("urls = [\"http://a/mcp\", \"http://a/mcp\"]", "upstreams[0].urls[1]"),
+            ("urls = [\"ftp://a\"]", "upstreams[0].urls[0]"),
+            ("url = \"http://a/mcp\"\nhealth_interval = \"1s\"", "upstreams[0].health_interval"),
+        ] {
+            let p = problems(&format!("[[upstreams]]\nname = \"w\"\ntransport = \"http\"\n{toml}\n"));
+            assert!(p.iter().any(|(k, _)| k == key), "{toml}: {p:?}");
+        }
+        let p = problems("[[upstreams]]\nname = \"w\"\ntransport = \"sse\"\nurls = [\"http://a/sse\"]\n");
+        assert!(p.iter().any(|(k, _)| k == "upstreams[0].urls"), "{p:?}");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let p = problems("[server]\nlisten_on = \"1.2.3.4:5\"\n");
+        assert!(p[0].1.contains("listen_on"), "{p:?}");
+    }
+
+    #[test]
+    fn prefixes_must_be_unique_but_empty_ones_may_repeat() {
+        let base = |p1: &str, p2: &str| {
+            format!(
+                "[[upstreams]]\nname=\"a\"\nprefix=\"{p1}\"\ntransport=\"stdio\"\ncommand=\"x\"\n\
+                 [[upstreams]]\nname=\"b\"\nprefix=\"{p2}\"\ntransport=\"stdio\"\ncommand=\"x\"\n"
+            )
+        };
+        assert!(Config::from_toml(&base("", "")).is_ok());
+        assert!(Config::from_toml(&base("x", "y")).is_ok());
+        assert_eq!(problems(&base("x", "X"))[0].0, "upstreams[1].prefix");
+        // my_db and my-db would both namespace resource URIs as my-db+...
+        assert_eq!(problems(&base("my_db", "my-db"))[0].0, "upstreams[1].prefix");
+        assert_eq!(problems(&base("9x", "u9x"))[0].0, "upstreams[1].prefix");
+    }
+
+    #[test]
+    fn tenants_and_guard_sections() {
+        let config = Config::from_toml(
+            r#"
+            [database]
+            url = "postgres://postgres@127.0.0.1:5432/switchboard"
+            [redis]
+            url = "redis://127.0.0.1:6379"
+            [admin]
+            listen = "127.0.0.1:9091"
+            token = "a-token-long-enough"
+            [[upstreams]]
+            name = "Files"
+            transport = "stdio"
+            command = "x"
+            [[tenants]]
+            name = "acme"
+            upstreams = ["Files"]
+            audit_arguments = true
+            [tenants.tools.Files]
+            deny = ["delete_*"]
+            [tenants.limits]
+            key = { per_second = 20, burst = 40 }
+            concurrent = 4
+            "#,
+        )
+        .unwrap();
+        assert!(config.auth.required);
+        assert_eq!(config.redis.url.as_deref(), Some("redis://127.0.0.1:6379"));
+        let (name, policy) = &config.tenants[0];
+        assert_eq!(name, "acme");
+        // Upstream names keep their case as table keys too.
+        assert_eq!(policy.tools["Files"].deny, ["delete_*"]);
+        assert_eq!(policy.limits.key.unwrap().burst, 40);
+        assert_eq!(policy.limits.concurrent, Some(4));
+        assert!(policy.audit_arguments);
+
+        let p = problems(
+            "[auth]\nmode = \"maybe\"\n[database]\nurl = \"mysql://x\"\n[admin]\nlisten = \"127.0.0.1:1\"\n\
+             [[tenants]]\nname = \"t\"\nupstreams = [\"ghost\"]\n[tenants.limits]\ntool = { per_second = 0 }\n",
+        );
+        let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
+        for expected in
+            ["auth.mode", "database.url", "admin.token", "tenants[0].upstreams[0]", "tenants[0].limits.tool.per_second"]
+        {
+            assert!(keys.contains(&expected), "{expected} missing from {p:?}");
+        }
+        // No database: only config tenants, no audit.
+        assert!(Config::from_toml("[database]\nurl = \"\"\n").unwrap().database.url.is_none());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("3 weeks").is_err());
+    }
+
+    #[test]
+    fn origins() {
+        let any_port = OriginPattern::parse("http://localhost:*").unwrap();
+        assert!(any_port.matches("http://localhost:3000"));
+        assert!(any_port.matches("http://LOCALHOST"));
+        assert!(!any_port.matches("http://localhost.evil.com"));
+        assert!(!any_port.matches("http://localhost:"));
+        let exact = OriginPattern::parse("https://app.example.com/").unwrap();
+        assert!(exact.matches("https://app.example.com"));
+        assert!(!exact.matches("https://app.example.com:8443"));
+        assert!(OriginPattern::parse("*").unwrap().matches("null"));
+        assert!(OriginPattern::parse("example.com").is_none());
+    }
+}

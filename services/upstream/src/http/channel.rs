@@ -1,0 +1,275 @@
+//! One upstream session over Streamable HTTP: its requests (re-initialised
+//! once when the upstream forgot the session), and its GET stream.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use tokio::task::JoinHandle;
+
+use super::replicas::Replicas;
+use super::stream::SseStream;
+use super::{drain, status_error, SessionState};
+use crate::{Handshake, Hello, Inbox, MessageStream, Outgoing, Reply, UpstreamError};
+
+/// One upstream session over Streamable HTTP, on one of the upstream's
+/// replicas (it moves to another, with a new handshake, if that one dies).
+pub(super) struct Channel {
+    replicas: Arc<Replicas>,
+    hello: Hello,
+    state: RwLock<SessionState>,
+    reinit: tokio::sync::Mutex<()>,
+    inbox: Arc<dyn Inbox>,
+    listener: Mutex<Option<JoinHandle<()>>>,
+    closed: AtomicBool,
+    me: Weak<Channel>,
+}
+
+impl Channel {
+    pub(super) fn open(
+        replicas: Arc<Replicas>,
+        hello: Hello,
+        state: SessionState,
+        inbox: Arc<dyn Inbox>,
+    ) -> Arc<dyn crate::Channel> {
+        Arc::new_cyclic(|me| Channel {
+            replicas,
+            hello,
+            state: RwLock::new(state),
+            reinit: tokio::sync::Mutex::new(()),
+            inbox,
+            listener: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            me: me.clone(),
+        })
+    }
+
+    fn state(&self) -> SessionState {
+        self.state.read().expect("lock").clone()
+    }
+
+    /// Runs `initialize` again unless another caller already did since
+    /// `stale`: on the same replica, or (`move_away`) on another one, for a
+    /// replica that is down.
+    async fn reinitialize(&self, stale: &SessionState, move_away: bool) -> Result<(), UpstreamError> {
+        let _one_at_a_time = self.reinit.lock().await;
+        if self.state().epoch != stale.epoch {
+            return Ok(());
+        }
+        let shared = if move_away {
+            self.replicas.mark(stale.shared.index, false);
+            self.replicas.members[self.replicas.pick(&self.hello.affinity, Some(stale.shared.index))].clone()
+        } else {
+            stale.shared.clone()
+        };
+        let mut fresh = shared.handshake(&self.hello).await?;
+        fresh.epoch = stale.epoch + 1;
+        *self.state.write().expect("lock") = fresh;
+        shared.metrics.reinitialized(&shared.name);
+        if move_away {
+            tracing::info!(upstream = %shared.name, replica = %shared.replica, "upstream session moved to another replica; re-initialised");
+        } else {
+            tracing::info!(upstream = %shared.name, "upstream session expired; re-initialised");
+        }
+        self.inbox.session_changed();
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl crate::Channel for Channel {
+    async fn request(&self, out: Outgoing) -> Result<Reply, UpstreamError> {
+        let mut retried = false;
+        let mut moved = !self.replicas.several();
+        let mut body = Some(out.body);
+        loop {
+            let state = self.state();
+            // Its replica was found down (by the health checks): move first.
+            if !moved && !self.replicas.is_up(state.shared.index) {
+                self.reinitialize(&state, true).await?;
+                moved = true;
+                continue;
+            }
+            // Only an upstream session that can expire, or a replica that can
+            // die, makes us send again: keep a copy of the body only then (a
+            // first copy of a spliced body costs an allocation).
+            let may_retry = (state.sid.is_some() && !retried) || !moved;
+            let send = if may_retry { body.clone() } else { body.take() };
+            let send = send.expect("the body is kept while a retry is possible");
+            let resp = match state.shared.post(send, Some(&state)).await {
+                Ok(resp) => resp,
+                // The replica is gone (it refuses connections now, not just
+                // this once): the session moves to another, and the request
+                // follows it. A replica that still answers probes gets the
+                // error back, unchanged.
+                Err(e @ UpstreamError::Connect(_)) if !moved => {
+                    if self.replicas.probe(state.shared.index).await {
+                        return Err(e);
+                    }
+                    self.reinitialize(&state, true).await?;
+                    moved = true;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let status = resp.status;
+            if status.is_success() && status != StatusCode::ACCEPTED {
+                return state.shared.read_reply(resp, Some(&state)).await;
+            }
+            if status == StatusCode::ACCEPTED {
+                return Err(UpstreamError::Protocol("it answered a request with 202 Accepted".into()));
+            }
+            let error = status_error(resp).await;
+            if session_lost(status, &error) && state.sid.is_some() && !retried {
+                self.reinitialize(&state, false).await?;
+                retried = true;
+                continue;
+            }
+            return Err(error);
+        }
+    }
+
+    async fn send(&self, message: Bytes) -> Result<(), UpstreamError> {
+        let state = self.state();
+        let limit = state.shared.handshake_timeout;
+        let work = async {
+            let resp = state.shared.post(message, Some(&state)).await?;
+            if resp.status.is_success() {
+                drain(resp).await;
+                Ok(())
+            } else {
+                Err(status_error(resp).await)
+            }
+        };
+        tokio::time::timeout(limit, work).await.unwrap_or(Err(UpstreamError::Timeout(limit)))
+    }
+
+    fn listen(&self) {
+        let mut listener = self.listener.lock().expect("lock");
+        if listener.is_some() || self.closed.load(Ordering::Relaxed) || self.state().sid.is_none() {
+            return;
+        }
+        let me = self.me.clone();
+        *listener = Some(tokio::spawn(listen_loop(me)));
+    }
+
+    fn handshake(&self) -> Arc<Handshake> {
+        self.state().handshake
+    }
+
+    fn upstream_session(&self) -> Option<crate::UpstreamSession> {
+        let state = self.state();
+        Some(crate::UpstreamSession {
+            replica: state.shared.replica.clone(),
+            session: state.sid?.to_str().ok()?.to_owned(),
+            version: state.version.to_str().ok()?.to_owned(),
+        })
+    }
+
+    async fn detach(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        if let Some(task) = self.listener.lock().expect("lock").take() {
+            task.abort();
+        }
+    }
+
+    async fn close(&self) {
+        self.detach().await;
+        let state = self.state();
+        if state.sid.is_none() {
+            return;
+        }
+        let delete = async {
+            if let Ok(resp) = state.shared.send(Method::DELETE, Bytes::new(), Some(&state), None, false, &[]).await {
+                drain(resp).await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), delete).await;
+    }
+}
+
+/// Whether an error answer means the upstream no longer knows our session:
+/// 404 (the spec's answer), or 400 about the session (what some servers send).
+fn session_lost(status: StatusCode, error: &UpstreamError) -> bool {
+    match (status, error) {
+        (StatusCode::NOT_FOUND, _) => true,
+        (StatusCode::BAD_REQUEST, UpstreamError::Status { detail, .. }) => {
+            detail.to_ascii_lowercase().contains("session")
+        }
+        _ => false,
+    }
+}
+
+/// Keeps the session's GET stream open and hands its messages to the inbox.
+async fn listen_loop(channel: Weak<Channel>) {
+    let mut last_event_id: Option<String> = None;
+    let mut pause = Duration::from_millis(250);
+    loop {
+        let Some(me) = channel.upgrade() else { return };
+        if me.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let state = me.state();
+        // Its replica is down: move the session before listening again.
+        if me.replicas.several() && !me.replicas.is_up(state.shared.index) {
+            last_event_id = None;
+            if me.reinitialize(&state, true).await.is_err() {
+                drop(me);
+                pause = (pause * 2).min(Duration::from_secs(30));
+                tokio::time::sleep(pause).await;
+            }
+            continue;
+        }
+        let shared = state.shared.clone();
+        let inbox = me.inbox.clone();
+        drop(me);
+        match shared.get(&state, last_event_id.as_deref()).await {
+            Ok(resp) if resp.status == StatusCode::METHOD_NOT_ALLOWED => return,
+            // Not an event stream: the server offers none.
+            Ok(resp) if resp.status.is_success() && !resp.event_stream => return,
+            Ok(resp) if resp.status.is_success() => {
+                let mut stream = SseStream::new(resp.body, None);
+                let mut delivered = false;
+                while let Some(message) = stream.next().await {
+                    match message {
+                        Ok(message) => {
+                            delivered = true;
+                            inbox.deliver(message);
+                        }
+                        Err(_) => break,
+                    }
+                }
+                if stream.last_event_id.is_some() {
+                    last_event_id = stream.last_event_id.take();
+                }
+                pause = match stream.retry {
+                    Some(retry) => retry.clamp(Duration::from_millis(100), Duration::from_secs(30)),
+                    None if delivered => Duration::from_millis(250),
+                    // Ended without a message: back off, so a server that
+                    // closes at once is not asked again and again.
+                    None => (pause * 2).min(Duration::from_secs(30)),
+                };
+            }
+            Ok(resp) => {
+                let status = resp.status;
+                let error = status_error(resp).await;
+                last_event_id = None;
+                pause = (pause * 2).min(Duration::from_secs(30));
+                // The upstream forgot the session (it restarted): initialise
+                // again now, or a control channel would never hear of changes.
+                if session_lost(status, &error) {
+                    if let Some(me) = channel.upgrade() {
+                        if me.reinitialize(&state, false).await.is_ok() {
+                            pause = Duration::from_millis(50);
+                        }
+                    }
+                }
+            }
+            Err(_) => pause = (pause * 2).min(Duration::from_secs(30)),
+        }
+        tokio::time::sleep(pause).await;
+    }
+}
