@@ -54,7 +54,7 @@ impl Rig {
                 "[[upstreams]]\nname = \"u{i}\"\ntransport = \"http\"\nurl = \"http://{mock}/mcp\"\nlist_timeout = \"30s\"\n"
             ));
         }
-        let config = switchboard::Config::from_toml(&config).expect("config");
+        let config = switchboard_router::Config::from_toml(&config).expect("config");
         let (tx, rx) = mpsc::channel();
         thread::spawn(move || {
             count_this_thread();
@@ -62,7 +62,7 @@ impl Rig {
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
                 tx.send(listener.local_addr().expect("addr")).expect("send");
-                switchboard::serve(listener, config, std::future::pending()).await.expect("router");
+                switchboard_router::serve(listener, config, std::future::pending()).await.expect("router");
             });
         });
         let router = rx.recv().expect("router address");

@@ -32,7 +32,6 @@ pub mod admin;
 mod app;
 mod auth;
 mod body;
-pub mod bridge;
 
 pub mod config;
 mod downstream;

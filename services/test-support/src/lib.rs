@@ -61,10 +61,10 @@ impl Router {
             text.push_str("[database]\nurl = \"\"\n");
         }
         text.push_str(config_toml);
-        let config = switchboard::Config::from_toml(&text).unwrap_or_else(|e| panic!("test config: {e}"));
+        let config = switchboard_router::Config::from_toml(&text).unwrap_or_else(|e| panic!("test config: {e}"));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let mut extra = switchboard::Listeners::default();
+        let mut extra = switchboard_router::Listeners::default();
         let mut edge_addr = None;
         if let Some(wanted) = config.edge.listen {
             // Port 0 in the test's config: any free port; else that one (a
@@ -79,10 +79,10 @@ impl Router {
             let db = switchboard_db::Database::connect(url, config.database.connect_timeout).expect("database");
             let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             admin_addr = Some(admin.local_addr().expect("addr"));
-            extra.admin = Some((admin, switchboard::admin::Admin::new(db, &config), token.clone()));
+            extra.admin = Some((admin, switchboard_router::admin::Admin::new(db, &config), token.clone()));
         }
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(switchboard::serve_with(listener, extra, config, async {
+        let task = tokio::spawn(switchboard_router::serve_with(listener, extra, config, async {
             let _ = stopped.await;
         }));
         Router { addr, url: format!("http://{addr}/mcp"), edge_addr, admin_addr, stop: Some(stop), task: Some(task) }

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use serde_json::{json, Value};
-use switchboard::admin::Admin;
-use switchboard::Config;
 use switchboard_core::policy::Policy;
 use switchboard_db::Database;
 use switchboard_protocol::edge::{self as frames, Decoder, Frame};
+use switchboard_router::admin::Admin;
+use switchboard_router::Config;
 use switchboard_test_support::peers::{run_python_client, Process};
 use switchboard_test_support::services::unique;
 use switchboard_test_support::{
@@ -359,7 +359,7 @@ async fn the_reference_device_reconnects_to_a_restarted_router() {
     assert_eq!(std::fs::read_to_string(sandbox.join("again.txt")).unwrap(), "back");
 
     // The README's third command: `switchboard call`.
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchboard"))
+    let out = tokio::process::Command::new(switchboard_test_support::router_binary())
         .args(["call", &router.url, "desk__get_current_time", r#"{"format":"detailed"}"#])
         .args(["-H", &format!("Authorization: Bearer {key}")])
         .output()
@@ -368,7 +368,7 @@ async fn the_reference_device_reconnects_to_a_restarted_router() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let result: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(result["structuredContent"]["timezone"], "UTC", "{result}");
-    let refused = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchboard"))
+    let refused = tokio::process::Command::new(switchboard_test_support::router_binary())
         .args(["call", &router.url, "desk__get_current_time", r#"{"format":"long"}"#])
         .args(["-H", &format!("Authorization: Bearer {key}")])
         .output()

@@ -126,7 +126,7 @@ async fn python_sdk_over_stdio_through_switchboard_connect() {
     let router =
         start_router(&format!("{}{}", http_upstream("web", &web.url, ""), stdio_mock_upstream("local", ""))).await;
     let bridge = stdio_target(
-        std::path::Path::new(env!("CARGO_BIN_EXE_switchboard")),
+        &switchboard_test_support::router_binary(),
         &["connect", &router.url, "--header", "X-Client: bridge-test"],
     );
     let calls = json!([["web__echo", {"via": "bridge"}], ["local__add", {"a": 1, "b": 2}]]);
@@ -317,7 +317,7 @@ async fn python_sdk_with_a_tenant_key_sees_only_its_catalog() {
     );
     let db = switchboard_db::Database::connect(&pg.url, std::time::Duration::from_secs(3)).unwrap();
     db.migrate().await.unwrap();
-    let admin = switchboard::admin::Admin::new(db, &switchboard::Config::from_toml(&config).unwrap());
+    let admin = switchboard_router::admin::Admin::new(db, &switchboard_router::Config::from_toml(&config).unwrap());
     let key_everyone = admin.create_key("everyone", None).await.unwrap().key;
     let key_timely = admin.create_key("timely", None).await.unwrap().key;
     let router = start_router(&config).await;

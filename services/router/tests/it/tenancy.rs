@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use serde_json::{json, Value};
-use switchboard::admin::Admin;
-use switchboard::Config;
 use switchboard_core::policy::{Limits, Policy, Rate, ToolFilter};
 use switchboard_db::Database;
+use switchboard_router::admin::Admin;
+use switchboard_router::Config;
 use switchboard_test_support::services::{unique, PrivatePostgres, PrivateRedis, TempDatabase};
 use switchboard_test_support::{eventually, http_upstream, mock_named, Client, MockServer, Router, Stateless};
 
@@ -171,7 +171,7 @@ async fn key_lifecycle_through_the_admin_api_on_two_replicas() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin_url = format!("http://{}", listener.local_addr().unwrap());
     let (stop_admin, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(switchboard::admin::serve(listener, admin, token.into(), async {
+    tokio::spawn(switchboard_router::admin::serve(listener, admin, token.into(), async {
         let _ = stopped.await;
     }));
     let http = reqwest_like::Http::new(token);
@@ -597,7 +597,7 @@ async fn the_cli_manages_tenants_keys_and_reads_the_audit_log() {
     let file = dir.join("switchboard.toml");
     std::fs::write(&file, &config).unwrap();
     let cli = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        let out = Command::new(switchboard_test_support::router_binary())
             .args(args)
             .arg("--config")
             .arg(&file)
@@ -644,7 +644,7 @@ async fn the_cli_manages_tenants_keys_and_reads_the_audit_log() {
     assert!(line["at"].as_str().unwrap().ends_with('Z'));
 
     // `audit tail` follows new records.
-    let mut tail = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchboard"))
+    let mut tail = tokio::process::Command::new(switchboard_test_support::router_binary())
         .args(["audit", "tail", "--tenant", "cli-co", "--config"])
         .arg(&file)
         .stdout(std::process::Stdio::piped())

@@ -23,7 +23,7 @@ use switchboard_protocol::{ndjson, Method, ProtocolVersion};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use crate::config::HttpConfig;
+use switchboard_router::config::HttpConfig;
 use switchboard_upstream::{self as upstream, Channel, Hello, Inbox, Outgoing, Reply, Transport as _};
 
 /// Where the bridge connects, and how.

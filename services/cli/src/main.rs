@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use switchboard::Config;
+use switchboard_router::Config;
+
+mod bridge;
 
 #[derive(Parser)]
 #[command(name = "switchboard", version, about = "A multi-tenant router for the Model Context Protocol")]
@@ -190,11 +192,11 @@ fn main() -> Result<()> {
             println!("listen: {}", config.server.listen);
             for u in &config.upstreams {
                 let how = match &u.transport {
-                    switchboard::config::TransportConfig::Http(h) => format!("http {}", h.url),
-                    switchboard::config::TransportConfig::Stdio(s) => {
+                    switchboard_router::config::TransportConfig::Http(h) => format!("http {}", h.url),
+                    switchboard_router::config::TransportConfig::Stdio(s) => {
                         format!("stdio {} {}", s.command, s.args.join(" "))
                     }
-                    switchboard::config::TransportConfig::Sse(h) => format!("sse {}", h.url),
+                    switchboard_router::config::TransportConfig::Sse(h) => format!("sse {}", h.url),
                 };
                 let prefix =
                     if u.prefix.is_empty() { "(no prefix)".to_owned() } else { format!("prefix {:?}", u.prefix) };
@@ -213,7 +215,7 @@ fn main() -> Result<()> {
             }
             let (headers, timeout) = client_options(&headers, &timeout)?;
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            runtime.block_on(switchboard::bridge::run(switchboard::bridge::Options { url, headers, timeout }))
+            runtime.block_on(bridge::run(bridge::Options { url, headers, timeout }))
         }
         Command::Call { url, tool, arguments, headers, timeout } => {
             if url.scheme_str() != Some("http") {
@@ -226,7 +228,7 @@ fn main() -> Result<()> {
             }
             let (headers, timeout) = client_options(&headers, &timeout)?;
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            let answer = runtime.block_on(switchboard::bridge::call_tool(url, headers, timeout, &tool, &arguments))?;
+            let answer = runtime.block_on(bridge::call_tool(url, headers, timeout, &tool, &arguments))?;
             match answer.get("result") {
                 Some(result) => {
                     println!("{}", serde_json::to_string_pretty(result)?);
@@ -265,13 +267,13 @@ fn main() -> Result<()> {
                             .await
                             .with_context(|| format!("binding the admin API to {addr}"))?;
                         tracing::info!(%addr, "admin API listening on http://{addr}/v1/");
-                        Some((listener, switchboard::admin::Admin::new(db, &config), token.clone()))
+                        Some((listener, switchboard_router::admin::Admin::new(db, &config), token.clone()))
                     }
                     (Some(_), _, None) => anyhow::bail!("admin.listen needs a database (database.url)"),
                     _ => None,
                 };
-                let extra = switchboard::Listeners { edge: None, admin };
-                switchboard::serve_with(listener, extra, config, shutdown_signal()).await?;
+                let extra = switchboard_router::Listeners { edge: None, admin };
+                switchboard_router::serve_with(listener, extra, config, shutdown_signal()).await?;
                 Ok(())
             })
         }
@@ -297,8 +299,8 @@ fn init_logging(config: &Config) {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match config.log.format {
-        switchboard::config::LogFormat::Json => builder.json().init(),
-        switchboard::config::LogFormat::Text => builder.init(),
+        switchboard_router::config::LogFormat::Json => builder.json().init(),
+        switchboard_router::config::LogFormat::Text => builder.init(),
     }
 }
 
@@ -317,10 +319,10 @@ type ClientOptions = (Vec<(http::HeaderName, http::HeaderValue)>, std::time::Dur
 fn client_options(headers: &[String], timeout: &str) -> Result<ClientOptions> {
     let headers = headers
         .iter()
-        .map(|h| switchboard::bridge::parse_header(h))
+        .map(|h| bridge::parse_header(h))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| anyhow::anyhow!("--header: {e}"))?;
-    let timeout = switchboard::config::parse_duration(timeout).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;
+    let timeout = switchboard_router::config::parse_duration(timeout).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;
     Ok((headers, timeout))
 }
 
@@ -330,7 +332,7 @@ fn admin_runtime() -> std::io::Result<tokio::runtime::Runtime> {
 
 /// The admin operations over the database `db` names; migrated first
 /// (idempotent) unless `migrate` is false.
-async fn open_admin(db: &DbArgs, migrate: bool) -> Result<(switchboard::admin::Admin, Config)> {
+async fn open_admin(db: &DbArgs, migrate: bool) -> Result<(switchboard_router::admin::Admin, Config)> {
     let mut config = if db.config.exists() {
         Config::load(&db.config).map_err(|e| anyhow::anyhow!("{}: {e}", db.config.display()))?
     } else {
@@ -346,7 +348,7 @@ async fn open_admin(db: &DbArgs, migrate: bool) -> Result<(switchboard::admin::A
     if migrate && config.database.migrate_on_start {
         database.migrate().await.context("applying migrations (see `switchboard migrate`)")?;
     }
-    Ok((switchboard::admin::Admin::new(database, &config), config))
+    Ok((switchboard_router::admin::Admin::new(database, &config), config))
 }
 
 /// "RATE" or "RATE/BURST" (burst defaults to the rate, at least 1).
@@ -417,7 +419,7 @@ async fn keys(db: DbArgs, command: KeyCommand) -> Result<()> {
         KeyCommand::Create { tenant, expires } => {
             let at = match expires.as_deref() {
                 None => None,
-                Some(text) => match switchboard::config::parse_duration(text) {
+                Some(text) => match switchboard_router::config::parse_duration(text) {
                     Ok(d) => Some(switchboard_core::time::now_ms() + d.as_millis() as i64),
                     Err(_) => Some(switchboard_core::time::parse_time(text).with_context(|| {
                         format!("--expires {text:?}: use a duration (\"30d\") or a date (\"2026-12-31\")")
@@ -477,7 +479,7 @@ async fn audit(db: DbArgs, command: AuditCommand) -> Result<()> {
         }
     };
     let since = |text: Option<String>| -> Result<Option<i64>> {
-        text.map(|t| switchboard::admin::parse_since(&t).map_err(anyhow::Error::msg)).transpose()
+        text.map(|t| switchboard_router::admin::parse_since(&t).map_err(anyhow::Error::msg)).transpose()
     };
     match command {
         AuditCommand::Query { tenant, since: from, limit } => {
