@@ -185,11 +185,15 @@ async fn call_internal(
     let message = tokio::time::timeout(timeout, work)
         .await
         .map_err(|_| Error::UpstreamTimeout { upstream: upstream.name.clone(), after: timeout })??;
-    let mut value: Value = serde_json::from_slice(&message)
-        .map_err(|e| Error::upstream(&upstream.name, UpstreamError::Protocol(e.to_string())))?;
+    let mut value: Value = serde_json::from_slice(&message).map_err(|e| {
+        Error::upstream(&upstream.name, UpstreamError::Protocol(switchboard_upstream::Cause::from_error(e)))
+    })?;
     if let Some(error) = value.get("error") {
         let text = error.get("message").and_then(Value::as_str).unwrap_or("no message").to_owned();
-        return Err(Error::upstream(&upstream.name, UpstreamError::Protocol(format!("it answered an error: {text}"))));
+        return Err(Error::upstream(
+            &upstream.name,
+            UpstreamError::Protocol(format!("it answered an error: {text}").into()),
+        ));
     }
     Ok(value.get_mut("result").map(Value::take).unwrap_or(Value::Null))
 }

@@ -61,7 +61,7 @@ pub struct UpstreamSession {
 pub enum UpstreamError {
     /// Could not connect or the connection broke.
     #[error("cannot connect: {0}")]
-    Connect(String),
+    Connect(#[source] Cause),
     /// No answer in time.
     #[error("no answer within {0:?}")]
     Timeout(Duration),
@@ -70,10 +70,10 @@ pub enum UpstreamError {
     Status { status: u16, detail: String },
     /// The `initialize` handshake failed.
     #[error("initialize failed: {0}")]
-    Initialize(String),
+    Initialize(#[source] Cause),
     /// It sent something that is not valid MCP.
     #[error("protocol error: {0}")]
-    Protocol(String),
+    Protocol(#[source] Cause),
     /// The child process is not running (it is being restarted).
     #[error("the process is not running: {0}")]
     NotRunning(String),
@@ -83,6 +83,50 @@ pub enum UpstreamError {
     /// Known to be failing; not tried for now.
     #[error("it is down ({0})")]
     Down(String),
+}
+
+/// What went wrong, in words, and the error that caused it when there is
+/// one (an I/O error, a parse error), kept as the source of the error chain.
+#[derive(Debug, Clone)]
+pub struct Cause {
+    text: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl Cause {
+    /// `err`, in its own words, kept as the source.
+    pub fn from_error(err: impl std::error::Error + Send + Sync + 'static) -> Cause {
+        Cause { text: err.to_string(), source: Some(Arc::new(err)) }
+    }
+
+    /// `text` (which says what `err` means here), keeping `err` as the source.
+    pub fn with_source(text: impl Into<String>, err: impl std::error::Error + Send + Sync + 'static) -> Cause {
+        Cause { text: text.into(), source: Some(Arc::new(err)) }
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for Cause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<String> for Cause {
+    fn from(text: String) -> Cause {
+        Cause { text, source: None }
+    }
+}
+
+impl From<&str> for Cause {
+    fn from(text: &str) -> Cause {
+        Cause { text: text.to_owned(), source: None }
+    }
 }
 
 /// What the router says about itself and its client when opening a channel.
@@ -147,10 +191,10 @@ pub struct Handshake {
 impl Handshake {
     /// Reads an `initialize` response (the whole JSON-RPC message).
     pub fn from_response(message: &[u8]) -> Result<Self, UpstreamError> {
-        let v: Value = serde_json::from_slice(message).map_err(|e| UpstreamError::Initialize(e.to_string()))?;
+        let v: Value = serde_json::from_slice(message).map_err(|e| UpstreamError::Initialize(Cause::from_error(e)))?;
         if let Some(error) = v.get("error") {
             let msg = error.get("message").and_then(Value::as_str).unwrap_or("no message");
-            return Err(UpstreamError::Initialize(format!("it refused: {msg}")));
+            return Err(UpstreamError::Initialize(format!("it refused: {msg}").into()));
         }
         let result = v.get("result").ok_or_else(|| UpstreamError::Initialize("no result".into()))?;
         Ok(Handshake {
@@ -488,5 +532,23 @@ pub async fn collect_response(reply: Reply, id: &str) -> Result<Bytes, UpstreamE
             }
             Err(UpstreamError::Closed)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn an_upstream_error_keeps_its_cause() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let e = UpstreamError::Connect(Cause::with_source("connecting to 127.0.0.1:9", io));
+        assert_eq!(e.to_string(), "cannot connect: connecting to 127.0.0.1:9");
+        let cause = e.source().expect("the cause").source().expect("the I/O error");
+        let io = cause.downcast_ref::<std::io::Error>().expect("an I/O error");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
+        assert!(UpstreamError::Protocol("words only".into()).source().unwrap().source().is_none());
     }
 }

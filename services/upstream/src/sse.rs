@@ -106,7 +106,8 @@ impl Shared {
             extra: &self.raw_headers,
             body,
         };
-        let response = self.pool.send(&request, false).await.map_err(|e| UpstreamError::Connect(e.to_string()))?;
+        let response =
+            self.pool.send(&request, false).await.map_err(|e| UpstreamError::Connect(crate::Cause::from_error(e)))?;
         let status = response.status;
         let text = response.body.collect(64 << 10).await.unwrap_or_default();
         if (200..300).contains(&status) {
@@ -134,7 +135,8 @@ async fn connect(
             extra: &shared.raw_headers,
             body: b"",
         };
-        let response = shared.pool.send(&request, false).await.map_err(|e| UpstreamError::Connect(e.to_string()))?;
+        let response =
+            shared.pool.send(&request, false).await.map_err(|e| UpstreamError::Connect(crate::Cause::from_error(e)))?;
         if !(200..300).contains(&response.status) || !response.event_stream {
             return Err(UpstreamError::Status {
                 status: response.status,
@@ -144,7 +146,9 @@ async fn connect(
         let mut body = response.body;
         let mut decoder = sse::Decoder::new(MAX_MESSAGE);
         let endpoint = loop {
-            if let Some(event) = decoder.next_event().map_err(|e| UpstreamError::Protocol(e.to_string()))? {
+            if let Some(event) =
+                decoder.next_event().map_err(|e| UpstreamError::Protocol(crate::Cause::from_error(e)))?
+            {
                 if event.event.as_deref() == Some("endpoint") {
                     break resolve_endpoint(&shared.path, &String::from_utf8_lossy(&event.data))?;
                 }
@@ -152,7 +156,7 @@ async fn connect(
             }
             match body.chunk().await {
                 Some(Ok(data)) => decoder.push(&data),
-                Some(Err(e)) => return Err(UpstreamError::Connect(e.to_string())),
+                Some(Err(e)) => return Err(UpstreamError::Connect(crate::Cause::from_error(e))),
                 None => return Err(UpstreamError::Protocol("the stream ended before the endpoint event".into())),
             }
         };
@@ -195,7 +199,8 @@ async fn connect(
 fn resolve_endpoint(sse_path: &str, announced: &str) -> Result<String, UpstreamError> {
     let announced = announced.trim();
     if announced.starts_with("http://") || announced.starts_with("https://") {
-        let uri: Uri = announced.parse().map_err(|_| UpstreamError::Protocol(format!("bad endpoint {announced:?}")))?;
+        let uri: Uri =
+            announced.parse().map_err(|_| UpstreamError::Protocol(format!("bad endpoint {announced:?}").into()))?;
         return Ok(uri.path_and_query().map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()));
     }
     if announced.starts_with('/') {

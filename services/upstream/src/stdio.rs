@@ -574,7 +574,7 @@ impl super::Channel for Channel {
             // Another session keeps (or already holds) the child's subscription: answer here.
             return Ok(Reply::Done(jsonrpc::result_response(
                 &serde_json::value::RawValue::from_string(original_id.into())
-                    .map_err(|e| UpstreamError::Protocol(e.to_string()))?,
+                    .map_err(|e| UpstreamError::Protocol(crate::Cause::from_error(e)))?,
                 b"{}",
             )));
         }

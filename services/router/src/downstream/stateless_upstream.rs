@@ -245,7 +245,13 @@ impl Call {
                     },
                 };
                 let mut value: Value = serde_json::from_slice(&message).map_err(|e| {
-                    (Error::upstream(&upstream.name, UpstreamError::Protocol(e.to_string())), Outcome::UpstreamFailed)
+                    (
+                        Error::upstream(
+                            &upstream.name,
+                            UpstreamError::Protocol(switchboard_upstream::Cause::from_error(e)),
+                        ),
+                        Outcome::UpstreamFailed,
+                    )
                 })?;
                 let input_required =
                     value.pointer("/result/resultType").and_then(Value::as_str) == Some("input_required");
@@ -296,8 +302,9 @@ impl Call {
         deadline: tokio::time::Instant,
     ) -> Result<Map<String, Value>, (Error, Outcome)> {
         let upstream = &self.x.app().upstreams[self.upstream];
-        let protocol =
-            |why: String| (Error::upstream(&upstream.name, UpstreamError::Protocol(why)), Outcome::UpstreamFailed);
+        let protocol = |why: String| {
+            (Error::upstream(&upstream.name, UpstreamError::Protocol(why.into())), Outcome::UpstreamFailed)
+        };
         let requests = result
             .get("inputRequests")
             .and_then(Value::as_object)

@@ -197,7 +197,9 @@ impl AnswerBody {
     /// The next piece of the body.
     async fn chunk(&mut self) -> Option<Result<Bytes, UpstreamError>> {
         match self {
-            AnswerBody::Http1(body) => body.chunk().await.map(|r| r.map_err(|e| UpstreamError::Connect(e.to_string()))),
+            AnswerBody::Http1(body) => {
+                body.chunk().await.map(|r| r.map_err(|e| UpstreamError::Connect(crate::Cause::from_error(e))))
+            }
             AnswerBody::Http2(body) => loop {
                 match body.frame().await? {
                     Ok(frame) => {
@@ -205,7 +207,7 @@ impl AnswerBody {
                             return Some(Ok(data));
                         }
                     }
-                    Err(e) => return Some(Err(UpstreamError::Connect(e.to_string()))),
+                    Err(e) => return Some(Err(UpstreamError::Connect(crate::Cause::from_error(e)))),
                 }
             },
         }
@@ -215,15 +217,17 @@ impl AnswerBody {
     async fn collect(self, limit: usize) -> Result<Bytes, UpstreamError> {
         match self {
             AnswerBody::Http1(body) => body.collect(limit).await.map_err(|e| match e.kind() {
-                std::io::ErrorKind::InvalidData => UpstreamError::Protocol(e.to_string()),
-                _ => UpstreamError::Connect(format!("reading the response: {e}")),
+                std::io::ErrorKind::InvalidData => UpstreamError::Protocol(crate::Cause::from_error(e)),
+                _ => UpstreamError::Connect(crate::Cause::with_source(format!("reading the response: {e}"), e)),
             }),
             AnswerBody::Http2(body) => match switchboard_core::body::collect(body, limit).await {
                 Ok(body) => Ok(body),
                 Err(CollectError::TooLarge) => {
-                    Err(UpstreamError::Protocol(format!("a response larger than {limit} bytes")))
+                    Err(UpstreamError::Protocol(format!("a response larger than {limit} bytes").into()))
                 }
-                Err(CollectError::Read(e)) => Err(UpstreamError::Connect(format!("reading the response: {e}"))),
+                Err(CollectError::Read(e)) => {
+                    Err(UpstreamError::Connect(crate::Cause::with_source(format!("reading the response: {e}"), e)))
+                }
             },
         }
     }
@@ -413,11 +417,13 @@ impl Shared {
                     extra: &self.raw_headers,
                     body: &body,
                 };
-                let response =
-                    pool.send(&request, want_session_id).await.map_err(|e| UpstreamError::Connect(e.to_string()))?;
+                let response = pool
+                    .send(&request, want_session_id)
+                    .await
+                    .map_err(|e| UpstreamError::Connect(crate::Cause::from_error(e)))?;
                 Ok(Answer {
                     status: StatusCode::from_u16(response.status)
-                        .map_err(|_| UpstreamError::Protocol(format!("invalid status {}", response.status)))?,
+                        .map_err(|_| UpstreamError::Protocol(format!("invalid status {}", response.status).into()))?,
                     event_stream: response.event_stream,
                     session_id: response.session_id.and_then(|b| HeaderValue::from_maybe_shared(b).ok()),
                     body: AnswerBody::Http1(response.body),
@@ -453,7 +459,10 @@ impl Shared {
                 for (name, value) in extra {
                     h.insert(name.clone(), value.clone());
                 }
-                let resp = client.request(req).await.map_err(|e| UpstreamError::Connect(describe(&e)))?;
+                let resp = client
+                    .request(req)
+                    .await
+                    .map_err(|e| UpstreamError::Connect(crate::Cause::with_source(describe(&e), e)))?;
                 let event_stream = resp.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|ct| {
                     ct.trim_start().get(..17).is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
                 });
@@ -491,7 +500,7 @@ impl Shared {
                 if matches!(status.as_u16(), 400 | 404 | 405) {
                     return Err(error);
                 }
-                return Err(UpstreamError::Initialize(error.to_string()));
+                return Err(UpstreamError::Initialize(error.to_string().into()));
             }
             let sid = resp.session_id.take();
             let reply = self.read_reply(resp, None).await?;
@@ -505,10 +514,9 @@ impl Shared {
             let note = jsonrpc::request(None, "notifications/initialized", None);
             let resp = self.post(note, Some(&state)).await?;
             if !resp.status.is_success() {
-                return Err(UpstreamError::Initialize(format!(
-                    "notifications/initialized: {}",
-                    status_error(resp).await
-                )));
+                return Err(UpstreamError::Initialize(
+                    format!("notifications/initialized: {}", status_error(resp).await).into(),
+                ));
             }
             drain(resp).await;
             state.epoch = 0;

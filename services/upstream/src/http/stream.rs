@@ -69,7 +69,7 @@ impl MessageStream for SseStream {
         }
         loop {
             match self.decoder.next_event() {
-                Err(e) => return Some(Err(UpstreamError::Protocol(e.to_string()))),
+                Err(e) => return Some(Err(UpstreamError::Protocol(crate::Cause::from_error(e)))),
                 Ok(Some(mut event)) => {
                     if let Some(id) = event.id.take() {
                         self.last_event_id = Some(id);
@@ -93,7 +93,12 @@ impl MessageStream for SseStream {
                     self.paused = true;
                     return Some(Ok(Item::Paused));
                 }
-                Some(Err(e)) => return Some(Err(UpstreamError::Connect(format!("stream broke: {e}")))),
+                Some(Err(e)) => {
+                    return Some(Err(UpstreamError::Connect(crate::Cause::with_source(
+                        format!("stream broke: {e}"),
+                        e,
+                    ))))
+                }
                 None => return None,
             }
         }

@@ -599,6 +599,13 @@ mod tests {
     }
 
     #[test]
+    fn the_mac_is_hmac_sha256() {
+        // Python's hmac module for the same key and message.
+        let expected = "441111a27d31f927141edd9bc26a387d38ee68193b7ee5c4706f31bacb7f6078";
+        assert_eq!(hex::encode(mac(&[7u8; 32], b"acme\nsb_abcdefgh").finalize().into_bytes()), expected);
+    }
+
+    #[test]
     fn request_state_is_sealed() {
         let key = [7u8; 32];
         let state = RoundState {
