@@ -1,29 +1,22 @@
-//! Switchboard: a multi-tenant router for the Model Context Protocol.
-//!
-//! One Streamable HTTP endpoint fronts many upstream MCP servers: their tools,
-//! prompts and resources are merged into one namespaced catalog, and requests
-//! are forwarded to the upstream that serves them, reading only the JSON-RPC
-//! envelope on the way.
+//! The Switchboard router: the client-facing MCP endpoints, the request
+//! pipeline, the admin API, and serving. The layers below are crates of
+//! their own (upstreams, catalog, sessions, database, tenancy, audit,
+//! limits, edge devices); this crate composes them.
 //!
 //! Layout (each module's own docs say more):
 //! - [`serve`] (`server.rs`): accepts connections, routes paths, drains on shutdown.
-//! - `downstream/`: the client-facing `/mcp` endpoint, request phases in order
-//!   (`mod.rs`), forwarding and SSE relay (`forward.rs`), answers from the
-//!   catalog (`lists.rs`), responses (`respond.rs`).
-//! - `app.rs`: shared state, and what happens to messages upstreams send on their own.
-//! - `session.rs`: downstream sessions and their registry; `events.rs`: their resumable SSE streams.
-//! - `catalog/`: the merged, namespaced, cached catalog (`naming.rs`, `cursor.rs`).
-//! - `upstream/`: the [`upstream::Transport`] and [`upstream::Channel`] traits,
-//!   one file per transport (`http.rs`, `stdio.rs`).
-//! - [`bridge`]: `switchboard connect`, stdio to Streamable HTTP for clients that only launch commands.
+//! - `app.rs`: the shared state, what happens to messages upstreams send on
+//!   their own (the sessions' `Relay`), shutdown.
+//! - `exchange.rs`: one request's context through its phases, finished once.
+//! - `auth.rs`: the authenticate phase (API keys).
+//! - `tools/`: where tools come from: the catalog and edge devices.
+//! - `downstream/`: the client-facing endpoints, the phases in order
+//!   (`mod.rs`), transport checks, resolution, forwarding by era, lists,
+//!   legacy HTTP+SSE, responses.
+//! - [`edge`]: the router as edge devices' host (keys, text tasks).
 //! - [`config`]: the TOML file, validated into [`Config`].
-//! - [`tenancy`]: tenants, API keys and the in-memory directory of them;
-//!   [`store`]: the database (PostgreSQL or SQLite) behind it and the audit log.
-//! - `ratelimit/`: per-key, per-tenant and per-tool limits, local or in Redis.
-//! - `audit/`: the background audit writer and its disk spool.
-//! - [`edge`]: devices that connect out over framed TCP and become tools of their tenant.
 //! - [`admin`]: the administration HTTP API, and the operations the CLI shares with it.
-//! - `metrics.rs`, `error.rs`, `body.rs`.
+//! - `metrics.rs`, [`error`], `body.rs`.
 //!
 //! Invariants are listed in ARCHITECTURE.md.
 #![forbid(unsafe_code)]
@@ -32,7 +25,6 @@ pub mod admin;
 mod app;
 mod auth;
 mod body;
-
 pub mod config;
 mod downstream;
 pub mod edge;
