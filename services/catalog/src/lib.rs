@@ -521,11 +521,7 @@ impl Catalog {
             switchboard_upstream::Reply::Done(message) => message,
             reply => collect_response(reply, "\"switchboard-list\"").await.map_err(|e| e.to_string())?,
         };
-        let mut value: Value = serde_json::from_slice(&message).map_err(|e| format!("invalid JSON: {e}"))?;
-        if let Some(error) = value.get("error") {
-            return Err(format!("it answered {} with an error: {}", kind.method(), error));
-        }
-        let result = value.get_mut("result").map(Value::take).ok_or("a response without result")?;
+        let result = result_of(&message, kind)?;
         let ttl = result.get("ttlMs").and_then(Value::as_u64);
         Ok((result, ttl))
     }
@@ -557,18 +553,8 @@ impl Catalog {
                 let (out, id) = Outgoing::own(kind.method(), &params, &format!("{}-{page}", kind.label()));
                 let reply = channel.request(out).await.map_err(|e| e.to_string())?;
                 let message = collect_response(reply, &id).await.map_err(|e| e.to_string())?;
-                let mut value: Value = serde_json::from_slice(&message).map_err(|e| format!("invalid JSON: {e}"))?;
-                if let Some(error) = value.get("error") {
-                    return Err(format!("it answered {} with an error: {}", kind.method(), error));
-                }
-                let result = value.get_mut("result").ok_or("a response without result")?;
-                if let Some(Value::Array(list)) = result.get_mut(kind.field()).map(Value::take) {
-                    items.extend(list.into_iter().filter_map(|v| match v {
-                        Value::Object(map) => Some(map),
-                        _ => None,
-                    }));
-                }
-                cursor = result.get("nextCursor").and_then(Value::as_str).map(str::to_owned);
+                let mut result = result_of(&message, kind)?;
+                cursor = take_page(&mut result, kind, &mut items);
                 if cursor.is_none() {
                     break;
                 }
@@ -601,13 +587,7 @@ impl Catalog {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            if let Some(Value::Array(list)) = result.get_mut(kind.field()).map(Value::take) {
-                items.extend(list.into_iter().filter_map(|v| match v {
-                    Value::Object(map) => Some(map),
-                    _ => None,
-                }));
-            }
-            cursor = result.get("nextCursor").and_then(Value::as_str).map(str::to_owned);
+            cursor = take_page(&mut result, kind, &mut items);
             if cursor.is_none() {
                 break;
             }
@@ -745,4 +725,25 @@ async fn listen_upstream(transport: Arc<dyn switchboard_upstream::Transport>, in
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// The `result` of an answer to a list request, or why there is none.
+fn result_of(message: &[u8], kind: ListKind) -> Result<Value, String> {
+    let mut value: Value = serde_json::from_slice(message).map_err(|e| format!("invalid JSON: {e}"))?;
+    if let Some(error) = value.get("error") {
+        return Err(format!("it answered {} with an error: {}", kind.method(), error));
+    }
+    value.get_mut("result").map(Value::take).ok_or_else(|| "a response without result".to_owned())
+}
+
+/// Moves the items of one page (`result`) into `items` and returns the
+/// cursor of the next page, if any.
+fn take_page(result: &mut Value, kind: ListKind, items: &mut Vec<Map<String, Value>>) -> Option<String> {
+    if let Some(Value::Array(list)) = result.get_mut(kind.field()).map(Value::take) {
+        items.extend(list.into_iter().filter_map(|v| match v {
+            Value::Object(map) => Some(map),
+            _ => None,
+        }));
+    }
+    result.get("nextCursor").and_then(Value::as_str).map(str::to_owned)
 }

@@ -271,13 +271,7 @@ impl Server {
                 let version = if SUPPORTED_VERSIONS.contains(&requested) { requested } else { "2025-11-25" };
                 let result = json!({
                     "protocolVersion": version,
-                    "capabilities": {
-                        "tools": {"listChanged": true},
-                        "resources": {"subscribe": true, "listChanged": true},
-                        "prompts": {"listChanged": true},
-                        "logging": {},
-                        "completions": {},
-                    },
+                    "capabilities": capabilities(),
                     "serverInfo": {"name": self.opts.name, "version": env!("CARGO_PKG_VERSION")},
                     "instructions": format!("Mock upstream {}.", self.opts.name),
                 });
@@ -691,6 +685,17 @@ impl Server {
 
 /// Runs an input-needing program for a 2025 session: its questions go to
 /// the client as requests on the response stream.
+/// What the mock declares, in either era.
+pub(crate) fn capabilities() -> Value {
+    json!({
+        "tools": {"listChanged": true},
+        "resources": {"subscribe": true, "listChanged": true},
+        "prompts": {"listChanged": true},
+        "logging": {},
+        "completions": {},
+    })
+}
+
 fn driven(session: &Arc<Session>, id: &RawValue, kind: Kind, name: &str, args: &Value) -> Reply {
     let (tx, rx) = mpsc::unbounded_channel();
     let (session, id, name, args) = (session.clone(), id.to_owned(), name.to_owned(), args.clone());

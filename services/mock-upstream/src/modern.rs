@@ -348,13 +348,7 @@ fn check_param_headers(
 fn discover(server: &Server) -> Value {
     json!({
         "supportedVersions": supported(server),
-        "capabilities": {
-            "tools": {"listChanged": true},
-            "resources": {"subscribe": true, "listChanged": true},
-            "prompts": {"listChanged": true},
-            "logging": {},
-            "completions": {},
-        },
+        "capabilities": crate::mcp::capabilities(),
         "serverInfo": server_info(server),
         "instructions": format!("Mock upstream {}.", server.opts.name),
     })

@@ -119,38 +119,89 @@ impl From<switchboard_session::SessionError> for Error {
 }
 
 impl Error {
+    /// Who caused it, the HTTP status the response carries, the JSON-RPC
+    /// error code, and a short, bounded label for metrics: one table, every
+    /// variant named (a new one must be placed here).
+    ///
+    /// Errors about the transport (body, headers, session) get a 4xx status;
+    /// errors about a well-formed request (unknown tool, upstream down) are
+    /// JSON-RPC errors in a 200 response, as MCP clients expect.
+    fn class(&self) -> (Side, StatusCode, i64, &'static str) {
+        use Side::{Downstream, Internal, Upstream};
+        match self {
+            Error::Parse(e) => (Downstream, StatusCode::BAD_REQUEST, e.code(), "parse"),
+            Error::BodyTooLarge { .. } => {
+                (Downstream, StatusCode::PAYLOAD_TOO_LARGE, code::INVALID_REQUEST, "too_large")
+            }
+            Error::UnsupportedMediaType(_) => {
+                (Downstream, StatusCode::UNSUPPORTED_MEDIA_TYPE, code::INVALID_REQUEST, "media_type")
+            }
+            Error::ForbiddenOrigin(_) => (Downstream, StatusCode::FORBIDDEN, code::INVALID_REQUEST, "origin"),
+            Error::MissingSession => (Downstream, StatusCode::BAD_REQUEST, code::INVALID_REQUEST, "missing_session"),
+            Error::UnknownSession => (Downstream, StatusCode::NOT_FOUND, code::REQUEST_TIMEOUT, "unknown_session"),
+            Error::SessionStoreDown => {
+                (Internal, StatusCode::SERVICE_UNAVAILABLE, code::INTERNAL_ERROR, "session_store_down")
+            }
+            // Not 404: that would tell the client its session is gone.
+            Error::UnknownStream => (Downstream, StatusCode::BAD_REQUEST, code::INVALID_REQUEST, "unknown_stream"),
+            Error::UnsupportedVersion(_) => {
+                (Downstream, StatusCode::BAD_REQUEST, code::INVALID_REQUEST, "protocol_version")
+            }
+            Error::TooManySessions(_) => {
+                (Internal, StatusCode::SERVICE_UNAVAILABLE, code::INTERNAL_ERROR, "too_many_sessions")
+            }
+            Error::MethodNotFound(_) => (Downstream, StatusCode::OK, code::METHOD_NOT_FOUND, "method_not_found"),
+            Error::InvalidParams(_) | Error::InvalidArguments { .. } | Error::InvalidCursor(_) => {
+                (Downstream, StatusCode::OK, code::INVALID_PARAMS, "invalid_params")
+            }
+            Error::UnknownTool(_) | Error::UnknownPrompt(_) => {
+                (Downstream, StatusCode::OK, code::INVALID_PARAMS, "unknown_target")
+            }
+            Error::UnknownResource(_) => (Downstream, StatusCode::OK, code::RESOURCE_NOT_FOUND, "unknown_target"),
+            Error::UpstreamTimeout { .. } => (Upstream, StatusCode::OK, code::REQUEST_TIMEOUT, "upstream_timeout"),
+            Error::Upstream { .. } => (Upstream, StatusCode::OK, code::INTERNAL_ERROR, "upstream_unavailable"),
+            Error::ShuttingDown => (Internal, StatusCode::SERVICE_UNAVAILABLE, code::INTERNAL_ERROR, "shutting_down"),
+            Error::Unauthenticated(_) => (Downstream, StatusCode::UNAUTHORIZED, UNAUTHENTICATED, "unauthenticated"),
+            Error::RateLimited { .. } | Error::TooManyInFlight(_) => {
+                (Downstream, StatusCode::TOO_MANY_REQUESTS, RATE_LIMITED, "rate_limited")
+            }
+            Error::Internal(_) => (Internal, StatusCode::OK, code::INTERNAL_ERROR, "internal"),
+            Error::HeaderMismatch(_) => {
+                (Downstream, StatusCode::BAD_REQUEST, modern::HEADER_MISMATCH, "header_mismatch")
+            }
+            Error::InvalidMeta(_) | Error::InvalidRequestState(_) => {
+                let status =
+                    if matches!(self, Error::InvalidMeta(_)) { StatusCode::BAD_REQUEST } else { StatusCode::OK };
+                (Downstream, status, code::INVALID_PARAMS, "invalid_params")
+            }
+            Error::UnsupportedModernVersion(_) => {
+                (Downstream, StatusCode::BAD_REQUEST, modern::UNSUPPORTED_VERSION, "protocol_version")
+            }
+            Error::NoSuchMethod(_) => (Downstream, StatusCode::NOT_FOUND, code::METHOD_NOT_FOUND, "method_not_found"),
+            Error::MissingCapability(_) => {
+                (Downstream, StatusCode::BAD_REQUEST, modern::MISSING_CAPABILITY, "missing_capability")
+            }
+        }
+    }
+
     /// Which side caused it.
     pub fn side(&self) -> Side {
-        match self {
-            Error::UpstreamTimeout { .. } | Error::Upstream { .. } => Side::Upstream,
-            Error::Internal(_) | Error::ShuttingDown | Error::TooManySessions(_) | Error::SessionStoreDown => {
-                Side::Internal
-            }
-            Error::Parse(_)
-            | Error::BodyTooLarge { .. }
-            | Error::UnsupportedMediaType(_)
-            | Error::ForbiddenOrigin(_)
-            | Error::MissingSession
-            | Error::UnknownSession
-            | Error::UnknownStream
-            | Error::UnsupportedVersion(_)
-            | Error::MethodNotFound(_)
-            | Error::InvalidParams(_)
-            | Error::UnknownTool(_)
-            | Error::InvalidArguments { .. }
-            | Error::UnknownPrompt(_)
-            | Error::UnknownResource(_)
-            | Error::InvalidCursor(_)
-            | Error::Unauthenticated(_)
-            | Error::RateLimited { .. }
-            | Error::TooManyInFlight(_)
-            | Error::HeaderMismatch(_)
-            | Error::InvalidMeta(_)
-            | Error::UnsupportedModernVersion(_)
-            | Error::NoSuchMethod(_)
-            | Error::MissingCapability(_)
-            | Error::InvalidRequestState(_) => Side::Downstream,
-        }
+        self.class().0
+    }
+
+    /// The HTTP status the response carries.
+    pub fn status(&self) -> StatusCode {
+        self.class().1
+    }
+
+    /// The JSON-RPC error code.
+    pub fn code(&self) -> i64 {
+        self.class().2
+    }
+
+    /// A short, bounded label for metrics.
+    pub fn label(&self) -> &'static str {
+        self.class().3
     }
 
     /// Whether the same request may succeed if sent again later (the
@@ -186,80 +237,6 @@ impl Error {
         }
     }
 
-    /// The HTTP status the response carries.
-    ///
-    /// Errors about the transport (body, headers, session) get a 4xx status;
-    /// errors about a well-formed request (unknown tool, upstream down) are
-    /// JSON-RPC errors in a 200 response, as MCP clients expect.
-    pub fn status(&self) -> StatusCode {
-        match self {
-            Error::Parse(_)
-            | Error::MissingSession
-            | Error::UnsupportedVersion(_)
-            | Error::HeaderMismatch(_)
-            | Error::InvalidMeta(_)
-            | Error::UnsupportedModernVersion(_)
-            | Error::MissingCapability(_) => StatusCode::BAD_REQUEST,
-            Error::NoSuchMethod(_) => StatusCode::NOT_FOUND,
-            Error::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Error::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Error::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
-            // Not 404: that would tell the client its session is gone.
-            Error::UnknownStream => StatusCode::BAD_REQUEST,
-            Error::UnknownSession => StatusCode::NOT_FOUND,
-            Error::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-            Error::RateLimited { .. } | Error::TooManyInFlight(_) => StatusCode::TOO_MANY_REQUESTS,
-            Error::TooManySessions(_) | Error::ShuttingDown | Error::SessionStoreDown => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            Error::MethodNotFound(_)
-            | Error::InvalidParams(_)
-            | Error::UnknownTool(_)
-            | Error::InvalidArguments { .. }
-            | Error::UnknownPrompt(_)
-            | Error::UnknownResource(_)
-            | Error::InvalidCursor(_)
-            | Error::UpstreamTimeout { .. }
-            | Error::Upstream { .. }
-            | Error::Internal(_)
-            | Error::InvalidRequestState(_) => StatusCode::OK,
-        }
-    }
-
-    /// The JSON-RPC error code.
-    pub fn code(&self) -> i64 {
-        match self {
-            Error::Parse(e) => e.code(),
-            Error::BodyTooLarge { .. }
-            | Error::UnsupportedMediaType(_)
-            | Error::ForbiddenOrigin(_)
-            | Error::MissingSession
-            | Error::UnknownStream
-            | Error::UnsupportedVersion(_) => code::INVALID_REQUEST,
-            Error::UnknownSession => code::REQUEST_TIMEOUT,
-            Error::MethodNotFound(_) | Error::NoSuchMethod(_) => code::METHOD_NOT_FOUND,
-            Error::HeaderMismatch(_) => modern::HEADER_MISMATCH,
-            Error::MissingCapability(_) => modern::MISSING_CAPABILITY,
-            Error::UnsupportedModernVersion(_) => modern::UNSUPPORTED_VERSION,
-            Error::InvalidParams(_)
-            | Error::InvalidMeta(_)
-            | Error::InvalidRequestState(_)
-            | Error::InvalidArguments { .. }
-            | Error::UnknownTool(_)
-            | Error::UnknownPrompt(_)
-            | Error::InvalidCursor(_) => code::INVALID_PARAMS,
-            Error::UnknownResource(_) => code::RESOURCE_NOT_FOUND,
-            Error::UpstreamTimeout { .. } => code::REQUEST_TIMEOUT,
-            Error::Unauthenticated(_) => UNAUTHENTICATED,
-            Error::RateLimited { .. } | Error::TooManyInFlight(_) => RATE_LIMITED,
-            Error::Upstream { .. }
-            | Error::TooManySessions(_)
-            | Error::ShuttingDown
-            | Error::SessionStoreDown
-            | Error::Internal(_) => code::INTERNAL_ERROR,
-        }
-    }
-
     /// Structured detail for the JSON-RPC `data` member.
     pub fn data(&self) -> Option<serde_json::Value> {
         match self {
@@ -281,58 +258,7 @@ impl Error {
             Error::MissingCapability(capability) => {
                 Some(serde_json::json!({ "requiredCapabilities": { *capability: {} } }))
             }
-            Error::Parse(_)
-            | Error::BodyTooLarge { .. }
-            | Error::UnsupportedMediaType(_)
-            | Error::ForbiddenOrigin(_)
-            | Error::MissingSession
-            | Error::UnknownSession
-            | Error::SessionStoreDown
-            | Error::UnknownStream
-            | Error::UnsupportedVersion(_)
-            | Error::TooManySessions(_)
-            | Error::MethodNotFound(_)
-            | Error::InvalidParams(_)
-            | Error::UnknownPrompt(_)
-            | Error::UnknownResource(_)
-            | Error::InvalidCursor(_)
-            | Error::ShuttingDown
-            | Error::Unauthenticated(_)
-            | Error::Internal(_)
-            | Error::HeaderMismatch(_)
-            | Error::InvalidMeta(_)
-            | Error::NoSuchMethod(_)
-            | Error::InvalidRequestState(_) => None,
-        }
-    }
-
-    /// A short, bounded label for metrics.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Error::Parse(_) => "parse",
-            Error::BodyTooLarge { .. } => "too_large",
-            Error::UnsupportedMediaType(_) => "media_type",
-            Error::ForbiddenOrigin(_) => "origin",
-            Error::MissingSession => "missing_session",
-            Error::UnknownSession => "unknown_session",
-            Error::SessionStoreDown => "session_store_down",
-            Error::UnknownStream => "unknown_stream",
-            Error::UnsupportedVersion(_) => "protocol_version",
-            Error::TooManySessions(_) => "too_many_sessions",
-            Error::MethodNotFound(_) => "method_not_found",
-            Error::InvalidParams(_) | Error::InvalidArguments { .. } | Error::InvalidCursor(_) => "invalid_params",
-            Error::UnknownTool(_) | Error::UnknownPrompt(_) | Error::UnknownResource(_) => "unknown_target",
-            Error::UpstreamTimeout { .. } => "upstream_timeout",
-            Error::Upstream { .. } => "upstream_unavailable",
-            Error::ShuttingDown => "shutting_down",
-            Error::Unauthenticated(_) => "unauthenticated",
-            Error::RateLimited { .. } | Error::TooManyInFlight(_) => "rate_limited",
-            Error::Internal(_) => "internal",
-            Error::HeaderMismatch(_) => "header_mismatch",
-            Error::InvalidMeta(_) | Error::InvalidRequestState(_) => "invalid_params",
-            Error::UnsupportedModernVersion(_) => "protocol_version",
-            Error::NoSuchMethod(_) => "method_not_found",
-            Error::MissingCapability(_) => "missing_capability",
+            _ => None,
         }
     }
 

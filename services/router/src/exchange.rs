@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderMap, Response};
+use hyper::body::Incoming;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use switchboard_core::policy::Principal;
@@ -31,6 +32,10 @@ use crate::app::App;
 use crate::body::Body;
 use crate::downstream::respond;
 use crate::error::Error;
+
+/// A request refused before it got far: the response to send (boxed: the
+/// refusal is the rare path, and keeps `Result`s of phases small).
+pub type Refusal = Box<Response<Body>>;
 
 /// Who answered a request, for its metric and its audit record.
 #[derive(Debug, Clone)]
@@ -239,9 +244,24 @@ impl Exchange {
         self.finished = true;
     }
 
+    /// Phase 1: the transport checks of a POST (`Origin`, `Content-Type`,
+    /// size), then its body. A refusal is the response to send.
+    pub async fn receive(&mut self, headers: &HeaderMap, body: Incoming) -> Result<Bytes, Refusal> {
+        crate::downstream::transport::receive(&self.app, headers, body).await.map_err(|refusal| {
+            self.finished = true;
+            Box::new(refusal)
+        })
+    }
+
+    /// Phase 2: the JSON-RPC envelope, nothing deeper (400 with -32700 or
+    /// -32600 if it is not one).
+    pub fn parse<'b>(&mut self, body: &'b [u8]) -> Result<Envelope<'b>, Refusal> {
+        Envelope::parse(body).map_err(|e| Box::new(self.reject(None, Error::Parse(e))))
+    }
+
     /// Rejects the request before the MCP layer takes it (a missing
     /// session, a bad header): counted as a rejection, not audited.
-    pub fn reject(mut self, id: Option<&RawValue>, err: Error) -> Response<Body> {
+    pub fn reject(&mut self, id: Option<&RawValue>, err: Error) -> Response<Body> {
         self.finished = true;
         crate::downstream::transport::reject(&self.app, id, err)
     }
@@ -250,7 +270,7 @@ impl Exchange {
     /// and audited as `refused`; `http` names a request that is not JSON-RPC
     /// (`GET /mcp`) in its record.
     pub fn refuse(
-        mut self,
+        &mut self,
         headers: &HeaderMap,
         env: Option<&Envelope<'_>>,
         request_bytes: usize,

@@ -389,8 +389,9 @@ impl Client {
         self.send(Method::POST, body, headers).await
     }
 
-    /// Sends any request to `/mcp` with the session headers.
-    pub async fn send(&self, method: Method, body: Bytes, headers: &[(&str, &str)]) -> Reply {
+    /// A request to `/mcp`: JSON, both answer types accepted, the session's
+    /// id (and, with `version`, its protocol version), the key, `headers`.
+    fn build(&self, method: Method, body: Bytes, headers: &[(&str, &str)], version: bool) -> Request<Full<Bytes>> {
         let mut req = Request::new(Full::new(body));
         *req.method_mut() = method;
         *req.uri_mut() = self.url.parse().expect("url");
@@ -399,12 +400,20 @@ impl Client {
         h.insert("accept", HeaderValue::from_static("application/json, text/event-stream"));
         if let Some(session) = &self.session {
             h.insert("mcp-session-id", HeaderValue::from_str(session).expect("ascii"));
-            h.insert("mcp-protocol-version", HeaderValue::from_str(&self.protocol_version).expect("ascii"));
+            if version {
+                h.insert("mcp-protocol-version", HeaderValue::from_str(&self.protocol_version).expect("ascii"));
+            }
         }
         self.authorize(h);
         for (k, v) in headers {
             h.insert(HeaderName::from_bytes(k.as_bytes()).expect("name"), HeaderValue::from_str(v).expect("value"));
         }
+        req
+    }
+
+    /// Sends any request to `/mcp` with the session headers.
+    pub async fn send(&self, method: Method, body: Bytes, headers: &[(&str, &str)]) -> Reply {
+        let req = self.build(method, body, headers, true);
         let resp = tokio::time::timeout(Duration::from_secs(30), self.http.request(req))
             .await
             .expect("the router answers within 30 s")
@@ -458,19 +467,7 @@ impl Client {
 
     /// POSTs `body` (with extra headers) and reads the answer as it streams.
     pub async fn post_stream(&self, body: Bytes, headers: &[(&str, &str)]) -> (StatusCode, HeaderMap, EventStream) {
-        let mut req = Request::new(Full::new(body));
-        *req.method_mut() = Method::POST;
-        *req.uri_mut() = self.url.parse().expect("url");
-        let h = req.headers_mut();
-        h.insert("content-type", HeaderValue::from_static("application/json"));
-        h.insert("accept", HeaderValue::from_static("application/json, text/event-stream"));
-        if let Some(session) = &self.session {
-            h.insert("mcp-session-id", HeaderValue::from_str(session).expect("ascii"));
-        }
-        self.authorize(h);
-        for (k, v) in headers {
-            h.insert(HeaderName::from_bytes(k.as_bytes()).expect("name"), HeaderValue::from_str(v).expect("value"));
-        }
+        let req = self.build(Method::POST, body, headers, false);
         let resp = self.http.request(req).await.expect("POST");
         let (parts, body) = resp.into_parts();
         let is_sse = parts.headers.get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));

@@ -17,7 +17,7 @@ use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind};
 use switchboard_protocol::{Method, ProtocolVersion};
 use switchboard_session::events::Log;
 use switchboard_session::Session;
-use switchboard_upstream::{Item, MessageStream, Outgoing, Reply, UpstreamError};
+use switchboard_upstream::{Channel, Item, MessageStream, Outgoing, Reply, UpstreamError};
 use tokio::sync::mpsc;
 
 use super::resolve::{call_local, classify, error_code, resolve, Resolution};
@@ -67,13 +67,9 @@ pub async fn forward(
         return super::stateless_upstream::forward(x, session, method, id, resolved, accepts_sse).await;
     }
     let upstream = &app.upstreams[u];
-    let channel = match session.channel(u).await.map_err(Error::from) {
+    let channel = match channel(session, u).await {
         Ok(channel) => channel,
-        Err(e) => {
-            let outcome =
-                if matches!(e, Error::UpstreamTimeout { .. }) { Outcome::Timeout } else { Outcome::UpstreamFailed };
-            return x.fail_as(Some(id), &e, outcome);
-        }
+        Err((e, outcome)) => return x.fail_as(Some(id), &e, outcome),
     };
     let deadline = tokio::time::Instant::now() + upstream.config.timeout;
     x.in_flight(session, u, &resolved.body, resolved.id.clone());
@@ -109,6 +105,17 @@ pub async fn forward(
             respond::sse(rx, app.config.server.keep_alive)
         }
     }
+}
+
+/// The session's channel to upstream `u`, opened on first use; a failure
+/// with the outcome it gives the request (a timeout, or the upstream failed).
+pub(crate) async fn channel(session: &Session, u: UpstreamId) -> Result<Arc<dyn Channel>, (Error, Outcome)> {
+    session.channel(u).await.map_err(|e| {
+        let e = Error::from(e);
+        let outcome =
+            if matches!(e, Error::UpstreamTimeout { .. }) { Outcome::Timeout } else { Outcome::UpstreamFailed };
+        (e, outcome)
+    })
 }
 
 /// A forwarded request whose answer streams. It owns the exchange, and

@@ -22,12 +22,12 @@ use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind};
 use switchboard_protocol::sse;
 use tokio::sync::mpsc;
 
-use super::transport::{self, check_origin, reject};
+use super::transport::check_origin;
 use super::{lists, notification, request, respond};
 use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
-use crate::exchange::Exchange;
+use crate::exchange::{Exchange, Refusal};
 use switchboard_core::ids::random_id;
 use switchboard_session::Session;
 
@@ -57,46 +57,40 @@ pub fn open(app: &Arc<App>, headers: &HeaderMap, prefix: &str) -> Response<Body>
 /// `POST …/messages?sessionId=ID`: one message from the client; answers go
 /// out on its `/sse` stream, the POST itself gets 202.
 pub async fn message(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
-    let started = Instant::now();
     let (parts, body) = req.into_parts();
+    let mut x = Exchange::new(app, Instant::now());
     let Some(id) = parts
         .uri
         .query()
         .and_then(|q| q.split('&').find_map(|pair| pair.strip_prefix("sessionId=")).filter(|id| !id.is_empty()))
     else {
-        return reject(app, None, Error::MissingSession);
+        return x.reject(None, Error::MissingSession);
     };
     let id: Arc<str> = Arc::from(id);
-    let headers = &parts.headers;
-    // The phases of `/mcp`, but for the session's: named in the query, and
-    // held by this replica alone.
-    let body = match transport::receive(app, headers, body).await {
-        Ok(body) => body,
-        Err(response) => return response,
-    };
-    let env = match Envelope::parse(&body) {
-        Ok(env) => env,
-        Err(e) => return reject(app, None, Error::Parse(e)),
-    };
-    let mut x = Exchange::new(app, started);
-    let who = match x.authenticate(headers) {
-        Ok(who) => who,
-        Err(e) => return x.refuse(headers, Some(&env), body.len(), e, "POST"),
-    };
-    if env.kind == MessageKind::Request {
-        if let Err(e) = x.admit(&env).await {
-            return x.refuse(headers, Some(&env), body.len(), e, "POST");
-        }
-    }
+    message_phases(x, id, parts.headers, body).await.unwrap_or_else(|refusal| *refusal)
+}
 
+/// The phases of `/mcp`, but for the session: named in the query, and held
+/// by this replica alone; `Err` is a refusal to send.
+async fn message_phases(
+    mut x: Exchange,
+    id: Arc<str>,
+    headers: HeaderMap,
+    body: Incoming,
+) -> Result<Response<Body>, Refusal> {
+    let app = x.app().clone();
+    let body = x.receive(&headers, body).await?;
+    let env = x.parse(&body)?;
+    let who = x.authenticate(&headers).map_err(|e| x.refuse(&headers, Some(&env), body.len(), e, "POST"))?;
+    if env.kind == MessageKind::Request {
+        x.admit(&env).await.map_err(|e| x.refuse(&headers, Some(&env), body.len(), e, "POST"))?;
+    }
     if env.kind == MessageKind::Request && env.method_str() == "initialize" {
-        let Some(stream) = app.legacy_take(&id, &who.tenant.name) else {
-            return x.reject(env.id, Error::UnknownSession);
-        };
+        let stream = app.legacy_take(&id, &who.tenant.name).ok_or_else(|| x.reject(env.id, Error::UnknownSession))?;
         x.discard();
-        return match lists::open_session(app, &who, &env, Some(id.clone())).await {
+        return Ok(match lists::open_session(&app, &who, &env, Some(id.clone())).await {
             Ok((session, answer)) => {
-                attach(app, &session, stream);
+                attach(&app, &session, stream);
                 session.push(answer);
                 accepted()
             }
@@ -107,38 +101,36 @@ pub async fn message(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
                 app.legacy_connect(id, stream, who.tenant.name.clone());
                 accepted()
             }
-        };
+        });
     }
-
     // A tenant's shared session (stateless clients' calls) is no client's
     // to post to, though its id can be worked out from the tenant's name.
-    let Some(session) = app.sessions.get(&id).filter(|s| s.tenant == who.tenant.name && !s.for_tenant) else {
-        return x.reject(env.id, Error::UnknownSession);
-    };
+    let session = app
+        .sessions
+        .get(&id)
+        .filter(|s| s.tenant == who.tenant.name && !s.for_tenant)
+        .ok_or_else(|| x.reject(env.id, Error::UnknownSession))?;
     x.set_session(&session);
     session.touch();
     match env.kind {
         MessageKind::Request => {
             // Answer in the background; the answer goes out on the SSE stream.
-            let headers = parts.headers;
             tokio::spawn(async move {
                 let Ok(env) = Envelope::parse(&body) else { return };
                 let response = request(x, &headers, &session, &env, &body, true).await;
                 move_to_stream(&session, response).await;
             });
-            accepted()
         }
         MessageKind::Notification => {
             x.discard();
-            notification(app, &session, &env, &body).await;
-            accepted()
+            notification(&app, &session, &env, &body).await;
         }
         MessageKind::Response | MessageKind::Error => {
             x.discard();
-            super::answer(app, &who, &session, &env, &body).await;
-            accepted()
+            super::answer(&app, &who, &session, &env, &body).await;
         }
     }
+    Ok(accepted())
 }
 
 /// Feeds the session's stream 0 into the `/sse` response; when the client

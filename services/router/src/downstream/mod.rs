@@ -42,12 +42,12 @@ use switchboard_protocol::sse::EventId;
 use switchboard_protocol::{Method, ProtocolVersion};
 use switchboard_session::Session;
 
-use self::transport::{accepts_sse, check_origin, check_version, reject, PROTOCOL_VERSION};
+use self::transport::{accepts_sse, check_origin, check_version, PROTOCOL_VERSION};
 use crate::app::App;
 use crate::body::Body;
 use crate::config::ResponseMode;
 use crate::error::Error;
-use crate::exchange::Exchange;
+use crate::exchange::{Exchange, Refusal};
 
 static LAST_EVENT_ID: http::HeaderName = http::HeaderName::from_static("last-event-id");
 
@@ -81,75 +81,53 @@ fn stateless_only(headers: &HeaderMap) -> bool {
             .is_some_and(ProtocolVersion::is_modern)
 }
 
-/// A POST to `/mcp`: the phases in order.
+/// A POST to `/mcp`.
 async fn post(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
-    let started = Instant::now();
     let (parts, body) = req.into_parts();
-    let headers = &parts.headers;
+    let x = Exchange::new(app, Instant::now());
+    post_phases(x, &parts.headers, body).await.unwrap_or_else(|refusal| *refusal)
+}
 
+/// The phases of a POST to `/mcp`, in order; `Err` is a refusal to send.
+async fn post_phases(mut x: Exchange, headers: &HeaderMap, body: Incoming) -> Result<Response<Body>, Refusal> {
     // 1. Transport checks.
-    let body = match transport::receive(app, headers, body).await {
-        Ok(body) => body,
-        Err(response) => return response,
-    };
-
+    let body = x.receive(headers, body).await?;
     // 2. The envelope.
-    let env = match Envelope::parse(&body) {
-        Ok(env) => env,
-        Err(e) => return reject(app, None, Error::Parse(e)),
-    };
-    let mut x = Exchange::new(app, started);
-
+    let env = x.parse(&body)?;
     // A stateless (2026-07-28) request takes its own session phase.
     if stateless_client::is_stateless(headers, &env) {
-        return stateless_client::post(x, headers, &env, &body).await;
+        return Ok(stateless_client::post(x, headers, &env, &body).await);
     }
-
     // 3. Who is calling.
-    if let Err(e) = x.authenticate(headers) {
-        return x.refuse(headers, Some(&env), body.len(), e, "POST");
-    }
-
-    // 4. The session: `initialize` makes one.
+    x.authenticate(headers).map_err(|e| x.refuse(headers, Some(&env), body.len(), e, "POST"))?;
+    // 4. The session: `initialize` makes one; anything else names one.
     if env.kind == MessageKind::Request && env.method_str() == "initialize" {
-        if let Err(e) = x.admit(&env).await {
-            return x.refuse(headers, Some(&env), body.len(), e, "POST");
-        }
-        return lists::initialize(x, &env).await;
+        x.admit(&env).await.map_err(|e| x.refuse(headers, Some(&env), body.len(), e, "POST"))?;
+        return Ok(lists::initialize(x, &env).await);
     }
-    let session = match x.find_session(headers).await {
-        Ok(session) => session,
-        Err(e) => return x.reject(env.id, e),
-    };
-    if let Err(e) = check_version(headers) {
-        return x.reject(env.id, e);
-    }
+    let session = x.find_session(headers).await.map_err(|e| x.reject(env.id, e))?;
+    check_version(headers).map_err(|e| x.reject(env.id, e))?;
     session.touch();
-
     // 5. Admission, then 6–8 by what the message is.
     match env.kind {
         MessageKind::Request => {
-            if let Err(e) = x.admit(&env).await {
-                return x.refuse(headers, Some(&env), body.len(), e, "POST");
-            }
+            x.admit(&env).await.map_err(|e| x.refuse(headers, Some(&env), body.len(), e, "POST"))?;
             let accepts_sse = accepts_sse(headers);
+            let sse = accepts_sse && x.app().config.server.response_mode == ResponseMode::Sse;
             let response = request(x, headers, &session, &env, &body, accepts_sse).await;
-            if accepts_sse && app.config.server.response_mode == ResponseMode::Sse {
-                respond::as_sse(response)
-            } else {
-                response
-            }
+            Ok(if sse { respond::as_sse(response) } else { response })
         }
         MessageKind::Notification => {
+            let app = x.app().clone();
             x.discard();
-            notification(app, &session, &env, &body).await;
-            respond::accepted()
+            notification(&app, &session, &env, &body).await;
+            Ok(respond::accepted())
         }
         MessageKind::Response | MessageKind::Error => {
-            let who = x.principal().expect("authenticated").clone();
+            let (app, who) = (x.app().clone(), x.principal().expect("authenticated").clone());
             x.discard();
-            answer(app, &who, &session, &env, &body).await;
-            respond::accepted()
+            answer(&app, &who, &session, &env, &body).await;
+            Ok(respond::accepted())
         }
     }
 }
@@ -309,18 +287,33 @@ pub(crate) async fn answer(app: &Arc<App>, who: &Principal, session: &Arc<Sessio
     }
 }
 
-/// GET: the session's stream of messages not tied to a request.
-async fn get(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
+/// The phases a GET or DELETE goes through (it has no body): `Origin`,
+/// authenticate, the session it names (`http` names it in the audit record
+/// of a refusal).
+async fn session_phases(
+    app: &Arc<App>,
+    headers: &HeaderMap,
+    http: &'static str,
+) -> Result<(Exchange, Arc<Session>), Response<Body>> {
     let mut x = Exchange::new(app, Instant::now());
     if let Err(e) = check_origin(app, headers) {
-        return x.reject(None, e);
+        return Err(x.reject(None, e));
     }
     if let Err(e) = x.authenticate(headers) {
-        return x.refuse(headers, None, 0, e, "GET /mcp");
+        return Err(x.refuse(headers, None, 0, e, http));
     }
-    let session = match x.find_session(headers).await {
-        Ok(session) => session,
-        Err(e) => return x.reject(None, e),
+    // Loaded if another replica created it; another tenant's is unknown.
+    match x.find_session(headers).await {
+        Ok(session) => Ok((x, session)),
+        Err(e) => Err(x.reject(None, e)),
+    }
+}
+
+/// GET: the session's stream of messages not tied to a request.
+async fn get(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
+    let (mut x, session) = match session_phases(app, headers, "GET /mcp").await {
+        Ok(found) => found,
+        Err(response) => return response,
     };
     if let Err(e) = check_version(headers) {
         return x.reject(None, e);
@@ -342,18 +335,9 @@ async fn get(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
 
 /// DELETE: ends the session and its upstream sessions.
 async fn delete(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
-    let mut x = Exchange::new(app, Instant::now());
-    if let Err(e) = check_origin(app, headers) {
-        return x.reject(None, e);
-    }
-    if let Err(e) = x.authenticate(headers) {
-        return x.refuse(headers, None, 0, e, "DELETE /mcp");
-    }
-    // Checks the session exists and is this tenant's (loading it if another
-    // replica created it).
-    let session = match x.find_session(headers).await {
-        Ok(session) => session,
-        Err(e) => return x.reject(None, e),
+    let (mut x, session) = match session_phases(app, headers, "DELETE /mcp").await {
+        Ok(found) => found,
+        Err(response) => return response,
     };
     // Ended everywhere, or (the store unreachable) nowhere: the client retries.
     if let Err(e) = app.sessions.delete(&session).await {

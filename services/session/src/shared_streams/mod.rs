@@ -283,27 +283,19 @@ impl SharedStreams {
 
     /// Queues a message for a session's stream 0 (numbered by Redis).
     pub fn push(&self, session: &Arc<str>, message: Bytes) {
-        self.enqueue(Op::Append {
-            session: session.clone(),
-            stream: 0,
-            seq: None,
-            encoded: false,
-            data: message,
-            dedupe: None,
-        });
+        self.append_to_stream_zero(session, message, None);
     }
 
     /// Queues an announcement (a list change) for a session's stream 0: the
     /// same announcement from several replicas within a moment is sent once.
     pub fn announce(&self, session: &Arc<str>, message: Bytes, what: &'static str) {
-        self.enqueue(Op::Append {
-            session: session.clone(),
-            stream: 0,
-            seq: None,
-            encoded: false,
-            data: message,
-            dedupe: Some(what),
-        });
+        self.append_to_stream_zero(session, message, Some(what));
+    }
+
+    fn append_to_stream_zero(&self, session: &Arc<str>, message: Bytes, dedupe: Option<&'static str>) {
+        let append =
+            Op::Append { session: session.clone(), stream: 0, seq: None, encoded: false, data: message, dedupe };
+        self.enqueue(append);
     }
 
     /// Queues an event of a spilled stream, already encoded, with its number.

@@ -43,7 +43,7 @@ use tokio::sync::mpsc;
 use super::{stamp, Validated};
 use crate::app::App;
 use crate::body::Body;
-use crate::downstream::forward::Call;
+use crate::downstream::forward::{self, Call};
 use crate::downstream::resolve::{self, Resolved};
 use crate::downstream::respond;
 use crate::error::Error;
@@ -205,13 +205,9 @@ pub(super) async fn bridged(
         Err(e) => return x.fail_as(Some(id), &e.into(), Outcome::Error),
     };
     session.touch();
-    let channel = match session.channel(u).await.map_err(Error::from) {
+    let channel = match forward::channel(&session, u).await {
         Ok(channel) => channel,
-        Err(e) => {
-            let outcome =
-                if matches!(e, Error::UpstreamTimeout { .. }) { Outcome::Timeout } else { Outcome::UpstreamFailed };
-            return x.fail_as(Some(id), &e, outcome);
-        }
+        Err((e, outcome)) => return x.fail_as(Some(id), &e, outcome),
     };
     // Many clients share the tenant session: the call gets an id of its own,
     // and so does its progress token (two clients' token 1 must not meet on
