@@ -55,7 +55,7 @@ enum Served {
 struct InFlight {
     session: Arc<Session>,
     upstream: UpstreamId,
-    /// The message sent, and where its id sits in it.
+    /// A message that carries the request's id, and where.
     message: Bytes,
     id: Range<usize>,
 }
@@ -205,7 +205,8 @@ impl Exchange {
     }
 
     /// Notes the request in flight on `session`'s channel to `upstream`:
-    /// `message` as sent, its id at `id`.
+    /// its id is at `id` in `message` (the request as sent, or as the client
+    /// sent it: the id is the same).
     pub fn in_flight(&mut self, session: &Arc<Session>, upstream: UpstreamId, message: &Bytes, id: Range<usize>) {
         session.begin(&message[id.clone()], upstream);
         self.inflight = Some(InFlight { session: session.clone(), upstream, message: message.clone(), id });
@@ -304,23 +305,18 @@ impl Exchange {
             }
         }
         let elapsed = self.started.elapsed();
-        let upstream = match &self.served {
-            Served::Router => {
-                self.app.metrics.request(self.method, None).record(outcome, elapsed);
-                None
-            }
-            Served::Upstream(u) => {
-                self.app.metrics.request(self.method, Some(*u)).record(outcome, elapsed);
-                Some(self.app.upstreams[*u].name.to_string())
-            }
-            Served::Local(name) => {
-                self.app.metrics.edge.call(outcome, elapsed);
-                Some(name.to_string())
-            }
-        };
+        match &self.served {
+            Served::Router => self.app.metrics.request(self.method, None).record(outcome, elapsed),
+            Served::Upstream(u) => self.app.metrics.request(self.method, Some(*u)).record(outcome, elapsed),
+            Served::Local(_) => self.app.metrics.edge.call(outcome, elapsed),
+        }
         self.permit = None;
         if let (Some(mut record), Some(audit)) = (self.record.take(), self.app.audit.as_ref()) {
-            record.upstream = upstream;
+            record.upstream = match &self.served {
+                Served::Router => None,
+                Served::Upstream(u) => Some(self.app.upstreams[*u].name.to_string()),
+                Served::Local(name) => Some(name.to_string()),
+            };
             record.outcome = outcome.label().to_owned();
             record.error_code = error_code;
             record.latency_us = elapsed.as_micros() as i64;

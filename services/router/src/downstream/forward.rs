@@ -13,7 +13,7 @@ use http::Response;
 use serde_json::value::RawValue;
 use serde_json::Value;
 use switchboard_core::{Outcome, UpstreamId};
-use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind};
+use switchboard_protocol::jsonrpc::{self, span, Envelope, MessageKind};
 use switchboard_protocol::{Method, ProtocolVersion};
 use switchboard_session::events::Log;
 use switchboard_session::Session;
@@ -72,7 +72,9 @@ pub async fn forward(
         Err((e, outcome)) => return x.fail_as(Some(id), &e, outcome),
     };
     let deadline = tokio::time::Instant::now() + upstream.config.timeout;
-    x.in_flight(session, u, &resolved.body, resolved.id.clone());
+    // Noted by its id in the client's body (shared, not copied): the same
+    // id the rewritten body carries.
+    x.in_flight(session, u, body, span(body, id.get()));
     let out = Outgoing { body: resolved.body, method, id: resolved.id, progress_token: resolved.progress_token };
     match tokio::time::timeout_at(deadline, channel.request(out)).await {
         Err(_) => {
