@@ -411,6 +411,20 @@ impl Client {
         req
     }
 
+    /// POSTs `message` and tells a failed exchange (the connection refused
+    /// or cut: `Err` with the cause) from an answer; waits at most `wait`
+    /// (`Err("timed out")` then, never mistaken for a cut connection).
+    pub async fn try_post(&self, message: Value, wait: Duration) -> Result<Reply, String> {
+        let req = self.build(Method::POST, serde_json::to_vec(&message).expect("json").into(), &[], true);
+        let exchange = async {
+            let resp = self.http.request(req).await.map_err(|e| format!("request failed: {e:?}"))?;
+            let (parts, body) = resp.into_parts();
+            let body = body.collect().await.map_err(|e| format!("body failed: {e:?}"))?.to_bytes();
+            Ok(Reply { status: parts.status, headers: parts.headers, body })
+        };
+        tokio::time::timeout(wait, exchange).await.unwrap_or_else(|_| Err("timed out".into()))
+    }
+
     /// Sends any request to `/mcp` with the session headers.
     pub async fn send(&self, method: Method, body: Bytes, headers: &[(&str, &str)]) -> Reply {
         let req = self.build(method, body, headers, true);
@@ -475,14 +489,14 @@ impl Client {
             return (
                 parts.status,
                 parts.headers,
-                EventStream { body: Some(body), decoder: sse::Decoder::new(usize::MAX) },
+                EventStream { body: Some(body), decoder: sse::Decoder::new(usize::MAX), ended: false },
             );
         }
         // Present a JSON answer as a single event.
         let whole = body.collect().await.expect("body").to_bytes();
         let mut decoder = sse::Decoder::new(usize::MAX);
         decoder.push(&sse::encode_event(None, None, &whole));
-        (parts.status, parts.headers, EventStream { body: None, decoder })
+        (parts.status, parts.headers, EventStream { body: None, decoder, ended: true })
     }
 
     /// A plain SSE GET on this client's URL with extra headers (for the
@@ -498,7 +512,7 @@ impl Client {
         }
         let resp = self.http.request(req).await.expect("GET");
         assert_eq!(resp.status(), StatusCode::OK, "GET {}", self.url);
-        EventStream { body: Some(resp.into_body()), decoder: sse::Decoder::new(usize::MAX) }
+        EventStream { body: Some(resp.into_body()), decoder: sse::Decoder::new(usize::MAX), ended: false }
     }
 
     /// Opens the session's GET stream.
@@ -525,7 +539,7 @@ impl Client {
         if last_event_id.is_none() {
             assert_eq!(status, StatusCode::OK, "GET stream");
         }
-        (status, EventStream { body: Some(resp.into_body()), decoder: sse::Decoder::new(usize::MAX) })
+        (status, EventStream { body: Some(resp.into_body()), decoder: sse::Decoder::new(usize::MAX), ended: false })
     }
 
     fn authorize(&self, h: &mut HeaderMap) {
@@ -544,6 +558,8 @@ impl Client {
 pub struct EventStream {
     body: Option<hyper::body::Incoming>,
     decoder: sse::Decoder,
+    /// The response body has ended (or failed): nothing more can arrive.
+    ended: bool,
 }
 
 impl EventStream {
@@ -571,7 +587,27 @@ impl EventStream {
                         self.decoder.push(&data);
                     }
                 }
-                _ => return None,
+                Ok(_) => {
+                    self.ended = true;
+                    self.body = None;
+                    return None;
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Every message until the stream ends; `None` if it has not ended
+    /// within `wait` (so "the stream ends" is told apart from "nothing came").
+    pub async fn until_end(&mut self, wait: Duration) -> Option<Vec<Value>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut messages = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.next(left).await {
+                Some(message) => messages.push(message),
+                None if self.ended => return Some(messages),
+                None => return None,
             }
         }
     }

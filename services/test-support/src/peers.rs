@@ -47,21 +47,14 @@ pub fn scripts_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../router/tests/peers")
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
-/// Waits until something listens on `port`.
-pub async fn wait_for_port(port: u16, wait: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + wait;
-    while tokio::time::Instant::now() < deadline {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
+/// A port on 127.0.0.1 where nothing listens, held for as long as the
+/// returned socket lives: the socket is bound to it but does not listen, so
+/// connections are refused and no parallel test can take the port meanwhile.
+pub fn closed_port() -> (tokio::net::TcpSocket, u16) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind("127.0.0.1:0".parse().expect("address")).expect("bind");
+    let port = socket.local_addr().expect("addr").port();
+    (socket, port)
 }
 
 /// A child process killed when dropped.
@@ -85,34 +78,98 @@ impl Process {
     }
 }
 
-/// `@modelcontextprotocol/server-everything` over Streamable HTTP on a free port.
-/// Returns the process and its `/mcp` URL.
+impl Process {
+    /// Starts a server told to listen on port 0 and waits until it names the
+    /// address it bound in a line of its output (stderr, then stdout) that
+    /// contains `marker` followed by `http://ADDR/`. Binding port 0 in the
+    /// server itself, not picking a free port for it beforehand, is what
+    /// keeps parallel tests from racing for one port. The rest of its output
+    /// is drained (and echoed when `SWITCHBOARD_TEST_VERBOSE` is set).
+    pub async fn spawn_announced(
+        program: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        marker: &str,
+    ) -> (Process, std::net::SocketAddr) {
+        use tokio::io::{AsyncBufReadExt, BufReader};
+        let verbose = std::env::var_os("SWITCHBOARD_TEST_VERBOSE").is_some();
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", program.display()));
+        let (found, mut found_rx) = tokio::sync::mpsc::unbounded_channel::<std::net::SocketAddr>();
+        let outputs: [Box<dyn tokio::io::AsyncRead + Unpin + Send>; 2] =
+            [Box::new(child.stderr.take().expect("stderr")), Box::new(child.stdout.take().expect("stdout"))];
+        for output in outputs {
+            let found = found.clone();
+            let marker = format!("{marker} http://");
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(output).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if verbose {
+                        eprintln!("{line}");
+                    }
+                    if let Some(at) = line.find(&marker) {
+                        let rest = &line[at + marker.len()..];
+                        let addr = rest.split(['/', ' ']).next().unwrap_or_default();
+                        if let Ok(addr) = addr.parse() {
+                            let _ = found.send(addr);
+                        }
+                    }
+                }
+            });
+        }
+        drop(found);
+        let name = program.display().to_string();
+        let addr = tokio::time::timeout(Duration::from_secs(30), found_rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{name} did not say where it listens within 30 s"))
+            .unwrap_or_else(|| panic!("{name} ended before saying where it listens"));
+        (Process { child }, addr)
+    }
+}
+
+/// `@modelcontextprotocol/server-everything` (`streamableHttp` or `sse`) on
+/// `port`, 0 for one of its own choosing; returns the process and its port.
+pub async fn everything(mode: &str, port: u16) -> (Process, u16) {
+    let preload = format!("--require {}", scripts_dir().join("announce_port.cjs").display());
+    let (process, addr) = Process::spawn_announced(
+        &node_bin("mcp-server-everything"),
+        &[mode],
+        &[("PORT", &port.to_string()), ("NODE_OPTIONS", &preload)],
+        "node peer listening on",
+    )
+    .await;
+    (process, addr.port())
+}
+
+/// `@modelcontextprotocol/server-everything` over Streamable HTTP on a port of
+/// its own. Returns the process and its `/mcp` URL.
 pub async fn everything_http() -> (Process, String) {
-    let port = free_port();
-    let process =
-        Process::spawn(&node_bin("mcp-server-everything"), &["streamableHttp"], &[("PORT", &port.to_string())]);
-    assert!(wait_for_port(port, Duration::from_secs(30)).await, "server-everything did not start on port {port}");
+    let (process, port) = everything("streamableHttp", 0).await;
     (process, format!("http://127.0.0.1:{port}/mcp"))
 }
 
-/// `@modelcontextprotocol/server-everything` over legacy HTTP+SSE on a free
-/// port. Returns the process and its `/sse` URL.
+/// `@modelcontextprotocol/server-everything` over legacy HTTP+SSE on a port
+/// of its own. Returns the process and its `/sse` URL.
 pub async fn everything_sse() -> (Process, String) {
-    let port = free_port();
-    let process = Process::spawn(&node_bin("mcp-server-everything"), &["sse"], &[("PORT", &port.to_string())]);
-    assert!(wait_for_port(port, Duration::from_secs(30)).await, "server-everything did not start on port {port}");
+    let (process, port) = everything("sse", 0).await;
     (process, format!("http://127.0.0.1:{port}/sse"))
 }
 
 /// `dual_era_server.py` (the Python SDK's `MCPServer`, serving 2025 sessions
-/// and 2026-07-28 stateless requests on one endpoint) on a free port.
+/// and 2026-07-28 stateless requests on one endpoint) on a port of its own.
 /// Returns the process and its `/mcp` URL.
 pub async fn dual_era_http() -> (Process, String) {
-    let port = free_port();
     let script = scripts_dir().join("dual_era_server.py");
-    let process = Process::spawn(&python(), &[script.to_str().expect("utf-8 path"), &port.to_string()], &[]);
-    assert!(wait_for_port(port, Duration::from_secs(30)).await, "dual_era_server.py did not start on port {port}");
-    (process, format!("http://127.0.0.1:{port}/mcp"))
+    let (process, addr) =
+        Process::spawn_announced(&python(), &[script.to_str().expect("utf-8 path"), "0"], &[], "Uvicorn running on")
+            .await;
+    (process, format!("http://{addr}/mcp"))
 }
 
 /// Runs one of the Python test clients against `url` with arguments and

@@ -11,9 +11,8 @@
 //! Tests never assume an empty server: every name is unique.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use sqlx::Connection;
 
@@ -75,7 +74,9 @@ impl TempDatabase {
     }
 }
 
-fn free_port() -> u16 {
+/// A port that was free a moment ago (the servers started on it make sure
+/// they got it).
+fn unused_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
@@ -106,6 +107,27 @@ fn pg_command(tool: &str) -> Command {
     }
 }
 
+/// `pg_ctl start` of the cluster in `dir` on `port`.
+fn pg_start(dir: &Path, port: u16) -> Result<(), String> {
+    let out = pg_command("pg_ctl")
+        .arg("-D")
+        .arg(dir.join("data"))
+        .arg("-o")
+        .arg(format!("-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off", port, dir.display()))
+        .arg("-l")
+        .arg(dir.join("log"))
+        .args(["-w", "-t", "30", "start"])
+        .stdout(Stdio::null())
+        .output()
+        .expect("pg_ctl start");
+    if out.status.success() {
+        Ok(())
+    } else {
+        let log = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
+        Err(format!("pg_ctl start on port {}: {}\n{log}", port, String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
 /// A PostgreSQL server of the test's own.
 pub struct PrivatePostgres {
     dir: PathBuf,
@@ -131,26 +153,25 @@ impl PrivatePostgres {
             .output()
             .expect("initdb (apt-get install postgresql)");
         assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
-        let port = free_port();
-        let pg = PrivatePostgres { url: format!("postgres://postgres@127.0.0.1:{port}/postgres"), dir, port };
-        pg.resume();
-        pg
+        // A port is picked, then bound by the server: another test may take
+        // it in between, and then the server fails to start (it never runs
+        // on a port someone else listens on). Try again on another port.
+        let mut failures = Vec::new();
+        for _ in 0..5 {
+            let port = unused_port();
+            match pg_start(&dir, port) {
+                Ok(()) => {
+                    return PrivatePostgres { url: format!("postgres://postgres@127.0.0.1:{port}/postgres"), dir, port }
+                }
+                Err(e) => failures.push(e),
+            }
+        }
+        panic!("pg_ctl start failed five times: {failures:#?}");
     }
 
     /// Starts the (stopped) server again, on the same port.
     pub fn resume(&self) {
-        let out = pg_command("pg_ctl")
-            .arg("-D")
-            .arg(self.dir.join("data"))
-            .arg("-o")
-            .arg(format!("-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off", self.port, self.dir.display()))
-            .arg("-l")
-            .arg(self.dir.join("log"))
-            .args(["-w", "-t", "30", "start"])
-            .stdout(Stdio::null())
-            .output()
-            .expect("pg_ctl start");
-        assert!(out.status.success(), "pg_ctl start: {}", String::from_utf8_lossy(&out.stderr));
+        pg_start(&self.dir, self.port).unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Stops the server at once (connections are cut).
@@ -181,28 +202,59 @@ pub struct PrivateRedis {
 
 impl PrivateRedis {
     pub fn start() -> PrivateRedis {
-        let port = free_port();
-        let mut redis = PrivateRedis { port, url: format!("redis://127.0.0.1:{port}"), child: None };
-        redis.resume();
-        redis
+        // As for PostgreSQL: a picked port may be taken before the server
+        // binds it; the server then says so and ends, and another is tried.
+        let mut failures = Vec::new();
+        for _ in 0..5 {
+            let port = unused_port();
+            let mut redis = PrivateRedis { port, url: format!("redis://127.0.0.1:{port}"), child: None };
+            match redis.try_resume() {
+                Ok(()) => return redis,
+                Err(e) => failures.push(e),
+            }
+        }
+        panic!("redis-server failed to start five times: {failures:#?}");
     }
 
     /// Starts the (stopped) server again, on the same port, empty.
     pub fn resume(&mut self) {
-        let child = Command::new("redis-server")
+        self.try_resume().unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Starts the server and waits until it says it accepts connections (on
+    /// its own port: a mere TCP connect could reach another test's server).
+    fn try_resume(&mut self) -> Result<(), String> {
+        use std::io::BufRead;
+        let mut child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server (apt-get install redis-server)");
-        self.child = Some(child);
-        for _ in 0..100 {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
+        let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut said = String::new();
+        let ready = loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    let ready = line.contains("Ready to accept connections");
+                    said.push_str(&line);
+                    said.push('\n');
+                    if ready {
+                        break true;
+                    }
+                }
+                _ => break false,
             }
-            std::thread::sleep(Duration::from_millis(50));
+        };
+        if !ready {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("redis-server on port {}:\n{said}", self.port));
         }
-        panic!("redis-server did not start on port {}", self.port);
+        // Keep reading its log so that it never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        self.child = Some(child);
+        Ok(())
     }
 
     /// Kills the server.

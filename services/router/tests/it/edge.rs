@@ -340,10 +340,10 @@ async fn a_device_that_drops_mid_call_fails_the_call_promptly_and_can_come_back(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reference_device_reconnects_to_a_restarted_router() {
     let dir = temp_dir("sb-edge-");
-    let port = switchboard_test_support::peers::free_port();
-    let config = config_on(&dir, port, "", "");
-    let (key, _) = tenants(&config).await;
-    let router = Router::start(&config).await;
+    let (key, _) = tenants(&config_on(&dir, 0, "", "")).await;
+    let router = Router::start(&config_on(&dir, 0, "", "")).await;
+    // The restarted router listens where the first one bound (port 0 there).
+    let config = config_on(&dir, router.edge_addr.unwrap().port(), "", "");
     let sandbox = dir.join("sandbox");
     let _device = reference_device(router.edge_addr.unwrap(), &key, "desk", &sandbox, &[]);
     assert!(eventually(Duration::from_secs(20), || async { connected_devices(&router).await == 1.0 }).await);

@@ -189,13 +189,9 @@ async fn progress_sampling_elicitation_subscriptions_and_colliding_clients_throu
 /// without the client re-initialising.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_restarted_mid_session_is_reinitialised() {
-    use switchboard_test_support::peers::{free_port, node_bin, wait_for_port, Process};
+    use switchboard_test_support::peers::everything;
     use switchboard_test_support::Client;
-    let port = free_port();
-    let start =
-        || Process::spawn(&node_bin("mcp-server-everything"), &["streamableHttp"], &[("PORT", &port.to_string())]);
-    let mut everything = start();
-    assert!(wait_for_port(port, std::time::Duration::from_secs(30)).await);
+    let (mut everything_process, port) = everything("streamableHttp", 0).await;
     let url = format!("http://127.0.0.1:{port}/mcp");
     let router = start_router(&http_upstream("everything", &url, "list_timeout = \"20s\"")).await;
     let mut client = Client::new(&router.url);
@@ -203,10 +199,10 @@ async fn an_upstream_restarted_mid_session_is_reinitialised() {
     let first = client.call_tool("everything__echo", json!({"message": "before"})).await;
     assert_eq!(first["result"]["content"][0]["text"], "Echo: before");
 
-    everything.child.kill().await.unwrap();
-    let _ = everything.child.wait().await;
-    let _restarted = start();
-    assert!(wait_for_port(port, std::time::Duration::from_secs(30)).await);
+    everything_process.child.kill().await.unwrap();
+    let _ = everything_process.child.wait().await;
+    // Restarted on the same port (the router's configuration names it).
+    let _restarted = everything("streamableHttp", port).await;
 
     let second = client.call_tool("everything__echo", json!({"message": "after"})).await;
     assert_eq!(second["result"]["content"][0]["text"], "Echo: after", "{second}");

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::StatusCode;
 use serde_json::{json, Value};
 use switchboard_test_support::{
@@ -231,17 +232,25 @@ async fn client_cancellations_reach_the_upstream_with_its_own_request_id() {
     let mut client = Client::new(&router.url);
     client.initialize().await;
     for upstream in ["web", "local"] {
-        let slow = client.clone();
         let tool = format!("{upstream}__progress");
-        let call = tokio::spawn(async move {
-            slow.post(json!({"jsonrpc": "2.0", "id": "cancel-me", "method": "tools/call",
-                "params": {"name": tool, "arguments": {"steps": 4, "interval_ms": 100}, "_meta": {"progressToken": "c"}}}))
-                .await
-        });
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        let call = json!({"jsonrpc": "2.0", "id": "cancel-me", "method": "tools/call",
+            "params": {"name": tool, "arguments": {"steps": 4, "interval_ms": 100}, "_meta": {"progressToken": "c"}}});
+        let (status, _, mut stream) = client.post_stream(Bytes::from(call.to_string()), &[]).await;
+        assert_eq!(status, StatusCode::OK);
+        // The first progress notification: the upstream has the request.
+        let first = stream.next(Duration::from_secs(10)).await.expect("progress");
+        assert_eq!(first["method"], "notifications/progress", "{first}");
         let note = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "cancel-me", "reason": "test"}});
         assert_eq!(client.post(note).await.status, StatusCode::ACCEPTED);
-        let _ = call.await;
+        // The mock ignores cancellations and finishes: the cancelled call's
+        // stream still ends (nothing hangs) and carries only its own messages.
+        let rest = stream.until_end(Duration::from_secs(10)).await.expect("the cancelled call's stream ends");
+        for message in &rest {
+            assert!(
+                message["method"] == "notifications/progress" || message["id"] == "cancel-me",
+                "{upstream}: {message}"
+            );
+        }
     }
     // Over HTTP the upstream session is the client's own: the id passes through.
     assert!(
@@ -372,7 +381,7 @@ async fn composite_cursors_page_through_every_upstream() {
 async fn a_down_or_slow_upstream_is_left_out_and_named_in_errors() {
     let up = MockServer::start(mock_named("up")).await;
     let slow = MockServer::start(MockOptions { list_delay: Duration::from_secs(3), ..mock_named("slow") }).await;
-    let dead_port = peers::free_port();
+    let (_held, dead_port) = peers::closed_port();
     let upstreams = format!(
         "{}{}{}",
         http_upstream("down", &format!("http://127.0.0.1:{dead_port}/mcp"), ""),

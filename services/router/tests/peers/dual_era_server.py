@@ -5,8 +5,9 @@ session (initialize, Mcp-Session-Id, server-to-client requests mid-call);
 sampling come back as input_required results the client answers by retrying).
 
 Usage: dual_era_server.py PORT
-  Serves http://127.0.0.1:PORT/mcp. Prints nothing to wait for: wait until
-  the port accepts connections (peers::wait_for_port).
+  Serves http://127.0.0.1:PORT/mcp. PORT 0 binds a port of its own choosing;
+  uvicorn's "Uvicorn running on http://127.0.0.1:N" line on stderr names it
+  (peers::dual_era_http waits for that line).
 
 Tools:   add(a, b)          -> "5" for a=2, b=3
          slow_count(n)      -> n progress notifications, then "counted n"

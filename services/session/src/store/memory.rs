@@ -1,6 +1,7 @@
 //! The session store of one replica: sessions in this process's memory.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,9 @@ use super::{Repair, SessionStore, StoreError, Stored, Touch};
 pub struct MemoryStore {
     idle: Duration,
     state: Mutex<MemoryState>,
+    /// How far this store's clock runs ahead of the real one
+    /// ([`SessionStore::skip_ahead`]).
+    ahead_ms: AtomicU64,
 }
 
 #[derive(Default)]
@@ -24,7 +28,11 @@ struct MemoryState {
 
 impl MemoryStore {
     pub fn new(idle: Duration) -> MemoryStore {
-        MemoryStore { idle, state: Mutex::default() }
+        MemoryStore { idle, state: Mutex::default(), ahead_ms: AtomicU64::new(0) }
+    }
+
+    fn now(&self) -> Instant {
+        Instant::now() + Duration::from_millis(self.ahead_ms.load(Ordering::Relaxed))
     }
 }
 
@@ -34,15 +42,19 @@ impl SessionStore for MemoryStore {
         false
     }
 
+    fn skip_ahead(&self, by: Duration) {
+        self.ahead_ms.fetch_add(by.as_millis() as u64, Ordering::Relaxed);
+    }
+
     async fn create(&self, id: &str, stored: &Stored) -> Result<(), StoreError> {
         let mut state = self.state.lock().expect("lock");
         state.gone.remove(id);
-        state.live.insert(id.to_owned(), (stored.clone(), Instant::now() + self.idle));
+        state.live.insert(id.to_owned(), (stored.clone(), self.now() + self.idle));
         Ok(())
     }
 
     async fn repair(&self, id: &str, stored: &Stored) -> Result<Repair, StoreError> {
-        let now = Instant::now();
+        let now = self.now();
         let mut state = self.state.lock().expect("lock");
         if state.gone.get(id).is_some_and(|until| *until > now) {
             return Ok(Repair::Ended);
@@ -58,7 +70,7 @@ impl SessionStore for MemoryStore {
     }
 
     async fn load(&self, id: &str) -> Result<Option<Stored>, StoreError> {
-        let now = Instant::now();
+        let now = self.now();
         let mut state = self.state.lock().expect("lock");
         match state.live.get_mut(id) {
             Some((stored, expires)) if *expires >= now => {
@@ -70,7 +82,7 @@ impl SessionStore for MemoryStore {
     }
 
     async fn touch(&self, id: &str) -> Result<Touch, StoreError> {
-        let now = Instant::now();
+        let now = self.now();
         let mut state = self.state.lock().expect("lock");
         let gone = state.gone.get(id).is_some_and(|until| *until > now);
         match state.live.get_mut(id) {
@@ -92,7 +104,7 @@ impl SessionStore for MemoryStore {
     }
 
     async fn remove(&self, id: &str) -> Result<Option<Stored>, StoreError> {
-        let now = Instant::now();
+        let now = self.now();
         let mut state = self.state.lock().expect("lock");
         let removed = state.live.remove(id).map(|(stored, _)| stored);
         if removed.is_some() {
@@ -102,7 +114,7 @@ impl SessionStore for MemoryStore {
     }
 
     async fn take_expired(&self, max: usize) -> Result<Vec<(String, Stored)>, StoreError> {
-        let now = Instant::now();
+        let now = self.now();
         let mut state = self.state.lock().expect("lock");
         state.gone.retain(|_, until| *until > now);
         let ids: Vec<String> =

@@ -2,6 +2,7 @@
 //! operation one Lua script (see the module docs of `store`).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,11 +16,14 @@ use super::{Repair, SessionStore, StoreError, Stored, Touch};
 /// (not Redis) ends it and can still read its upstream sessions.
 const HASH_GRACE_MS: u64 = 600_000;
 
-/// `now` in milliseconds by Redis's clock, and the idle time (ARGV[2]).
+/// `now` in milliseconds by Redis's clock, and the idle time: ARGV[2] is
+/// `IDLE:AHEAD`, the idle time and how far this store's clock runs ahead of
+/// Redis's (0 but in tests, see [`SessionStore::skip_ahead`]), in ms.
 const NOW: &str = r"
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local idle = tonumber(ARGV[2])
+local idle_ms, ahead_ms = string.match(ARGV[2], '^(%d+):(%d+)$')
+local idle = tonumber(idle_ms)
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ahead_ms)
 ";
 
 /// KEYS: hash, zset, tombstone. ARGV: id, idle ms, grace ms, repair (0/1),
@@ -97,6 +101,8 @@ return out
 pub struct RedisStore {
     link: Arc<RedisLink>,
     idle_ms: u64,
+    /// [`SessionStore::skip_ahead`]'s total, in ms.
+    ahead_ms: AtomicU64,
     zset: String,
     create: redis::Script,
     touch: redis::Script,
@@ -111,6 +117,7 @@ impl RedisStore {
         RedisStore {
             zset: format!("{}sessions", link.prefix),
             idle_ms: idle.as_millis().max(1) as u64,
+            ahead_ms: AtomicU64::new(0),
             create: script(CREATE),
             touch: script(TOUCH),
             set_field: redis::Script::new(SET_FIELD),
@@ -118,6 +125,11 @@ impl RedisStore {
             take_expired: script(TAKE_EXPIRED),
             link,
         }
+    }
+
+    /// ARGV[2] of the scripts that read the clock (see [`NOW`]).
+    fn idle_and_ahead(&self) -> String {
+        format!("{}:{}", self.idle_ms, self.ahead_ms.load(Ordering::Relaxed))
     }
 
     fn hash(&self, id: &str) -> String {
@@ -138,7 +150,7 @@ impl RedisStore {
     ) -> Result<(i64, Vec<String>), StoreError> {
         let mut invocation = script.prepare_invoke();
         invocation.key(self.hash(id)).key(&self.zset).key(self.tombstone(id));
-        invocation.arg(id).arg(self.idle_ms).arg(HASH_GRACE_MS).arg(flag);
+        invocation.arg(id).arg(self.idle_and_ahead()).arg(HASH_GRACE_MS).arg(flag);
         Ok(self
             .link
             .call(|mut c| async move {
@@ -151,7 +163,7 @@ impl RedisStore {
     async fn write(&self, id: &str, stored: &Stored, repair: bool) -> Result<i64, StoreError> {
         let mut invocation = self.create.prepare_invoke();
         invocation.key(self.hash(id)).key(&self.zset).key(self.tombstone(id));
-        invocation.arg(id).arg(self.idle_ms).arg(HASH_GRACE_MS).arg(if repair { "1" } else { "0" });
+        invocation.arg(id).arg(self.idle_and_ahead()).arg(HASH_GRACE_MS).arg(if repair { "1" } else { "0" });
         for (field, value) in fields(stored) {
             invocation.arg(field).arg(value);
         }
@@ -188,6 +200,10 @@ fn from_fields(flat: &[String]) -> Result<Option<Stored>, StoreError> {
 impl SessionStore for RedisStore {
     fn shared(&self) -> bool {
         true
+    }
+
+    fn skip_ahead(&self, by: Duration) {
+        self.ahead_ms.fetch_add(by.as_millis() as u64, Ordering::Relaxed);
     }
 
     async fn create(&self, id: &str, stored: &Stored) -> Result<(), StoreError> {
@@ -238,7 +254,7 @@ impl SessionStore for RedisStore {
     async fn take_expired(&self, max: usize) -> Result<Vec<(String, Stored)>, StoreError> {
         let mut invocation = self.take_expired.prepare_invoke();
         invocation.key(&self.zset);
-        invocation.arg(&self.link.prefix).arg(self.idle_ms).arg(max);
+        invocation.arg(&self.link.prefix).arg(self.idle_and_ahead()).arg(max);
         let taken: Vec<(String, Vec<String>)> =
             self.link.call(|mut c| async move { Ok(invocation.invoke_async(&mut c).await?) }).await?;
         let mut out = Vec::with_capacity(taken.len());

@@ -12,7 +12,7 @@ use http::StatusCode;
 use serde_json::{json, Value};
 use switchboard_core::redis::RedisLink;
 use switchboard_session::store::{MemoryStore, Record, RedisStore, Repair, SessionStore, Stored, Touch};
-use switchboard_test_support::peers::{free_port, wait_for_port, Process};
+use switchboard_test_support::peers::Process;
 use switchboard_test_support::services::{redis_url, unique, PrivateRedis};
 use switchboard_test_support::{
     eventually, get_text, http_upstream, mock_named, router_binary, Client, MockServer, Router, Stateless,
@@ -67,11 +67,12 @@ async fn store_contract(store: Arc<dyn SessionStore>, idle: Duration) {
     // Expiry slides with use, and each expired session goes to one sweeper.
     store.create("c", &sample("t2")).await.unwrap();
     store.set_upstream("c", "web", &upstream_session("c1")).await.unwrap();
-    tokio::time::sleep(idle * 6 / 10).await;
+    // The store's clock is moved, not waited for: no margin for a slow machine to eat.
+    store.skip_ahead(idle * 6 / 10);
     assert_eq!(store.touch("c").await.unwrap(), Touch::Alive);
-    tokio::time::sleep(idle * 6 / 10).await;
+    store.skip_ahead(idle * 6 / 10);
     assert!(store.take_expired(100).await.unwrap().is_empty(), "touched {:?} ago: still live", idle * 6 / 10);
-    tokio::time::sleep(idle * 12 / 10).await;
+    store.skip_ahead(idle * 6 / 10);
     let (first, second) = tokio::join!(store.take_expired(100), store.take_expired(100));
     let mut taken: Vec<(String, Stored)> = first.unwrap();
     taken.extend(second.unwrap());
@@ -93,7 +94,9 @@ async fn store_contract(store: Arc<dyn SessionStore>, idle: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_and_redis_stores_keep_the_same_contract() {
-    let idle = Duration::from_millis(500);
+    // Long enough that nothing expires by the real clock during the test
+    // (Redis's tombstones keep real time); expiry is reached with skip_ahead.
+    let idle = Duration::from_secs(60);
     store_contract(Arc::new(MemoryStore::new(idle)), idle).await;
     let link = RedisLink::new(&redis_url(), &unique("sbtest:"), Duration::from_secs(2)).unwrap();
     store_contract(Arc::new(RedisStore::new(link, idle)), idle).await;
@@ -234,28 +237,52 @@ async fn two_replicas_serve_one_session_alternately_on_one_upstream_session() {
     let deleted_before = web.mock.deleted_sessions();
     assert_eq!(on_b.delete().await, StatusCode::OK);
     assert_eq!(web.mock.deleted_sessions(), deleted_before + 1);
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    for client in [&on_a, &on_b] {
-        let reply = client.post(json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list"})).await;
-        assert_eq!(reply.status, StatusCode::NOT_FOUND, "{}", client.url);
-    }
+    // At b at once; at a once its cached view of the session (`cache`,
+    // 100 ms here) is checked against the store again.
+    let reply = on_b.post(json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list"})).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            on_a.post(json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list"})).await.status == StatusCode::NOT_FOUND
+        })
+        .await,
+        "the session ended at a too"
+    );
     a.stop().await;
     b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_session_expires_once_across_replicas_and_its_upstream_session_ends() {
-    let (web, a, b, on_a, on_b) = two_replicas("1s").await;
+    let (web, a, b, on_a, on_b) = two_replicas("3s").await;
     on_a.call_tool("web__echo", json!({})).await;
     on_b.call_tool("web__echo", json!({})).await;
     let deleted_before = web.mock.deleted_sessions();
-    // Kept alive by use on either replica.
-    for client in [&on_a, &on_b, &on_a, &on_b] {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        client.call_tool("web__echo", json!({})).await;
+    // Kept alive by use on either replica, for longer than the idle time.
+    // The pause is the client's pace of use (a tenth of the idle time, so
+    // only a stall of seconds could expire it), not a wait for an event.
+    let started = std::time::Instant::now();
+    for client in [&on_a, &on_b].into_iter().cycle() {
+        if started.elapsed() > Duration::from_secs(4) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let reply = client.call_tool("web__echo", json!({})).await;
+        assert!(reply["result"].is_object(), "a session in use does not expire: {reply}");
     }
     assert_eq!(web.mock.deleted_sessions(), deleted_before, "a session in use does not expire");
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async { web.mock.deleted_sessions() > deleted_before }).await,
+        "left idle, it expires and its upstream session is ended"
+    );
+    // Both replicas have let go of it (their sweeps ran): a second end of
+    // the upstream session would have happened by now.
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            a.metric("switchboard_sessions", &[]).await == 0.0 && b.metric("switchboard_sessions", &[]).await == 0.0
+        })
+        .await
+    );
     assert_eq!(web.mock.deleted_sessions(), deleted_before + 1, "its upstream session is ended exactly once");
     for client in [&on_a, &on_b] {
         let reply = client.post(json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list"})).await;
@@ -265,20 +292,25 @@ async fn an_idle_session_expires_once_across_replicas_and_its_upstream_session_e
     b.stop().await;
 }
 
-/// A router process (so that it can be killed), on a free port.
+/// A router process (so that it can be killed), on a port of its own choosing.
 async fn router_process(config: &str) -> (Process, String, tempfile_path::TempPath) {
-    let port = free_port();
     let file = tempfile_path::TempPath::new("switchboard-replica", ".toml");
+    // Warnings only, but the line saying where it listens.
     std::fs::write(
         &file.0,
-        format!("[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n[log]\nlevel = \"warn\"\n{config}"),
+        format!(
+            "[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n[log]\nlevel = \"warn,switchboard_router::server=info\"\n{config}"
+        ),
     )
     .unwrap();
-    let listen = format!("127.0.0.1:{port}");
-    let process =
-        Process::spawn(&router_binary(), &["serve", "--config", file.0.to_str().unwrap(), "--listen", &listen], &[]);
-    assert!(wait_for_port(port, Duration::from_secs(20)).await, "the router process did not start");
-    (process, format!("http://{listen}/mcp"), file)
+    let (process, addr) = Process::spawn_announced(
+        &router_binary(),
+        &["serve", "--config", file.0.to_str().unwrap(), "--listen", "127.0.0.1:0"],
+        &[],
+        "switchboard listening on",
+    )
+    .await;
+    (process, format!("http://{addr}/mcp"), file)
 }
 
 mod tempfile_path {
@@ -301,7 +333,8 @@ mod tempfile_path {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_mid_sequence_loses_nothing_it_answered_and_the_other_goes_on() {
     let web = MockServer::start(mock_named("web")).await;
-    let config = replica_config(&redis_url(), &unique("sbtest:"), &web.url, "30m");
+    let prefix = unique("sbtest:");
+    let config = replica_config(&redis_url(), &prefix, &web.url, "30m");
     let (mut killed, killed_url, _file) = router_process(&config).await;
     let survivor = Router::start(&config).await;
     let mut on_killed = Client::new(&killed_url);
@@ -320,16 +353,18 @@ async fn a_replica_killed_mid_sequence_loses_nothing_it_answered_and_the_other_g
     assert_eq!(text_of(&unseen.call_tool("web__echo", json!({"before": 1})).await), r#"{"before":1}"#);
     let upstream_inits = web.mock.initialize_count();
 
-    // A call in flight on the replica when it dies: it was never answered.
+    // A call in flight on the replica when it dies (the upstream has it): it
+    // was never answered.
+    let calls_before = web.mock.call_count();
     let in_flight = {
         let client = on_killed.clone();
         tokio::spawn(async move {
-            client
-                .post(json!({"jsonrpc": "2.0", "id": "doomed", "method": "tools/call",
-                "params": {"name": "web__sleep", "arguments": {"ms": 3000}}}))
-                .await
+            let doomed = json!({"jsonrpc": "2.0", "id": "doomed", "method": "tools/call",
+                "params": {"name": "web__sleep", "arguments": {"ms": 3000}}});
+            client.try_post(doomed, Duration::from_secs(20)).await
         })
     };
+    assert!(eventually(Duration::from_secs(10), || async { web.mock.call_count() > calls_before }).await);
     // And a call answered as SSE: its events so far were sent, so they were promised.
     let mut streamed = progress_call(&on_killed, 50, 100, "k").await;
     let mut seen = Vec::new();
@@ -343,11 +378,30 @@ async fn a_replica_killed_mid_sequence_loses_nothing_it_answered_and_the_other_g
         seen.push(message["params"]["progress"].as_u64().expect("progress"));
         first_id = first_id.or(event.id);
     }
-    // Copies to Redis go behind the stream (milliseconds): let them catch up.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Copies to Redis go behind the stream (milliseconds): wait until the
+    // events the client saw are there (the entries of the session's event
+    // logs; the key layout is the one thing this test knows of the inside).
+    let session = on_killed.session.clone().unwrap();
+    let redis = redis::Client::open(redis_url()).unwrap();
+    let conn = redis.get_multiplexed_async_connection().await.unwrap();
+    let copied = eventually(Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        let pattern = format!("{prefix}ev:{session}:*");
+        async move {
+            let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query_async(&mut conn).await.unwrap();
+            let mut entries = 0u64;
+            for key in keys {
+                entries += redis::cmd("XLEN").arg(&key).query_async::<u64>(&mut conn).await.unwrap_or(0);
+            }
+            entries >= 3
+        }
+    });
+    assert!(copied.await, "the stream's events reach Redis");
     killed.child.start_kill().unwrap();
     killed.child.wait().await.unwrap();
-    assert!(in_flight.await.is_err(), "the call in flight died with its replica (no answer was promised)");
+    let doomed = in_flight.await.unwrap();
+    let cause = doomed.expect_err("the call in flight died with its replica (no answer was promised)");
+    assert_ne!(cause, "timed out", "the connection was cut, not left hanging");
     // Resumed at the survivor after the first event: every event the dead
     // replica sent comes again, then the stream ends (its request will
     // never be answered) instead of hanging.
@@ -407,7 +461,6 @@ async fn redis_restarting_costs_no_live_session() {
     let last_id = last_id.expect("an update on the GET stream before the outage");
 
     redis.stop();
-    tokio::time::sleep(Duration::from_millis(200)).await;
     // An update during the outage waits in A's queue; a GET elsewhere
     // cannot be served and says so.
     touch(old.clone()).await;
@@ -456,6 +509,9 @@ async fn redis_restarting_costs_no_live_session() {
     assert_eq!(text_of(&echoed), r#"{"new":2}"#);
     // Both replicas held the old session: each checks it against the store
     // again, one finding it written back by the other, and it goes on at both.
+    // This waits out the replicas' session cache (100 ms): what is tested
+    // is the check against the store made once it is stale, which no event
+    // announces.
     tokio::time::sleep(Duration::from_millis(150)).await;
     for url in [&a.url, &b.url, &a.url, &b.url] {
         let echoed = at(&old, url).call_tool("web__echo", json!({"after": "restart"})).await;
@@ -483,16 +539,17 @@ async fn served_by(client: &Client) -> String {
     }
 }
 
-/// A mock upstream process named `name` on a free port; returns it and its URL.
+/// A mock upstream process named `name` on a port of its own choosing;
+/// returns it and its URL.
 async fn mock_process(name: &str) -> (Process, String) {
-    let port = free_port();
-    let process = Process::spawn(
+    let (process, addr) = Process::spawn_announced(
         &switchboard_test_support::mock_binary(),
-        &["--http", &format!("127.0.0.1:{port}"), "--name", name],
+        &["--http", "127.0.0.1:0", "--name", name],
         &[],
-    );
-    assert!(wait_for_port(port, Duration::from_secs(10)).await, "mock {name} did not start");
-    (process, format!("http://127.0.0.1:{port}/mcp"))
+        "switchboard-mock listening on",
+    )
+    .await;
+    (process, format!("http://{addr}/mcp"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -557,6 +614,7 @@ async fn sigterm_drains_a_replica_hands_its_streams_off_and_leaves_its_sessions_
     let (inits, deletes) = (web.mock.initialize_count(), web.mock.deleted_sessions());
 
     // A call in flight when SIGTERM arrives is finished, not cut.
+    let calls_before = web.mock.call_count();
     let in_flight = {
         let client = client.clone();
         tokio::spawn(async move { client.call_tool("web__sleep", json!({"ms": 1500})).await })
@@ -591,7 +649,8 @@ async fn sigterm_drains_a_replica_hands_its_streams_off_and_leaves_its_sessions_
         let event = streamed.next_event(Duration::from_secs(5)).await.expect("the first progress event");
         assert!(read(event, &mut progress, &mut last_id).is_none());
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Both calls are at the upstream before the signal.
+    assert!(eventually(Duration::from_secs(10), || async { web.mock.call_count() >= calls_before + 2 }).await);
     let pid = nix::unistd::Pid::from_raw(draining.child.id().expect("running") as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let finished = in_flight.await.expect("the call in flight got its answer");

@@ -106,13 +106,13 @@ async fn a_request_stream_left_at_one_replica_resumes_at_the_other() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancellation_sent_to_another_replica_reaches_the_request() {
     let (web, a, b, on_a, on_b) = two_replicas("30m").await;
-    let slow = on_a.clone();
-    let call = tokio::spawn(async move {
-        slow.post(json!({"jsonrpc": "2.0", "id": "cancel-me", "method": "tools/call",
-            "params": {"name": "web__progress", "arguments": {"steps": 10, "interval_ms": 100}, "_meta": {"progressToken": "c"}}}))
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    let call = json!({"jsonrpc": "2.0", "id": "cancel-me", "method": "tools/call",
+        "params": {"name": "web__progress", "arguments": {"steps": 10, "interval_ms": 100}, "_meta": {"progressToken": "c"}}});
+    let (status, _, mut stream) = on_a.post_stream(bytes::Bytes::from(call.to_string()), &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    // The first progress notification: the upstream has the request.
+    let first = stream.next(Duration::from_secs(10)).await.expect("progress");
+    assert_eq!(first["method"], "notifications/progress", "{first}");
     let note = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
         "params": {"requestId": "cancel-me", "reason": "changed my mind"}});
     assert_eq!(on_b.post(note).await.status, StatusCode::ACCEPTED);
@@ -122,7 +122,9 @@ async fn a_cancellation_sent_to_another_replica_reaches_the_request() {
         "the upstream heard the cancellation sent through B: {:?}",
         web.mock.cancelled()
     );
-    let _ = call.await;
+    // The mock ignores cancellations: the call's stream at A still ends.
+    let rest = stream.until_end(Duration::from_secs(20)).await.expect("the cancelled call's stream ends");
+    assert!(rest.iter().all(|m| m["method"] == "notifications/progress" || m["id"] == "cancel-me"), "{rest:?}");
     a.stop().await;
     b.stop().await;
 }
