@@ -5,6 +5,7 @@
 
 use bytes::BytesMut;
 use proptest::prelude::*;
+use proptest::test_runner::{FileFailurePersistence, TestCaseError};
 use switchboard_protocol::edge::{self, DecodeError, Decoder, Frame};
 
 const MAX: usize = 512;
@@ -32,33 +33,81 @@ fn spec() -> impl Strategy<Value = Spec> {
         .prop_map(|(kind, task, seq, text)| Spec { kind, task, seq, text })
 }
 
-/// Encodes specs: text as text frames (split as the encoder likes), other
-/// payloads as JSON strings. Returns the wire bytes and the frames expected.
 /// A decoded frame's type, task id and payload.
 type Decoded = (u8, [u8; 8], Vec<u8>);
 
-fn wire(specs: &[Spec]) -> (Vec<u8>, Vec<Decoded>) {
+/// What the wire should decode to, worked out from the specs alone (never
+/// from the decoder under test).
+#[derive(Debug)]
+enum Expect {
+    /// One frame, exactly.
+    Frame(Decoded),
+    /// A text written as text frames: `frames` of them, seqs counting up
+    /// from `seq`, each payload at most `TEXT_CHUNK` bytes with no `##`,
+    /// their payloads joined giving back `text`.
+    Text { task: [u8; 8], seq: u16, text: String, frames: usize },
+}
+
+impl Expect {
+    fn frames(&self) -> usize {
+        match self {
+            Expect::Frame(_) => 1,
+            Expect::Text { frames, .. } => *frames,
+        }
+    }
+}
+
+const TEXT_CHUNK: usize = 40;
+
+/// Encodes specs: text as text frames (split as the encoder likes), other
+/// payloads as JSON strings. Returns the wire bytes and what they hold.
+fn wire(specs: &[Spec]) -> (Vec<u8>, Vec<Expect>) {
     let mut out = BytesMut::new();
     let mut expected = Vec::new();
     for s in specs {
         if s.kind == edge::TEXT {
-            let mut chunk = BytesMut::new();
-            let n = edge::encode_text(&s.task, s.seq, &s.text, 40, &mut chunk);
-            let mut d = Decoder::new(MAX);
-            d.push(&chunk);
-            for _ in 0..n {
-                let f = d.next_frame().unwrap().unwrap();
-                expected.push((f.kind, f.task, f.payload.to_vec()));
-            }
-            out.extend_from_slice(&chunk);
+            let frames = edge::encode_text(&s.task, s.seq, &s.text, TEXT_CHUNK, &mut out);
+            expected.push(Expect::Text { task: s.task, seq: s.seq, text: s.text.clone(), frames });
         } else {
             let json = serde_json::to_vec(&s.text).unwrap();
             let payload = edge::guard_json(&json).into_owned();
             edge::encode(s.kind, &s.task, s.seq, &payload, &mut out);
-            expected.push((s.kind, s.task, payload));
+            expected.push(Expect::Frame((s.kind, s.task, payload)));
         }
     }
     (out.to_vec(), expected)
+}
+
+/// Checks decoded frames against what was expected, in order, all of them.
+fn check(frames: &[Frame], expected: &[Expect]) -> Result<(), TestCaseError> {
+    let wanted: usize = expected.iter().map(Expect::frames).sum();
+    prop_assert_eq!(frames.len(), wanted, "{:?}", frames);
+    let mut rest = frames;
+    for e in expected {
+        let (these, after) = rest.split_at(e.frames());
+        rest = after;
+        match e {
+            Expect::Frame(want) => {
+                let got = (these[0].kind, these[0].task, these[0].payload.to_vec());
+                prop_assert_eq!(&got, want);
+            }
+            Expect::Text { task, seq, text, frames } => {
+                prop_assert_eq!(*frames == 0, text.is_empty(), "an empty text writes no frame, others do");
+                let mut joined = Vec::new();
+                for (i, f) in these.iter().enumerate() {
+                    prop_assert_eq!(f.kind, edge::TEXT);
+                    prop_assert_eq!(&f.task, task);
+                    prop_assert_eq!(f.seq, ((*seq as usize + i) % 10_000) as u16);
+                    prop_assert!(f.payload.len() <= TEXT_CHUNK && !f.payload.is_empty(), "{:?}", f.payload);
+                    prop_assert!(!f.payload.windows(2).any(|w| w == b"##"), "no `##` in one frame: {:?}", f.payload);
+                    prop_assert!(std::str::from_utf8(&f.payload).is_ok(), "no character split: {:?}", f.payload);
+                    joined.extend_from_slice(&f.payload);
+                }
+                prop_assert_eq!(String::from_utf8(joined).unwrap(), text.clone());
+            }
+        }
+    }
+    Ok(())
 }
 
 fn drain(d: &mut Decoder, frames: &mut Vec<Frame>, errors: &mut Vec<DecodeError>) {
@@ -87,18 +136,23 @@ fn feed(bytes: &[u8], cuts: &[usize]) -> (Vec<Frame>, Vec<DecodeError>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
+    // Failures are kept next to this file (edge_fuzz.proptest-regressions,
+    // committed) and their seeds replayed first on every run.
+    #![proptest_config(ProptestConfig {
+        cases: 400,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
 
     /// Frames split at arbitrary points (and merged several per read) come
-    /// back exactly, with no error.
+    /// back exactly, with no error: text frames give back their text, JSON
+    /// payloads parse back to theirs.
     #[test]
     fn round_trip(specs in proptest::collection::vec(spec(), 0..8), cuts in proptest::collection::vec(any::<usize>(), 0..10)) {
         let (bytes, expected) = wire(&specs);
         let (frames, errors) = feed(&bytes, &cuts);
         prop_assert!(errors.is_empty(), "{errors:?}");
-        let got: Vec<Decoded> = frames.iter().map(|f| (f.kind, f.task, f.payload.to_vec())).collect();
-        prop_assert_eq!(got, expected);
-        // Joined text frames give back the text; JSON payloads parse back.
+        check(&frames, &expected)?;
         for s in &specs {
             if s.kind != edge::TEXT {
                 let f = frames.iter().find(|f| f.task == s.task && f.kind == s.kind && f.seq == s.seq).unwrap();
@@ -121,7 +175,7 @@ proptest! {
             expected.extend(e);
         }
         let (frames, errors) = feed(&bytes, &cuts);
-        prop_assert_eq!(frames.len(), expected.len());
+        check(&frames, &expected)?;
         prop_assert!(!errors.is_empty());
         prop_assert!(errors.iter().all(|e| matches!(e, DecodeError::Garbage { .. })), "{errors:?}");
         let skipped: usize = errors.iter().map(|e| match e { DecodeError::Garbage { skipped } => *skipped, _ => 0 }).sum();
@@ -139,8 +193,9 @@ proptest! {
         let mut bytes = first[..keep].to_vec();
         bytes.extend_from_slice(&second);
         let (frames, _) = feed(&bytes, &cuts);
-        let got: Vec<Decoded> = frames.iter().map(|f| (f.kind, f.task, f.payload.to_vec())).collect();
-        prop_assert!(got.ends_with(&expected), "{got:?}");
+        let n: usize = expected.iter().map(Expect::frames).sum();
+        prop_assert!(frames.len() >= n, "{frames:?}");
+        check(&frames[frames.len() - n..], &expected)?;
     }
 
     /// Any bytes at all: no panic, bounded buffer, and decoding resumes for
@@ -153,7 +208,7 @@ proptest! {
         let (good, expected) = wire(&[Spec { kind: edge::MCP, task: *b"mcp00001", seq: 1, text: "ok".into() }]);
         bytes.extend_from_slice(&good);
         let (frames, _) = feed(&bytes, &cuts);
-        let last = frames.last().map(|f| (f.kind, f.task, f.payload.to_vec()));
-        prop_assert_eq!(last, expected.into_iter().next());
+        prop_assert!(!frames.is_empty());
+        check(&frames[frames.len() - 1..], &expected)?;
     }
 }

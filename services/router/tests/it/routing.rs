@@ -323,17 +323,47 @@ async fn list_changed_invalidates_the_cache_and_tells_the_client_once() {
     let mut client = Client::new(&router.url);
     client.initialize().await;
     let mut stream = client.open_stream().await;
+    let uri = "web+mock://web/hello";
+    assert_eq!(client.call("resources/subscribe", json!({"uri": uri})).await["result"], json!({}));
     let before = client.tool_names().await;
     assert!(!before.contains(&"web__fresh".to_owned()));
     client.call_tool("web__add_tool", json!({"name": "fresh"})).await;
     let note = stream.next(Duration::from_secs(10)).await.expect("a list_changed notification");
     assert_eq!(note["method"], "notifications/tools/list_changed");
-    // Reported by the control session and by the client's own upstream session: told once.
-    assert!(stream.next(Duration::from_millis(300)).await.is_none(), "the change is announced once");
+    // Reported by the control session and by the client's own upstream
+    // session: told once. A resource update made afterwards is the next
+    // message, not a second list_changed.
+    let told = client.call_tool("web__touch", json!({"uri": "mock://web/hello"})).await;
+    assert_eq!(text_of(&told), "told 1 subscribers", "{told}");
+    let next = stream.next(Duration::from_secs(10)).await.expect("the resource update");
+    assert_eq!(next["method"], "notifications/resources/updated", "the change is announced once: {next}");
     let after = client.tool_names().await;
     assert!(after.contains(&"web__fresh".to_owned()), "{after:?}");
     assert_eq!(text_of(&client.call_tool("web__fresh", json!({"k": "v"})).await), r#"{"k":"v"}"#);
     router.stop().await;
+}
+
+/// Every tool name `client` lists, following cursors (pages at most `max`
+/// long), and the number of pages.
+async fn page_through(client: &Client, max: usize) -> (Vec<String>, usize) {
+    let mut names = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let params = match &cursor {
+            Some(c) => json!({"cursor": c}),
+            None => json!({}),
+        };
+        let page = client.call("tools/list", params).await;
+        let tools = page["result"]["tools"].as_array().unwrap_or_else(|| panic!("{page}"));
+        assert!(tools.len() <= max);
+        names.extend(tools.iter().map(|t| t["name"].as_str().unwrap().to_owned()));
+        pages += 1;
+        match page["result"]["nextCursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return (names, pages),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -346,26 +376,21 @@ async fn composite_cursors_page_through_every_upstream() {
     let router = Router::start(&format!("[catalog]\npage_size = 5\n{upstreams}")).await;
     let mut client = Client::new(&router.url);
     client.initialize().await;
-    let mut names = Vec::new();
-    let mut cursor: Option<String> = None;
-    let mut pages = 0;
-    loop {
-        let params = match &cursor {
-            Some(c) => json!({"cursor": c}),
-            None => json!({}),
-        };
-        let page = client.call("tools/list", params).await;
-        let tools = page["result"]["tools"].as_array().unwrap();
-        assert!(tools.len() <= 5);
-        names.extend(tools.iter().map(|t| t["name"].as_str().unwrap().to_owned()));
-        pages += 1;
-        match page["result"]["nextCursor"].as_str() {
-            Some(next) => cursor = Some(next.to_owned()),
-            None => break,
-        }
-    }
-    // 15 built-in tools each, plus 7 and 3 extra.
-    assert_eq!(names.len(), 15 + 7 + 15 + 3, "{names:?}");
+    let (names, pages) = page_through(&client, 5).await;
+    // Every tool of each upstream once, as the upstreams list them directly.
+    let direct = |url: String| async move {
+        let mut c = Client::new(&url);
+        c.initialize().await;
+        page_through(&c, usize::MAX).await.0
+    };
+    let (on_a, on_b) = (direct(a.url.clone()).await, direct(b.url.clone()).await);
+    assert!(on_a.len() > 5 && on_b.len() > 5, "more than a page each: {on_a:?} {on_b:?}");
+    let mut expected: Vec<String> =
+        on_a.iter().map(|n| format!("a__{n}")).chain(on_b.iter().map(|n| format!("b__{n}"))).collect();
+    let mut sorted = names.clone();
+    expected.sort();
+    sorted.sort();
+    assert_eq!(sorted, expected);
     assert_eq!(pages, names.len().div_ceil(5));
     let unique: std::collections::HashSet<_> = names.iter().collect();
     assert_eq!(unique.len(), names.len(), "no duplicates across pages");
@@ -474,7 +499,13 @@ async fn colliding_names_are_reported_and_the_first_upstream_wins() {
     client.initialize().await;
     let names = client.tool_names().await;
     assert_eq!(names.iter().filter(|n| *n == "echo").count(), 1, "{names:?}");
-    assert_eq!(names.len(), 15, "the second upstream's identical names are left out, not merged");
+    let mut direct = Client::new(&first.url);
+    direct.initialize().await;
+    assert_eq!(
+        names.len(),
+        direct.tool_names().await.len(),
+        "the second upstream's identical names are left out, not merged"
+    );
     client.call_tool("echo", json!({})).await;
     assert_eq!(first.mock.call_count(), 1);
     assert_eq!(second.mock.call_count(), 0);
@@ -639,6 +670,10 @@ async fn subscriptions_to_a_shared_stdio_upstream_are_counted_per_session() {
     b.initialize().await;
     let mut a_stream = a.open_stream().await;
     let mut b_stream = b.open_stream().await;
+    // A also follows another resource: its update is the marker that A's
+    // stream is flowing, after which A must not have heard of `uri`.
+    let other = "local+mock://local/other";
+    assert_eq!(a.call("resources/subscribe", json!({"uri": other})).await["result"], json!({}));
     assert_eq!(a.call("resources/subscribe", json!({"uri": uri})).await["result"], json!({}));
     assert_eq!(b.call("resources/subscribe", json!({"uri": uri})).await["result"], json!({}));
     // A leaves; the child must keep the subscription for B.
@@ -648,7 +683,9 @@ async fn subscriptions_to_a_shared_stdio_upstream_are_counted_per_session() {
     let update = b_stream.next(Duration::from_secs(5)).await.expect("B hears the update");
     assert_eq!(update["method"], "notifications/resources/updated");
     assert_eq!(update["params"]["uri"], uri);
-    assert!(a_stream.next(Duration::from_millis(300)).await.is_none(), "A unsubscribed and hears nothing");
+    assert_eq!(text_of(&b.call_tool("local__touch", json!({"uri": "mock://local/other"})).await), "told 1 subscribers");
+    let heard = a_stream.next(Duration::from_secs(5)).await.expect("A hears the other resource's update");
+    assert_eq!(heard["params"]["uri"], other, "A unsubscribed from {uri} and hears nothing of it: {heard}");
     // B leaves too: now the child is told, and nobody hears the next touch.
     b.call("resources/unsubscribe", json!({"uri": uri})).await;
     let told = b.call_tool("local__touch", json!({"uri": "mock://local/hello"})).await;
