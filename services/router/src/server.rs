@@ -20,10 +20,10 @@ use crate::body::Body;
 use crate::config::Config;
 use crate::downstream::{self, respond};
 
-/// Serves the router on `listener` until `shutdown` completes, then drains:
-/// new sessions are refused, GET streams end, requests in flight get up to
-/// `server.shutdown_grace` to finish, and upstream sessions and child
-/// processes are closed.
+/// Serves the router on `listener` until `shutdown` completes, then drains
+/// (still answering on `listener`): new sessions are refused, GET streams
+/// end, requests in flight get up to `server.shutdown_grace` to finish; then
+/// the listener closes, and upstream sessions and child processes are closed.
 pub async fn serve(listener: TcpListener, config: Config, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
     serve_with(listener, Listeners::default(), config, shutdown).await
 }
@@ -94,22 +94,8 @@ pub async fn serve_with(
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, _) = match accepted {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let app = app.clone();
-                let service = hyper::service::service_fn(move |req| {
-                    let app = app.clone();
-                    async move { Ok::<_, Infallible>(route(&app, req).await) }
-                });
-                let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service).into_owned());
+            accepted = accept(&listener) => {
+                let conn = graceful.watch(builder.serve_connection(TokioIo::new(accepted), service(&app)).into_owned());
                 tokio::spawn(async move {
                     if let Err(e) = conn.await {
                         tracing::debug!(error = %e, "connection ended with an error");
@@ -119,13 +105,36 @@ pub async fn serve_with(
             () = &mut shutdown => break,
         }
     }
-    drop(listener);
     tracing::info!("shutting down: draining requests in flight");
     app.begin_shutdown();
     let grace = app.config.server.shutdown_grace;
     let deadline = tokio::time::Instant::now() + grace;
-    let drained = tokio::time::timeout(grace, graceful.shutdown()).await.is_ok()
-        && app.sessions.wait_for_requests(deadline.saturating_duration_since(tokio::time::Instant::now())).await;
+    let drain = async {
+        tokio::time::timeout(grace, graceful.shutdown()).await.is_ok()
+            && app.sessions.wait_for_requests(deadline.saturating_duration_since(tokio::time::Instant::now())).await
+    };
+    tokio::pin!(drain);
+    // While draining, the listener stays open so that clients still sent
+    // here get an answer rather than a refused connection: new sessions and
+    // GET streams 503 (Retry-After), `/readyz` 503, requests of existing
+    // sessions served. One request per connection (no keep-alive).
+    let mut draining = auto::Builder::new(TokioExecutor::new());
+    draining.http1().keep_alive(false).timer(hyper_util::rt::TokioTimer::new());
+    draining.http2().timer(hyper_util::rt::TokioTimer::new());
+    let drained = loop {
+        tokio::select! {
+            drained = &mut drain => break drained,
+            accepted = accept(&listener) => {
+                let conn = draining.serve_connection(TokioIo::new(accepted), service(&app)).into_owned();
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                });
+            }
+        }
+    };
+    drop(listener);
     if !drained {
         tracing::warn!(?grace, "requests still in flight after the shutdown grace period; closing anyway");
     }
@@ -136,6 +145,34 @@ pub async fn serve_with(
     app.close().await;
     tracing::info!("shut down");
     Ok(())
+}
+
+/// The next connection (an accept error is logged and waited out briefly).
+async fn accept(listener: &TcpListener) -> tokio::net::TcpStream {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let _ = stream.set_nodelay(true);
+                return stream;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// The HTTP service of one connection: [`route`].
+fn service(
+    app: &Arc<App>,
+) -> impl hyper::service::Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone
+{
+    let app = app.clone();
+    hyper::service::service_fn(move |req| {
+        let app = app.clone();
+        async move { Ok::<_, Infallible>(route(&app, req).await) }
+    })
 }
 
 async fn route(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {

@@ -93,6 +93,14 @@ impl Router {
         format!("http://{}{}", self.addr, path)
     }
 
+    /// Starts the router's shutdown without waiting for it, so that a test
+    /// can watch it drain; [`Router::stop`] then waits for the end.
+    pub fn begin_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
     /// Shuts the router down and waits until it has drained.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {

@@ -9,11 +9,13 @@
 //! - `scale_out`: replicas sharing Redis: sessions, streams, cancellations.
 //! - `edge`: edge devices over framed TCP and TLS.
 //! - `peers`: the official SDKs and servers through the router.
+//! - `shutdown`: the drain, and stdio children stopped and restarted.
 
 mod bad_input;
 mod edge;
 mod peers;
 mod routing;
 mod scale_out;
+mod shutdown;
 mod stateless;
 mod tenancy;
