@@ -386,6 +386,114 @@ async fn limits_are_shared_through_redis_and_local_when_it_is_gone() {
     pg.drop_now().await;
 }
 
+/// Limits in Redis: 429 with `Retry-After`; refilled with time; the key,
+/// tenant and tool limits of one request checked and taken together (a
+/// request one limit refuses costs nothing of the others); local while Redis
+/// is gone; shared by the replicas again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_limits_refill_are_taken_together_and_are_shared_again_after_an_outage() {
+    let mut redis = PrivateRedis::start();
+    let pg = TempDatabase::create().await;
+    let extra = format!("[redis]\nurl = \"{}\"\nkey_prefix = \"{}:\"\n", redis.url, unique("sbtest"));
+    let (_alpha, _beta, config) = setup(&pg.url, &extra).await;
+    let admin = admin_for(&config).await;
+    let never = |burst| Some(Rate { per_second: 0.001, burst });
+    let mut p = policy(&["alpha"]);
+    p.limits = Limits { key: never(4), tool: never(1), ..Limits::default() };
+    admin.create_tenant("together", p).await.unwrap();
+    let mut p = policy(&["alpha"]);
+    p.limits = Limits { key: Some(Rate { per_second: 4.0, burst: 2 }), ..Limits::default() };
+    admin.create_tenant("refill", p).await.unwrap();
+    let mut p = policy(&["alpha"]);
+    p.limits = Limits { tenant: never(6), ..Limits::default() };
+    admin.create_tenant("after", p).await.unwrap();
+    let key_together = admin.create_key("together", None).await.unwrap().key;
+    let key_refill = admin.create_key("refill", None).await.unwrap().key;
+    let key_refill_two = admin.create_key("refill", None).await.unwrap().key;
+    let key_after = admin.create_key("after", None).await.unwrap().key;
+    let one = Router::start(&config).await;
+    let two = Router::start(&with_own_spool(&config)).await;
+    let ping = |c: &Client| {
+        let c = c.clone();
+        async move { c.request("ping", json!({})).await }
+    };
+
+    // Taken together: the call the tool limit refuses takes no key token.
+    let mut t = Client::with_key(&one.url, &key_together);
+    t.initialize().await; // key: 1 of 4
+    assert!(t.call_tool("alpha__echo", json!({})).await["result"].is_object()); // 2 of 4; the tool's 1 of 1
+    let refused = t.request("tools/call", json!({"name": "alpha__echo", "arguments": {}})).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.json()["error"]["data"]["limit"], "tool");
+    assert_eq!(ping(&t).await.status, StatusCode::OK, "3 of 4: the refused call cost no key token");
+    assert_eq!(ping(&t).await.status, StatusCode::OK, "4 of 4");
+    let over = ping(&t).await;
+    assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(over.json()["error"]["data"]["limit"], "key");
+    let retry: u64 = over.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry >= 900, "the next key token is 1000 s away: Retry-After {retry}");
+
+    // Refilled: two at once, then one every 250 ms.
+    let mut r = Client::with_key(&one.url, &key_refill);
+    r.initialize().await;
+    assert_eq!(ping(&r).await.status, StatusCode::OK);
+    let refused = ping(&r).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers["retry-after"], "1");
+    assert!(
+        eventually(Duration::from_secs(5), || async { ping(&r).await.status == StatusCode::OK }).await,
+        "a token comes back with time"
+    );
+    assert_eq!(one.metric("switchboard_ratelimit_redis_up", &[]).await, 1.0);
+    assert_eq!(one.metric("switchboard_ratelimit_local_fallbacks_total", &[]).await, 0.0, "all of it in Redis");
+
+    // Another key of the tenant (its own key limit) at the other replica.
+    let mut r_two = Client::with_key(&two.url, &key_refill_two);
+    r_two.initialize().await;
+
+    // Redis gone: answered from local limits at each replica, not failed.
+    redis.stop();
+    for (c, replica) in [(&r, &one), (&r_two, &two)] {
+        let status = ping(c).await.status;
+        assert!(status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS, "{status}");
+        assert_eq!(replica.metric("switchboard_ratelimit_redis_up", &[]).await, 0.0);
+        assert!(replica.metric("switchboard_ratelimit_local_fallbacks_total", &[]).await >= 1.0);
+    }
+
+    // Redis back (empty): both replicas use it again.
+    redis.resume();
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            ping(&r).await;
+            ping(&r_two).await;
+            one.metric("switchboard_ratelimit_redis_up", &[]).await == 1.0
+                && two.metric("switchboard_ratelimit_redis_up", &[]).await == 1.0
+        })
+        .await,
+        "both replicas find Redis again"
+    );
+    // A tenant's six requests, three at each replica: the seventh is refused
+    // at either, though each replica has seen only three.
+    let mut a1 = Client::with_key(&one.url, &key_after);
+    a1.initialize().await;
+    let a2 = {
+        let mut c = Client::with_key(&two.url, &key_after);
+        c.initialize().await;
+        c
+    };
+    for c in [&a1, &a1, &a2, &a2] {
+        assert_eq!(ping(c).await.status, StatusCode::OK);
+    }
+    for c in [&a2, &a1] {
+        let refused = ping(c).await;
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "shared again: {}", c.url);
+        assert_eq!(refused.json()["error"]["data"]["limit"], "tenant");
+    }
+    one.stop().await;
+    two.stop().await;
+    pg.drop_now().await;
+}
+
 #[tokio::test]
 async fn every_forwarded_call_leaves_one_audit_record() {
     let pg = TempDatabase::create().await;
