@@ -129,3 +129,47 @@ async fn a_cancellation_sent_to_another_replica_reaches_the_request() {
     a.stop().await;
     b.stop().await;
 }
+
+/// The value of a counter (summed over its labels) in `registry`.
+fn counter(registry: &prometheus::Registry, name: &str) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|family| family.name() == name)
+        .flat_map(|family| family.get_metric().iter().map(|m| m.get_counter().get_value()).collect::<Vec<_>>())
+        .sum()
+}
+
+/// While Redis is down, a replica keeps at most 65,536 stream writes
+/// waiting (beyond the one it is retrying); the rest are dropped and
+/// counted, and what waited is written once Redis is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_writes_waiting_for_redis_are_bounded_and_the_excess_counted() {
+    use switchboard_session::shared_streams::{SharedStreams, QUEUE};
+    let mut redis = PrivateRedis::start();
+    redis.stop();
+    let registry = prometheus::Registry::new();
+    let metrics = Arc::new(switchboard_session::Metrics::new(&registry));
+    let link = RedisLink::new(&redis.url, &unique("sbtest:"), Duration::from_millis(200)).unwrap();
+    let streams = SharedStreams::start(link, Duration::from_secs(60), metrics);
+    let session: Arc<str> = "0123456789abcdef0123456789abcdef".into();
+    let event = |i: usize| bytes::Bytes::from(format!(r#"{{"jsonrpc":"2.0","method":"n","params":{{"i":{i}}}}}"#));
+
+    // One write taken by the writer, which retries it while Redis is down.
+    streams.push(&session, event(0));
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            counter(&registry, "switchboard_session_store_errors_total") >= 1.0
+        })
+        .await
+    );
+    // Then the queue: QUEUE more wait, five more are dropped.
+    for i in 1..=QUEUE + 5 {
+        streams.push(&session, event(i));
+    }
+    assert_eq!(counter(&registry, "switchboard_stream_events_dropped_total"), 5.0);
+
+    redis.resume();
+    assert!(streams.flush(Duration::from_secs(60)).await, "what waited is written once Redis is back");
+    assert_eq!(counter(&registry, "switchboard_stream_events_dropped_total"), 5.0);
+}
