@@ -266,6 +266,7 @@ fn main() -> Result<()> {
                         let listener = tokio::net::TcpListener::bind(addr)
                             .await
                             .with_context(|| format!("binding the admin API to {addr}"))?;
+                        let addr = listener.local_addr().unwrap_or(addr);
                         tracing::info!(%addr, "admin API listening on http://{addr}/v1/");
                         Some((listener, switchboard_router::admin::Admin::new(db, &config), token.clone()))
                     }

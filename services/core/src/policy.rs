@@ -188,6 +188,10 @@ pub enum AuthFailure {
     Invalid,
     /// Known, but past its expiry.
     Expired,
+    /// Not known yet: the router has not loaded its keys, because the
+    /// database has been unreachable since it started. The key may well be
+    /// valid; try again shortly.
+    NotLoaded,
 }
 
 impl AuthFailure {
@@ -196,6 +200,7 @@ impl AuthFailure {
             AuthFailure::Missing => "missing",
             AuthFailure::Invalid => "invalid",
             AuthFailure::Expired => "expired",
+            AuthFailure::NotLoaded => "not_loaded",
         }
     }
 
@@ -206,6 +211,9 @@ impl AuthFailure {
             }
             AuthFailure::Invalid => "the API key is not valid (unknown or revoked)",
             AuthFailure::Expired => "the API key has expired; ask for a new one",
+            AuthFailure::NotLoaded => {
+                "the router cannot check API keys yet: its database has been unreachable since it started; try again shortly"
+            }
         }
     }
 }

@@ -251,12 +251,28 @@ impl App {
 
     /// Migrates the database (if configured to) and loads tenants and keys;
     /// a database that cannot be reached is logged, not fatal: the router
-    /// serves the tenants of its config file and retries in the background.
+    /// knows the tenants of its config file and retries in the background
+    /// (the migrations too: a database that comes up after the router, as
+    /// in a compose file, may be empty).
     pub async fn prepare(&self) {
         let Some(db) = &self.database else { return };
         if self.config.database.migrate_on_start {
             if let Err(e) = db.migrate().await {
-                tracing::error!(error = %e, "database migrations failed; run `switchboard migrate` to see why");
+                tracing::error!(error = %e, "database migrations failed; retrying in the background (`switchboard migrate` shows why)");
+                let (db, every) = (db.clone(), self.config.database.refresh);
+                let directory = Arc::downgrade(&self.directory);
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(every).await;
+                        // Until the router stops.
+                        let Some(directory) = directory.upgrade() else { return };
+                        if db.migrate().await.is_ok() {
+                            tracing::info!("database migrations applied");
+                            let _ = directory.reload().await;
+                            return;
+                        }
+                    }
+                });
             }
         }
         match self.directory.reload().await {

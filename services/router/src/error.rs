@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
+use switchboard_core::policy::AuthFailure;
 use switchboard_protocol::jsonrpc::{code, ParseError};
 use switchboard_protocol::modern::code as modern;
 
@@ -161,6 +162,9 @@ impl Error {
             Error::UpstreamTimeout { .. } => (Upstream, StatusCode::OK, code::REQUEST_TIMEOUT, "upstream_timeout"),
             Error::Upstream { .. } => (Upstream, StatusCode::OK, code::INTERNAL_ERROR, "upstream_unavailable"),
             Error::ShuttingDown => (Internal, StatusCode::SERVICE_UNAVAILABLE, code::INTERNAL_ERROR, "shutting_down"),
+            Error::Unauthenticated(AuthFailure::NotLoaded) => {
+                (Internal, StatusCode::SERVICE_UNAVAILABLE, code::INTERNAL_ERROR, "keys_not_loaded")
+            }
             Error::Unauthenticated(_) => (Downstream, StatusCode::UNAUTHORIZED, UNAUTHENTICATED, "unauthenticated"),
             Error::RateLimited { .. } | Error::TooManyInFlight(_) => {
                 (Downstream, StatusCode::TOO_MANY_REQUESTS, RATE_LIMITED, "rate_limited")
@@ -219,9 +223,11 @@ impl Error {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Error::RateLimited { retry_after, .. } => Some(*retry_after),
-            Error::TooManyInFlight(_) | Error::TooManySessions(_) | Error::SessionStoreDown | Error::ShuttingDown => {
-                Some(Duration::from_secs(1))
-            }
+            Error::TooManyInFlight(_)
+            | Error::TooManySessions(_)
+            | Error::SessionStoreDown
+            | Error::ShuttingDown
+            | Error::Unauthenticated(AuthFailure::NotLoaded) => Some(Duration::from_secs(1)),
             _ => None,
         }
     }

@@ -168,7 +168,8 @@ impl Exchange {
 
     /// Opens the books of a request about to go to an upstream or a device:
     /// its audit record, and a slot of the tenant's limit on requests in
-    /// flight (refused when none is free: finish the exchange with the error).
+    /// flight (when none is free, [`Exchange::refuse`] the request with the
+    /// error: a limit's refusal, audited as `refused` like the others).
     pub fn open_books(&mut self, headers: &HeaderMap, env: &Envelope<'_>, request_bytes: usize) -> Result<(), Error> {
         if self.app.audit.is_some() {
             self.record = Some(self.draft(headers, Some(env), request_bytes));
@@ -179,6 +180,7 @@ impl Exchange {
                 Some(permit) => self.permit = Some(permit),
                 None => {
                     self.app.metrics.limits.rate_limited(&who.tenant.name, "concurrent");
+                    self.record = None;
                     return Err(Error::TooManyInFlight(max));
                 }
             }

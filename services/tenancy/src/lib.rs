@@ -11,6 +11,7 @@
 //! logged.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,6 +53,9 @@ pub struct Directory {
     static_tenants: Vec<(String, Policy)>,
     upstreams: Vec<Arc<str>>,
     db: Option<Database>,
+    /// Whether keys were loaded from the database at least once (or there
+    /// is no database): until then an unknown key may be a valid one.
+    loaded: AtomicBool,
     metrics: Arc<Metrics>,
 }
 
@@ -74,7 +78,9 @@ impl Directory {
                 key_id: Arc::from(""),
             }
         });
-        let directory = Directory { snapshot: ArcSwap::default(), open, static_tenants, upstreams, db, metrics };
+        let loaded = AtomicBool::new(db.is_none());
+        let directory =
+            Directory { snapshot: ArcSwap::default(), open, static_tenants, upstreams, db, loaded, metrics };
         directory.install(0, Vec::new(), Vec::new());
         directory
     }
@@ -109,7 +115,13 @@ impl Directory {
         }
         let key = key.filter(|k| !k.is_empty()).ok_or(AuthFailure::Missing)?;
         let snapshot = self.snapshot.load();
-        let live = snapshot.keys.get(&hash(key)).ok_or(AuthFailure::Invalid)?;
+        let live = snapshot.keys.get(&hash(key)).ok_or_else(|| {
+            if self.loaded.load(Ordering::Acquire) {
+                AuthFailure::Invalid
+            } else {
+                AuthFailure::NotLoaded
+            }
+        })?;
         if live.expires_at_ms.is_some_and(|at| at <= now_ms) {
             return Err(AuthFailure::Expired);
         }
@@ -133,6 +145,7 @@ impl Directory {
         let (version, tenants, keys) = db.load().await.inspect_err(|_| self.metrics.set_db_up(false))?;
         self.metrics.set_db_up(true);
         self.install(version, tenants, keys);
+        self.loaded.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -292,6 +305,27 @@ mod tests {
         assert_ne!(h1, h2);
         assert_eq!(parse_hex32(&h1), Some(hash(&k1)));
         assert!(!h1.contains(&k1[3..]));
+    }
+
+    #[test]
+    fn the_stored_hash_is_sha256_of_the_key() {
+        // Known answer from coreutils' `sha256sum`, not from this crate.
+        let key = "sb_0123456789abcdefghijABCDEFGHIJ0123456789";
+        assert_eq!(hex::encode(hash(key)), "fc85ec054819180cd5680700c8c4de1e292b1c3b849c853e12f7bee274331365");
+    }
+
+    #[tokio::test]
+    async fn keys_are_unknown_rather_than_invalid_until_the_database_was_read() {
+        let path = std::env::temp_dir().join(format!("sb-directory-{}.db", std::process::id()));
+        let db = Database::connect(&format!("sqlite:{}", path.display()), Duration::from_secs(1)).unwrap();
+        let dir = Directory::new(vec![], vec![], Some(db.clone()), false, Arc::new(Metrics::new(&Default::default())));
+        // Not migrated yet: the load fails, as with a database that is down.
+        assert!(dir.reload().await.is_err());
+        assert_eq!(dir.authenticate_key(Some("sb_whatever"), 0).unwrap_err(), AuthFailure::NotLoaded);
+        db.migrate().await.unwrap();
+        dir.reload().await.unwrap();
+        assert_eq!(dir.authenticate_key(Some("sb_whatever"), 0).unwrap_err(), AuthFailure::Invalid);
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

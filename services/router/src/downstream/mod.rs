@@ -162,7 +162,7 @@ pub(crate) async fn request(
         | Method::ResourcesUnsubscribe
         | Method::CompletionComplete => {
             if let Err(e) = x.open_books(headers, env, body.len()) {
-                return x.fail_as(Some(id), &e, switchboard_core::Outcome::Rejected);
+                return x.refuse(headers, Some(env), body.len(), e, "POST");
             }
             forward::forward(x, session, method, env, body, accepts_sse).await
         }

@@ -36,11 +36,18 @@ pub fn error(id: Option<&RawValue>, err: &Error) -> Response<Body> {
     let body = jsonrpc::error_response(id, err.code(), &err.to_string(), err.data().as_ref());
     let mut response = with_type(err.status(), Body::full(body), JSON);
     if let Error::Unauthenticated(failure) = err {
+        use switchboard_core::policy::AuthFailure;
         let challenge = match failure {
-            switchboard_core::policy::AuthFailure::Missing => HeaderValue::from_static(r#"Bearer realm="switchboard""#),
-            _ => HeaderValue::from_static(r#"Bearer realm="switchboard", error="invalid_token""#),
+            AuthFailure::Missing => Some(HeaderValue::from_static(r#"Bearer realm="switchboard""#)),
+            // A 503: nothing is wrong with the key as far as anyone knows.
+            AuthFailure::NotLoaded => None,
+            AuthFailure::Invalid | AuthFailure::Expired => {
+                Some(HeaderValue::from_static(r#"Bearer realm="switchboard", error="invalid_token""#))
+            }
         };
-        response.headers_mut().insert(http::header::WWW_AUTHENTICATE, challenge);
+        if let Some(challenge) = challenge {
+            response.headers_mut().insert(http::header::WWW_AUTHENTICATE, challenge);
+        }
     }
     if let Some(after) = err.retry_after() {
         let seconds = after.as_millis().div_ceil(1000).max(1);

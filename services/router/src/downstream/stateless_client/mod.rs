@@ -225,7 +225,7 @@ pub async fn post(mut x: Exchange, headers: &HeaderMap, env: &Envelope<'_>, body
         }
         Method::ToolsCall | Method::PromptsGet | Method::ResourcesRead | Method::CompletionComplete => {
             if let Err(e) = x.open_books(headers, env, body.len()) {
-                return x.fail_as(Some(id), &e, Outcome::Rejected);
+                return x.refuse(headers, Some(env), body.len(), e, "POST");
             }
             call(x, headers, &valid, method, env, body).await
         }
