@@ -61,6 +61,8 @@ pub(crate) async fn serve(
 }
 
 async fn route(server: Arc<Server>, req: Request<Incoming>) -> Response<Body> {
+    let version = if req.version() == http::Version::HTTP_2 { &server.stats.http2 } else { &server.stats.http1 };
+    version.fetch_add(1, Ordering::Relaxed);
     if req.uri().path() != "/mcp" {
         return plain(StatusCode::NOT_FOUND, "not found");
     }

@@ -83,6 +83,17 @@ impl Mock {
         self.server.stats.calls.load(Ordering::Relaxed)
     }
 
+    /// The names of the tools added at run time (`add_tool`) that were
+    /// called, in order, as the caller wrote them.
+    pub fn called_tools(&self) -> Vec<String> {
+        self.server.stats.called.lock().expect("lock").clone()
+    }
+
+    /// HTTP requests received over HTTP/1.x and over HTTP/2.
+    pub fn http_versions(&self) -> (u64, u64) {
+        (self.server.stats.http1.load(Ordering::Relaxed), self.server.stats.http2.load(Ordering::Relaxed))
+    }
+
     /// How many `DELETE` requests ended a session.
     pub fn deleted_sessions(&self) -> u64 {
         self.server.stats.deleted.load(Ordering::Relaxed)

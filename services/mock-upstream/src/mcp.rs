@@ -93,6 +93,11 @@ pub(crate) struct Stats {
     pub deleted: AtomicU64,
     /// The `requestId`s of `notifications/cancelled` received, as written.
     pub cancelled: Mutex<Vec<String>>,
+    /// The names of the tools added at run time that were called.
+    pub called: Mutex<Vec<String>>,
+    /// HTTP requests by version.
+    pub http1: AtomicU64,
+    pub http2: AtomicU64,
 }
 
 /// The server: sessions, tools, counters.
@@ -471,7 +476,11 @@ impl Server {
         if let Some(n) = name.strip_prefix("tool_").and_then(|n| n.parse::<usize>().ok()) {
             return n < self.opts.extra_tools;
         }
-        self.dynamic_tools.lock().expect("lock").iter().any(|t| t == name)
+        let dynamic = self.dynamic_tools.lock().expect("lock").iter().any(|t| t == name);
+        if dynamic {
+            self.stats.called.lock().expect("lock").push(name.to_owned());
+        }
+        dynamic
     }
 
     async fn call_tool(self: &Arc<Self>, session: &Arc<Session>, id: &RawValue, params: &str) -> Reply {

@@ -60,6 +60,9 @@ pub fn closed_port() -> (tokio::net::TcpSocket, u16) {
 /// A child process killed when dropped.
 pub struct Process {
     pub child: Child,
+    /// What it printed (stderr and stdout, line by line, as they came), for
+    /// a process started with [`Process::spawn_announced`].
+    output: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Process {
@@ -74,7 +77,15 @@ impl Process {
             .stdout(if verbose { Stdio::inherit() } else { Stdio::null() })
             .stderr(if verbose { Stdio::inherit() } else { Stdio::null() })
             .kill_on_drop(true);
-        Process { child: cmd.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", program.display())) }
+        Process {
+            child: cmd.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", program.display())),
+            output: Default::default(),
+        }
+    }
+
+    /// The lines the process printed so far (see [`Process::spawn_announced`]).
+    pub fn output(&self) -> Vec<String> {
+        self.output.lock().expect("lock").clone()
     }
 }
 
@@ -84,7 +95,8 @@ impl Process {
     /// contains `marker` followed by `http://ADDR/`. Binding port 0 in the
     /// server itself, not picking a free port for it beforehand, is what
     /// keeps parallel tests from racing for one port. The rest of its output
-    /// is drained (and echoed when `SWITCHBOARD_TEST_VERBOSE` is set).
+    /// is kept for [`Process::output`] (and echoed when
+    /// `SWITCHBOARD_TEST_VERBOSE` is set).
     pub async fn spawn_announced(
         program: &Path,
         args: &[&str],
@@ -102,10 +114,12 @@ impl Process {
             .kill_on_drop(true);
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", program.display()));
         let (found, mut found_rx) = tokio::sync::mpsc::unbounded_channel::<std::net::SocketAddr>();
+        let kept: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
         let outputs: [Box<dyn tokio::io::AsyncRead + Unpin + Send>; 2] =
             [Box::new(child.stderr.take().expect("stderr")), Box::new(child.stdout.take().expect("stdout"))];
         for output in outputs {
             let found = found.clone();
+            let kept = kept.clone();
             let marker = format!("{marker} http://");
             tokio::spawn(async move {
                 let mut lines = BufReader::new(output).lines();
@@ -120,6 +134,7 @@ impl Process {
                             let _ = found.send(addr);
                         }
                     }
+                    kept.lock().expect("lock").push(line);
                 }
             });
         }
@@ -129,7 +144,7 @@ impl Process {
             .await
             .unwrap_or_else(|_| panic!("{name} did not say where it listens within 30 s"))
             .unwrap_or_else(|| panic!("{name} ended before saying where it listens"));
-        (Process { child }, addr)
+        (Process { child, output: kept }, addr)
     }
 }
 

@@ -174,6 +174,27 @@ impl PrivatePostgres {
         pg_start(&self.dir, self.port).unwrap_or_else(|e| panic!("{e}"));
     }
 
+    /// Freezes the server and its connections (SIGSTOP): connections stay
+    /// open and queries hang, as on a database that stopped answering.
+    pub fn freeze(&self) {
+        self.signal("STOP");
+    }
+
+    /// Lets a frozen server go on (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid_file = self.dir.join("data/postmaster.pid");
+        let text = std::fs::read_to_string(&pid_file).unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
+        let pid = text.lines().next().expect("the postmaster's pid").trim().to_owned();
+        // The backends first (children of the postmaster), then the postmaster.
+        let _ = Command::new("pkill").args([&format!("-{signal}"), "-P", &pid]).status().expect("pkill (procps)");
+        let status = Command::new("kill").args([&format!("-{signal}"), &pid]).status().expect("kill");
+        assert!(status.success(), "kill -{signal} {pid}");
+    }
+
     /// Stops the server at once (connections are cut).
     pub fn stop(&self) {
         let _ = pg_command("pg_ctl")
@@ -188,6 +209,14 @@ impl PrivatePostgres {
 
 impl Drop for PrivatePostgres {
     fn drop(&mut self) {
+        // A test that failed while the server was frozen: let it stop.
+        if let Some(pid) = std::fs::read_to_string(self.dir.join("data/postmaster.pid"))
+            .ok()
+            .and_then(|t| t.lines().next().map(|l| l.trim().to_owned()))
+        {
+            let _ = Command::new("kill").args(["-CONT", &pid]).status();
+            let _ = Command::new("pkill").args(["-CONT", "-P", &pid]).status();
+        }
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }

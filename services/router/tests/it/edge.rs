@@ -90,14 +90,14 @@ async fn connected_devices(router: &Router) -> f64 {
 }
 
 /// A device speaking the framed protocol by hand.
-struct RawDevice {
+pub(crate) struct RawDevice {
     stream: TcpStream,
     decoder: Decoder,
     seq: u16,
 }
 
 impl RawDevice {
-    async fn connect(edge: SocketAddr) -> RawDevice {
+    pub(crate) async fn connect(edge: SocketAddr) -> RawDevice {
         RawDevice { stream: TcpStream::connect(edge).await.unwrap(), decoder: Decoder::new(1 << 20), seq: 0 }
     }
 
@@ -112,7 +112,7 @@ impl RawDevice {
         self.send_bytes(&out).await;
     }
 
-    async fn register(&mut self, key: &str, device: &str, services: Value) -> Value {
+    pub(crate) async fn register(&mut self, key: &str, device: &str, services: Value) -> Value {
         self.send(
             json!({"type": "register", "data": {"device": device, "auth": {"api_key": key}, "services": services}}),
         )

@@ -5,6 +5,7 @@
 //! - `routing`: aggregation, forwarding, relaying, sessions, failures.
 //! - `bad_input`: malformed requests get clear statuses and errors.
 //! - `tenancy`: keys, tenants, limits, audit, the admin API and CLI.
+//! - `degraded`: the database, the audit queue or the spool failing.
 //! - `stateless`: MCP 2026-07-28 clients and upstreams, and the bridges.
 //! - `scale_out`: replicas sharing Redis: sessions, streams, cancellations.
 //! - `edge`: edge devices over framed TCP and TLS.
@@ -12,6 +13,7 @@
 //! - `shutdown`: the drain, and stdio children stopped and restarted.
 
 mod bad_input;
+mod degraded;
 mod edge;
 mod peers;
 mod routing;

@@ -692,3 +692,203 @@ async fn subscriptions_to_a_shared_stdio_upstream_are_counted_per_session() {
     assert_eq!(text_of(&told), "told 0 subscribers");
     router.stop().await;
 }
+
+/// Every tool name `client` lists from page `cursor` on, as `page_through`
+/// does from the start.
+async fn page_from(client: &Client, mut cursor: Option<String>) -> Result<Vec<String>, Value> {
+    let mut names = Vec::new();
+    loop {
+        let params = cursor.as_ref().map_or(json!({}), |c| json!({"cursor": c}));
+        let page = client.call("tools/list", params).await;
+        let Some(tools) = page["result"]["tools"].as_array() else { return Err(page) };
+        names.extend(tools.iter().map(|t| t["name"].as_str().unwrap().to_owned()));
+        match page["result"]["nextCursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return Ok(names),
+        }
+    }
+}
+
+/// The first `pages` pages: their names and the cursor of the next.
+async fn first_pages(client: &Client, pages: usize) -> (Vec<String>, String) {
+    let mut names = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..pages {
+        let params = cursor.as_ref().map_or(json!({}), |c| json!({"cursor": c}));
+        let page = client.call("tools/list", params).await;
+        names
+            .extend(page["result"]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_owned()));
+        cursor = Some(page["result"]["nextCursor"].as_str().expect("more pages").to_owned());
+    }
+    (names, cursor.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_that_collide_only_after_sanitising_are_not_merged() {
+    let web = MockServer::start(mock_named("web")).await;
+    let router = Router::start(&config(&http_upstream("web", &web.url, ""))).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    let collisions = || router.metric("switchboard_catalog_collisions_total", &["list=\"tools\""]);
+    let before = collisions().await;
+    // `a_b` is listed before `a b`, `x y` before `x_y`; `marker` last, so
+    // that a list showing it was fetched after all of them.
+    for name in ["a_b", "a b", "x y", "x_y", "marker"] {
+        client.call_tool("web__add_tool", json!({"name": name})).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || async { client.tool_names().await.contains(&"web__marker".into()) })
+            .await
+    );
+    let names = client.tool_names().await;
+    assert_eq!(names.iter().filter(|n| *n == "web__a_b").count(), 1, "{names:?}");
+    assert_eq!(names.iter().filter(|n| *n == "web__x_y").count(), 1, "{names:?}");
+    assert!(names.iter().all(|n| !n.contains(' ')), "{names:?}");
+    assert!(collisions().await >= before + 2.0, "both left-out names are counted");
+    // Each exposed name reaches the item listed first, by its own name.
+    client.call_tool("web__a_b", json!({})).await;
+    client.call_tool("web__x_y", json!({})).await;
+    assert_eq!(web.mock.called_tools(), vec!["a_b".to_owned(), "x y".to_owned()]);
+    // The unsanitised name is no tool of the router's.
+    let unknown = client.call_tool("web__a b", json!({})).await;
+    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_stays_good_when_lists_grow_between_pages() {
+    let a = MockServer::start(MockOptions { extra_tools: 7, ..mock_named("a") }).await;
+    let b = MockServer::start(MockOptions { extra_tools: 3, ..mock_named("b") }).await;
+    let upstreams = format!("{}{}", http_upstream("a", &a.url, ""), http_upstream("b", &b.url, ""));
+    let router = Router::start(&format!("[catalog]\npage_size = 5\n{upstreams}")).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    // Two pages into `a`; then both upstreams add a tool.
+    let (mut names, cursor) = first_pages(&client, 2).await;
+    assert!(names.iter().all(|n| n.starts_with("a__")));
+    client.call_tool("a__add_tool", json!({"name": "a_new"})).await;
+    client.call_tool("b__add_tool", json!({"name": "b_new"})).await;
+    let mut fresh = Client::new(&router.url);
+    fresh.initialize().await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let all = page_from(&fresh, None).await.unwrap();
+            all.contains(&"a__a_new".into()) && all.contains(&"b__b_new".into())
+        })
+        .await
+    );
+    // The old cursor goes on where it was: every tool once, the new ones too.
+    names.extend(page_from(&client, Some(cursor)).await.expect("the cursor is still good"));
+    let mut expected = page_from(&fresh, None).await.unwrap();
+    assert_eq!(names.len(), expected.len(), "nothing twice, nothing skipped: {names:?}");
+    names.sort();
+    expected.sort();
+    assert_eq!(names, expected);
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_into_an_upstream_that_left_asks_to_start_again() {
+    let a = MockServer::start(MockOptions { extra_tools: 2, ..mock_named("a") }).await;
+    // `b` speaks 2026-07-28 with lists good for 200 ms, so the router asks
+    // it again soon after it goes away.
+    let mut options = MockOptions { extra_tools: 7, ..mock_named("b") };
+    options.modern = true;
+    options.modern_only = true;
+    options.list_ttl_ms = 200;
+    let mut b = MockServer::start(options).await;
+    let upstreams = format!("{}{}", http_upstream("a", &a.url, ""), http_upstream("b", &b.url, ""));
+    let router = Router::start(&format!("[catalog]\npage_size = 5\nretry_after = \"1h\"\n{upstreams}")).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    // Pages until one ends inside `b`'s tools.
+    let mut pages = 1;
+    let cursor = loop {
+        let (names, cursor) = first_pages(&client, pages).await;
+        if names.last().is_some_and(|n| n.starts_with("b__")) {
+            break cursor;
+        }
+        pages += 1;
+    };
+    b.stop();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let answer = loop {
+        let page = client.call("tools/list", json!({"cursor": cursor})).await;
+        if page["error"].is_object() {
+            break page;
+        }
+        assert!(std::time::Instant::now() < deadline, "the cursor's upstream never left the list: {page}");
+        // Polling: the router asks `b` again once its list's 200 ms are over.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(answer["error"]["code"], -32602, "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("start again"), "{answer}");
+    // Started again: `a`'s tools, without `b`'s.
+    let names = page_from(&client, None).await.unwrap();
+    assert!(!names.is_empty() && names.iter().all(|n| n.starts_with("a__")), "{names:?}");
+    assert!(router.metric("switchboard_catalog_upstream_failures_total", &["upstream=\"b\""]).await >= 1.0);
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_come_from_the_cache_until_an_upstream_says_they_changed() {
+    let web = MockServer::start(mock_named("web")).await;
+    let router = Router::start(&config(&http_upstream("web", &web.url, ""))).await;
+    let refreshes = || router.metric("switchboard_catalog_refreshes_total", &["upstream=\"web\"", "list=\"tools\""]);
+    let mut one = Client::new(&router.url);
+    one.initialize().await;
+    let listed = one.tool_names().await;
+    let fetched = refreshes().await;
+    assert!(fetched >= 1.0);
+    // More lists, from this client and another: no fetch.
+    let mut two = Client::new(&router.url);
+    two.initialize().await;
+    for c in [&one, &two, &one, &two] {
+        assert_eq!(c.tool_names().await, listed);
+    }
+    assert_eq!(refreshes().await, fetched, "served from the cache");
+    // A change: fetched once more, then cached again.
+    one.call_tool("web__add_tool", json!({"name": "fresh"})).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async { two.tool_names().await.contains(&"web__fresh".into()) }).await
+    );
+    let after = refreshes().await;
+    assert!(after > fetched);
+    for c in [&one, &two, &one] {
+        assert!(c.tool_names().await.contains(&"web__fresh".into()));
+    }
+    assert_eq!(refreshes().await, after, "cached again");
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_upstream_gets_every_request_over_http2() {
+    let web = MockServer::start(mock_named("web")).await;
+    let router = Router::start(&config(&http_upstream("web", &web.url, "http2 = true"))).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    assert!(client.tool_names().await.contains(&"web__echo".into()));
+    assert_eq!(text_of(&client.call_tool("web__echo", json!({"over": "h2"})).await), r#"{"over":"h2"}"#);
+    // A streamed answer (progress over SSE), and the session's end.
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "web__progress", "arguments": {"steps": 3, "interval_ms": 10}, "_meta": {"progressToken": "p"}}});
+    let (status, _, mut events) = client.post_stream(Bytes::from(body.to_string()), &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    let all = events.until_end(Duration::from_secs(10)).await.expect("the stream ends");
+    assert_eq!(all.iter().filter(|m| m["method"] == "notifications/progress").count(), 3, "{all:?}");
+    assert!(all.last().unwrap()["result"].is_object(), "{all:?}");
+    assert_eq!(client.delete().await, StatusCode::OK);
+    let (http1, http2) = web.mock.http_versions();
+    assert_eq!(http1, 0, "no request over HTTP/1.1");
+    assert!(http2 >= 5, "{http2} requests over HTTP/2");
+    // The same without `http2`: HTTP/1.1, so the count above means something.
+    let plain = MockServer::start(mock_named("plain")).await;
+    let router2 = Router::start(&config(&http_upstream("plain", &plain.url, ""))).await;
+    let mut c2 = Client::new(&router2.url);
+    c2.initialize().await;
+    c2.call_tool("plain__echo", json!({})).await;
+    let (http1, http2) = plain.mock.http_versions();
+    assert!(http1 >= 2 && http2 == 0, "{http1} {http2}");
+    router.stop().await;
+    router2.stop().await;
+}

@@ -11,7 +11,9 @@ use switchboard_db::Database;
 use switchboard_router::admin::Admin;
 use switchboard_router::Config;
 use switchboard_test_support::services::{unique, PrivatePostgres, PrivateRedis, TempDatabase};
-use switchboard_test_support::{eventually, http_upstream, mock_named, Client, MockServer, Router, Stateless};
+use switchboard_test_support::{
+    eventually, get_text, http_upstream, mock_named, Client, MockServer, Router, Stateless,
+};
 
 /// Two mock upstreams, `alpha` and `beta`, and the config text for a router
 /// with keys required, this database, and `extra` sections.
@@ -336,7 +338,46 @@ async fn a_burst_over_the_limit_gets_429_with_retry_after() {
     // The slot is free again once the answer is complete.
     assert!(s.call_tool("alpha__echo", json!({})).await["result"].is_object());
 
+    // Every refusal by a limit is audited as `refused` with -32029, beside
+    // the forwarded calls; requests the router answers itself are not.
     router.stop().await;
+    let db = Database::connect(&pg.url, Duration::from_secs(3)).unwrap();
+    let records = |tenant: &'static str| {
+        let db = db.clone();
+        async move {
+            db.query_audit(&switchboard_db::AuditQuery {
+                tenant: Some(tenant.into()),
+                limit: 100,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(_, r)| (r.method, r.target.unwrap_or_default(), r.outcome, r.error_code))
+            .collect::<Vec<_>>()
+        }
+    };
+    let row = |method: &str, target: &str, outcome: &str, code: Option<i64>| {
+        (method.to_owned(), target.to_owned(), outcome.to_owned(), code)
+    };
+    assert_eq!(records("limited").await, vec![row("ping", "", "refused", Some(-32029))]);
+    assert_eq!(
+        records("tooly").await,
+        vec![
+            row("tools/call", "alpha__echo", "ok", None),
+            row("tools/call", "alpha__echo", "refused", Some(-32029)),
+            row("tools/call", "alpha__add", "ok", None),
+        ]
+    );
+    assert_eq!(
+        records("serial").await,
+        vec![
+            // In the order they ended: the refusal while the slow call ran.
+            row("tools/call", "alpha__echo", "refused", Some(-32029)),
+            row("tools/call", "alpha__sleep", "ok", None),
+            row("tools/call", "alpha__echo", "ok", None),
+        ]
+    );
     pg.drop_now().await;
 }
 
@@ -909,5 +950,234 @@ async fn stateless_clients_are_tenants_too() {
     assert_eq!(globex_records.len(), 1, "globex's one echo: {globex_records:?}");
     assert_eq!(globex_records[0].1.target.as_deref(), Some("alpha__echo"));
     assert!(key_g.starts_with(globex_records[0].1.key_prefix.as_deref().unwrap()));
+    pg.drop_now().await;
+}
+
+/// Revocation "at once on PostgreSQL": with a refresh of a minute, a revoked
+/// key is refused within seconds because the change arrives by
+/// `LISTEN/NOTIFY`; and again after the database restarted (the listener
+/// reconnects).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revocation_arrives_by_notification_not_by_the_refresh() {
+    let server = PrivatePostgres::start();
+    let pg = TempDatabase::create_on(&server.url).await;
+    let (_alpha, _beta, config) = setup(&pg.url, "").await;
+    let config = config.replace("refresh = \"200ms\"", "refresh = \"60s\"");
+    let admin = admin_for(&config).await;
+    admin.create_tenant("watched", policy(&["alpha"])).await.unwrap();
+    let first = admin.create_key("watched", None).await.unwrap();
+    let second = admin.create_key("watched", None).await.unwrap();
+    let one = Router::start(&config).await;
+    let two = Router::start(&with_own_spool(&config)).await;
+    let soon = Duration::from_secs(10);
+    let refused = |url: String, key: String| async move {
+        let c = Client::with_key(&url, &key);
+        eventually(soon, || async { c.request("ping", json!({})).await.status == StatusCode::UNAUTHORIZED }).await
+    };
+    for r in [&one, &two] {
+        let mut c = Client::with_key(&r.url, &first.key);
+        c.initialize().await;
+    }
+
+    let started = Instant::now();
+    admin.revoke_key(&first.row.prefix).await.unwrap();
+    for r in [&one, &two] {
+        assert!(refused(r.url.clone(), first.key.clone()).await, "refused within seconds, not the minute's refresh");
+    }
+    eprintln!("revoked on both replicas after {:?}", started.elapsed());
+    // A key created now is accepted as quickly.
+    let third = admin.create_key("watched", None).await.unwrap();
+    let c = Client::with_key(&one.url, &third.key);
+    assert!(eventually(soon, || async { c.request("ping", json!({})).await.status == StatusCode::BAD_REQUEST }).await);
+
+    // The database restarts; the routers listen again.
+    server.stop();
+    server.resume();
+    let c = Client::with_key(&two.url, &second.key);
+    assert_eq!(c.request("ping", json!({})).await.status, StatusCode::BAD_REQUEST, "known, no session");
+    let started = Instant::now();
+    admin.revoke_key(&second.row.prefix).await.expect("the admin's pool reconnects");
+    for r in [&one, &two] {
+        assert!(refused(r.url.clone(), second.key.clone()).await, "refused within seconds after a restart too");
+    }
+    eprintln!("after the restart, revoked on both replicas after {:?}", started.elapsed());
+    one.stop().await;
+    two.stop().await;
+    pg.drop_now().await;
+}
+
+/// Keys are secrets: the router keeps their SHA-256 only. A router process
+/// logging at `trace` level is given keys every way they arrive (created
+/// through its admin API, as a bearer token, as `X-API-Key`, on a GET
+/// stream, in an edge device's registration, unknown, revoked), and none
+/// of them appears in its logs, its metrics, or a dump of its database
+/// (audit records included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_never_appear_in_logs_metrics_or_the_database() {
+    use switchboard_test_support::peers::Process;
+    let pg = TempDatabase::create().await;
+    let token = "an-admin-token-for-this-test";
+    let extra = format!(
+        "[log]\nlevel = \"trace\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n[edge]\nlisten = \"127.0.0.1:0\"\n"
+    );
+    let (_alpha, _beta, config) = setup(&pg.url, &extra).await;
+    let admin = admin_for(&config).await;
+    let mut p = policy(&["alpha"]);
+    p.audit_arguments = true;
+    admin.create_tenant("secretive", p).await.unwrap();
+    let file = std::env::temp_dir().join(unique("sb-keys-") + ".toml");
+    std::fs::write(&file, &config).unwrap();
+    let (mut router, addr) = Process::spawn_announced(
+        &switchboard_test_support::router_binary(),
+        &["serve", "--config", file.to_str().unwrap(), "--listen", "127.0.0.1:0"],
+        &[("RUST_LOG", "trace")],
+        "switchboard listening on",
+    )
+    .await;
+    let url = format!("http://{addr}/mcp");
+    // The other listeners say where they are in lines of their own.
+    let logged_at = |marker: &'static str| {
+        let router = &router;
+        async move {
+            for _ in 0..100 {
+                let found = router.output().iter().find_map(|l| {
+                    let rest = &l[l.find(marker)? + marker.len()..];
+                    rest.split(['/', ' ']).next()?.parse::<std::net::SocketAddr>().ok()
+                });
+                if let Some(addr) = found {
+                    return addr;
+                }
+                // Polling the output: no event to await.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("no line with {marker:?} within 5 s")
+        }
+    };
+    let admin_addr = logged_at("admin API listening on http://").await;
+    let edge_addr = logged_at("edge devices connect to tcp://").await;
+    let http = reqwest_like::Http::new(token);
+
+    // A key created through the router's own admin API, and used every way.
+    let (status, created) =
+        http.send("POST", &format!("http://{admin_addr}/v1/tenants/secretive/keys"), json!({})).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let key = created["key"].as_str().unwrap().to_owned();
+    let mut c = Client::with_key(&url, &key);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            c.request("ping", json!({})).await.status == StatusCode::BAD_REQUEST
+        })
+        .await,
+        "the new key is known within seconds"
+    );
+    c.initialize().await;
+    let stream = c.open_stream().await;
+    c.tool_names().await;
+    assert!(c.call_tool("alpha__echo", json!({"note": "hello"})).await["result"].is_object());
+    drop(stream);
+    let reply = Client::new(&url)
+        .post_raw(bytes::Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#), &[("x-api-key", &key)])
+        .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "authenticated, without a session");
+    let mut device = crate::edge::RawDevice::connect(edge_addr).await;
+    let registered =
+        device.register(&key, "gadget", json!({"ping": {"description": "p", "parameters": {"type": "object"}}})).await;
+    assert_eq!(registered["type"], "registered", "{registered}");
+    // An unknown key, and a revoked one.
+    let unknown = format!("sb_{}", "Q".repeat(40));
+    assert_eq!(Client::with_key(&url, &unknown).request("ping", json!({})).await.status, StatusCode::UNAUTHORIZED);
+    let (_, second) = http.send("POST", &format!("http://{admin_addr}/v1/tenants/secretive/keys"), json!({})).await;
+    let revoked = second["key"].as_str().unwrap().to_owned();
+    let prefix = second["prefix"].as_str().unwrap();
+    let (status, _) = http.send("DELETE", &format!("http://{admin_addr}/v1/keys/{prefix}"), Value::Null).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let r = Client::with_key(&url, &revoked);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            r.request("ping", json!({})).await.status == StatusCode::UNAUTHORIZED
+        })
+        .await
+    );
+
+    let metrics = get_text(&format!("http://{addr}/metrics")).await;
+    drop(device);
+    // Stopped cleanly: every log line and audit record is out.
+    let pid = nix::unistd::Pid::from_raw(router.child.id().expect("running") as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), router.child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{status}");
+    let _ = std::fs::remove_file(&file);
+    let dump = std::process::Command::new("pg_dump").args(["--data-only", "--dbname", &pg.url]).output().unwrap();
+    assert!(dump.status.success(), "pg_dump: {}", String::from_utf8_lossy(&dump.stderr));
+    let dump = String::from_utf8(dump.stdout).unwrap();
+    let logs = router.output().join("\n");
+
+    // The dump has the keys' rows and the audit records, by hash and prefix.
+    let sha256 = |text: &str| {
+        use std::io::Write;
+        let mut child = std::process::Command::new("sha256sum")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().to_owned()
+    };
+    assert!(dump.contains(&sha256(&key)) && dump.contains(&sha256(&revoked)), "keys are stored as their SHA-256");
+    assert!(dump.contains(&key[..PREFIX_LEN]) && dump.contains("alpha__echo"), "the audit record is in the dump");
+    assert!(
+        logs.lines().count() > 30 && logs.contains(" DEBUG ") && logs.contains("edge device registered"),
+        "the router logged at debug level and below ({} lines):\n{logs}",
+        logs.lines().count()
+    );
+    // Not one key, nor the secret part after its prefix, anywhere.
+    for secret in [&key, &revoked, &unknown] {
+        let body = &secret[PREFIX_LEN..];
+        for (what, text) in [("logs", &logs), ("metrics", &metrics), ("database", &dump)] {
+            let line = text.lines().find(|l| l.contains(body));
+            assert!(line.is_none(), "a key appears in the {what}: {line:?}");
+        }
+    }
+    pg.drop_now().await;
+}
+
+/// A tenant's pages hold only the tools it sees: full pages (but the last),
+/// no page promised that would be empty, and every tool of its filtered
+/// catalog once, across both upstreams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_pages_hold_exactly_its_filtered_tools() {
+    let pg = TempDatabase::create().await;
+    let (_alpha, _beta, config) = setup(&pg.url, "[catalog]\npage_size = 2").await;
+    let admin = admin_for(&config).await;
+    let mut p = policy(&["alpha", "beta"]);
+    p.tools.insert("alpha".into(), ToolFilter { allow: vec!["echo".into(), "s*".into()], deny: vec![] });
+    p.tools.insert("beta".into(), ToolFilter { allow: vec!["t*".into(), "c*".into()], deny: vec!["touch".into()] });
+    admin.create_tenant("picky", p).await.unwrap();
+    let key = admin.create_key("picky", None).await.unwrap().key;
+    let router = Router::start(&config).await;
+    let mut c = Client::with_key(&router.url, &key);
+    c.initialize().await;
+    let mut pages = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let params = cursor.as_ref().map_or(json!({}), |c| json!({"cursor": c}));
+        let page = c.call("tools/list", params).await;
+        let names: Vec<String> =
+            page["result"]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().into()).collect();
+        pages.push(names);
+        match page["result"]["nextCursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+        assert!(pages.len() < 10, "{pages:?}");
+    }
+    // alpha: echo, sleep, sample (in its order); beta: cancelled (touch denied).
+    assert_eq!(
+        pages,
+        vec![vec!["alpha__echo", "alpha__sleep"], vec!["alpha__sample", "beta__cancelled"]],
+        "two full pages and no empty third"
+    );
+    router.stop().await;
     pg.drop_now().await;
 }
