@@ -194,7 +194,16 @@ impl Directory {
             loop {
                 let wake = async {
                     match notified.as_mut() {
-                        Some(rx) => tokio::time::timeout(refresh, rx.recv()).await.ok().flatten().is_some(),
+                        Some(rx) => match tokio::time::timeout(refresh, rx.recv()).await {
+                            Ok(Some(())) => true,
+                            Ok(None) => {
+                                // The listener is gone: poll, and never spin.
+                                tracing::warn!("database change listener ended; polling every refresh instead");
+                                notified = None;
+                                false
+                            }
+                            Err(_) => false,
+                        },
                         None => {
                             tokio::time::sleep(refresh).await;
                             false
