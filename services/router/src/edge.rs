@@ -84,13 +84,15 @@ impl TaskRunner for Tasks {
                 (Some(format!("edge:{}", handler_device.name)), result.map_err(Error::from))
             }
             None => {
+                let result = call_internal(app, &principal.tenant, session, &handler, &arguments, timeout).await;
+                // Named after the call, which loads the catalog if it was not
+                // yet (a task right after the router started).
                 let upstream = app
                     .catalog
                     .current()
                     .list(switchboard_protocol::methods::ListKind::Tools)
                     .get(&handler)
                     .map(|item| app.upstreams[item.upstream].name.to_string());
-                let result = call_internal(app, &principal.tenant, session, &handler, &arguments, timeout).await;
                 (upstream, result)
             }
         };
