@@ -628,15 +628,22 @@ pub async fn get_text(url: &str) -> String {
 
 /// GETs a URL with extra headers (`authorization`) and returns its body as text.
 pub async fn get_text_with(url: &str, headers: &[(&str, &str)]) -> String {
+    try_get_text_with(url, headers).await.unwrap_or_else(|e| panic!("GET {url}: {e}"))
+}
+
+/// GETs a URL and returns its body as text, or why there is none (the
+/// connection refused, or closed before an answer).
+pub async fn try_get_text_with(url: &str, headers: &[(&str, &str)]) -> Result<String, String> {
     let client: HyperClient<HttpConnector, Full<Bytes>> =
         HyperClient::builder(TokioExecutor::new()).build(HttpConnector::new());
     let mut req = Request::builder().method(Method::GET).uri(url);
     for (name, value) in headers {
         req = req.header(*name, *value);
     }
-    let resp = client.request(req.body(Full::new(Bytes::new())).expect("request")).await.expect("GET");
-    let body = resp.into_body().collect().await.expect("body").to_bytes();
-    String::from_utf8_lossy(&body).into_owned()
+    let resp =
+        client.request(req.body(Full::new(Bytes::new())).expect("request")).await.map_err(|e| format!("{e:?}"))?;
+    let body = resp.into_body().collect().await.map_err(|e| format!("{e:?}"))?.to_bytes();
+    Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
 /// Polls `check` until it is true or `wait` passes.
