@@ -3,8 +3,11 @@
 //! front of mock or real upstreams, and drives them as clients do.
 //!
 //! - `routing`: aggregation, forwarding, relaying, sessions, failures.
+//! - `catalog`: list changes and the cache, cursors, colliding and long names.
 //! - `bad_input`: malformed requests get clear statuses and errors.
-//! - `tenancy`: keys, tenants, limits, audit, the admin API and CLI.
+//! - `tenancy`: tenants, their catalogs and limits, the CLI.
+//! - `keys`: the key lifecycle, revocation, keys never in plain text.
+//! - `audit`: one record per call, records kept through an outage.
 //! - `degraded`: the database, the audit queue or the spool failing.
 //! - `stateless`: MCP 2026-07-28 clients and upstreams, and the bridges.
 //! - `scale_out`: replicas sharing Redis: sessions, streams, cancellations.
@@ -12,9 +15,12 @@
 //! - `peers`: the official SDKs and servers through the router.
 //! - `shutdown`: the drain, and stdio children stopped and restarted.
 
+mod audit;
 mod bad_input;
+mod catalog;
 mod degraded;
 mod edge;
+mod keys;
 mod peers;
 mod routing;
 mod scale_out;

@@ -1,8 +1,8 @@
-//! Tenants, API keys, rate limits and the audit log, against real
-//! PostgreSQL and Redis (the machine's, or private instances a test stops and
-//! starts) and the embedded SQLite default.
+//! Tenants and their catalogs, limits (local and in Redis), migrations and
+//! the CLI, against real PostgreSQL and Redis (the machine's, or private
+//! instances a test stops and starts) and the embedded SQLite default.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::StatusCode;
 use serde_json::{json, Value};
@@ -10,14 +10,12 @@ use switchboard_core::policy::{Limits, Policy, Rate, ToolFilter};
 use switchboard_db::Database;
 use switchboard_router::admin::Admin;
 use switchboard_router::Config;
-use switchboard_test_support::services::{unique, PrivatePostgres, PrivateRedis, TempDatabase};
-use switchboard_test_support::{
-    eventually, get_text, http_upstream, mock_named, Client, MockServer, Router, Stateless,
-};
+use switchboard_test_support::services::{unique, PrivateRedis, TempDatabase};
+use switchboard_test_support::{eventually, http_upstream, mock_named, Client, MockServer, Router, Stateless};
 
 /// Two mock upstreams, `alpha` and `beta`, and the config text for a router
 /// with keys required, this database, and `extra` sections.
-async fn setup(database_url: &str, extra: &str) -> (MockServer, MockServer, String) {
+pub(super) async fn setup(database_url: &str, extra: &str) -> (MockServer, MockServer, String) {
     let alpha = MockServer::start(mock_named("alpha")).await;
     let beta = MockServer::start(mock_named("beta")).await;
     let spool = std::env::temp_dir().join(unique("sb-spool-")).join("audit.spool");
@@ -32,7 +30,7 @@ async fn setup(database_url: &str, extra: &str) -> (MockServer, MockServer, Stri
 }
 
 /// A second router config on the same database needs its own spool.
-fn with_own_spool(config: &str) -> String {
+pub(super) fn with_own_spool(config: &str) -> String {
     let spool = std::env::temp_dir().join(unique("sb-spool-")).join("audit.spool");
     config
         .lines()
@@ -41,14 +39,14 @@ fn with_own_spool(config: &str) -> String {
         .join("\n")
 }
 
-async fn admin_for(config: &str) -> Admin {
+pub(super) async fn admin_for(config: &str) -> Admin {
     let config = Config::from_toml(config).expect("config");
     let db = Database::connect(config.database.url.as_deref().expect("a database"), Duration::from_secs(3)).unwrap();
     db.migrate().await.expect("migrate");
     Admin::new(db, &config)
 }
 
-fn policy(upstreams: &[&str]) -> Policy {
+pub(super) fn policy(upstreams: &[&str]) -> Policy {
     Policy { upstreams: upstreams.iter().map(|u| u.to_string()).collect(), ..Policy::default() }
 }
 
@@ -161,108 +159,6 @@ async fn each_tenant_sees_exactly_its_own_catalog() {
     assert_eq!(a.delete().await, StatusCode::OK);
 
     router.stop().await;
-    pg.drop_now().await;
-}
-
-#[tokio::test]
-async fn key_lifecycle_through_the_admin_api_on_two_replicas() {
-    let pg = TempDatabase::create().await;
-    let (_alpha, _beta, config) = setup(&pg.url, "").await;
-    let admin = admin_for(&config).await;
-    let token = "an-admin-token-of-some-length";
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin_url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop_admin, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(switchboard_router::admin::serve(listener, admin, token.into(), async {
-        let _ = stopped.await;
-    }));
-    let http = reqwest_like::Http::new(token);
-
-    // The admin API wants its token.
-    let (status, _) = http.without_token("GET", &format!("{admin_url}/v1/tenants")).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
-
-    let (status, body) =
-        http.send("POST", &format!("{admin_url}/v1/tenants"), json!({"name": "initech", "upstreams": ["alpha"]})).await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    assert_eq!((body["name"].as_str(), body["source"].as_str()), (Some("initech"), Some("database")));
-    assert_eq!(body["upstreams"], json!(["alpha"]));
-    let (status, body) = http.send("POST", &format!("{admin_url}/v1/tenants"), json!({"name": "initech"})).await;
-    assert_eq!(status, StatusCode::CONFLICT, "{body}");
-    let (status, body) =
-        http.send("POST", &format!("{admin_url}/v1/tenants"), json!({"name": "bad", "upstreams": ["nope"]})).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
-    let (status, created) = http.send("POST", &format!("{admin_url}/v1/tenants/initech/keys"), json!({})).await;
-    assert_eq!(status, StatusCode::CREATED, "{created}");
-    let key = created["key"].as_str().unwrap().to_owned();
-    let prefix = created["prefix"].as_str().unwrap().to_owned();
-    assert!(key.starts_with(&prefix) && created.get("hash").is_none(), "{created}");
-    // Listing shows the prefix, never the key or its hash.
-    let (_, listed) = http.send("GET", &format!("{admin_url}/v1/tenants/initech/keys"), Value::Null).await;
-    assert_eq!(listed["keys"][0]["prefix"], prefix.as_str());
-    assert!(!listed.to_string().contains(&key[PREFIX_LEN..]), "{listed}");
-
-    // Two replicas on one database: the key works on both.
-    let one = Router::start(&config).await;
-    let two = Router::start(&with_own_spool(&config)).await;
-    let mut c1 = Client::with_key(&one.url, &key);
-    c1.initialize().await;
-    let mut c2 = Client::with_key(&two.url, &key);
-    c2.initialize().await;
-
-    let (status, _) = http.send("DELETE", &format!("{admin_url}/v1/keys/{prefix}"), Value::Null).await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
-    let revoked = Instant::now();
-    for c in [&c1, &c2] {
-        assert!(
-            eventually(Duration::from_secs(5), || async {
-                c.request("ping", json!({})).await.status == StatusCode::UNAUTHORIZED
-            })
-            .await,
-            "a revoked key is refused within seconds on every replica"
-        );
-    }
-    eprintln!("revocation took effect on both replicas after {:?}", revoked.elapsed());
-    let (status, _) = http.send("DELETE", &format!("{admin_url}/v1/keys/{prefix}"), Value::Null).await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-
-    // An expiring key works until its time, then gets 401 "expired".
-    let at = switchboard_core::time::now_ms() + 1500;
-    let (_, created) =
-        http.send("POST", &format!("{admin_url}/v1/tenants/initech/keys"), json!({"expires_at_ms": at})).await;
-    let short = Client::with_key(&one.url, created["key"].as_str().unwrap());
-    assert!(
-        eventually(Duration::from_secs(5), || async {
-            // Authenticated, but no session yet: 400, not 401.
-            short.request("ping", json!({})).await.status == StatusCode::BAD_REQUEST
-        })
-        .await,
-        "a new key is accepted within seconds"
-    );
-    // Polled until refused; it must not be refused before its time.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let reply = loop {
-        let reply = short.request("ping", json!({})).await;
-        let now = switchboard_core::time::now_ms();
-        if reply.status == StatusCode::UNAUTHORIZED {
-            assert!(now >= at, "refused before it expired: {now} < {at}");
-            break reply;
-        }
-        assert!(std::time::Instant::now() < deadline, "an expired key is still accepted");
-        // Polling: what changes here is the wall clock, not an event to await.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert!(reply.json()["error"]["message"].as_str().unwrap().contains("expired"));
-
-    // Deleting the tenant removes its keys.
-    let (status, _) = http.send("DELETE", &format!("{admin_url}/v1/tenants/initech"), Value::Null).await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
-    let (_, listed) = http.send("GET", &format!("{admin_url}/v1/keys"), Value::Null).await;
-    assert_eq!(listed["keys"], json!([]));
-
-    let _ = stop_admin.send(());
-    one.stop().await;
-    two.stop().await;
     pg.drop_now().await;
 }
 
@@ -535,236 +431,6 @@ async fn redis_limits_refill_are_taken_together_and_are_shared_again_after_an_ou
     pg.drop_now().await;
 }
 
-#[tokio::test]
-async fn every_forwarded_call_leaves_one_audit_record() {
-    let pg = TempDatabase::create().await;
-    let (_alpha, _beta, config) = setup(&pg.url, "").await;
-    let admin = admin_for(&config).await;
-    let mut p = policy(&["alpha"]);
-    p.audit_arguments = true;
-    admin.create_tenant("audited", p).await.unwrap();
-    admin.create_tenant("private", policy(&["alpha"])).await.unwrap();
-    let created = admin.create_key("audited", None).await.unwrap();
-    let private_key = admin.create_key("private", None).await.unwrap().key;
-    let router = Router::start(&config).await;
-    let mut c = Client::with_key(&router.url, &created.key);
-    c.initialize().await;
-
-    const N: usize = 25;
-    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
-    for i in 0..N {
-        let body = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call",
-                          "params": {"name": "alpha__echo", "arguments": {"n": i}}});
-        let bytes = serde_json::to_vec(&body).unwrap();
-        let reply = c.post_raw(bytes.into(), &[("traceparent", &format!("00-{trace}-00f067aa0ba902b7-01"))]).await;
-        assert_eq!(reply.status, StatusCode::OK);
-    }
-    let unknown = c.call_tool("beta__echo", json!({})).await;
-    assert_eq!(unknown["error"]["code"], -32602);
-    let mut p = Client::with_key(&router.url, &private_key);
-    p.initialize().await;
-    p.call_tool("alpha__echo", json!({"secret": "not stored"})).await;
-    let refused = Client::with_key(&router.url, "sb_1234567890123456789012345678901234567890");
-    assert_eq!(refused.request("ping", json!({})).await.status, StatusCode::UNAUTHORIZED);
-
-    let db = Database::connect(&pg.url, Duration::from_secs(3)).unwrap();
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            db.count_audit(Some("audited")).await.unwrap() == N as i64 + 1
-        })
-        .await,
-        "N calls and one unknown tool give N + 1 records"
-    );
-    let records = db
-        .query_audit(&switchboard_db::AuditQuery { tenant: Some("audited".into()), limit: 1000, ..Default::default() })
-        .await
-        .unwrap();
-    let calls: Vec<_> = records.iter().map(|(_, r)| r).filter(|r| r.target.as_deref() == Some("alpha__echo")).collect();
-    assert_eq!(calls.len(), N);
-    for (i, r) in calls.iter().enumerate() {
-        assert_eq!(r.method, "tools/call");
-        assert_eq!(r.key_prefix.as_deref(), Some(created.row.prefix.as_str()));
-        assert_eq!(r.session.as_deref(), c.session.as_deref());
-        assert_eq!(r.upstream.as_deref(), Some("alpha"));
-        assert_eq!(r.outcome, "ok");
-        assert_eq!(r.error_code, None);
-        assert!(r.latency_us > 0 && r.request_bytes > 50 && r.response_bytes > 20, "{r:?}");
-        assert_eq!(r.trace_id.as_deref(), Some(trace));
-        assert_eq!(r.arguments.as_deref(), Some(format!("{{\"n\":{i}}}").as_str()), "in order, with arguments");
-    }
-    let unknown = records.iter().map(|(_, r)| r).find(|r| r.target.as_deref() == Some("beta__echo")).unwrap();
-    assert_eq!(
-        (unknown.outcome.as_str(), unknown.error_code, unknown.upstream.as_deref()),
-        ("error", Some(-32602), None)
-    );
-
-    // A tenant that did not opt in: no arguments. An unknown key: a refused record without a tenant.
-    assert!(
-        eventually(Duration::from_secs(10), || async { db.count_audit(Some("private")).await.unwrap() == 1 }).await
-    );
-    let private = db
-        .query_audit(&switchboard_db::AuditQuery { tenant: Some("private".into()), limit: 10, ..Default::default() })
-        .await
-        .unwrap();
-    assert_eq!(private[0].1.arguments, None);
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            let all = db.query_audit(&switchboard_db::AuditQuery { limit: 1000, ..Default::default() }).await.unwrap();
-            all.iter().any(|(_, r)| {
-                r.outcome == "refused"
-                    && r.tenant.is_none()
-                    && r.error_code == Some(-32011)
-                    && r.key_prefix.as_deref() == Some("sb_12345678")
-            })
-        })
-        .await
-    );
-    router.stop().await;
-    pg.drop_now().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn audit_records_survive_a_postgres_outage_exactly_once() {
-    let server = PrivatePostgres::start();
-    let pg = TempDatabase::create_on(&server.url).await;
-    let (_alpha, _beta, config) = setup(&pg.url, "").await;
-    let admin = admin_for(&config).await;
-    admin.create_tenant("outage", policy(&["alpha"])).await.unwrap();
-    let key = admin.create_key("outage", None).await.unwrap().key;
-    let router = Router::start(&config).await;
-    let mut c = Client::with_key(&router.url, &key);
-    c.initialize().await;
-
-    // Load from four clients while PostgreSQL stops and comes back.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let answered = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let mut load = Vec::new();
-    for w in 0..4 {
-        let c = c.clone();
-        let stop = stop.clone();
-        let answered = answered.clone();
-        load.push(tokio::spawn(async move {
-            let mut ok = 0u64;
-            let mut i = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let reply =
-                    c.request("tools/call", json!({"name": "alpha__echo", "arguments": {"w": w, "i": i}})).await;
-                assert_eq!(
-                    reply.status,
-                    StatusCode::OK,
-                    "the router keeps serving: {}",
-                    String::from_utf8_lossy(&reply.body)
-                );
-                assert!(reply.response()["result"].is_object());
-                ok += 1;
-                i += 1;
-                answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-            ok
-        }));
-    }
-    let calls_so_far = || answered.load(std::sync::atomic::Ordering::Relaxed);
-    // Some calls before the outage, during it, and after it.
-    assert!(eventually(Duration::from_secs(20), || async { calls_so_far() >= 20 }).await);
-    server.stop();
-    let at_outage = calls_so_far();
-    assert!(
-        eventually(Duration::from_secs(20), || async {
-            router.metric("switchboard_audit_records_total", &["event=\"spooled\""]).await > 0.0
-        })
-        .await,
-        "records spooled"
-    );
-    assert!(eventually(Duration::from_secs(20), || async { calls_so_far() >= at_outage + 20 }).await);
-    server.resume();
-    assert!(
-        eventually(Duration::from_secs(20), || async {
-            router.metric("switchboard_audit_records_total", &["event=\"replayed\""]).await > 0.0
-        })
-        .await,
-        "the spool is replayed once PostgreSQL is back"
-    );
-    let after_outage = calls_so_far();
-    assert!(eventually(Duration::from_secs(20), || async { calls_so_far() >= after_outage + 20 }).await);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut calls = 0;
-    for l in load {
-        calls += l.await.unwrap();
-    }
-    eprintln!("{calls} calls during the outage test");
-
-    let db = Database::connect(&pg.url, Duration::from_secs(3)).unwrap();
-    let expected = calls as i64;
-    let arrived = eventually(Duration::from_secs(20), || async {
-        db.count_audit(Some("outage")).await.is_ok_and(|n| n >= expected)
-    })
-    .await;
-    let got = db.count_audit(Some("outage")).await.unwrap();
-    assert!(arrived, "records arrive after the outage: {got} of {expected}");
-    let records = db
-        .query_audit(&switchboard_db::AuditQuery {
-            tenant: Some("outage".into()),
-            limit: 100_000,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let calls_recorded = records.iter().filter(|(_, r)| r.method == "tools/call").count() as i64;
-    assert_eq!(calls_recorded, expected, "every call exactly once");
-    // (No check of distinct ids here: the table ignores a second insert of an
-    // id, so it could not fail. The exact count above is the check: a record
-    // lost, or two calls sharing an id, would make it short.)
-    assert_eq!(router.metric("switchboard_audit_records_total", &["event=\"lost\""]).await, 0.0);
-    assert_eq!(router.metric("switchboard_audit_spool_bytes", &[]).await, 0.0);
-    router.stop().await;
-    pg.drop_now().await;
-}
-
-/// A tiny JSON-over-HTTP client for the admin API.
-mod reqwest_like {
-    use bytes::Bytes;
-    use http::{Request, StatusCode};
-    use http_body_util::{BodyExt, Full};
-    use hyper_util::client::legacy::Client;
-    use hyper_util::rt::TokioExecutor;
-    use serde_json::Value;
-
-    pub struct Http {
-        token: String,
-        client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
-    }
-
-    impl Http {
-        pub fn new(token: &str) -> Http {
-            Http {
-                token: token.into(),
-                client: Client::builder(TokioExecutor::new())
-                    .build(hyper_util::client::legacy::connect::HttpConnector::new()),
-            }
-        }
-
-        pub async fn send(&self, method: &str, url: &str, body: Value) -> (StatusCode, Value) {
-            self.request(method, url, body, true).await
-        }
-
-        pub async fn without_token(&self, method: &str, url: &str) -> (StatusCode, Value) {
-            self.request(method, url, Value::Null, false).await
-        }
-
-        async fn request(&self, method: &str, url: &str, body: Value, auth: bool) -> (StatusCode, Value) {
-            let bytes = if body.is_null() { Bytes::new() } else { Bytes::from(serde_json::to_vec(&body).unwrap()) };
-            let mut req = Request::builder().method(method).uri(url).header("content-type", "application/json");
-            if auth {
-                req = req.header("authorization", format!("Bearer {}", self.token));
-            }
-            let resp = self.client.request(req.body(Full::new(bytes)).unwrap()).await.expect("admin API");
-            let status = resp.status();
-            let body = resp.into_body().collect().await.unwrap().to_bytes();
-            (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
-        }
-    }
-}
-
 /// The CLI a newcomer uses: `migrate`, `tenants`, `keys`, `audit`, on SQLite.
 #[tokio::test]
 async fn the_cli_manages_tenants_keys_and_reads_the_audit_log() {
@@ -950,195 +616,6 @@ async fn stateless_clients_are_tenants_too() {
     assert_eq!(globex_records.len(), 1, "globex's one echo: {globex_records:?}");
     assert_eq!(globex_records[0].1.target.as_deref(), Some("alpha__echo"));
     assert!(key_g.starts_with(globex_records[0].1.key_prefix.as_deref().unwrap()));
-    pg.drop_now().await;
-}
-
-/// Revocation "at once on PostgreSQL": with a refresh of a minute, a revoked
-/// key is refused within seconds because the change arrives by
-/// `LISTEN/NOTIFY`; and again after the database restarted (the listener
-/// reconnects).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn revocation_arrives_by_notification_not_by_the_refresh() {
-    let server = PrivatePostgres::start();
-    let pg = TempDatabase::create_on(&server.url).await;
-    let (_alpha, _beta, config) = setup(&pg.url, "").await;
-    let config = config.replace("refresh = \"200ms\"", "refresh = \"60s\"");
-    let admin = admin_for(&config).await;
-    admin.create_tenant("watched", policy(&["alpha"])).await.unwrap();
-    let first = admin.create_key("watched", None).await.unwrap();
-    let second = admin.create_key("watched", None).await.unwrap();
-    let one = Router::start(&config).await;
-    let two = Router::start(&with_own_spool(&config)).await;
-    let soon = Duration::from_secs(10);
-    let refused = |url: String, key: String| async move {
-        let c = Client::with_key(&url, &key);
-        eventually(soon, || async { c.request("ping", json!({})).await.status == StatusCode::UNAUTHORIZED }).await
-    };
-    for r in [&one, &two] {
-        let mut c = Client::with_key(&r.url, &first.key);
-        c.initialize().await;
-    }
-
-    let started = Instant::now();
-    admin.revoke_key(&first.row.prefix).await.unwrap();
-    for r in [&one, &two] {
-        assert!(refused(r.url.clone(), first.key.clone()).await, "refused within seconds, not the minute's refresh");
-    }
-    eprintln!("revoked on both replicas after {:?}", started.elapsed());
-    // A key created now is accepted as quickly.
-    let third = admin.create_key("watched", None).await.unwrap();
-    let c = Client::with_key(&one.url, &third.key);
-    assert!(eventually(soon, || async { c.request("ping", json!({})).await.status == StatusCode::BAD_REQUEST }).await);
-
-    // The database restarts; the routers listen again.
-    server.stop();
-    server.resume();
-    let c = Client::with_key(&two.url, &second.key);
-    assert_eq!(c.request("ping", json!({})).await.status, StatusCode::BAD_REQUEST, "known, no session");
-    let started = Instant::now();
-    admin.revoke_key(&second.row.prefix).await.expect("the admin's pool reconnects");
-    for r in [&one, &two] {
-        assert!(refused(r.url.clone(), second.key.clone()).await, "refused within seconds after a restart too");
-    }
-    eprintln!("after the restart, revoked on both replicas after {:?}", started.elapsed());
-    one.stop().await;
-    two.stop().await;
-    pg.drop_now().await;
-}
-
-/// Keys are secrets: the router keeps their SHA-256 only. A router process
-/// logging at `trace` level is given keys every way they arrive (created
-/// through its admin API, as a bearer token, as `X-API-Key`, on a GET
-/// stream, in an edge device's registration, unknown, revoked), and none
-/// of them appears in its logs, its metrics, or a dump of its database
-/// (audit records included).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_never_appear_in_logs_metrics_or_the_database() {
-    use switchboard_test_support::peers::Process;
-    let pg = TempDatabase::create().await;
-    let token = "an-admin-token-for-this-test";
-    let extra = format!(
-        "[log]\nlevel = \"trace\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n[edge]\nlisten = \"127.0.0.1:0\"\n"
-    );
-    let (_alpha, _beta, config) = setup(&pg.url, &extra).await;
-    let admin = admin_for(&config).await;
-    let mut p = policy(&["alpha"]);
-    p.audit_arguments = true;
-    admin.create_tenant("secretive", p).await.unwrap();
-    let file = std::env::temp_dir().join(unique("sb-keys-") + ".toml");
-    std::fs::write(&file, &config).unwrap();
-    let (mut router, addr) = Process::spawn_announced(
-        &switchboard_test_support::router_binary(),
-        &["serve", "--config", file.to_str().unwrap(), "--listen", "127.0.0.1:0"],
-        &[("RUST_LOG", "trace")],
-        "switchboard listening on",
-    )
-    .await;
-    let url = format!("http://{addr}/mcp");
-    // The other listeners say where they are in lines of their own.
-    let logged_at = |marker: &'static str| {
-        let router = &router;
-        async move {
-            for _ in 0..100 {
-                let found = router.output().iter().find_map(|l| {
-                    let rest = &l[l.find(marker)? + marker.len()..];
-                    rest.split(['/', ' ']).next()?.parse::<std::net::SocketAddr>().ok()
-                });
-                if let Some(addr) = found {
-                    return addr;
-                }
-                // Polling the output: no event to await.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            panic!("no line with {marker:?} within 5 s")
-        }
-    };
-    let admin_addr = logged_at("admin API listening on http://").await;
-    let edge_addr = logged_at("edge devices connect to tcp://").await;
-    let http = reqwest_like::Http::new(token);
-
-    // A key created through the router's own admin API, and used every way.
-    let (status, created) =
-        http.send("POST", &format!("http://{admin_addr}/v1/tenants/secretive/keys"), json!({})).await;
-    assert_eq!(status, StatusCode::CREATED, "{created}");
-    let key = created["key"].as_str().unwrap().to_owned();
-    let mut c = Client::with_key(&url, &key);
-    assert!(
-        eventually(Duration::from_secs(5), || async {
-            c.request("ping", json!({})).await.status == StatusCode::BAD_REQUEST
-        })
-        .await,
-        "the new key is known within seconds"
-    );
-    c.initialize().await;
-    let stream = c.open_stream().await;
-    c.tool_names().await;
-    assert!(c.call_tool("alpha__echo", json!({"note": "hello"})).await["result"].is_object());
-    drop(stream);
-    let reply = Client::new(&url)
-        .post_raw(bytes::Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#), &[("x-api-key", &key)])
-        .await;
-    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "authenticated, without a session");
-    let mut device = crate::edge::RawDevice::connect(edge_addr).await;
-    let registered =
-        device.register(&key, "gadget", json!({"ping": {"description": "p", "parameters": {"type": "object"}}})).await;
-    assert_eq!(registered["type"], "registered", "{registered}");
-    // An unknown key, and a revoked one.
-    let unknown = format!("sb_{}", "Q".repeat(40));
-    assert_eq!(Client::with_key(&url, &unknown).request("ping", json!({})).await.status, StatusCode::UNAUTHORIZED);
-    let (_, second) = http.send("POST", &format!("http://{admin_addr}/v1/tenants/secretive/keys"), json!({})).await;
-    let revoked = second["key"].as_str().unwrap().to_owned();
-    let prefix = second["prefix"].as_str().unwrap();
-    let (status, _) = http.send("DELETE", &format!("http://{admin_addr}/v1/keys/{prefix}"), Value::Null).await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
-    let r = Client::with_key(&url, &revoked);
-    assert!(
-        eventually(Duration::from_secs(5), || async {
-            r.request("ping", json!({})).await.status == StatusCode::UNAUTHORIZED
-        })
-        .await
-    );
-
-    let metrics = get_text(&format!("http://{addr}/metrics")).await;
-    drop(device);
-    // Stopped cleanly: every log line and audit record is out.
-    let pid = nix::unistd::Pid::from_raw(router.child.id().expect("running") as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(30), router.child.wait()).await.unwrap().unwrap();
-    assert!(status.success(), "{status}");
-    let _ = std::fs::remove_file(&file);
-    let dump = std::process::Command::new("pg_dump").args(["--data-only", "--dbname", &pg.url]).output().unwrap();
-    assert!(dump.status.success(), "pg_dump: {}", String::from_utf8_lossy(&dump.stderr));
-    let dump = String::from_utf8(dump.stdout).unwrap();
-    let logs = router.output().join("\n");
-
-    // The dump has the keys' rows and the audit records, by hash and prefix.
-    let sha256 = |text: &str| {
-        use std::io::Write;
-        let mut child = std::process::Command::new("sha256sum")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-        let out = child.wait_with_output().unwrap();
-        String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().to_owned()
-    };
-    assert!(dump.contains(&sha256(&key)) && dump.contains(&sha256(&revoked)), "keys are stored as their SHA-256");
-    assert!(dump.contains(&key[..PREFIX_LEN]) && dump.contains("alpha__echo"), "the audit record is in the dump");
-    assert!(
-        logs.lines().count() > 30 && logs.contains(" DEBUG ") && logs.contains("edge device registered"),
-        "the router logged at debug level and below ({} lines):\n{logs}",
-        logs.lines().count()
-    );
-    // Not one key, nor the secret part after its prefix, anywhere.
-    for secret in [&key, &revoked, &unknown] {
-        let body = &secret[PREFIX_LEN..];
-        for (what, text) in [("logs", &logs), ("metrics", &metrics), ("database", &dump)] {
-            let line = text.lines().find(|l| l.contains(body));
-            assert!(line.is_none(), "a key appears in the {what}: {line:?}");
-        }
-    }
     pg.drop_now().await;
 }
 

@@ -106,6 +106,8 @@ async fn after_redis_restarts_empty_the_replicas_agree_on_the_request_state_key_
     for _ in 0..50 {
         let first = on_a.call("tools/call", json!({"name": "web__sample", "arguments": {"prompt": "after"}})).await;
         if first["result"]["resultType"] != "input_required" {
+            // Polling: the replicas agree once a sweep has put the key
+            // back, which announces nothing a test could await.
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         }
@@ -119,6 +121,7 @@ async fn after_redis_restarts_empty_the_replicas_agree_on_the_request_state_key_
             break;
         }
         assert_eq!(done["error"]["code"], -32602, "refused as not this router's state, or answered: {done}");
+        // Polling, as above.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(agreed, "a round begun at the old replica continues at the new one once they agree on the key");
