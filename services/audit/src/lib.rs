@@ -59,8 +59,8 @@ impl Sink {
                 let mut spool = self.spool.lock().expect("lock");
                 match spool.append(std::slice::from_ref(&record)) {
                     Ok(()) => {
-                        self.metrics.spooled(1);
                         self.metrics.set_spool_bytes(spool.pending_bytes());
+                        self.metrics.spooled(1);
                     }
                     Err(e) => {
                         self.metrics.lost(1);
@@ -265,14 +265,17 @@ impl Writer {
 
     fn spool_batch(&mut self, batch: &mut Vec<AuditRecord>) {
         let mut spool = self.spool.lock().expect("lock");
-        match spool.append(batch) {
+        let appended = spool.append(batch);
+        // The gauge first, as everywhere: whoever sees the records counted
+        // sees the spool's bytes that hold them.
+        self.metrics.set_spool_bytes(spool.pending_bytes());
+        match appended {
             Ok(()) => self.metrics.spooled(batch.len()),
             Err(e) => {
                 self.metrics.lost(batch.len());
                 tracing::error!(error = %e, records = batch.len(), "audit: records lost: the database and the spool both failed");
             }
         }
-        self.metrics.set_spool_bytes(spool.pending_bytes());
         batch.clear();
     }
 
@@ -296,12 +299,10 @@ impl Writer {
                     "audit: unreadable lines in the spool skipped (a write cut short by a crash)"
                 );
             }
+            let mut replayed = 0;
             if !records.is_empty() {
                 match tokio::time::timeout(self.options.write_timeout, self.db.insert_audit(&records)).await {
-                    Ok(Ok(_)) => {
-                        self.metrics.replayed(records.len());
-                        self.metrics.written(records.len());
-                    }
+                    Ok(Ok(_)) => replayed = records.len(),
                     Ok(Err(e)) => {
                         tracing::debug!(error = %e, "audit: database still unavailable");
                         *retry_at = tokio::time::Instant::now() + self.options.retry_every;
@@ -314,12 +315,19 @@ impl Writer {
                 }
             }
             let mut spool = self.spool.lock().expect("lock");
-            if let Err(e) = spool.advance(offset) {
+            let advanced = spool.advance(offset);
+            if advanced.is_ok() {
+                self.metrics.set_spool_bytes(spool.pending_bytes());
+            }
+            // Counted once the spool says so too: whoever sees the records
+            // replayed sees their bytes gone from the spool.
+            self.metrics.replayed(replayed);
+            self.metrics.written(replayed);
+            if let Err(e) = advanced {
                 tracing::error!(error = %e, "audit: cannot record replay progress");
                 *retry_at = tokio::time::Instant::now() + self.options.retry_every;
                 return;
             }
-            self.metrics.set_spool_bytes(spool.pending_bytes());
             if !spool.pending() {
                 tracing::info!("audit: spool replayed; writing to the database again");
                 return;
