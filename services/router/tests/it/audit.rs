@@ -9,13 +9,12 @@ use switchboard_db::Database;
 use switchboard_test_support::services::{PrivatePostgres, TempDatabase};
 use switchboard_test_support::{eventually, Client, Router};
 
-use super::tenancy::{admin_for, policy, setup};
+use super::tenancy::{policy, setup_with_admin};
 
 #[tokio::test]
 async fn every_forwarded_call_leaves_one_audit_record() {
     let pg = TempDatabase::create().await;
-    let (_alpha, _beta, config) = setup(&pg.url, "").await;
-    let admin = admin_for(&config).await;
+    let (_alpha, _beta, config, admin) = setup_with_admin(&pg.url, "").await;
     let mut p = policy(&["alpha"]);
     p.audit_arguments = true;
     admin.create_tenant("audited", p).await.unwrap();
@@ -103,8 +102,7 @@ async fn every_forwarded_call_leaves_one_audit_record() {
 async fn audit_records_survive_a_postgres_outage_exactly_once() {
     let server = PrivatePostgres::start();
     let pg = TempDatabase::create_on(&server.url).await;
-    let (_alpha, _beta, config) = setup(&pg.url, "").await;
-    let admin = admin_for(&config).await;
+    let (_alpha, _beta, config, admin) = setup_with_admin(&pg.url, "").await;
     admin.create_tenant("outage", policy(&["alpha"])).await.unwrap();
     let key = admin.create_key("outage", None).await.unwrap().key;
     let router = Router::start(&config).await;

@@ -56,6 +56,14 @@ async fn database_with_a_key() -> (PrivatePostgres, TempDatabase, MockServer, St
 }
 
 /// `n` calls of `alpha__echo`, each answered.
+/// A router on `text`, and a client of it with `key`, initialized.
+async fn started(text: &str, key: &str) -> (Router, Client) {
+    let router = Router::start(text).await;
+    let mut client = Client::with_key(&router.url, key);
+    client.initialize().await;
+    (router, client)
+}
+
 async fn calls(client: &Client, n: usize) {
     for i in 0..n {
         let reply = client.call_tool("alpha__echo", json!({"i": i})).await;
@@ -144,9 +152,7 @@ async fn a_database_outage_while_running_is_served_from_memory_and_followed_afte
     let (server, pg, alpha, key) = database_with_a_key().await;
     let spool = spool_path();
     let text = config(&pg.url, &spool, "write_timeout = \"1s\"", &alpha);
-    let router = Router::start(&text).await;
-    let mut client = Client::with_key(&router.url, &key);
-    client.initialize().await;
+    let (router, client) = started(&text, &key).await;
     calls(&client, 2).await;
     assert_eq!(router.metric("switchboard_tenant_directory_db_up", &[]).await, 1.0);
 
@@ -195,9 +201,7 @@ async fn a_full_audit_queue_has_each_request_spool_its_own_record_and_none_is_lo
     // A queue of two, and a writer that waits long for a database that
     // stopped answering (frozen, not down: its insert hangs).
     let text = config(&pg.url, &spool_path(), "queue = 2\nwrite_timeout = \"30s\"", &alpha);
-    let router = Router::start(&text).await;
-    let mut client = Client::with_key(&router.url, &key);
-    client.initialize().await;
+    let (router, client) = started(&text, &key).await;
     calls(&client, 3).await;
     let mut total = 3;
 
@@ -234,9 +238,7 @@ async fn records_that_reach_neither_the_database_nor_the_spool_are_counted_as_lo
     let (server, pg, alpha, key) = database_with_a_key().await;
     // A spool on a disk that is always full.
     let text = config(&pg.url, Path::new("/dev/full"), "write_timeout = \"1s\"", &alpha);
-    let router = Router::start(&text).await;
-    let mut client = Client::with_key(&router.url, &key);
-    client.initialize().await;
+    let (router, client) = started(&text, &key).await;
     calls(&client, 2).await;
     let written = || async { router.metric("switchboard_audit_records_total", &["event=\"written\""]).await };
     assert!(eventually(WAIT, || async { written().await == 2.0 }).await);
@@ -260,9 +262,7 @@ async fn the_spool_of_a_stopped_router_is_replayed_by_the_next_one_exactly_once(
     let (server, pg, alpha, key) = database_with_a_key().await;
     let spool = spool_path();
     let text = config(&pg.url, &spool, "write_timeout = \"1s\"", &alpha);
-    let first = Router::start(&text).await;
-    let mut client = Client::with_key(&first.url, &key);
-    client.initialize().await;
+    let (first, client) = started(&text, &key).await;
     calls(&client, 2).await;
     assert!(
         eventually(WAIT, || async {

@@ -8,15 +8,14 @@ use serde_json::{json, Value};
 use switchboard_test_support::services::{unique, PrivatePostgres, TempDatabase};
 use switchboard_test_support::{eventually, get_text, Client, Router};
 
-use super::tenancy::{admin_for, policy, setup, with_own_spool};
+use super::tenancy::{admin_for, policy, setup, setup_with_admin, with_own_spool};
 
 const PREFIX_LEN: usize = switchboard_tenancy::PREFIX_LEN;
 
 #[tokio::test]
 async fn key_lifecycle_through_the_admin_api_on_two_replicas() {
     let pg = TempDatabase::create().await;
-    let (_alpha, _beta, config) = setup(&pg.url, "").await;
-    let admin = admin_for(&config).await;
+    let (_alpha, _beta, config, admin) = setup_with_admin(&pg.url, "").await;
     let token = "an-admin-token-of-some-length";
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin_url = format!("http://{}", listener.local_addr().unwrap());
@@ -226,8 +225,7 @@ async fn keys_never_appear_in_logs_metrics_or_the_database() {
     let extra = format!(
         "[log]\nlevel = \"trace\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n[edge]\nlisten = \"127.0.0.1:0\"\n"
     );
-    let (_alpha, _beta, config) = setup(&pg.url, &extra).await;
-    let admin = admin_for(&config).await;
+    let (_alpha, _beta, config, admin) = setup_with_admin(&pg.url, &extra).await;
     let mut p = policy(&["alpha"]);
     p.audit_arguments = true;
     admin.create_tenant("secretive", p).await.unwrap();

@@ -29,6 +29,13 @@ pub(super) async fn setup(database_url: &str, extra: &str) -> (MockServer, MockS
     (alpha, beta, config)
 }
 
+/// `setup`, and the admin interface on its database (migrated).
+pub(super) async fn setup_with_admin(database_url: &str, extra: &str) -> (MockServer, MockServer, String, Admin) {
+    let (alpha, beta, config) = setup(database_url, extra).await;
+    let admin = admin_for(&config).await;
+    (alpha, beta, config, admin)
+}
+
 /// A second router config on the same database needs its own spool.
 pub(super) fn with_own_spool(config: &str) -> String {
     let spool = std::env::temp_dir().join(unique("sb-spool-")).join("audit.spool");
@@ -73,8 +80,7 @@ async fn migrations_apply_to_empty_databases_and_again() {
     lite.migrate().await.expect("first migration on SQLite");
     lite.migrate().await.expect("second migration on SQLite is a no-op");
 
-    let (_alpha, _beta, config) = setup(&sqlite, "").await;
-    let admin = admin_for(&config).await;
+    let (_alpha, _beta, config, admin) = setup_with_admin(&sqlite, "").await;
     admin.create_tenant("solo", policy(&["alpha"])).await.unwrap();
     let key = admin.create_key("solo", None).await.unwrap().key;
     let router = Router::start(&config).await;
@@ -94,8 +100,7 @@ async fn migrations_apply_to_empty_databases_and_again() {
 #[tokio::test]
 async fn each_tenant_sees_exactly_its_own_catalog() {
     let pg = TempDatabase::create().await;
-    let (_alpha, _beta, config) = setup(&pg.url, "").await;
-    let admin = admin_for(&config).await;
+    let (_alpha, _beta, config, admin) = setup_with_admin(&pg.url, "").await;
     let mut acme = policy(&["alpha"]);
     acme.tools.insert("alpha".into(), ToolFilter { allow: vec![], deny: vec!["big".into(), "fail".into()] });
     admin.create_tenant("acme", acme).await.unwrap();
@@ -167,8 +172,7 @@ const PREFIX_LEN: usize = switchboard_tenancy::PREFIX_LEN;
 #[tokio::test]
 async fn a_burst_over_the_limit_gets_429_with_retry_after() {
     let pg = TempDatabase::create().await;
-    let (alpha, _beta, config) = setup(&pg.url, "").await;
-    let admin = admin_for(&config).await;
+    let (alpha, _beta, config, admin) = setup_with_admin(&pg.url, "").await;
     let mut p = policy(&["alpha"]);
     p.limits = Limits { key: Some(Rate { per_second: 0.5, burst: 3 }), ..Limits::default() };
     admin.create_tenant("limited", p).await.unwrap();
@@ -282,8 +286,7 @@ async fn limits_are_shared_through_redis_and_local_when_it_is_gone() {
     let mut redis = PrivateRedis::start();
     let pg = TempDatabase::create().await;
     let extra = format!("[redis]\nurl = \"{}\"\nkey_prefix = \"{}:\"\n", redis.url, unique("sbtest"));
-    let (_alpha, _beta, config) = setup(&pg.url, &extra).await;
-    let admin = admin_for(&config).await;
+    let (_alpha, _beta, config, admin) = setup_with_admin(&pg.url, &extra).await;
     let mut p = policy(&["alpha"]);
     p.limits = Limits { tenant: Some(Rate { per_second: 0.2, burst: 6 }), ..Limits::default() };
     admin.create_tenant("shared", p).await.unwrap();
@@ -332,8 +335,7 @@ async fn redis_limits_refill_are_taken_together_and_are_shared_again_after_an_ou
     let mut redis = PrivateRedis::start();
     let pg = TempDatabase::create().await;
     let extra = format!("[redis]\nurl = \"{}\"\nkey_prefix = \"{}:\"\n", redis.url, unique("sbtest"));
-    let (_alpha, _beta, config) = setup(&pg.url, &extra).await;
-    let admin = admin_for(&config).await;
+    let (_alpha, _beta, config, admin) = setup_with_admin(&pg.url, &extra).await;
     let never = |burst| Some(Rate { per_second: 0.001, burst });
     let mut p = policy(&["alpha"]);
     p.limits = Limits { key: never(4), tool: never(1), ..Limits::default() };
@@ -526,8 +528,7 @@ async fn the_cli_manages_tenants_keys_and_reads_the_audit_log() {
 #[tokio::test]
 async fn stateless_clients_are_tenants_too() {
     let pg = TempDatabase::create().await;
-    let (alpha, beta, config) = setup(&pg.url, "").await;
-    let admin = admin_for(&config).await;
+    let (alpha, beta, config, admin) = setup_with_admin(&pg.url, "").await;
     let mut acme = policy(&["alpha"]);
     acme.tools.insert("alpha".into(), ToolFilter { allow: vec![], deny: vec!["fail".into()] });
     admin.create_tenant("acme", acme).await.unwrap();
@@ -625,8 +626,7 @@ async fn stateless_clients_are_tenants_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_pages_hold_exactly_its_filtered_tools() {
     let pg = TempDatabase::create().await;
-    let (_alpha, _beta, config) = setup(&pg.url, "[catalog]\npage_size = 2").await;
-    let admin = admin_for(&config).await;
+    let (_alpha, _beta, config, admin) = setup_with_admin(&pg.url, "[catalog]\npage_size = 2").await;
     let mut p = policy(&["alpha", "beta"]);
     p.tools.insert("alpha".into(), ToolFilter { allow: vec!["echo".into(), "s*".into()], deny: vec![] });
     p.tools.insert("beta".into(), ToolFilter { allow: vec!["t*".into(), "c*".into()], deny: vec!["touch".into()] });
