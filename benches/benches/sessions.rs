@@ -80,7 +80,7 @@ fn store_ops(rt: &tokio::runtime::Runtime, name: &str, store: Arc<dyn SessionSto
             store.touch(id).await.expect("touch");
             touch.push(started.elapsed());
             let started = Instant::now();
-            store.load(id).await.expect("load").expect("live");
+            store.load(id).await.expect("load").live().expect("live");
             load.push(started.elapsed());
         }
         row(&format!("{name}: touch"), &mut touch);

@@ -189,6 +189,9 @@ fn main() -> Result<()> {
         Command::CheckConfig { file } => {
             let config = Config::load(&file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
             println!("{}: ok", file.display());
+            for note in config.notes() {
+                println!("note: {note}");
+            }
             println!("listen: {}", config.server.listen);
             for u in &config.upstreams {
                 let how = match &u.transport {
@@ -255,6 +258,9 @@ fn main() -> Result<()> {
                 config.server.listen = listen;
             }
             init_logging(&config);
+            for note in config.notes() {
+                tracing::warn!("{note}");
+            }
             let runtime = runtime(&config).context("starting the async runtime")?;
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::bind(config.server.listen)

@@ -6,9 +6,13 @@
 //! request wait for a Redis that is down; callers then fall back to what they
 //! can do locally. The connection itself (redis-rs's `ConnectionManager`)
 //! reconnects by itself.
+//!
+//! The links to one Redis share a [`RedisHealth`]: when calls stop getting
+//! through it logs one warning, when they get through again one info line,
+//! whichever link noticed (and `switchboard_redis_up` follows).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,6 +35,70 @@ pub enum RedisError {
     Answer(String),
 }
 
+impl RedisError {
+    /// Whether Redis could not be reached (rather than answering something
+    /// unexpected, or the link holding back after a failure).
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            RedisError::Timeout(_) => true,
+            RedisError::Redis(e) => {
+                e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
+            }
+            RedisError::Backoff | RedisError::Answer(_) => false,
+        }
+    }
+}
+
+const UNKNOWN: u8 = 0;
+const UP: u8 = 1;
+const DOWN: u8 = 2;
+
+/// Whether Redis answers, as every link to it sees it.
+pub struct RedisHealth {
+    state: AtomicU8,
+    up: Option<crate::metrics::IntGauge>,
+}
+
+impl RedisHealth {
+    /// Health reported in `switchboard_redis_up` (registered in `registry`).
+    pub fn new(registry: &crate::metrics::Registry) -> Arc<RedisHealth> {
+        let up = crate::metrics::gauge(
+            registry,
+            "switchboard_redis_up",
+            "1 while Redis answers (sessions, streams, shared limits), 0 while it cannot be reached.",
+        );
+        Arc::new(RedisHealth { state: AtomicU8::new(UNKNOWN), up: Some(up) })
+    }
+
+    /// Health with no metric (a link of its own, in tools and tests).
+    pub fn unreported() -> Arc<RedisHealth> {
+        Arc::new(RedisHealth { state: AtomicU8::new(UNKNOWN), up: None })
+    }
+
+    /// Whether Redis answered the last call (any link's).
+    pub fn is_up(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == UP
+    }
+
+    fn answered(&self) {
+        if let Some(up) = &self.up {
+            up.set(1);
+        }
+        if self.state.swap(UP, Ordering::Relaxed) == DOWN {
+            tracing::info!("Redis answers again: sessions, streams and rate limits are shared across replicas again");
+        }
+    }
+
+    fn unreachable(&self, error: &RedisError) {
+        if let Some(up) = &self.up {
+            up.set(0);
+        }
+        if self.state.swap(DOWN, Ordering::Relaxed) != DOWN {
+            tracing::warn!(%error, "Redis cannot be reached: each replica serves the sessions it holds, rate limits are local, shared stream events wait, until it answers again");
+        }
+    }
+}
+
 /// A lazily connected, self-healing connection to one Redis server.
 pub struct RedisLink {
     client: redis::Client,
@@ -41,11 +109,25 @@ pub struct RedisLink {
     /// While now (ms since `epoch`) is before this, do not try Redis.
     retry_at_ms: AtomicU64,
     epoch: Instant,
+    health: Arc<RedisHealth>,
+    /// The last call failed: the connection may be a dead one.
+    failed: std::sync::atomic::AtomicBool,
 }
 
 impl RedisLink {
     /// `url` is `redis://host:port[/db]`; nothing connects until first use.
     pub fn new(url: &str, prefix: &str, timeout: Duration) -> Result<Arc<RedisLink>, redis::RedisError> {
+        Self::with_health(url, prefix, timeout, RedisHealth::unreported())
+    }
+
+    /// A link that reports to `health`, shared with the other links to
+    /// the same Redis.
+    pub fn with_health(
+        url: &str,
+        prefix: &str,
+        timeout: Duration,
+        health: Arc<RedisHealth>,
+    ) -> Result<Arc<RedisLink>, redis::RedisError> {
         Ok(Arc::new(RedisLink {
             client: redis::Client::open(url)?,
             connection: OnceCell::new(),
@@ -53,6 +135,8 @@ impl RedisLink {
             timeout,
             retry_at_ms: AtomicU64::new(0),
             epoch: Instant::now(),
+            health,
+            failed: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -78,10 +162,20 @@ impl RedisLink {
     /// `shared_streams.rs`), bounded by the connection timeout.
     pub async fn pubsub(&self) -> Result<redis::aio::PubSub, RedisError> {
         let limit = self.timeout.max(Duration::from_millis(200));
-        tokio::time::timeout(limit, self.client.get_async_pubsub())
+        let result = tokio::time::timeout(limit, self.client.get_async_pubsub())
             .await
-            .map_err(|_| RedisError::Timeout(limit))?
-            .map_err(RedisError::from)
+            .map_err(|_| RedisError::Timeout(limit))
+            .and_then(|r| r.map_err(RedisError::from));
+        self.report(&result);
+        result
+    }
+
+    fn report<T>(&self, result: &Result<T, RedisError>) {
+        match result {
+            Ok(_) => self.health.answered(),
+            Err(e) if e.is_unreachable() => self.health.unreachable(e),
+            Err(_) => {}
+        }
     }
 
     /// Runs `work` on the connection within the timeout, unless Redis failed
@@ -97,12 +191,35 @@ impl RedisLink {
         }
         let result = async {
             let connection = self.connection().await?;
+            if self.failed.load(Ordering::Relaxed) {
+                self.revive(connection.clone()).await?;
+            }
             tokio::time::timeout(self.timeout, work(connection)).await.map_err(|_| RedisError::Timeout(self.timeout))?
         }
         .await;
+        self.failed.store(result.is_err(), Ordering::Relaxed);
         if result.is_err() {
             self.retry_at_ms.store(now + BACKOFF.as_millis() as u64, Ordering::Relaxed);
         }
+        self.report(&result);
         result
+    }
+
+    /// After a failure the connection may be one Redis dropped (it
+    /// restarted): a PING finds out, and the connection manager then
+    /// reconnects, so a second PING (at once) is on a live connection. The
+    /// call that follows is not the one to fail on the dead connection.
+    async fn revive(&self, connection: ConnectionManager) -> Result<(), RedisError> {
+        let ping = |mut c: ConnectionManager| async move {
+            let answer = tokio::time::timeout(self.timeout, redis::cmd("PING").query_async::<String>(&mut c)).await;
+            answer.map_err(|_| RedisError::Timeout(self.timeout))?.map_err(RedisError::from)
+        };
+        match ping(connection.clone()).await {
+            Ok(_) => Ok(()),
+            Err(RedisError::Redis(e)) if e.is_connection_dropped() || e.is_io_error() => {
+                ping(connection).await.map(|_| ())
+            }
+            Err(e) => Err(e),
+        }
     }
 }

@@ -109,6 +109,11 @@ impl Mock {
         self.server.live_sessions()
     }
 
+    /// How many sessions have their GET stream open now.
+    pub fn listening_sessions(&self) -> usize {
+        self.server.listening_sessions()
+    }
+
     /// How many `subscriptions/listen` streams (2026-07-28) are open now.
     pub fn listen_streams(&self) -> usize {
         self.server.listeners.len()

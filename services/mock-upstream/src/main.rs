@@ -4,7 +4,8 @@
 //! switchboard-mock --stdio [--name N] [--allow-exit] [--conformance]
 //! switchboard-mock --http 127.0.0.1:3001 [--name N] [--stateless] [--tools N] [--sse] [--page-size N]
 //!                  [--list-delay-ms MS] [--unknown-session-status 400] [--threads N]
-//!                  [--modern | --modern-only] [--check-host | --any-host] [--state-key KEY] [--list-ttl-ms MS]
+//!                  [--modern | --modern-only | --discover-2026-only] [--check-host | --any-host] [--state-key KEY]
+//!                  [--list-ttl-ms MS] [--initialize-delay-ms MS]
 //! ```
 //!
 //! With `--modern`, each HTTP POST is answered in its era: MCP 2026-07-28
@@ -36,6 +37,15 @@ fn main() -> Result<()> {
                 options.modern = true;
                 options.modern_only = true;
             }
+            "--discover-2026-only" => {
+                options.modern = true;
+                options.discover_modern_only = true;
+            }
+            "--initialize-delay-ms" => {
+                let ms: u64 =
+                    value("--initialize-delay-ms")?.parse().context("--initialize-delay-ms takes a number")?;
+                options.initialize_delay = std::time::Duration::from_millis(ms);
+            }
             "--check-host" => options.check_host = true,
             "--any-host" => any_host = true,
             "--state-key" => options.state_key = value("--state-key")?,
@@ -60,7 +70,8 @@ fn main() -> Result<()> {
                 println!(
                     "switchboard-mock (--stdio [--allow-exit] | --http ADDR) [--conformance] [--name NAME] [--stateless] [--sse] [--tools N] \
                      [--page-size N] [--list-delay-ms MS] [--unknown-session-status CODE] [--threads N] \
-                     [--modern | --modern-only] [--check-host | --any-host] [--state-key KEY] [--list-ttl-ms MS]"
+                     [--modern | --modern-only | --discover-2026-only] [--check-host | --any-host] [--state-key KEY] \
+                     [--list-ttl-ms MS] [--initialize-delay-ms MS]"
                 );
                 return Ok(());
             }

@@ -54,6 +54,13 @@ pub struct Options {
     /// With `modern`: speak only 2026-07-28 (discovery lists no other
     /// version, and `initialize` is refused), as a stateless-only server.
     pub modern_only: bool,
+    /// With `modern`: serve both eras, but list only 2026-07-28 in
+    /// `server/discover` (and put `serverInfo` in its `_meta`), as the
+    /// official conformance server does.
+    pub discover_modern_only: bool,
+    /// Wait this long before answering `initialize` (so that two router
+    /// replicas opening a session race).
+    pub initialize_delay: Duration,
     /// Refuse requests whose `Host` or `Origin` is not localhost (DNS
     /// rebinding protection, HTTP 403).
     pub check_host: bool,
@@ -78,6 +85,8 @@ impl Default for Options {
             conformance: false,
             modern: false,
             modern_only: false,
+            discover_modern_only: false,
+            initialize_delay: Duration::ZERO,
             check_host: false,
             state_key: "switchboard-mock".into(),
             list_ttl_ms: 0,
@@ -220,6 +229,16 @@ impl Server {
         self.sessions.lock().expect("lock").len()
     }
 
+    /// Sessions whose GET stream is open (a client listens for messages
+    /// not tied to a request).
+    pub fn listening_sessions(&self) -> usize {
+        let sessions = self.sessions.lock().expect("lock");
+        sessions
+            .values()
+            .filter(|s| s.unsolicited.lock().expect("lock").as_ref().is_some_and(|sink| !sink.is_closed()))
+            .count()
+    }
+
     /// Handles one received message.
     pub async fn handle(self: &Arc<Self>, session: &Arc<Session>, body: Bytes) -> Reply {
         let env = match Envelope::parse(&body) {
@@ -270,6 +289,9 @@ impl Server {
                 err(code::METHOD_NOT_FOUND, "this server speaks only MCP 2026-07-28: no initialize")
             }
             "initialize" => {
+                if !self.opts.initialize_delay.is_zero() {
+                    tokio::time::sleep(self.opts.initialize_delay).await;
+                }
                 self.stats.initialize.fetch_add(1, Ordering::Relaxed);
                 let requested: Value = serde_json::from_str(params).unwrap_or(Value::Null);
                 let requested = requested["protocolVersion"].as_str().unwrap_or("");

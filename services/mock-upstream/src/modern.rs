@@ -346,6 +346,16 @@ fn check_param_headers(
 }
 
 fn discover(server: &Server) -> Value {
+    if server.opts.discover_modern_only {
+        // As the official conformance server answers: one version, and
+        // the server's implementation in `_meta`.
+        return json!({
+            "supportedVersions": [MODERN],
+            "capabilities": crate::mcp::capabilities(),
+            "_meta": {"io.modelcontextprotocol/serverInfo": server_info(server)},
+            "instructions": format!("Mock upstream {}.", server.opts.name),
+        });
+    }
     json!({
         "supportedVersions": supported(server),
         "capabilities": crate::mcp::capabilities(),

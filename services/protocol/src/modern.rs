@@ -70,6 +70,60 @@ pub fn request_meta(params: Option<&RawValue>) -> Result<Option<RequestMeta<'_>>
         .map_err(|e| ParseError::Invalid(Cow::Owned(format!("params._meta: {e}"))))
 }
 
+/// The prefix of the `_meta` keys the era reserves (`io.modelcontextprotocol/…`).
+pub const RESERVED_META_PREFIX: &str = "io.modelcontextprotocol/";
+
+/// `message` (a request) without the era's reserved keys in its
+/// `params._meta`, for a session-era peer, which refuses them (or may):
+/// `None` if it has none. The other `_meta` members (`progressToken`,
+/// anything else) stay, in their order, as the bytes they were; nothing
+/// outside `_meta` is touched.
+pub fn without_era_meta(message: &[u8]) -> Option<bytes::Bytes> {
+    let env = crate::jsonrpc::Envelope::parse(message).ok()?;
+    let wire: ParamsMeta<'_> = serde_json::from_str(env.params?.get()).ok()?;
+    let meta = wire.meta?;
+    let members: MetaMembers<'_> = serde_json::from_str(meta.get()).ok()?;
+    if !members.0.iter().any(|(k, _)| k.starts_with(RESERVED_META_PREFIX)) {
+        return None;
+    }
+    let mut kept = Vec::with_capacity(meta.get().len());
+    kept.push(b'{');
+    for (key, value) in members.0.iter().filter(|(k, _)| !k.starts_with(RESERVED_META_PREFIX)) {
+        if kept.len() > 1 {
+            kept.push(b',');
+        }
+        kept.extend_from_slice(&crate::jsonrpc::json_string(key));
+        kept.push(b':');
+        kept.extend_from_slice(value.get().as_bytes());
+    }
+    kept.push(b'}');
+    let at = crate::jsonrpc::span(message, meta.get());
+    Some(crate::rewrite::splice(message, &mut [crate::rewrite::Edit::new(at, &kept)]))
+}
+
+/// An object's members in order, values raw.
+struct MetaMembers<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for MetaMembers<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = MetaMembers<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    out.push((key, map.next_value::<&'de RawValue>()?));
+                }
+                Ok(MetaMembers(out))
+            }
+        }
+        d.deserialize_map(Members)
+    }
+}
+
 /// A header value as text: trimmed, and decoded if it is in the
 /// `=?base64?…?=` form the era uses for values that are not plain ASCII
 /// (`Mcp-Name`, `Mcp-Param-*`). `None` if that form does not decode to UTF-8.
@@ -92,6 +146,28 @@ pub fn header_value_text(text: &str) -> String {
         return text.to_owned();
     }
     format!("=?base64?{}?=", base64::engine::general_purpose::STANDARD.encode(text))
+}
+
+/// The `Mcp-Param-*` headers a `tools/call` of `tool` (its definition, as
+/// `tools/list` gives it) carries: one for each argument its input schema
+/// marks with `x-mcp-header`, whose value is a string, number or boolean.
+/// Returns (header name, in lower case; value, in the era's header form).
+pub fn mirrored_params(tool: &serde_json::Value, arguments: Option<&serde_json::Value>) -> Vec<(String, String)> {
+    use serde_json::Value;
+    let Some(properties) = tool.pointer("/inputSchema/properties").and_then(Value::as_object) else {
+        return Vec::new();
+    };
+    let mut headers = Vec::new();
+    for (argument, schema) in properties {
+        let Some(suffix) = schema.get("x-mcp-header").and_then(Value::as_str) else { continue };
+        let text = match arguments.and_then(|a| a.get(argument)) {
+            Some(Value::String(s)) => s.clone(),
+            Some(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string(),
+            _ => continue,
+        };
+        headers.push((format!("mcp-param-{}", suffix.to_ascii_lowercase()), header_value_text(&text)));
+    }
+    headers
 }
 
 /// The log levels, least severe first (RFC 5424 order).
@@ -125,6 +201,31 @@ mod tests {
         assert!(request_meta(Some(&raw(r#"{"_meta":[1]}"#))).is_err());
         assert_eq!(log_rank("warning"), Some(3));
         assert_eq!(log_rank("loud"), None);
+    }
+
+    #[test]
+    fn era_meta_is_taken_out_for_session_peers_and_nothing_else() {
+        let call = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t","arguments":{"_meta":{"io.modelcontextprotocol/x":1}},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","progressToken":"p 1","io.modelcontextprotocol/clientCapabilities":{"sampling":{}},"trace":{"a":[1,2]}}}}"#;
+        let out = without_era_meta(call).expect("reserved keys to take out");
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t","arguments":{"_meta":{"io.modelcontextprotocol/x":1}},"_meta":{"progressToken":"p 1","trace":{"a":[1,2]}}}}"#,
+            "arguments untouched; the other _meta members kept in order"
+        );
+        let only = br#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+        assert_eq!(
+            &without_era_meta(only).unwrap()[..],
+            br#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"_meta":{}}}"#
+        );
+        // Escaped keys are read as keys, and written back escaped.
+        let escaped = br#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"_meta":{"io.modelcontextprotocol\/logLevel":"info","k\"q":2}}}"#;
+        assert_eq!(
+            &without_era_meta(escaped).unwrap()[..],
+            br#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"_meta":{"k\"q":2}}}"#
+        );
+        assert!(without_era_meta(br#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"_meta":{"progressToken":1}}}"#)
+            .is_none());
+        assert!(without_era_meta(br#"{"jsonrpc":"2.0","id":1,"method":"m"}"#).is_none());
     }
 
     #[test]

@@ -118,10 +118,20 @@ impl App {
             )?),
             _ => None,
         };
+        // Every link to Redis reports to one health: one line when it goes, one when it is back.
+        let redis_health = match &config.redis.url {
+            Some(_) => switchboard_core::redis::RedisHealth::new(metrics.registry()),
+            None => switchboard_core::redis::RedisHealth::unreported(),
+        };
         let redis = match &config.redis.url {
             Some(url) => Some(
-                switchboard_core::redis::RedisLink::new(url, &config.redis.key_prefix, config.redis.timeout)
-                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
+                switchboard_core::redis::RedisLink::with_health(
+                    url,
+                    &config.redis.key_prefix,
+                    config.redis.timeout,
+                    redis_health.clone(),
+                )
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
             ),
             None => None,
         };
@@ -129,10 +139,11 @@ impl App {
         // The streams get a connection of their own (see shared_streams.rs).
         let shared_streams = match (&config.redis.url, config.sessions.redis) {
             (Some(url), true) => Some(SharedStreams::start(
-                switchboard_core::redis::RedisLink::new(
+                switchboard_core::redis::RedisLink::with_health(
                     url,
                     &config.redis.key_prefix,
                     switchboard_session::shared_streams::TIMEOUT,
+                    redis_health.clone(),
                 )
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
                 config.server.session_idle_timeout,
@@ -227,6 +238,12 @@ impl App {
         });
         if let Some(shared) = app.sessions.shared_streams() {
             let weak = Arc::downgrade(&app);
+            shared.on_event(Box::new(move |event, session, argument| {
+                if let Some(app) = weak.upgrade() {
+                    app.sessions.on_event(event, session, argument);
+                }
+            }));
+            let weak = Arc::downgrade(&app);
             shared.on_cancel(Box::new(move |session, notification| {
                 let Some(app) = weak.upgrade() else { return };
                 // Another replica's client answered an input request awaited here.
@@ -305,6 +322,19 @@ impl App {
                 app.reassert_state_key().await;
             }
         });
+        if self.sessions.shared_streams().is_some() {
+            // A store that restarted empty is noticed within a second, and
+            // this replica's sessions written back.
+            let app = Arc::downgrade(self);
+            tokio::spawn(async move {
+                loop {
+                    let Some(sessions) = app.upgrade() else { return };
+                    sessions.sessions.check_generation().await;
+                    drop(sessions);
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            });
+        }
     }
 
     /// Registers a legacy HTTP+SSE connection until its `initialize` arrives
@@ -421,12 +451,16 @@ impl App {
 /// Cross-replica state of the stateless bridge: awaited answers and the
 /// `requestState` key.
 impl App {
-    /// Waits for the answer of session `session`'s client to the input
-    /// request `ours` (an id of the form `m.…`, unique to this request).
-    pub fn await_answer(self: &Arc<Self>, session: &Arc<str>, ours: &str) -> Awaiting {
+    /// Waits (at most `ttl`) for the answer of session `session`'s client
+    /// to the input request `ours` (an id of the form `m.…`, unique to this
+    /// request); with shared sessions, every replica can tell it is awaited.
+    pub async fn await_answer(self: &Arc<Self>, session: &Arc<str>, ours: &str, ttl: Duration) -> Awaiting {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.awaiting.lock().expect("lock").insert(ours.to_owned(), (session.clone(), tx));
-        Awaiting { rx, app: Arc::downgrade(self), ours: ours.to_owned() }
+        if let Some(shared) = self.sessions.shared_streams() {
+            shared.expect_answer(session, ours, ttl).await;
+        }
+        Awaiting { rx, app: Arc::downgrade(self), ours: ours.to_owned(), session: session.clone() }
     }
 
     /// Hands the answer session `session`'s client sent to the request
@@ -542,12 +576,17 @@ pub struct Awaiting {
     pub rx: tokio::sync::oneshot::Receiver<Bytes>,
     app: std::sync::Weak<App>,
     ours: String,
+    session: Arc<str>,
 }
 
 impl Drop for Awaiting {
     fn drop(&mut self) {
         if let Some(app) = self.app.upgrade() {
             app.awaiting.lock().expect("lock").remove(&self.ours);
+            if let Some(shared) = app.sessions.shared_streams().cloned() {
+                let (session, ours) = (self.session.clone(), std::mem::take(&mut self.ours));
+                tokio::spawn(async move { shared.forget_answer(&session, &ours).await });
+            }
         }
     }
 }

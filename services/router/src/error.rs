@@ -104,6 +104,13 @@ pub enum Error {
     /// A `requestState` the router did not issue, or one that expired.
     #[error("invalid requestState: {0}")]
     InvalidRequestState(String),
+    /// The client answered a server request the router does not know of
+    /// (not one it relayed, or one no upstream awaits any more).
+    #[error("no request with id {0} awaits an answer from this session")]
+    UnknownAnswer(String),
+    /// The client's answer could not be passed to the upstream that asked.
+    #[error("the answer could not be delivered to upstream {upstream:?}: {source}")]
+    AnswerNotDelivered { upstream: Arc<str>, source: UpstreamError },
 }
 
 impl From<switchboard_session::SessionError> for Error {
@@ -185,6 +192,10 @@ impl Error {
             Error::MissingCapability(_) => {
                 (Downstream, StatusCode::BAD_REQUEST, modern::MISSING_CAPABILITY, "missing_capability")
             }
+            Error::UnknownAnswer(_) => (Downstream, StatusCode::BAD_REQUEST, code::INVALID_REQUEST, "unknown_answer"),
+            Error::AnswerNotDelivered { .. } => {
+                (Upstream, StatusCode::BAD_GATEWAY, code::INTERNAL_ERROR, "answer_not_delivered")
+            }
         }
     }
 
@@ -246,9 +257,9 @@ impl Error {
     /// Structured detail for the JSON-RPC `data` member.
     pub fn data(&self) -> Option<serde_json::Value> {
         match self {
-            Error::UpstreamTimeout { upstream, .. } | Error::Upstream { upstream, .. } => {
-                Some(serde_json::json!({ "upstream": &**upstream }))
-            }
+            Error::UpstreamTimeout { upstream, .. }
+            | Error::Upstream { upstream, .. }
+            | Error::AnswerNotDelivered { upstream, .. } => Some(serde_json::json!({ "upstream": &**upstream })),
             Error::UnknownTool(name) => Some(serde_json::json!({ "tool": name })),
             Error::InvalidArguments { tool, invalid } => {
                 Some(serde_json::json!({ "tool": tool, "path": invalid.path, "problem": invalid.message }))

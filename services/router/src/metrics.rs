@@ -117,6 +117,12 @@ impl Metrics {
         })
     }
 
+    /// The one registry, for a layer that registers its metrics later
+    /// (Redis's health, only when Redis is configured).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// An HTTP request refused before the MCP layer, by reason.
     pub fn rejected(&self, reason: &str) {
         self.rejections.with_label_values(&[reason]).inc();

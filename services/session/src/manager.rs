@@ -9,6 +9,12 @@
 //!   slides its expiry). Ended elsewhere: the copy is dropped and the client
 //!   told the session is gone. Unknown to the store (Redis lost it): the copy
 //!   is written back. The store unreachable: the copy serves on.
+//! - **The store restarting empty** costs no live session: every replica
+//!   watches the store's generation ([`Sessions::check_generation`], once a
+//!   second) and writes every session it holds back when it changes; and a
+//!   replica asked for a session the store does not know, shortly after
+//!   such a restart, asks the replicas to write it back (`repair`) and
+//!   waits a bounded time for the one holding it before answering 404.
 //! - **Ending.** DELETE removes the session from the store and ends every
 //!   upstream session the store lists, opened by whichever replica. Expiry:
 //!   each replica's sweep asks the store for expired sessions, and the store
@@ -22,14 +28,28 @@ use switchboard_core::UpstreamId;
 use switchboard_upstream::{Inbox, Upstreams};
 
 use crate::registry::Registry;
+use crate::shared_streams::Event;
 use crate::shared_streams::SharedStreams;
-use crate::store::{Repair, SessionStore, Stored, Touch};
+use crate::store::{Loaded, Repair, SessionStore, Stored, Touch};
 use crate::{Client, Context, Metrics, Relay, Session, SessionError};
 
 /// A replica forgets a stored session it has not used for this long (at
 /// most; less if sessions expire sooner), while other replicas may go on
 /// with it.
 const LOCAL_KEEP: Duration = Duration::from_secs(300);
+
+/// How long after the store lost everything a replica that does not hold
+/// an unknown session asks the others to write it back (after that, every
+/// holder has long since written its sessions back).
+const REPAIR_WINDOW: Duration = Duration::from_secs(60);
+/// The longest a request waits for another replica to write its session back.
+const REPAIR_WAIT: Duration = Duration::from_secs(3);
+
+/// How long a request for a session this replica does not hold waits for
+/// a store that cannot answer, before 503.
+const LOAD_PATIENCE: Duration = Duration::from_millis(1500);
+/// Between two attempts to load a session.
+const LOAD_RETRY: Duration = Duration::from_millis(250);
 
 /// Timing of sessions.
 #[derive(Debug, Clone, Copy)]
@@ -56,6 +76,8 @@ pub struct Sessions {
     ctx: Arc<Context>,
     registry: Registry,
     options: Options,
+    /// The store's generation as this replica last saw it.
+    generation: std::sync::Mutex<Option<String>>,
 }
 
 impl Sessions {
@@ -63,7 +85,7 @@ impl Sessions {
     pub fn new(setup: Setup, relay: Weak<dyn Relay>) -> Sessions {
         let Setup { upstreams, store, shared_streams, metrics, options } = setup;
         let ctx = Context { upstreams, store, shared: shared_streams, metrics, relay, epoch: Instant::now() };
-        Sessions { ctx: Arc::new(ctx), registry: Registry::default(), options }
+        Sessions { ctx: Arc::new(ctx), registry: Registry::default(), options, generation: Default::default() }
     }
 
     /// What sessions record.
@@ -175,9 +197,13 @@ impl Sessions {
         if !self.ctx.store.shared() {
             return Ok(None);
         }
-        let stored = match self.ctx.store.load(id).await {
-            Ok(Some(stored)) => stored,
-            Ok(None) => return Ok(None),
+        let stored = match self.load_patiently(id).await {
+            Ok(Loaded::Live(stored)) => stored,
+            Ok(Loaded::Ended) => return Ok(None),
+            Ok(Loaded::Unknown) => match self.wait_for_repair(id).await {
+                Some(stored) => stored,
+                None => return Ok(None),
+            },
             Err(e) => {
                 self.ctx.metrics.store_error("load");
                 tracing::debug!(error = %e, "cannot load a session from the store");
@@ -197,6 +223,125 @@ impl Sessions {
         self.ctx.metrics.adopted();
         self.ctx.metrics.set_sessions(self.registry.len());
         Ok(Some(session))
+    }
+
+    /// Loads a session from the store, trying again for up to
+    /// [`LOAD_PATIENCE`] if the store cannot answer (a Redis that just came
+    /// back, or a link holding back after a failure): the client then
+    /// notices nothing, where an immediate 503 would fail its call.
+    async fn load_patiently(&self, id: &str) -> Result<Loaded, crate::store::StoreError> {
+        let deadline = tokio::time::Instant::now() + LOAD_PATIENCE;
+        loop {
+            match self.ctx.store.load(id).await {
+                Err(_) if tokio::time::Instant::now() + LOAD_RETRY <= deadline => {
+                    tokio::time::sleep(LOAD_RETRY).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// A session the store does not know, shortly after the store lost
+    /// everything: perhaps another replica holds it and has not written it
+    /// back yet. Asks every replica to (`repair`), and loads it again, for
+    /// at most [`REPAIR_WAIT`]. Long after a loss, or without one, an
+    /// unknown session is simply unknown.
+    async fn wait_for_repair(&self, id: &str) -> Option<crate::store::Stored> {
+        let shared = self.ctx.shared.as_ref()?;
+        let recent = match self.ctx.store.generation().await {
+            Ok(generation) => generation.age < REPAIR_WINDOW,
+            Err(_) => false,
+        };
+        if !recent {
+            return None;
+        }
+        shared.publish_event(Event::Repair, id, 0).await;
+        let deadline = tokio::time::Instant::now() + REPAIR_WAIT;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            tokio::time::sleep(pause.min(deadline.saturating_duration_since(tokio::time::Instant::now()))).await;
+            match self.ctx.store.load(id).await {
+                Ok(Loaded::Live(stored)) => {
+                    self.ctx.metrics.waited_for_repair(true);
+                    tracing::info!(
+                        session = id,
+                        "session written back by the replica holding it, after the session store lost it"
+                    );
+                    return Some(stored);
+                }
+                Ok(Loaded::Ended) => return None,
+                Ok(Loaded::Unknown) | Err(_) => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                self.ctx.metrics.waited_for_repair(false);
+                return None;
+            }
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    /// News about a session from a replica (this one included): `Opened`
+    /// (a new upstream session, upstream index `argument`): a GET stream
+    /// listening here hears it too; `Repair`: the store lost the session,
+    /// written back at once if this replica holds it.
+    pub fn on_event(&self, event: Event, id: &str, argument: usize) {
+        let Some(session) = self.registry.get(id) else { return };
+        match event {
+            Event::Opened => {
+                if argument < self.ctx.upstreams.len() {
+                    tokio::spawn(async move { session.follow_upstream(UpstreamId::new(argument)).await });
+                }
+            }
+            Event::Repair if session.stored => {
+                let ctx = self.ctx.clone();
+                tokio::spawn(async move {
+                    if let Ok(Repair::Written) = ctx.store.repair(&session.id, &session.to_stored()).await {
+                        ctx.metrics.repaired();
+                        tracing::info!(session = %session.id, "session written back to the session store at another replica's request");
+                    }
+                });
+            }
+            Event::Repair => {}
+        }
+    }
+
+    /// Checks whether the store lost everything since the last check (its
+    /// generation changed: Redis restarted empty), and if so writes back
+    /// every session this replica holds, at once rather than as each is
+    /// next used. Called every second with a shared store.
+    pub async fn check_generation(&self) {
+        let generation = match self.ctx.store.generation().await {
+            Ok(generation) => generation.token,
+            Err(_) => return,
+        };
+        let previous = self.generation.lock().expect("lock").replace(generation.clone());
+        if previous.is_none_or(|p| p == generation) {
+            return;
+        }
+        let sessions: Vec<Arc<Session>> = self.registry.all().into_iter().filter(|s| s.stored).collect();
+        self.ctx.metrics.store_lost();
+        tracing::info!(
+            count = sessions.len(),
+            "the session store lost its sessions (Redis restarted empty?); writing this replica's back"
+        );
+        let mut written = 0usize;
+        for session in sessions {
+            match self.ctx.store.repair(&session.id, &session.to_stored()).await {
+                Ok(Repair::Written) => {
+                    written += 1;
+                    self.ctx.metrics.repaired();
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.ctx.metrics.store_error("repair");
+                    tracing::debug!(error = %e, "cannot write a session back to the store; it is written back when next used");
+                    // The store is failing again; the next check finds the
+                    // generation changed or not, and the sweep repairs the rest.
+                    break;
+                }
+            }
+        }
+        tracing::info!(written, "sessions written back to the session store");
     }
 
     /// Asks the store whether a session this replica holds is still live

@@ -10,6 +10,9 @@ pub struct Metrics {
     repaired: IntCounter,
     store_errors: IntCounterVec,
     stream_events_dropped: IntCounter,
+    claims_lost: IntCounter,
+    store_lost: IntCounter,
+    waited_for_repair: IntCounterVec,
 }
 
 impl Metrics {
@@ -37,6 +40,22 @@ impl Metrics {
                 "switchboard_stream_events_dropped_total",
                 "Events for streams shared across replicas dropped because the queue to Redis was full.",
             ),
+            claims_lost: counter(
+                registry,
+                "switchboard_upstream_session_claims_lost_total",
+                "Upstream sessions this replica opened for a session while another replica opened one first: ours was ended, theirs used.",
+            ),
+            store_lost: counter(
+                registry,
+                "switchboard_session_store_lost_total",
+                "Times this replica found the session store had lost everything (Redis restarted empty) and wrote its sessions back.",
+            ),
+            waited_for_repair: counter_vec(
+                registry,
+                "switchboard_session_repair_waits_total",
+                "Requests for a session the store had lost and this replica did not hold, which waited for the replica holding it to write it back, by result (found, not_found).",
+                &["result"],
+            ),
         }
     }
 
@@ -55,6 +74,18 @@ impl Metrics {
     /// A session store operation (`op`) failed.
     pub fn store_error(&self, op: &str) {
         self.store_errors.with_label_values(&[op]).inc();
+    }
+
+    pub(crate) fn claim_lost(&self) {
+        self.claims_lost.inc();
+    }
+
+    pub(crate) fn store_lost(&self) {
+        self.store_lost.inc();
+    }
+
+    pub(crate) fn waited_for_repair(&self, found: bool) {
+        self.waited_for_repair.with_label_values(&[if found { "found" } else { "not_found" }]).inc();
     }
 
     pub(crate) fn stream_event_dropped(&self) {

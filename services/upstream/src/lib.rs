@@ -312,14 +312,37 @@ impl<G: Send> MessageStream for SinkStream<G> {
     }
 }
 
-/// Receives messages that are not tied to any request.
+/// Receives messages that are not tied to any request, and says which
+/// upstream session a channel should be on when several replicas of the
+/// router may use it.
+#[async_trait]
 pub trait Inbox: Send + Sync {
     /// Takes one message (a notification or a server-to-client request).
     fn deliver(&self, message: Bytes);
 
-    /// The channel moved to a new upstream session (it re-initialised after
-    /// the upstream forgot the old one): see [`Channel::upstream_session`].
-    fn session_changed(&self) {}
+    /// Before a channel re-initialises (the upstream forgot its session, or
+    /// its replica died): the upstream session the router's replicas have
+    /// agreed on since, if it is not `current` (another replica
+    /// re-initialised first). By default none: the channel goes on alone.
+    async fn agreed(&self, _current: Option<&UpstreamSession>) -> Option<UpstreamSession> {
+        None
+    }
+
+    /// A channel opened `fresh` in place of `stale` (`None`: it had none):
+    /// recorded for the other replicas, unless one of them recorded another
+    /// first, which the channel then uses instead. By default, its own.
+    async fn claim(&self, _stale: Option<&UpstreamSession>, _fresh: &UpstreamSession) -> Claimed {
+        Claimed::Ours
+    }
+}
+
+/// What [`Inbox::claim`] decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claimed {
+    /// The fresh upstream session is the one.
+    Ours,
+    /// Another replica's is: use it, and end the fresh one.
+    Theirs(UpstreamSession),
 }
 
 /// An inbox that drops everything (a channel opened only to be closed).

@@ -258,6 +258,25 @@ impl Config {
         raw.validate()
     }
 
+    /// What this configuration leaves out that a reader might assume is
+    /// there, one sentence each (`check-config` prints them, `serve` logs
+    /// them as warnings).
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if self.database.url.is_none() {
+            notes.push(
+                "database.url is \"\" (no database): no audit record is written, no key can be created, and only the [[tenants]] of this file exist"
+                    .into(),
+            );
+        }
+        if !self.auth.required {
+            notes.push(
+                "auth.mode is \"none\": every request is the tenant \"default\", which sees every upstream".into(),
+            );
+        }
+        notes
+    }
+
     /// The upstream with this name.
     pub fn upstream(&self, name: &str) -> Option<&UpstreamConfig> {
         self.upstreams.iter().find(|u| u.name == name)
@@ -443,8 +462,15 @@ mod tests {
         {
             assert!(keys.contains(&expected), "{expected} missing from {p:?}");
         }
-        // No database: only config tenants, no audit.
-        assert!(Config::from_toml("[database]\nurl = \"\"\n").unwrap().database.url.is_none());
+        // No database: only config tenants, no audit, and the notes say so.
+        let none = Config::from_toml("[database]\nurl = \"\"\n").unwrap();
+        assert!(none.database.url.is_none());
+        assert!(!none.audit.enabled, "no database, no audit");
+        assert!(none.notes().iter().any(|n| n.contains("no audit record is written")), "{:?}", none.notes());
+        assert!(Config::from_toml("").unwrap().notes().is_empty(), "the defaults leave nothing out");
+        // Asking for audit with no database is a contradiction, named.
+        let err = Config::from_toml("[database]\nurl = \"\"\n[audit]\nenabled = true\n").unwrap_err().to_string();
+        assert!(err.contains("audit.enabled") && err.contains("need one"), "{err}");
     }
 
     #[test]

@@ -542,8 +542,16 @@ impl RawConfig {
             },
         };
         let a = self.audit;
+        // Audit needs a database: asked for with none, the file contradicts
+        // itself; by default, audit is simply off (and `Config::notes` says so).
+        if a.enabled == Some(true) && database.url.is_none() {
+            bad(
+                "audit.enabled".into(),
+                "is true but database.url is \"\" (no database): audit records need one; give database.url, or set audit.enabled = false".into(),
+            );
+        }
         let audit = AuditConfig {
-            enabled: a.enabled.unwrap_or(true),
+            enabled: a.enabled.unwrap_or(true) && database.url.is_some(),
             spool: PathBuf::from(a.spool.unwrap_or_else(|| "switchboard-audit.spool".into())),
             queue: a.queue.unwrap_or(65_536).max(1) as usize,
             batch: a.batch.unwrap_or(500).clamp(1, 2000) as usize,

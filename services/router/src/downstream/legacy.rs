@@ -126,8 +126,10 @@ async fn message_phases(
             notification(&app, &session, &env, &body).await;
         }
         MessageKind::Response | MessageKind::Error => {
+            if let Err(e) = super::answer(&app, &who, &session, &env, &body).await {
+                return Err(Box::new(x.reject(None, e)));
+            }
             x.discard();
-            super::answer(&app, &who, &session, &env, &body).await;
         }
     }
     Ok(accepted())

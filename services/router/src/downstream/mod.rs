@@ -125,9 +125,13 @@ async fn post_phases(mut x: Exchange, headers: &HeaderMap, body: Incoming) -> Re
         }
         MessageKind::Response | MessageKind::Error => {
             let (app, who) = (x.app().clone(), x.principal().expect("authenticated").clone());
-            x.discard();
-            answer(&app, &who, &session, &env, &body).await;
-            Ok(respond::accepted())
+            match answer(&app, &who, &session, &env, &body).await {
+                Ok(()) => {
+                    x.discard();
+                    Ok(respond::accepted())
+                }
+                Err(e) => Err(Box::new(x.reject(None, e))),
+            }
         }
     }
 }
@@ -252,24 +256,41 @@ pub(crate) async fn notification(app: &Arc<App>, session: &Arc<Session>, env: &E
     }
 }
 
-/// The client's answer to a request an upstream sent it.
-pub(crate) async fn answer(app: &Arc<App>, who: &Principal, session: &Arc<Session>, env: &Envelope<'_>, body: &Bytes) {
-    let Some(id) = env.id else { return };
+/// The client's answer to a request an upstream sent it, passed to the
+/// upstream session that asked (opened by whichever replica). An answer
+/// that cannot be delivered is an error for the client (400: nothing asked
+/// this; 502: the upstream could not take it) and is counted in
+/// `switchboard_relay_dropped_total`, never acknowledged as if delivered.
+pub(crate) async fn answer(
+    app: &Arc<App>,
+    who: &Principal,
+    session: &Arc<Session>,
+    env: &Envelope<'_>,
+    body: &Bytes,
+) -> Result<(), Error> {
+    let Some(id) = env.id else { return Err(Error::UnknownAnswer("null".into())) };
+    let unknown = |upstream: &str| {
+        app.metrics.upstreams.relay_dropped(upstream, "unknown_answer");
+        tracing::info!(session = %session.id, id = id.get(), "the client answered a request no upstream awaits; refused");
+        Error::UnknownAnswer(id.get().to_owned())
+    };
     let Some((u, their_id)) = session.answered(id).filter(|(u, _)| who.tenant.sees_upstream(*u)) else {
         // An input request of a stateless upstream: awaited here, or at
         // another replica.
         if let Some(ours) = jsonrpc::as_str(id).filter(|i| i.starts_with("m.")) {
-            if !app.deliver_answer(&session.id, &ours, body.clone()) {
-                if let Some(shared) = app.sessions.shared_streams().filter(|_| session.stored) {
+            if app.deliver_answer(&session.id, &ours, body.clone()) {
+                return Ok(());
+            }
+            if let Some(shared) = app.sessions.shared_streams().filter(|_| session.stored) {
+                if shared.answer_awaited(&session.id, &ours).await {
                     shared.broadcast_cancel(&session.id, body).await;
+                    return Ok(());
                 }
             }
-            return;
         }
-        app.metrics.upstreams.relay_dropped("", "unknown_answer");
-        tracing::debug!(id = id.get(), "client answered a request the router does not know");
-        return;
+        return Err(unknown(""));
     };
+    let name = &app.upstreams[u].name;
     let restored = switchboard_protocol::rewrite::splice(
         body,
         &mut [switchboard_protocol::rewrite::Edit::new(jsonrpc::span(body, id.get()), their_id.as_bytes())],
@@ -277,14 +298,12 @@ pub(crate) async fn answer(app: &Arc<App>, who: &Principal, session: &Arc<Sessio
     // The request may have come through another replica: the channel
     // continues the same upstream session, whichever replica opened it. An
     // answer never opens an upstream session (no request of one awaits it).
-    let Some(channel) = session.existing_channel(u).await else {
-        app.metrics.upstreams.relay_dropped(&app.upstreams[u].name, "unknown_answer");
-        tracing::debug!(id = id.get(), "client answered for an upstream session this session does not have");
-        return;
-    };
-    if let Err(e) = channel.send(restored).await {
-        tracing::warn!(upstream = %app.upstreams[u].name, error = %e, "answer to a server request not delivered");
-    }
+    let Some(channel) = session.existing_channel(u).await else { return Err(unknown(name)) };
+    channel.send(restored).await.map_err(|source| {
+        app.metrics.upstreams.relay_dropped(name, "answer_not_delivered");
+        tracing::warn!(upstream = %name, error = %source, "answer to a server request not delivered");
+        Error::AnswerNotDelivered { upstream: name.clone(), source }
+    })
 }
 
 /// The phases a GET or DELETE goes through (it has no body): `Origin`,

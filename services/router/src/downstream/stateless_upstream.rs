@@ -157,23 +157,12 @@ fn mirrored_arguments(app: &App, u: UpstreamId, request: &Value) -> Vec<(HeaderN
         return Vec::new();
     }
     let Ok(tool) = serde_json::from_slice::<Value>(&tool.json) else { return Vec::new() };
-    let Some(properties) = tool.pointer("/inputSchema/properties").and_then(Value::as_object) else {
-        return Vec::new();
-    };
-    let mut headers = Vec::new();
-    for (argument, schema) in properties {
-        let Some(suffix) = schema.get("x-mcp-header").and_then(Value::as_str) else { continue };
-        let text = match request.pointer("/params/arguments").and_then(|a| a.get(argument)) {
-            Some(Value::String(s)) => s.clone(),
-            Some(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string(),
-            _ => continue,
-        };
-        let Ok(header) = HeaderName::from_bytes(format!("mcp-param-{}", suffix.to_ascii_lowercase()).as_bytes()) else {
-            continue;
-        };
-        headers.push((header, header_value(&text)));
-    }
-    headers
+    modern::mirrored_params(&tool, request.pointer("/params/arguments"))
+        .into_iter()
+        .filter_map(|(name, value)| {
+            Some((HeaderName::from_bytes(name.as_bytes()).ok()?, HeaderValue::from_str(&value).ok()?))
+        })
+        .collect()
 }
 
 /// One request to a stateless upstream, over as many rounds as it takes.
@@ -316,7 +305,8 @@ impl Call {
                 .and_then(Value::as_str)
                 .ok_or_else(|| protocol(format!("input request {key:?} has no method")))?;
             let ours = format!("m.{}", switchboard_core::ids::random_id());
-            let awaiting = self.x.app().await_answer(&self.session.id, &ours);
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let awaiting = self.x.app().await_answer(&self.session.id, &ours, left).await;
             let mut message = json!({"jsonrpc": "2.0", "id": ours, "method": method});
             if let Some(params) = input.get("params") {
                 message["params"] = params.clone();

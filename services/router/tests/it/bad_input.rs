@@ -194,3 +194,47 @@ async fn the_legacy_endpoint_event_keeps_the_path_prefix() {
     }
     router.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_the_router_cannot_deliver_are_refused_and_counted_never_acknowledged() {
+    let web = MockServer::start(mock_named("web")).await;
+    let router = Router::start(&http_upstream("web", &web.url, "")).await;
+    let mut client = Client::new(&router.url);
+    client.initialize_with(json!({"sampling": {}})).await;
+    let answer = |id: Value| {
+        json!({"jsonrpc": "2.0", "id": id, "result": {"role": "assistant",
+        "content": {"type": "text", "text": "hi"}, "model": "m", "stopReason": "endTurn"}})
+    };
+    let dropped = |reason: &'static str| {
+        let router = &router;
+        async move { router.metric("switchboard_relay_dropped_total", &[&format!("reason=\"{reason}\"")]).await }
+    };
+
+    // An id the router never gave a request.
+    let reply = client.post(answer(json!("not-ours"))).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(&reply.body));
+    assert!(reply.json()["error"]["message"].as_str().unwrap().contains("awaits an answer"), "{}", reply.json());
+    assert_eq!(dropped("unknown_answer").await, 1.0);
+    // A relayed id for an upstream the session has no upstream session with.
+    let reply = client.post(answer(json!("0.n1"))).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(dropped("unknown_answer").await, 2.0);
+
+    // The upstream session exists but the upstream cannot take the answer
+    // (it forgot the session): 502, counted.
+    client.call_tool("web__echo", json!({})).await;
+    web.mock.forget_sessions();
+    let reply = client.post(answer(json!("0.n1"))).await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY, "{}", String::from_utf8_lossy(&reply.body));
+    assert_eq!(reply.json()["error"]["data"]["upstream"], "web");
+    assert_eq!(dropped("answer_not_delivered").await, 1.0);
+
+    // A real round trip still works, and is acknowledged.
+    let (status, _, mut stream) =
+        client.request_stream("tools/call", json!({"name": "web__sample", "arguments": {"prompt": "p"}})).await;
+    assert_eq!(status, StatusCode::OK);
+    let ask = stream.next(std::time::Duration::from_secs(10)).await.expect("the sampling request");
+    assert_eq!(client.post(answer(ask["id"].clone())).await.status, StatusCode::ACCEPTED);
+    let done = stream.next(std::time::Duration::from_secs(10)).await.expect("the result");
+    assert_eq!(done["result"]["content"][0]["text"], "sampled: hi", "{done}");
+}

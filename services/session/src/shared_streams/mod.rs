@@ -50,6 +50,13 @@
 //! to; the replica serving the request passes it upstream (cancellations are
 //! rare: one broadcast each costs less than tracking every request in Redis).
 //!
+//! News about sessions goes on `{prefix}session-events` (every replica
+//! subscribes), as [`Event`]s: `opened {session} {upstream}` when a replica
+//! recorded a new upstream session for a session (a replica whose client
+//! reads the GET stream there listens on it too), `repair {session}` when
+//! a replica was asked for a session the store had lost (the replica
+//! holding it writes it back at once).
+//!
 //! The streams have a Redis connection of their own ([`TIMEOUT`] per call),
 //! so large events or a slow batch never hold up the session store and rate
 //! limits. Writes go through one queue per replica, in order, in round trips
@@ -151,6 +158,36 @@ type Waiters = HashMap<Arc<str>, Vec<Arc<Waiter>>>;
 /// session id and the client's notification.
 pub type CancelHandler = Box<dyn Fn(&str, Bytes) + Send + Sync>;
 
+/// News about a session, for every replica ([`SharedStreams::publish_event`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// A replica recorded a new upstream session (the argument: the upstream's index).
+    Opened,
+    /// The store lost the session: whoever holds it, write it back now.
+    Repair,
+}
+
+impl Event {
+    fn word(self) -> &'static str {
+        match self {
+            Event::Opened => "opened",
+            Event::Repair => "repair",
+        }
+    }
+
+    fn from_word(word: &str) -> Option<Event> {
+        match word {
+            "opened" => Some(Event::Opened),
+            "repair" => Some(Event::Repair),
+            _ => None,
+        }
+    }
+}
+
+/// What a replica does with news about a session: the event, the session
+/// id, the event's argument.
+pub type EventHandler = Box<dyn Fn(Event, &str, usize) + Send + Sync>;
+
 /// This replica's access to the shared streams.
 pub struct SharedStreams {
     /// A connection of the streams' own: large events and slow batches do
@@ -162,6 +199,7 @@ pub struct SharedStreams {
     queue: mpsc::Sender<Op>,
     waiters: Mutex<Waiters>,
     on_cancel: std::sync::OnceLock<CancelHandler>,
+    on_event: std::sync::OnceLock<EventHandler>,
     next_reader: AtomicU64,
     /// Whether the full queue was reported and has not drained since.
     warned_full: AtomicBool,
@@ -197,6 +235,7 @@ impl SharedStreams {
             queue,
             waiters: Mutex::new(HashMap::new()),
             on_cancel: std::sync::OnceLock::new(),
+            on_event: std::sync::OnceLock::new(),
             next_reader: AtomicU64::new(1),
             warned_full: AtomicBool::new(false),
             metrics,
@@ -253,6 +292,78 @@ impl SharedStreams {
 
     fn cancel_channel(&self) -> String {
         format!("{}cancel", self.link.prefix)
+    }
+
+    fn events_channel(&self) -> String {
+        format!("{}session-events", self.link.prefix)
+    }
+
+    /// Sets what to do with news about sessions from any replica (this one's own included).
+    pub fn on_event(&self, handler: EventHandler) {
+        let _ = self.on_event.set(handler);
+    }
+
+    /// Tells every replica (best effort) news about session `session`.
+    pub async fn publish_event(&self, event: Event, session: &str, argument: usize) {
+        let payload = format!("{} {session} {argument}", event.word());
+        let channel = self.events_channel();
+        let result = self
+            .link
+            .call(|mut c| async move {
+                let _: redis::Value = redis::cmd("PUBLISH").arg(channel).arg(payload).query_async(&mut c).await?;
+                Ok(())
+            })
+            .await;
+        if let Err(e) = result {
+            self.metrics.store_error("session_event");
+            tracing::debug!(error = %e, "cannot tell the other replicas about a session");
+        }
+    }
+
+    fn awaited_key(&self, session: &str, ours: &str) -> String {
+        format!("{}await:{session}:{ours}", self.link.prefix)
+    }
+
+    /// Notes that this replica awaits the answer to input request `ours`
+    /// of session `session` (for at most `ttl`), so that a replica the
+    /// client's answer reaches knows someone takes it. Best effort: if
+    /// Redis cannot be reached, answers are passed on unchecked.
+    pub async fn expect_answer(&self, session: &str, ours: &str, ttl: Duration) {
+        let key = self.awaited_key(session, ours);
+        let ms = ttl.as_millis().max(1) as u64;
+        let result = self
+            .link
+            .call(|mut c| async move {
+                let _: redis::Value = redis::cmd("SET").arg(key).arg("1").arg("PX").arg(ms).query_async(&mut c).await?;
+                Ok(())
+            })
+            .await;
+        if let Err(e) = result {
+            self.metrics.store_error("expect_answer");
+            tracing::debug!(error = %e, "cannot note an awaited answer in Redis");
+        }
+    }
+
+    /// Whether some replica awaits the answer to `ours` (`true` when Redis
+    /// cannot tell: the answer is then passed on, as before such notes).
+    pub async fn answer_awaited(&self, session: &str, ours: &str) -> bool {
+        let key = self.awaited_key(session, ours);
+        self.link
+            .call(|mut c| async move { Ok(redis::cmd("EXISTS").arg(key).query_async::<i64>(&mut c).await? == 1) })
+            .await
+            .unwrap_or(true)
+    }
+
+    /// The answer to `ours` is no longer awaited (best effort; it expires anyway).
+    pub async fn forget_answer(&self, session: &str, ours: &str) {
+        let key = self.awaited_key(session, ours);
+        let _ = self
+            .link
+            .call(|mut c| async move {
+                let _: redis::Value = redis::cmd("DEL").arg(key).query_async(&mut c).await?;
+                Ok(())
+            })
+            .await;
     }
 
     /// Sets what to do with cancellations other replicas received.
@@ -478,6 +589,17 @@ impl SharedStreams {
         }
     }
 
+    /// `{event} {session} {argument}` from the events channel, to the handler.
+    fn session_event(&self, payload: &[u8]) {
+        let Ok(text) = std::str::from_utf8(payload) else { return };
+        let mut words = text.splitn(3, ' ');
+        let (Some(event), Some(session), Some(argument)) = (words.next(), words.next(), words.next()) else { return };
+        let (Some(event), Ok(argument)) = (Event::from_word(event), argument.parse()) else { return };
+        if let Some(handler) = self.on_event.get() {
+            handler(event, session, argument);
+        }
+    }
+
     fn wake(&self, session: &str, stream: u64) {
         let waiters = self.waiters.lock().expect("lock");
         for waiter in waiters.get(session).into_iter().flatten().filter(|w| w.stream == stream) {
@@ -634,12 +756,13 @@ async fn subscribe(shared: Weak<SharedStreams>) {
         let Some(streams) = shared.upgrade() else { return };
         let channel = format!("{}{}", streams.wake_prefix(), streams.replica);
         let cancel = streams.cancel_channel();
+        let events = streams.events_channel();
         let link = streams.link.clone();
         drop(streams);
         match link.pubsub().await {
             Ok(pubsub) => {
                 let (mut sink, mut messages) = pubsub.split();
-                match sink.subscribe(&[&channel, &cancel]).await {
+                match sink.subscribe(&[&channel, &cancel, &events]).await {
                     Ok(()) => {
                         if let Some(streams) = shared.upgrade() {
                             streams.wake_all();
@@ -661,6 +784,10 @@ async fn subscribe(shared: Weak<SharedStreams>) {
                             let Some(message) = message else { break };
                             let Some(streams) = shared.upgrade() else { return };
                             let payload: Vec<u8> = message.get_payload().unwrap_or_default();
+                            if message.get_channel_name() == events {
+                                streams.session_event(&payload);
+                                continue;
+                            }
                             let Some(space) = payload.iter().position(|b| *b == b' ') else { continue };
                             let Ok(session) = std::str::from_utf8(&payload[..space]) else { continue };
                             let rest = &payload[space + 1..];

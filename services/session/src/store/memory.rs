@@ -8,11 +8,13 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use switchboard_upstream::UpstreamSession;
 
-use super::{Repair, SessionStore, StoreError, Stored, Touch};
+use super::{Claim, Generation, Loaded, Repair, SessionStore, StoreError, Stored, Touch};
 
 /// Sessions in this process only.
 pub struct MemoryStore {
     idle: Duration,
+    /// When it began: its generation never changes.
+    began: Instant,
     state: Mutex<MemoryState>,
     /// How far this store's clock runs ahead of the real one
     /// ([`SessionStore::skip_ahead`]).
@@ -28,7 +30,7 @@ struct MemoryState {
 
 impl MemoryStore {
     pub fn new(idle: Duration) -> MemoryStore {
-        MemoryStore { idle, state: Mutex::default(), ahead_ms: AtomicU64::new(0) }
+        MemoryStore { idle, began: Instant::now(), state: Mutex::default(), ahead_ms: AtomicU64::new(0) }
     }
 
     fn now(&self) -> Instant {
@@ -69,15 +71,18 @@ impl SessionStore for MemoryStore {
         }
     }
 
-    async fn load(&self, id: &str) -> Result<Option<Stored>, StoreError> {
+    async fn load(&self, id: &str) -> Result<Loaded, StoreError> {
         let now = self.now();
         let mut state = self.state.lock().expect("lock");
+        let gone = state.gone.get(id).is_some_and(|until| *until > now);
         match state.live.get_mut(id) {
             Some((stored, expires)) if *expires >= now => {
                 *expires = now + self.idle;
-                Ok(Some(stored.clone()))
+                Ok(Loaded::Live(stored.clone()))
             }
-            _ => Ok(None),
+            Some(_) => Ok(Loaded::Ended),
+            None if gone => Ok(Loaded::Ended),
+            None => Ok(Loaded::Unknown),
         }
     }
 
@@ -96,11 +101,31 @@ impl SessionStore for MemoryStore {
         }
     }
 
-    async fn set_upstream(&self, id: &str, upstream: &str, entry: &UpstreamSession) -> Result<(), StoreError> {
-        if let Some((stored, _)) = self.state.lock().expect("lock").live.get_mut(id) {
-            stored.upstreams.insert(upstream.to_owned(), entry.clone());
+    async fn upstream(&self, id: &str, upstream: &str) -> Result<Option<UpstreamSession>, StoreError> {
+        let state = self.state.lock().expect("lock");
+        Ok(state.live.get(id).and_then(|(stored, _)| stored.upstreams.get(upstream).cloned()))
+    }
+
+    async fn claim_upstream(
+        &self,
+        id: &str,
+        upstream: &str,
+        stale: Option<&UpstreamSession>,
+        fresh: &UpstreamSession,
+    ) -> Result<Claim, StoreError> {
+        let mut state = self.state.lock().expect("lock");
+        let Some((stored, _)) = state.live.get_mut(id) else { return Ok(Claim::Gone) };
+        match stored.upstreams.get(upstream) {
+            Some(current) if Some(current) != stale && current != fresh => Ok(Claim::Lost(current.clone())),
+            _ => {
+                stored.upstreams.insert(upstream.to_owned(), fresh.clone());
+                Ok(Claim::Won)
+            }
         }
-        Ok(())
+    }
+
+    async fn generation(&self) -> Result<Generation, StoreError> {
+        Ok(Generation { token: "memory".into(), age: self.began.elapsed() })
     }
 
     async fn remove(&self, id: &str) -> Result<Option<Stored>, StoreError> {

@@ -23,7 +23,14 @@
 //! A session that is missing with no tombstone was lost by the store (a
 //! Redis restart empties it): [`Touch::Unknown`]. A replica that still has
 //! the session writes it back ([`SessionStore::repair`]), so a Redis restart
-//! costs no live session.
+//! costs no live session. The store's [`generation`](SessionStore::generation)
+//! (a token kept in the store) changes when the store loses everything, so
+//! that replicas notice a restart even for sessions nobody is using.
+//!
+//! One upstream session per (session, upstream), whichever replica opens
+//! it: recording one is a compare-and-set
+//! ([`claim_upstream`](SessionStore::claim_upstream)); a replica that loses
+//! the race uses the winner's and closes its own.
 
 mod memory;
 mod redis;
@@ -68,6 +75,46 @@ pub enum Touch {
     Unknown,
 }
 
+/// What [`SessionStore::load`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Loaded {
+    /// Live; its expiry now slides from now.
+    Live(Stored),
+    /// Ended (deleted or expired).
+    Ended,
+    /// Not there and not known to have ended: never was, or the store lost it.
+    Unknown,
+}
+
+impl Loaded {
+    /// The session, if live.
+    pub fn live(self) -> Option<Stored> {
+        match self {
+            Loaded::Live(stored) => Some(stored),
+            _ => None,
+        }
+    }
+}
+
+/// What [`SessionStore::claim_upstream`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// Recorded: the session's upstream session is the one claimed.
+    Won,
+    /// Another replica recorded this one first: use it.
+    Lost(UpstreamSession),
+    /// The session is not in the store (it ended, or the store lost it).
+    Gone,
+}
+
+/// The store's generation: a token that changes when the store loses
+/// everything (Redis restarted empty), and how long ago it began.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Generation {
+    pub token: String,
+    pub age: Duration,
+}
+
 /// What [`SessionStore::repair`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Repair {
@@ -106,15 +153,32 @@ pub trait SessionStore: Send + Sync {
     /// is live again (another replica wrote it back first).
     async fn repair(&self, id: &str, stored: &Stored) -> Result<Repair, StoreError>;
 
-    /// The session, if live (its expiry slides).
-    async fn load(&self, id: &str) -> Result<Option<Stored>, StoreError>;
+    /// The session, if live (its expiry slides); else whether it ended or
+    /// is unknown.
+    async fn load(&self, id: &str) -> Result<Loaded, StoreError>;
 
     /// Slides the expiry of a live session.
     async fn touch(&self, id: &str) -> Result<Touch, StoreError>;
 
-    /// Records the session's upstream session with `upstream` (replacing
-    /// any). Nothing happens if the session ended.
-    async fn set_upstream(&self, id: &str, upstream: &str, entry: &UpstreamSession) -> Result<(), StoreError>;
+    /// The session's upstream session with `upstream`, as recorded (its
+    /// expiry does not slide).
+    async fn upstream(&self, id: &str, upstream: &str) -> Result<Option<UpstreamSession>, StoreError>;
+
+    /// Records `fresh` as the session's upstream session with `upstream`,
+    /// if the record is still `stale` (`None`: none recorded): the one
+    /// compare-and-set by which replicas agree on one upstream session.
+    /// Claiming what is recorded already wins too.
+    async fn claim_upstream(
+        &self,
+        id: &str,
+        upstream: &str,
+        stale: Option<&UpstreamSession>,
+        fresh: &UpstreamSession,
+    ) -> Result<Claim, StoreError>;
+
+    /// The store's current [`Generation`], begun by whoever asks first
+    /// after the store lost it (or was new).
+    async fn generation(&self) -> Result<Generation, StoreError>;
 
     /// Ends a session; returns what it held, if it was live.
     async fn remove(&self, id: &str) -> Result<Option<Stored>, StoreError>;
@@ -149,8 +213,8 @@ mod tests {
         let store = MemoryStore::new(idle);
         store.create("a", &sample("t")).await.unwrap();
         let entry = UpstreamSession { replica: "http://u".into(), session: "s1".into(), version: "v".into() };
-        store.set_upstream("a", "up", &entry).await.unwrap();
-        assert_eq!(store.load("a").await.unwrap().unwrap().upstreams["up"], entry);
+        assert_eq!(store.claim_upstream("a", "up", None, &entry).await.unwrap(), Claim::Won);
+        assert_eq!(store.load("a").await.unwrap().live().unwrap().upstreams["up"], entry);
         store.skip_ahead(idle * 6 / 10);
         assert_eq!(store.touch("a").await.unwrap(), Touch::Alive);
         store.skip_ahead(idle * 6 / 10);

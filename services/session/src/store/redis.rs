@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use switchboard_core::redis::{RedisError, RedisLink};
 use switchboard_upstream::UpstreamSession;
 
-use super::{Repair, SessionStore, StoreError, Stored, Touch};
+use super::{Claim, Generation, Loaded, Repair, SessionStore, StoreError, Stored, Touch};
 
 /// Extra life of a session's Redis hash past its expiry, so that the sweep
 /// (not Redis) ends it and can still read its upstream sessions.
@@ -63,13 +63,29 @@ if score or redis.call('EXISTS', KEYS[3]) == 1 then return {0} end
 return {2}
 ";
 
-/// KEYS: hash. ARGV: field, value.
-const SET_FIELD: &str = r"
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-  return 1
+/// KEYS: hash. ARGV: field, stale value ("" for none), fresh value.
+/// Returns {1} when `fresh` is recorded (or already was), {2, current}
+/// when another value is, {0} when the session is not there.
+const CLAIM: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if current and current ~= ARGV[2] and current ~= ARGV[3] then return {2, {current}} end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return {1}
+";
+
+/// KEYS: generation key. ARGV[1]: a new token, taken if there is none.
+/// Returns {token, age ms}: the token is `random:began_ms`.
+const GENERATION: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local token = redis.call('GET', KEYS[1])
+if not token then
+  token = ARGV[1] .. ':' .. now
+  redis.call('SET', KEYS[1], token)
 end
-return 0
+local began = tonumber(string.match(token, ':(%d+)$')) or now
+return {token, now - began}
 ";
 
 /// KEYS: hash, zset, tombstone. ARGV: id, idle ms (then grace and a flag,
@@ -106,7 +122,8 @@ pub struct RedisStore {
     zset: String,
     create: redis::Script,
     touch: redis::Script,
-    set_field: redis::Script,
+    claim: redis::Script,
+    generation: redis::Script,
     remove: redis::Script,
     take_expired: redis::Script,
 }
@@ -120,7 +137,8 @@ impl RedisStore {
             ahead_ms: AtomicU64::new(0),
             create: script(CREATE),
             touch: script(TOUCH),
-            set_field: redis::Script::new(SET_FIELD),
+            claim: redis::Script::new(CLAIM),
+            generation: redis::Script::new(GENERATION),
             remove: script(REMOVE),
             take_expired: script(TAKE_EXPIRED),
             link,
@@ -218,12 +236,13 @@ impl SessionStore for RedisStore {
         })
     }
 
-    async fn load(&self, id: &str) -> Result<Option<Stored>, StoreError> {
+    async fn load(&self, id: &str) -> Result<Loaded, StoreError> {
         let (state, flat) = self.run_on_session(&self.touch, id, "1").await?;
-        if state != 1 {
-            return Ok(None);
-        }
-        from_fields(&flat)
+        Ok(match state {
+            1 => from_fields(&flat)?.map_or(Loaded::Unknown, Loaded::Live),
+            0 => Loaded::Ended,
+            _ => Loaded::Unknown,
+        })
     }
 
     async fn touch(&self, id: &str) -> Result<Touch, StoreError> {
@@ -235,12 +254,50 @@ impl SessionStore for RedisStore {
         })
     }
 
-    async fn set_upstream(&self, id: &str, upstream: &str, entry: &UpstreamSession) -> Result<(), StoreError> {
-        let mut invocation = self.set_field.prepare_invoke();
+    async fn upstream(&self, id: &str, upstream: &str) -> Result<Option<UpstreamSession>, StoreError> {
+        let (hash, field) = (self.hash(id), format!("u:{upstream}"));
+        let value: Option<String> = self
+            .link
+            .call(|mut c| async move { Ok(redis::cmd("HGET").arg(hash).arg(field).query_async(&mut c).await?) })
+            .await?;
+        value.map(|v| serde_json::from_str(&v).map_err(|e| StoreError::Corrupt(e.to_string()))).transpose()
+    }
+
+    async fn claim_upstream(
+        &self,
+        id: &str,
+        upstream: &str,
+        stale: Option<&UpstreamSession>,
+        fresh: &UpstreamSession,
+    ) -> Result<Claim, StoreError> {
+        let mut invocation = self.claim.prepare_invoke();
         invocation.key(self.hash(id));
-        invocation.arg(format!("u:{upstream}")).arg(serde_json::to_string(entry).expect("serializable"));
-        let _: i64 = self.link.call(|mut c| async move { Ok(invocation.invoke_async(&mut c).await?) }).await?;
-        Ok(())
+        invocation.arg(format!("u:{upstream}"));
+        invocation.arg(stale.map(|s| serde_json::to_string(s).expect("serializable")).unwrap_or_default());
+        invocation.arg(serde_json::to_string(fresh).expect("serializable"));
+        let (status, current) = self
+            .link
+            .call(|mut c| async move {
+                let value: redis::Value = invocation.invoke_async(&mut c).await?;
+                status_and_fields(value)
+            })
+            .await?;
+        Ok(match (status, current.first()) {
+            (1, _) => Claim::Won,
+            (2, Some(current)) => {
+                Claim::Lost(serde_json::from_str(current).map_err(|e| StoreError::Corrupt(e.to_string()))?)
+            }
+            _ => Claim::Gone,
+        })
+    }
+
+    async fn generation(&self) -> Result<Generation, StoreError> {
+        let mut invocation = self.generation.prepare_invoke();
+        invocation.key(format!("{}generation", self.link.prefix));
+        invocation.arg(&switchboard_core::ids::random_id()[..16]);
+        let (token, age_ms): (String, i64) =
+            self.link.call(|mut c| async move { Ok(invocation.invoke_async(&mut c).await?) }).await?;
+        Ok(Generation { token, age: Duration::from_millis(age_ms.max(0) as u64) })
     }
 
     async fn remove(&self, id: &str) -> Result<Option<Stored>, StoreError> {

@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use http::{Method, StatusCode};
+use http::StatusCode;
 use tokio::task::JoinHandle;
 
 use super::replicas::Replicas;
 use super::stream::SseStream;
 use super::{drain, status_error, SessionState};
-use crate::{Handshake, Hello, Inbox, MessageStream, Outgoing, Reply, UpstreamError};
+use crate::{Claimed, Handshake, Hello, Inbox, MessageStream, Outgoing, Reply, UpstreamError};
 
 /// One upstream session over Streamable HTTP, on one of the upstream's
 /// replicas (it moves to another, with a new handshake, if that one dies).
@@ -53,29 +53,56 @@ impl Channel {
 
     /// Runs `initialize` again unless another caller already did since
     /// `stale`: on the same replica, or (`move_away`) on another one, for a
-    /// replica that is down.
+    /// replica that is down. With several router replicas, the upstream
+    /// session they agreed on wins: if another replica re-initialised
+    /// first, this channel moves to its upstream session instead; if it
+    /// does so meanwhile, the fresh session is ended and theirs used.
     async fn reinitialize(&self, stale: &SessionState, move_away: bool) -> Result<(), UpstreamError> {
         let _one_at_a_time = self.reinit.lock().await;
         if self.state().epoch != stale.epoch {
             return Ok(());
         }
-        let shared = if move_away {
+        if move_away {
             self.replicas.mark(stale.shared.index, false);
+        }
+        let stale_at = stale.upstream_session();
+        if let Some(agreed) = self.inbox.agreed(stale_at.as_ref()).await {
+            if let Some(state) = self.replicas.state_for(&agreed) {
+                tracing::info!(upstream = %state.shared.name, "upstream session re-initialised by another router replica; following it");
+                self.switch(state, stale.epoch + 1);
+                return Ok(());
+            }
+        }
+        let shared = if move_away {
             self.replicas.members[self.replicas.pick(&self.hello.affinity, Some(stale.shared.index))].clone()
         } else {
             stale.shared.clone()
         };
         let mut fresh = shared.handshake(&self.hello).await?;
-        fresh.epoch = stale.epoch + 1;
-        *self.state.write().expect("lock") = fresh;
+        if let Some(fresh_at) = fresh.upstream_session() {
+            if let Claimed::Theirs(theirs) = self.inbox.claim(stale_at.as_ref(), &fresh_at).await {
+                if let Some(state) = self.replicas.state_for(&theirs) {
+                    // Ours is not used by anyone: ended, off this path.
+                    let ours = fresh;
+                    tokio::spawn(async move { ours.end().await });
+                    fresh = state;
+                }
+            }
+        }
+        self.switch(fresh, stale.epoch + 1);
         shared.metrics.reinitialized(&shared.name);
         if move_away {
             tracing::info!(upstream = %shared.name, replica = %shared.replica, "upstream session moved to another replica; re-initialised");
         } else {
             tracing::info!(upstream = %shared.name, "upstream session expired; re-initialised");
         }
-        self.inbox.session_changed();
         Ok(())
+    }
+
+    /// Puts the channel on another upstream session.
+    fn switch(&self, mut state: SessionState, epoch: u64) {
+        state.epoch = epoch;
+        *self.state.write().expect("lock") = state;
     }
 }
 
@@ -161,12 +188,7 @@ impl crate::Channel for Channel {
     }
 
     fn upstream_session(&self) -> Option<crate::UpstreamSession> {
-        let state = self.state();
-        Some(crate::UpstreamSession {
-            replica: state.shared.replica.clone(),
-            session: state.sid?.to_str().ok()?.to_owned(),
-            version: state.version.to_str().ok()?.to_owned(),
-        })
+        self.state().upstream_session()
     }
 
     async fn detach(&self) {
@@ -178,16 +200,7 @@ impl crate::Channel for Channel {
 
     async fn close(&self) {
         self.detach().await;
-        let state = self.state();
-        if state.sid.is_none() {
-            return;
-        }
-        let delete = async {
-            if let Ok(resp) = state.shared.send(Method::DELETE, Bytes::new(), Some(&state), None, false, &[]).await {
-                drain(resp).await;
-            }
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(2), delete).await;
+        self.state().end().await;
     }
 }
 

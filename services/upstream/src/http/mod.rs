@@ -318,18 +318,7 @@ impl super::Transport for Transport {
         inbox: Arc<dyn Inbox>,
         at: &super::UpstreamSession,
     ) -> Option<Arc<dyn super::Channel>> {
-        // A replica that is gone from the configuration, or down: the
-        // session is opened afresh on a live one instead.
-        let i = self.replicas.members.iter().position(|m| m.replica == at.replica)?;
-        if !self.replicas.is_up(i) {
-            return None;
-        }
-        let shared = self.replicas.members[i].clone();
-        let sid = HeaderValue::from_str(&at.session).ok()?;
-        let version = HeaderValue::from_str(&at.version).ok()?;
-        let handshake = shared.last_handshake.lock().expect("lock").clone().unwrap_or_default();
-        let _ = shared.statefulness.compare_exchange(UNKNOWN, STATEFUL, Ordering::Relaxed, Ordering::Relaxed);
-        let state = SessionState { shared, sid: Some(sid), version, handshake, epoch: 0 };
+        let state = self.replicas.state_for(at)?;
         Some(Channel::open(self.replicas.clone(), hello.clone(), state, inbox))
     }
 
@@ -350,6 +339,51 @@ struct SessionState {
     handshake: Arc<Handshake>,
     /// Bumped on every re-initialisation.
     epoch: u64,
+}
+
+impl SessionState {
+    /// The upstream session as another replica can continue it (`None`
+    /// for a server that issues no session id).
+    fn upstream_session(&self) -> Option<super::UpstreamSession> {
+        Some(super::UpstreamSession {
+            replica: self.shared.replica.clone(),
+            session: self.sid.as_ref()?.to_str().ok()?.to_owned(),
+            version: self.version.to_str().ok()?.to_owned(),
+        })
+    }
+
+    /// Ends the upstream session (DELETE, bounded; a failure is harmless:
+    /// the upstream expires it).
+    async fn end(&self) {
+        if self.sid.is_none() {
+            return;
+        }
+        let delete = async {
+            if let Ok(resp) = self.shared.send(Method::DELETE, Bytes::new(), Some(self), None, false, &[]).await {
+                drain(resp).await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), delete).await;
+    }
+}
+
+impl Replicas {
+    /// The state of a channel on `at`, an upstream session opened earlier
+    /// (maybe by another router replica); `None` if its replica is gone
+    /// from the configuration or down (the session is then opened afresh
+    /// on a live one).
+    fn state_for(&self, at: &super::UpstreamSession) -> Option<SessionState> {
+        let i = self.members.iter().position(|m| m.replica == at.replica)?;
+        if !self.is_up(i) {
+            return None;
+        }
+        let shared = self.members[i].clone();
+        let sid = HeaderValue::from_str(&at.session).ok()?;
+        let version = HeaderValue::from_str(&at.version).ok()?;
+        let handshake = shared.last_handshake.lock().expect("lock").clone().unwrap_or_default();
+        let _ = shared.statefulness.compare_exchange(UNKNOWN, STATEFUL, Ordering::Relaxed, Ordering::Relaxed);
+        Some(SessionState { shared, sid: Some(sid), version, handshake, epoch: 0 })
+    }
 }
 
 impl Shared {

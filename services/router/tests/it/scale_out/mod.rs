@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::StatusCode;
 use serde_json::{json, Value};
 use switchboard_core::redis::RedisLink;
-use switchboard_session::store::{MemoryStore, Record, RedisStore, Repair, SessionStore, Stored, Touch};
+use switchboard_session::store::{Claim, Loaded, MemoryStore, Record, RedisStore, Repair, SessionStore, Stored, Touch};
 use switchboard_test_support::peers::Process;
 use switchboard_test_support::services::{redis_url, unique, PrivateRedis};
 use switchboard_test_support::{
@@ -19,6 +19,7 @@ use switchboard_test_support::{
 };
 use switchboard_upstream::UpstreamSession;
 
+mod agreement;
 mod stateless;
 mod streams;
 
@@ -40,33 +41,55 @@ fn upstream_session(id: &str) -> UpstreamSession {
 /// What every store must do, checked on one with `idle` expiry.
 async fn store_contract(store: Arc<dyn SessionStore>, idle: Duration) {
     store.create("a", &sample("t1")).await.unwrap();
-    let loaded = store.load("a").await.unwrap().expect("a live session loads");
+    let loaded = store.load("a").await.unwrap().live().expect("a live session loads");
     assert_eq!(loaded, sample("t1"));
     assert_eq!(store.touch("a").await.unwrap(), Touch::Alive);
     assert_eq!(store.touch("never").await.unwrap(), Touch::Unknown);
-    assert_eq!(store.load("never").await.unwrap(), None);
+    assert_eq!(store.load("never").await.unwrap(), Loaded::Unknown);
 
-    // Upstream sessions are recorded and replaced; an unknown session gets none.
-    store.set_upstream("a", "web", &upstream_session("s1")).await.unwrap();
-    store.set_upstream("a", "web", &upstream_session("s2")).await.unwrap();
-    store.set_upstream("a", "files", &upstream_session("f1")).await.unwrap();
-    store.set_upstream("never", "web", &upstream_session("x")).await.unwrap();
-    assert_eq!(store.load("never").await.unwrap(), None, "set_upstream does not create a session");
-    let loaded = store.load("a").await.unwrap().unwrap();
+    // One upstream session per (session, upstream): the first claim wins,
+    // a second one loses to it (and learns which it is), claiming what is
+    // recorded wins again, and replacing needs the recorded one as `stale`.
+    let (s1, s2, s3) = (upstream_session("s1"), upstream_session("s2"), upstream_session("s3"));
+    assert_eq!(store.claim_upstream("a", "web", None, &s1).await.unwrap(), Claim::Won);
+    assert_eq!(store.claim_upstream("a", "web", None, &s2).await.unwrap(), Claim::Lost(s1.clone()));
+    assert_eq!(store.claim_upstream("a", "web", None, &s1).await.unwrap(), Claim::Won);
+    assert_eq!(store.claim_upstream("a", "web", Some(&s3), &s2).await.unwrap(), Claim::Lost(s1.clone()));
+    assert_eq!(store.claim_upstream("a", "web", Some(&s1), &s2).await.unwrap(), Claim::Won, "re-initialised");
+    assert_eq!(store.upstream("a", "web").await.unwrap(), Some(s2.clone()));
+    assert_eq!(store.upstream("a", "files").await.unwrap(), None);
+    assert_eq!(store.claim_upstream("a", "files", None, &upstream_session("f1")).await.unwrap(), Claim::Won);
+    assert_eq!(store.claim_upstream("never", "web", None, &s1).await.unwrap(), Claim::Gone);
+    assert_eq!(store.load("never").await.unwrap(), Loaded::Unknown, "a claim does not create a session");
+    let loaded = store.load("a").await.unwrap().live().unwrap();
     assert_eq!(loaded.upstreams.len(), 2);
     assert_eq!(loaded.upstreams["web"].session, "s2");
+    // Two replicas claiming at once: exactly one wins, the other learns the winner.
+    store.create("race", &sample("t1")).await.unwrap();
+    let (x, y) = (upstream_session("x"), upstream_session("y"));
+    let (first, second) =
+        tokio::join!(store.claim_upstream("race", "web", None, &x), store.claim_upstream("race", "web", None, &y));
+    let outcomes = [first.unwrap(), second.unwrap()];
+    let winner = store.upstream("race", "web").await.unwrap().unwrap();
+    assert_eq!(outcomes.iter().filter(|o| **o == Claim::Won).count(), 1, "{outcomes:?}");
+    assert!(outcomes.contains(&Claim::Lost(winner.clone())), "{outcomes:?}");
+    store.remove("race").await.unwrap();
+
+    // The generation stays while the store keeps its data.
+    let generation = store.generation().await.unwrap();
+    assert_eq!(store.generation().await.unwrap().token, generation.token);
 
     // Removal hands back what it held, once; the session is then known to have ended.
     let removed = store.remove("a").await.unwrap().expect("removed");
     assert_eq!(removed.upstreams["files"].session, "f1");
     assert_eq!(store.remove("a").await.unwrap(), None);
     assert_eq!(store.touch("a").await.unwrap(), Touch::Ended);
-    assert_eq!(store.load("a").await.unwrap(), None);
+    assert_eq!(store.load("a").await.unwrap(), Loaded::Ended);
     assert_eq!(store.repair("a", &sample("t1")).await.unwrap(), Repair::Ended, "an ended session is not written back");
 
     // Expiry slides with use, and each expired session goes to one sweeper.
     store.create("c", &sample("t2")).await.unwrap();
-    store.set_upstream("c", "web", &upstream_session("c1")).await.unwrap();
+    store.claim_upstream("c", "web", None, &upstream_session("c1")).await.unwrap();
     // The store's clock is moved, not waited for: no margin for a slow machine to eat.
     store.skip_ahead(idle * 6 / 10);
     assert_eq!(store.touch("c").await.unwrap(), Touch::Alive);
@@ -83,13 +106,13 @@ async fn store_contract(store: Arc<dyn SessionStore>, idle: Duration) {
 
     // A session the store lost (no trace of it) is written back by a replica that has it.
     assert_eq!(store.repair("d", &sample("t3")).await.unwrap(), Repair::Written);
-    assert_eq!(store.load("d").await.unwrap().unwrap().record.tenant, "t3");
+    assert_eq!(store.load("d").await.unwrap().live().unwrap().record.tenant, "t3");
     assert_eq!(
         store.repair("d", &sample("other")).await.unwrap(),
         Repair::Live,
         "a live session (another replica wrote it back first) is not overwritten"
     );
-    assert_eq!(store.load("d").await.unwrap().unwrap().record.tenant, "t3");
+    assert_eq!(store.load("d").await.unwrap().live().unwrap().record.tenant, "t3");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -294,12 +317,17 @@ async fn an_idle_session_expires_once_across_replicas_and_its_upstream_session_e
 
 /// A router process (so that it can be killed), on a port of its own choosing.
 async fn router_process(config: &str) -> (Process, String, tempfile_path::TempPath) {
-    let file = tempfile_path::TempPath::new("switchboard-replica", ".toml");
     // Warnings only, but the line saying where it listens.
+    router_process_logging(config, "warn").await
+}
+
+/// A router process logging at `level` (and the line saying where it listens).
+async fn router_process_logging(config: &str, level: &str) -> (Process, String, tempfile_path::TempPath) {
+    let file = tempfile_path::TempPath::new("switchboard-replica", ".toml");
     std::fs::write(
         &file.0,
         format!(
-            "[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n[log]\nlevel = \"warn,switchboard_router::server=info\"\n{config}"
+            "[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n[log]\nlevel = \"{level},switchboard_router::server=info\"\n{config}"
         ),
     )
     .unwrap();
@@ -486,16 +514,19 @@ async fn redis_restarting_costs_no_live_session() {
     // to retry, and the session is not ended.
     assert_eq!(old.delete().await, StatusCode::SERVICE_UNAVAILABLE);
 
-    // Redis comes back empty. Replicas write back the sessions they hold,
-    // after which the other replica can load the one it never saw.
+    // Redis comes back empty. Replicas write back the sessions they hold
+    // (A both, B the old one: whichever is first), after which the other
+    // replica can load the one it never saw.
     redis.resume();
     let repaired = eventually(Duration::from_secs(10), || async {
         new.call_tool("web__echo", json!({})).await;
         old.call_tool("web__echo", json!({})).await;
-        a.metric("switchboard_sessions_repaired_total", &[]).await >= 2.0
+        a.metric("switchboard_sessions_repaired_total", &[]).await
+            + b.metric("switchboard_sessions_repaired_total", &[]).await
+            >= 2.0
     })
     .await;
-    assert!(repaired, "replica a wrote both sessions back");
+    assert!(repaired, "both sessions written back");
     // The update made during the outage reached Redis once it was back:
     // the client resumes its GET stream at B and gets it.
     drop(stream);
