@@ -8,9 +8,18 @@
 //! re-initialisation if the session is lost. Every message is relayed both
 //! ways; ids are left as the client wrote them.
 //!
+//! A client of the stateless era (2026-07-28: no `initialize`; each request
+//! names its version in `params._meta`) is relayed too: each request is one
+//! POST with the era's headers (`MCP-Protocol-Version`, `Mcp-Method`,
+//! `Mcp-Name`, and the `Mcp-Param-*` headers of arguments the tool's schema
+//! marks `x-mcp-header`, learnt from the `tools/list` results relayed), its
+//! answer (JSON or a stream) relayed back; a `notifications/cancelled`
+//! closes the request's stream, which is how the era cancels.
+//!
 //! Nothing but MCP messages is written to stdout; diagnostics go to stderr.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,8 +27,9 @@ use http::{HeaderName, HeaderValue, Uri};
 use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
+use serde_json::Value;
 use switchboard_protocol::jsonrpc::{self, code, span, Envelope, MessageKind, Target};
-use switchboard_protocol::{ndjson, Method, ProtocolVersion};
+use switchboard_protocol::{modern, ndjson, Method, ProtocolVersion};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
@@ -91,7 +101,9 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         options.timeout,
         Arc::new(switchboard_upstream::Metrics::new(&Default::default(), &[])),
     );
+    let transport = Arc::new(transport);
     let mut channel: Option<Arc<dyn Channel>> = None;
+    let stateless = Arc::new(Stateless::default());
 
     let mut stdin = tokio::io::stdin();
     let mut decoder = ndjson::Decoder::new(64 << 20);
@@ -118,6 +130,10 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
                     continue;
                 }
             };
+            if channel.is_none() && is_stateless(&env) {
+                stateless.relay(&transport, &env, &line, &out_tx, options.timeout);
+                continue;
+            }
             match (env.kind, &channel) {
                 (MessageKind::Request, None) if env.method_str() == "initialize" => {
                     let id = env.id.expect("a request has an id");
@@ -139,6 +155,9 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
                 }
                 // The bridge already sent `initialized` during its handshake.
                 (MessageKind::Notification, _) if env.method_str() == "notifications/initialized" => {}
+                (MessageKind::Notification, None) if env.method_str() == "notifications/cancelled" => {
+                    stateless.cancel(&env);
+                }
                 (MessageKind::Notification | MessageKind::Response | MessageKind::Error, None) => {}
                 (MessageKind::Request, Some(channel)) => {
                     let out = outgoing(&env, &line);
@@ -175,6 +194,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     if let Some(channel) = channel {
         channel.close().await;
     }
+    stateless.cancel_all();
     drop(out_tx);
     drop(transport);
     let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
@@ -213,6 +233,154 @@ async fn initialize(
         result["instructions"] = json!(instructions);
     }
     Ok((channel, serde_json::to_vec(&result).expect("serializable")))
+}
+
+/// Whether a message is a stateless-era request (its `_meta` names a
+/// 2026-07-28 or later version).
+fn is_stateless(env: &Envelope<'_>) -> bool {
+    env.kind == MessageKind::Request
+        && modern::request_meta(env.params)
+            .ok()
+            .flatten()
+            .and_then(|m| m.protocol_version)
+            .and_then(|v| ProtocolVersion::parse(&v))
+            .is_some_and(ProtocolVersion::is_modern)
+}
+
+/// The stateless era's requests in flight, and what `tools/list` taught
+/// about the headers tools mirror.
+#[derive(Default)]
+struct Stateless {
+    /// Requests in flight by id (JSON text): cancelled by aborting them.
+    inflight: Mutex<HashMap<String, tokio::task::AbortHandle>>,
+    /// Tools whose arguments go into `Mcp-Param-*` headers: their definitions.
+    mirrored: Mutex<HashMap<String, Value>>,
+}
+
+impl Stateless {
+    /// Relays one request as one POST, its answer back to stdout.
+    fn relay(
+        self: &Arc<Self>,
+        transport: &Arc<upstream::http::Transport>,
+        env: &Envelope<'_>,
+        line: &Bytes,
+        out_tx: &mpsc::UnboundedSender<Bytes>,
+        timeout: Duration,
+    ) {
+        let method = Method::from_name(env.method_str());
+        let id = env.id.expect("a request has an id").to_owned();
+        let headers = self.headers(method, env);
+        let learn = method == Method::ToolsList;
+        let (me, transport, out_tx, line) = (self.clone(), transport.clone(), out_tx.clone(), line.clone());
+        let key = id.get().to_owned();
+        let task = tokio::spawn({
+            let key = key.clone();
+            async move {
+                let result = tokio::time::timeout(timeout, async {
+                    let answer = transport.modern(line, method, headers, "").await.map_err(|e| e.to_string())?;
+                    match answer.reply {
+                        Reply::Done(message) => {
+                            if learn {
+                                me.learn(&message);
+                            }
+                            let _ = out_tx.send(message);
+                        }
+                        Reply::Stream(mut stream) => {
+                            while let Some(message) = stream.next().await {
+                                let message = message.map_err(|e| e.to_string())?;
+                                let last = Envelope::parse(&message).is_ok_and(|e| {
+                                    matches!(e.kind, MessageKind::Response | MessageKind::Error)
+                                        && e.id.is_some_and(|i| i.get() == key)
+                                });
+                                if last && learn {
+                                    me.learn(&message);
+                                }
+                                let _ = out_tx.send(message);
+                                if last {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    Ok::<(), String>(())
+                })
+                .await;
+                let error = match result {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some((code::INTERNAL_ERROR, e)),
+                    Err(_) => Some((code::REQUEST_TIMEOUT, format!("no answer within {timeout:?}"))),
+                };
+                if let Some((code, message)) = error {
+                    let _ = out_tx.send(jsonrpc::error_response(Some(&id), code, &message, None));
+                }
+                me.inflight.lock().expect("lock").remove(&key);
+            }
+        });
+        let mut inflight = self.inflight.lock().expect("lock");
+        if !task.is_finished() {
+            inflight.insert(key, task.abort_handle());
+        }
+    }
+
+    /// The era's headers besides the version and method: `Mcp-Name`, and
+    /// the `Mcp-Param-*` headers of a tool that mirrors arguments.
+    fn headers(&self, method: Method, env: &Envelope<'_>) -> Vec<(HeaderName, HeaderValue)> {
+        let mut headers = Vec::new();
+        let Some(target) = env.params.and_then(|p| Target::parse(p).ok()) else { return headers };
+        let named = match method {
+            Method::ToolsCall | Method::PromptsGet => target.name,
+            Method::ResourcesRead => target.uri,
+            _ => None,
+        };
+        let Some(name) = named.and_then(jsonrpc::as_str) else { return headers };
+        if let Ok(value) = HeaderValue::from_str(&modern::header_value_text(&name)) {
+            headers.push((HeaderName::from_static("mcp-name"), value));
+        }
+        if method == Method::ToolsCall {
+            if let Some(tool) = self.mirrored.lock().expect("lock").get(&*name) {
+                let params: Value = env.params.and_then(|p| serde_json::from_str(p.get()).ok()).unwrap_or_default();
+                for (header, value) in modern::mirrored_params(tool, params.get("arguments")) {
+                    if let (Ok(h), Ok(v)) = (HeaderName::from_bytes(header.as_bytes()), HeaderValue::from_str(&value)) {
+                        headers.push((h, v));
+                    }
+                }
+            }
+        }
+        headers
+    }
+
+    /// Keeps the definitions of the tools in a `tools/list` result that
+    /// mirror arguments into headers.
+    fn learn(&self, message: &[u8]) {
+        if !message.windows(14).any(|w| w == b"\"x-mcp-header\"") {
+            return;
+        }
+        let Ok(value) = serde_json::from_slice::<Value>(message) else { return };
+        let Some(tools) = value.pointer("/result/tools").and_then(Value::as_array) else { return };
+        let mut mirrored = self.mirrored.lock().expect("lock");
+        for tool in tools {
+            if let Some(name) = tool.get("name").and_then(Value::as_str) {
+                if tool.to_string().contains("\"x-mcp-header\"") {
+                    mirrored.insert(name.to_owned(), tool.clone());
+                }
+            }
+        }
+    }
+
+    /// A `notifications/cancelled`: the request's stream is closed, which
+    /// the router takes as the cancellation.
+    fn cancel(&self, env: &Envelope<'_>) {
+        let Some(id) = env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.request_id) else { return };
+        if let Some(task) = self.inflight.lock().expect("lock").remove(id.get()) {
+            task.abort();
+        }
+    }
+
+    fn cancel_all(&self) {
+        for (_, task) in self.inflight.lock().expect("lock").drain() {
+            task.abort();
+        }
+    }
 }
 
 fn outgoing(env: &Envelope<'_>, line: &Bytes) -> Outgoing {

@@ -209,3 +209,58 @@ pub async fn run_python_client(script: &str, args: &[&str]) -> serde_json::Value
         .unwrap_or_else(|| panic!("no JSON output:\n{stdout}\n{stderr}"));
     serde_json::from_str(last).unwrap_or_else(|e| panic!("bad JSON output ({e}): {last}"))
 }
+
+/// The official SDKs' clients the tests drive (`tests/peers/sdk_client.*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sdk {
+    /// `mcp` 2.x for Python.
+    Python,
+    /// `@modelcontextprotocol/client` 2.x for TypeScript (Node 20 or later).
+    TypeScript,
+}
+
+/// Runs an SDK client (`args`: `--mode M (--url U | --command C ...) --call
+/// TOOL --args JSON`): its JSON output on success, else what it said on
+/// stderr (the error, as JSON).
+pub async fn run_sdk_client(sdk: Sdk, args: &[&str]) -> Result<serde_json::Value, String> {
+    let mut command = match sdk {
+        Sdk::Python => {
+            let mut c = Command::new(python());
+            c.arg(scripts_dir().join("sdk_client.py"));
+            c
+        }
+        Sdk::TypeScript => {
+            let mut c = Command::new("node");
+            c.arg(typescript_client());
+            c
+        }
+    };
+    let out = tokio::time::timeout(Duration::from_secs(120), command.args(args).stdin(Stdio::null()).output())
+        .await
+        .expect("the SDK client finishes within 120 s")
+        .expect("running the SDK client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(format!("{sdk:?} client failed ({}): {stderr}{stdout}", out.status));
+    }
+    let last = stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).ok_or(format!("no JSON: {stdout}"))?;
+    serde_json::from_str(last).map_err(|e| format!("bad JSON ({e}): {last}"))
+}
+
+/// The TypeScript client script, copied next to the installed SDK (Node
+/// resolves packages from a script's own directory up).
+fn typescript_client() -> PathBuf {
+    require(tools_dir().join("npm/node_modules/@modelcontextprotocol/client"));
+    let source = std::fs::read(scripts_dir().join("sdk_client.mjs")).expect("sdk_client.mjs");
+    let dir = tools_dir().join("npm/.switchboard-clients");
+    std::fs::create_dir_all(&dir).expect("a directory for the client");
+    let path = dir.join(format!("sdk_client-{:016x}.mjs", switchboard_core::hash::fnv1a64(&source)));
+    if !path.exists() {
+        // Written whole, then renamed: parallel tests never read half a file.
+        let partial = dir.join(format!(".{}-{}", std::process::id(), crate::services::unique("w")));
+        std::fs::write(&partial, &source).expect("writing the client");
+        std::fs::rename(&partial, &path).expect("placing the client");
+    }
+    path
+}

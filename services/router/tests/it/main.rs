@@ -13,6 +13,8 @@
 //! - `scale_out`: replicas sharing Redis: sessions, streams, cancellations.
 //! - `edge`: edge devices over framed TCP and TLS.
 //! - `peers`: the official SDKs and servers through the router.
+//! - `eras`: the official SDKs in every era through the router, directly
+//!   and over `switchboard connect`, to upstreams of either era.
 //! - `shutdown`: the drain, and stdio children stopped and restarted.
 
 mod audit;
@@ -20,6 +22,7 @@ mod bad_input;
 mod catalog;
 mod degraded;
 mod edge;
+mod eras;
 mod keys;
 mod peers;
 mod routing;

@@ -198,6 +198,7 @@ pub(super) async fn bridged(
 ) -> Response<Body> {
     let app = x.app().clone();
     let who = x.principal().expect("authenticated").clone();
+    let resolved = without_era_meta(resolved);
     let u = resolved.upstream;
     let upstream = &app.upstreams[u];
     let session = match app.sessions.tenant_session(&who.tenant.name).await {
@@ -261,6 +262,21 @@ pub(super) async fn bridged(
             round.respond(rx).await
         }
     }
+}
+
+/// The request as a session-era upstream takes it: without the stateless
+/// era's `io.modelcontextprotocol/*` keys in `params._meta` (a session
+/// carries what they say; a strict server refuses them), with its id and
+/// progress token found again in the new body.
+fn without_era_meta(resolved: Resolved) -> Resolved {
+    let Some(body) = modern::without_era_meta(&resolved.body) else { return resolved };
+    let (id, progress_token) = {
+        let env = Envelope::parse(&body).expect("the request parsed before and still does");
+        let id = span(&body, env.id.expect("a request has an id").get());
+        let token = env.params.and_then(|p| jsonrpc::Target::parse(p).ok()).and_then(|t| t.progress_token);
+        (id, token.map(|t| span(&body, t.get())))
+    };
+    Resolved { upstream: resolved.upstream, body, id, progress_token }
 }
 
 /// A later round of a bridged call: the client's answers go to the upstream,
