@@ -469,10 +469,17 @@ impl Catalog {
             switchboard_protocol::ProtocolVersion::parse(v)
                 .is_some_and(switchboard_protocol::ProtocolVersion::is_modern)
         });
-        let sessions_too = versions.iter().any(|v| {
+        let mut sessions_too = versions.iter().any(|v| {
             switchboard_protocol::ProtocolVersion::parse(v)
                 .is_some_and(switchboard_protocol::ProtocolVersion::is_streamable_http)
         });
+        if modern && !sessions_too {
+            // Discovery lists only the stateless era, yet one endpoint may
+            // serve both (the official conformance server does): a session
+            // handshake tells. Session clients then keep their own
+            // sessions, with everything that only sessions carry.
+            sessions_too = self.takes_sessions(u).await;
+        }
         let mut state = self.states[u.index()].lock().expect("lock");
         if state.modern.is_some() {
             return state.modern == Some(true);
@@ -489,7 +496,12 @@ impl Catalog {
                 protocol_version: "2026-07-28".into(),
                 capabilities: r.get("capabilities").cloned().unwrap_or_else(|| Value::Object(Map::new())),
                 instructions: r.get("instructions").and_then(Value::as_str).map(str::to_owned),
-                server_info: r.get("serverInfo").cloned().unwrap_or(Value::Null),
+                // Top-level in early drafts; in `_meta` as the era now says.
+                server_info: r
+                    .get("serverInfo")
+                    .or_else(|| r.pointer("/_meta/io.modelcontextprotocol~1serverInfo"))
+                    .cloned()
+                    .unwrap_or(Value::Null),
             }));
             tracing::info!(upstream = %upstream.name, sessions_too, "upstream speaks MCP 2026-07-28: stateless clients reach it statelessly");
             let transport = upstream.transport.clone();
@@ -498,6 +510,26 @@ impl Catalog {
             state.listener = Some(tokio::spawn(listen_upstream(transport, inbox, name)));
         }
         modern
+    }
+
+    /// Whether a stateless upstream also serves sessions: an `initialize`
+    /// (then DELETE of the session it made) succeeds within `list_timeout`.
+    async fn takes_sessions(&self, u: UpstreamId) -> bool {
+        let upstream = &self.upstreams[u];
+        let inbox: Arc<dyn Inbox> = Arc::new(switchboard_upstream::Discard);
+        let hello = Hello::router();
+        match tokio::time::timeout(upstream.config.list_timeout, upstream.transport.open(&hello, inbox)).await {
+            Ok(Ok(channel)) => {
+                channel.close().await;
+                tracing::info!(upstream = %upstream.name, "upstream lists only MCP 2026-07-28 in server/discover but takes initialize: session clients keep sessions with it");
+                true
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(upstream = %upstream.name, error = %e, "stateless upstream refuses sessions");
+                false
+            }
+            Err(_) => false,
+        }
     }
 
     /// One page of a list from a stateless upstream, with its `ttlMs`.

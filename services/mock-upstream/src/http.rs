@@ -141,7 +141,7 @@ async fn post(server: Arc<Server>, session_id: Option<String>, req: Request<Inco
         Reply::Json(bytes) => json(StatusCode::OK, bytes),
         Reply::Invalid(bytes) => json(StatusCode::BAD_REQUEST, bytes),
         Reply::Stream(rx) => sse_response(rx),
-        Reply::Polled(rx) => polled_response(&session, rx),
+        Reply::Polled(rx) => polled_response(&session, server.opts.poll_retry, rx),
     };
     if new_session {
         response
@@ -176,7 +176,11 @@ fn get(server: Arc<Server>, session_id: Option<String>, last_event_id: Option<St
 
 /// An SSE answer that ends right after its priming event; the messages are
 /// kept for a GET with `Last-Event-ID`.
-fn polled_response(session: &Arc<Session>, mut messages: mpsc::UnboundedReceiver<Bytes>) -> Response<Body> {
+fn polled_response(
+    session: &Arc<Session>,
+    retry: std::time::Duration,
+    mut messages: mpsc::UnboundedReceiver<Bytes>,
+) -> Response<Body> {
     let stream = session.next_stream.fetch_add(1, Ordering::Relaxed);
     session.polled.lock().expect("lock").insert(stream, Vec::new());
     let session = session.clone();
@@ -186,7 +190,7 @@ fn polled_response(session: &Arc<Session>, mut messages: mpsc::UnboundedReceiver
         }
     });
     let (tx, rx) = mpsc::unbounded_channel();
-    let _ = tx.send(Bytes::from(format!("id: {stream}-0\nretry: 100\ndata: \n\n")));
+    let _ = tx.send(Bytes::from(format!("id: {stream}-0\nretry: {}\ndata: \n\n", retry.as_millis())));
     drop(tx);
     let mut response = Response::new(Body::Stream(rx));
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));

@@ -61,6 +61,16 @@ pub struct Options {
     /// Wait this long before answering `initialize` (so that two router
     /// replicas opening a session race).
     pub initialize_delay: Duration,
+    /// The `retry:` of a polled stream's priming event (SSE polling).
+    pub poll_retry: Duration,
+    /// With `modern`: stream answers (and `subscriptions/listen`) as
+    /// newline-delimited JSON in an `application/json` body instead of
+    /// SSE, as the official conformance server does.
+    pub ndjson_streams: bool,
+    /// With `modern`: ask for input (`input_required`) whatever the
+    /// client's capabilities, as the official conformance server does
+    /// (by default the mock answers -32021 to a client that lacks them).
+    pub ask_regardless: bool,
     /// Refuse requests whose `Host` or `Origin` is not localhost (DNS
     /// rebinding protection, HTTP 403).
     pub check_host: bool,
@@ -87,6 +97,9 @@ impl Default for Options {
             modern_only: false,
             discover_modern_only: false,
             initialize_delay: Duration::ZERO,
+            poll_retry: Duration::from_millis(100),
+            ndjson_streams: false,
+            ask_regardless: false,
             check_host: false,
             state_key: "switchboard-mock".into(),
             list_ttl_ms: 0,

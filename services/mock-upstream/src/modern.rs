@@ -93,7 +93,29 @@ fn json_response(status: StatusCode, message: &Value) -> Response<Body> {
     response
 }
 
-fn sse_body(rx: mpsc::UnboundedReceiver<Bytes>) -> Response<Body> {
+/// A streamed answer of SSE frames: as SSE, or (`ndjson_streams`) as the
+/// frames' messages, one JSON line each, in an `application/json` body.
+fn sse_body(server: &Server, rx: mpsc::UnboundedReceiver<Bytes>) -> Response<Body> {
+    if server.opts.ndjson_streams {
+        let (tx, lines) = mpsc::unbounded_channel();
+        let mut frames = rx;
+        tokio::spawn(async move {
+            let mut decoder = sse::Decoder::new(usize::MAX);
+            while let Some(frame) = frames.recv().await {
+                decoder.push(&frame);
+                while let Ok(Some(event)) = decoder.next_event() {
+                    let mut line = event.data.to_vec();
+                    line.push(b'\n');
+                    if tx.send(Bytes::from(line)).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        let mut response = Response::new(Body::Stream(lines));
+        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        return response;
+    }
     let mut response = Response::new(Body::Stream(rx));
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
@@ -131,18 +153,13 @@ fn ok(server: &Server, id: &Value, method: &str, mut result: Value) -> Response<
     json_response(StatusCode::OK, &json!({"jsonrpc": "2.0", "id": id, "result": result}))
 }
 
-/// The versions the mock speaks: this era, then the 2025 ones (reached
-/// with `initialize`).
-fn supported_by_default() -> Vec<&'static str> {
-    let mut all = vec![MODERN];
-    all.extend(SUPPORTED_VERSIONS.iter().rev());
-    all
-}
-
-/// [`supported_by_default`], or only this era with `--modern-only`.
+/// The versions the mock says it speaks (in discovery and in -32022's
+/// data): this era, then the 2025 ones (reached with `initialize`); only
+/// this era with `--modern-only`, and with `--discover-2026-only` (which
+/// serves the others all the same, as the official conformance server does).
 fn supported(server: &Server) -> Vec<&'static str> {
     let mut all = vec![MODERN];
-    if !server.opts.modern_only {
+    if !server.opts.modern_only && !server.opts.discover_modern_only {
         all.extend(SUPPORTED_VERSIONS.iter().rev());
     }
     all
@@ -169,7 +186,7 @@ pub(crate) async fn post(server: Arc<Server>, headers: &HeaderMap, body: Bytes) 
         return accepted();
     };
     let params = message.get("params").cloned().unwrap_or_else(|| json!({}));
-    if let Err(response) = validate(headers, id, method, &params) {
+    if let Err(response) = validate(&server, headers, id, method, &params) {
         return *response;
     }
     if let Err(response) = check_param_headers(&server, headers, id, method, &params) {
@@ -212,7 +229,13 @@ fn accepted() -> Response<Body> {
 /// The checks every modern request passes, in the era's order: `_meta`,
 /// version header against `_meta`, the version itself, `Mcp-Method`,
 /// `Mcp-Name`.
-fn validate(headers: &HeaderMap, id: &Value, method: &str, params: &Value) -> Result<(), Box<Response<Body>>> {
+fn validate(
+    server: &Server,
+    headers: &HeaderMap,
+    id: &Value,
+    method: &str,
+    params: &Value,
+) -> Result<(), Box<Response<Body>>> {
     let bad = |code: i64, message: &str, data: Option<Value>| {
         Box::new(error(StatusCode::BAD_REQUEST, id, code, message, data))
     };
@@ -248,7 +271,7 @@ fn validate(headers: &HeaderMap, id: &Value, method: &str, params: &Value) -> Re
         return Err(bad(
             UNSUPPORTED_VERSION,
             &format!("Unsupported protocol version: {version}"),
-            Some(json!({"supported": supported_by_default(), "requested": version})),
+            Some(json!({"supported": supported(server), "requested": version})),
         ));
     }
     match header_str(headers, "mcp-method") {
@@ -406,8 +429,12 @@ fn rounds(server: &Server, id: &Value, method: &str, kind: Kind, name: &str, par
         Some(_) => return invalid("Invalid params: requestState must be a string"),
     };
     let args = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
-    let round =
-        Round { args: &args, caps: Some(&params["_meta"][META_CAPABILITIES]), responses, state: state.as_ref() };
+    let round = Round {
+        args: &args,
+        caps: (!server.opts.ask_regardless).then_some(&params["_meta"][META_CAPABILITIES]),
+        responses,
+        state: state.as_ref(),
+    };
     let response = match mrtr::run(kind, name, &round) {
         Step::Done(result) => ok(server, id, method, result),
         Step::Ask { requests, state } => {
@@ -426,16 +453,16 @@ fn rounds(server: &Server, id: &Value, method: &str, kind: Kind, name: &str, par
     };
     if name == "test_streaming_elicitation" && response.status() == StatusCode::OK {
         // The same answer, as the single event of an SSE stream.
-        return resend_as_sse(response);
+        return resend_as_sse(server, response);
     }
     response
 }
 
-fn resend_as_sse(response: Response<Body>) -> Response<Body> {
+fn resend_as_sse(server: &Server, response: Response<Body>) -> Response<Body> {
     let Body::Full(Some(bytes)) = response.into_body() else { return method_not_allowed() };
     let (tx, rx) = mpsc::unbounded_channel();
     let _ = tx.send(sse::encode_event(None, None, &bytes));
-    sse_body(rx)
+    sse_body(server, rx)
 }
 
 /// Hands a request to the 2025 logic and adapts its answer.
@@ -451,16 +478,17 @@ async fn legacy(server: Arc<Server>, id: &Value, method: &str, meta: &Value, bod
         Reply::Stream(mut messages) | Reply::Polled(mut messages) => {
             let (tx, rx) = mpsc::unbounded_channel();
             let method = method.to_owned();
+            let adapting = server.clone();
             tokio::spawn(async move {
                 while let Some(message) = messages.recv().await {
-                    let Some(adapted) = adapt(&server, &method, &message, log_level) else { continue };
+                    let Some(adapted) = adapt(&adapting, &method, &message, log_level) else { continue };
                     let last = adapted.get("id").is_some();
                     if tx.send(frame(&adapted)).is_err() || last {
                         break;
                     }
                 }
             });
-            sse_body(rx)
+            sse_body(&server, rx)
         }
     }
 }
@@ -517,7 +545,7 @@ fn listen(server: &Server, id: &Value, params: &Value) -> Response<Body> {
         "params": {"notifications": filter.to_value(), "_meta": {META_SUBSCRIPTION: id}}});
     let _ = tx.send(frame(&ack));
     server.listeners.add(Listener { id: id.clone(), filter, out: tx });
-    sse_body(rx)
+    sse_body(server, rx)
 }
 
 #[cfg(test)]

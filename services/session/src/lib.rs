@@ -14,6 +14,8 @@
 //! - [`shared_streams`]: the same streams in Redis, for every replica.
 //! - [`store`]: the [`SessionStore`](store::SessionStore) trait, in memory or
 //!   in Redis.
+//! - `subscriptions.rs`: a session client's resource subscriptions to
+//!   upstreams of the stateless era, as `subscriptions/listen` streams.
 //!
 //! This layer knows upstreams (it opens channels to them) but not what
 //! requests mean: a message an upstream sends a session on its own goes to
@@ -29,6 +31,7 @@ pub mod relayed;
 mod session;
 pub mod shared_streams;
 pub mod store;
+mod subscriptions;
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};

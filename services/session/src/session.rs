@@ -107,6 +107,8 @@ pub struct Session {
     closed: AtomicBool,
     /// Closed by [`detach`](Session::detach): the session goes on elsewhere.
     detached: AtomicBool,
+    /// Resource subscriptions to stateless (2026-07-28) upstreams.
+    subscriptions: crate::subscriptions::Subscriptions,
     me: Weak<Session>,
 }
 
@@ -208,6 +210,7 @@ impl Session {
             ctx: ctx.clone(),
             closed: AtomicBool::new(false),
             detached: AtomicBool::new(false),
+            subscriptions: Default::default(),
             me: me.clone(),
             id,
         })
@@ -673,12 +676,27 @@ impl Session {
         true
     }
 
+    /// Subscribes the client to `uri` (the upstream's own) at `u`, an
+    /// upstream that speaks only MCP 2026-07-28, or (`on` false)
+    /// unsubscribes: kept as a `subscriptions/listen` stream of this
+    /// session's, whose updates come to the client as any upstream's do.
+    pub async fn subscribe_stateless(&self, u: UpstreamId, uri: &str, on: bool) -> Result<(), SessionError> {
+        let upstream = &self.ctx.upstreams[u];
+        let inbox: Arc<dyn Inbox> = Arc::new(SessionInbox { session: self.me.clone(), upstream: u });
+        let client = crate::subscriptions::Client { capabilities: self.capabilities.get(), affinity: &self.id };
+        self.subscriptions
+            .change(upstream, uri, on, client, inbox)
+            .await
+            .map_err(|e| SessionError::upstream(&upstream.name, e))
+    }
+
     /// Stops serving the session here while it goes on at other replicas:
     /// its stream ends and its channels stop, leaving upstream sessions open.
     pub async fn detach(&self) {
         self.detached.store(true, Ordering::Relaxed);
         self.closed.store(true, Ordering::Relaxed);
         self.close_stream();
+        self.subscriptions.stop();
         for (_, channel) in self.open_channels() {
             channel.detach().await;
         }
@@ -688,6 +706,7 @@ impl Session {
     pub async fn close(&self) {
         self.closed.store(true, Ordering::Relaxed);
         self.close_stream();
+        self.subscriptions.stop();
         for (_, channel) in self.open_channels() {
             channel.close().await;
         }

@@ -253,9 +253,10 @@ pub enum Item {
     /// A message.
     Message(Bytes),
     /// The upstream ended its stream before answering and the stream will
-    /// resume it (2025-11-25 SSE polling); the router may do the same to its
+    /// resume it (2025-11-25 SSE polling) after `retry`, the wait the
+    /// upstream asked for (if it did); the router may do the same to its
     /// client.
-    Paused,
+    Paused { retry: Option<Duration> },
 }
 
 /// Messages related to one request, in order; the response is the last one.
@@ -269,7 +270,7 @@ pub trait MessageStream: Send {
         loop {
             match self.next_item().await? {
                 Ok(Item::Message(message)) => return Some(Ok(message)),
-                Ok(Item::Paused) => continue,
+                Ok(Item::Paused { .. }) => continue,
                 Err(e) => return Some(Err(e)),
             }
         }

@@ -28,6 +28,9 @@ use crate::exchange::{cancel_upstream, Exchange};
 
 /// The `retry:` hint sent with priming events.
 const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest wait passed on from an upstream's `retry:` (the upstream
+/// stream is resumed after at most this long too).
+const MAX_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Phase 6, resolve, then phase 7: forwards and answers one request of a
 /// session. The exchange is finished however it ends.
@@ -58,11 +61,7 @@ pub async fn forward(
     let app = x.app().clone();
     if app.catalog.is_stateless_only(u) {
         if matches!(method, Method::ResourcesSubscribe | Method::ResourcesUnsubscribe) {
-            let e = Error::InvalidParams(format!(
-                "upstream {:?} speaks MCP 2026-07-28, whose resource subscriptions the router does not bridge",
-                app.upstreams[u].name
-            ));
-            return x.fail_as(Some(id), &e, Outcome::Rejected);
+            return super::stateless_upstream::subscribe(x, session, method, id, resolved).await;
         }
         return super::stateless_upstream::forward(x, session, method, id, resolved, accepts_sse).await;
     }
@@ -212,13 +211,18 @@ impl Call {
                     }
                     Step::Skip => {}
                 },
-                Some(Ok(Item::Paused)) => {
-                    // The upstream ended its stream early and will be resumed;
-                    // end ours likewise when the client can resume it.
+                Some(Ok(Item::Paused { retry })) => {
+                    // The upstream ended its stream early and will be resumed
+                    // after the wait it asked for; end ours likewise when the
+                    // client can resume it, asking it to wait as long (it
+                    // would come back before the answer could be there).
                     if self.session.version >= ProtocolVersion::V2025_11_25
                         && !self.session.legacy
                         && !self.session.for_tenant
                     {
+                        if let Some(retry) = retry.filter(|r| *r > RETRY) {
+                            log.prime(retry.min(MAX_RETRY));
+                        }
                         log.cut();
                     }
                 }

@@ -74,6 +74,42 @@ pub(super) async fn forward(
     }
 }
 
+/// `resources/subscribe` or `resources/unsubscribe` of a session client to
+/// a stateless upstream, which has neither: kept as the session's
+/// `subscriptions/listen` stream to that upstream, naming every URI the
+/// client subscribed to there (`Session::subscribe_stateless`).
+pub(super) async fn subscribe(
+    mut x: Exchange,
+    session: &Arc<Session>,
+    method: Method,
+    id: &RawValue,
+    resolved: Resolved,
+) -> Response<Body> {
+    let uri = Envelope::parse(&resolved.body)
+        .ok()
+        .and_then(|env| env.params)
+        .and_then(|p| Target::parse(p).ok())
+        .and_then(|t| t.uri)
+        .and_then(jsonrpc::as_str)
+        .map(|uri| uri.into_owned());
+    let Some(uri) = uri else {
+        return x.fail_as(Some(id), &Error::InvalidParams("params.uri must be a string".into()), Outcome::Rejected);
+    };
+    match session.subscribe_stateless(resolved.upstream, &uri, method == Method::ResourcesSubscribe).await {
+        Ok(()) => {
+            let answer = jsonrpc::result_response(id, b"{}");
+            x.add_sent(answer.len());
+            x.finish(Outcome::Ok, None);
+            respond::json(answer)
+        }
+        Err(e) => {
+            let e = Error::from(e);
+            let outcome = e.outcome();
+            x.fail_as(Some(id), &e, outcome)
+        }
+    }
+}
+
 pub(crate) static MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
 
 /// The headers of a request to a stateless upstream besides the version and
@@ -299,11 +335,27 @@ impl Call {
             .and_then(Value::as_object)
             .ok_or_else(|| protocol("input_required without inputRequests".into()))?;
         let mut waiting = Vec::with_capacity(requests.len());
+        let declared: Value = serde_json::from_str(self.session.capabilities.get()).unwrap_or_default();
         for (key, input) in requests {
             let method = input
                 .get("method")
                 .and_then(Value::as_str)
                 .ok_or_else(|| protocol(format!("input request {key:?} has no method")))?;
+            // A session client is asked only what it declared it can answer
+            // (its capabilities went upstream with the request; a server
+            // that asks anyway gets the call failed, not the client a
+            // request it cannot handle).
+            let needs = match method {
+                "sampling/createMessage" => Some("sampling"),
+                "elicitation/create" => Some("elicitation"),
+                "roots/list" => Some("roots"),
+                _ => None,
+            };
+            if let Some(capability) = needs.filter(|c| declared.get(*c).is_none_or(Value::is_null)) {
+                return Err(protocol(format!(
+                    "it asked the client for {method}, but the client did not declare the {capability} capability"
+                )));
+            }
             let ours = format!("m.{}", switchboard_core::ids::random_id());
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let awaiting = self.x.app().await_answer(&self.session.id, &ours, left).await;

@@ -523,6 +523,34 @@ async fn an_upstream_that_polls_is_mirrored_and_the_client_resumes() {
     router.stop().await;
 }
 
+/// An upstream that asks for a longer wait than the router's own `retry:`
+/// (1 s) before its client resumes: the router resumes upstream only after
+/// that wait (as a client must), so it tells its client to wait as long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstreams_longer_retry_is_passed_on_to_the_client() {
+    let web = MockServer::start(switchboard_test_support::MockOptions {
+        name: "web".into(),
+        poll_retry: Duration::from_millis(1500),
+        ..switchboard_test_support::MockOptions::default()
+    })
+    .await;
+    let router = Router::start(&http_upstream("web", &web.url, "")).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    let (_, _, mut stream) =
+        client.request_stream("tools/call", json!({"name": "web__reconnect", "arguments": {}})).await;
+    let priming = stream.next_event(Duration::from_secs(5)).await.expect("the router's priming event");
+    assert_eq!(priming.retry, Some(1000), "the router's own");
+    let passed_on = stream.next_event(Duration::from_secs(5)).await.expect("an event before the stream ends");
+    assert_eq!((passed_on.retry, passed_on.data.is_empty()), (Some(1500), true), "the upstream's wait, passed on");
+    assert!(stream.next_event(Duration::from_secs(5)).await.is_none(), "then the POST stream closes");
+    let (status, mut resumed) = client.resume_stream(passed_on.id.as_deref()).await;
+    assert_eq!(status, StatusCode::OK);
+    let result = resumed.next(Duration::from_secs(5)).await.expect("the result after reconnecting");
+    assert_eq!(text_of(&result), "Reconnection test completed successfully.");
+    router.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_to_a_shared_stdio_upstream_are_counted_per_session() {
     let (router, _web) = router_with_web_and_local().await;

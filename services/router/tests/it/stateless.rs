@@ -339,3 +339,114 @@ async fn a_session_clients_call_to_a_2026_only_upstream_carries_mirrored_argumen
     }
     assert_eq!(conf.mock.initialize_count(), 0, "reached statelessly");
 }
+
+/// A session client's resource subscriptions to a 2026-07-28-only upstream,
+/// which has no `resources/subscribe`: a `subscriptions/listen` stream of
+/// the session's names the subscribed URIs, and its updates reach the
+/// client's GET stream with the exposed URI. Unsubscribing from the last
+/// URI ends the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_clients_subscriptions_to_a_2026_only_upstream_are_kept_as_listen_streams() {
+    let mut options = mock_named("web");
+    options.modern = true;
+    options.modern_only = true;
+    let web = MockServer::start(options).await;
+    let router = Router::start(&http_upstream("web", &web.url, "")).await;
+    let mut client = switchboard_test_support::Client::new(&router.url);
+    client.initialize().await;
+    // The catalog's own listen stream (list changes).
+    let streams = || web.mock.listen_streams();
+    assert!(switchboard_test_support::eventually(Duration::from_secs(10), || async { streams() == 1 }).await);
+    let mut events = client.open_stream().await;
+
+    let uri = "web+mock://web/hello";
+    assert_eq!(client.call("resources/subscribe", json!({"uri": uri})).await["result"], json!({}));
+    assert_eq!(streams(), 2, "listening by the time the subscription is answered");
+    client.call_tool("web__touch", json!({"uri": "mock://web/other"})).await;
+    client.call_tool("web__touch", json!({"uri": "mock://web/hello"})).await;
+    let update = events.next(Duration::from_secs(10)).await.expect("the update");
+    assert_eq!(update["method"], "notifications/resources/updated", "{update}");
+    assert_eq!(update["params"]["uri"], uri, "the exposed URI, and only the subscribed one");
+
+    assert_eq!(client.call("resources/unsubscribe", json!({"uri": uri})).await["result"], json!({}));
+    assert!(
+        switchboard_test_support::eventually(Duration::from_secs(10), || async { streams() == 1 }).await,
+        "the session's listen stream ended: {} open",
+        streams()
+    );
+    assert_eq!(web.mock.initialize_count(), 0, "reached statelessly");
+}
+
+/// A 2026-07-28 upstream that streams its answers as newline-delimited JSON
+/// in an `application/json` body (as the official conformance server does)
+/// rather than SSE: the router reads them message by message, so a call's
+/// progress reaches the client as it comes, and the upstream's list
+/// changes reach the router through its own listen stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_streaming_newline_delimited_json_is_relayed_as_it_streams() {
+    let mut options = mock_named("new");
+    options.modern = true;
+    options.ndjson_streams = true;
+    let upstream = MockServer::start(options).await;
+    let router = Router::start(&http_upstream("new", &upstream.url, "")).await;
+    let client = Stateless::new(&router.url, json!({}));
+
+    let (status, headers, mut stream) = client
+        .stream(
+            "tools/call",
+            json!({"name": "new__progress", "arguments": {"steps": 3, "interval_ms": 200},
+                "_meta": {"progressToken": "p"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers["content-type"].to_str().unwrap().starts_with("text/event-stream"), "relayed as a stream");
+    let first = stream.next(Duration::from_secs(5)).await.expect("the first progress notification");
+    assert_eq!(first["method"], "notifications/progress", "{first}");
+    let rest = stream.until_end(Duration::from_secs(10)).await.expect("the stream ends");
+    let last = rest.last().expect("the result");
+    assert_eq!(text_of(last), "done after 3 steps", "{last}");
+
+    let (_, _, mut listen) =
+        client.stream("subscriptions/listen", json!({"notifications": {"toolsListChanged": true}})).await;
+    listen.next(Duration::from_secs(5)).await.expect("the acknowledgement");
+    client.call("tools/call", json!({"name": "new__add_tool", "arguments": {"name": "later"}})).await;
+    let note = listen.next(Duration::from_secs(10)).await.expect("the upstream's list change, through the router");
+    assert_eq!(note["method"], "notifications/tools/list_changed", "{note}");
+}
+
+/// A 2026-07-28-only upstream that asks for input whatever the client
+/// declared (as the official conformance server does): a session client
+/// that did not declare sampling is never sent a `sampling/createMessage`
+/// it cannot answer; its call fails, saying why. One that declared it is
+/// asked, and its answer completes the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_client_is_asked_only_what_it_declared() {
+    let mut options = mock_named("conf");
+    options.modern = true;
+    options.modern_only = true;
+    options.conformance = true;
+    options.ask_regardless = true;
+    let conf = MockServer::start(options).await;
+    let router = Router::start(&http_upstream("conf", &conf.url, "")).await;
+    let tool = "conf__test_input_required_result_sampling";
+
+    let mut plain = switchboard_test_support::Client::new(&router.url);
+    plain.initialize().await;
+    let (status, _, mut stream) = plain.request_stream("tools/call", json!({"name": tool, "arguments": {}})).await;
+    assert_eq!(status, StatusCode::OK);
+    let answer = stream.next(Duration::from_secs(10)).await.expect("an answer");
+    assert!(answer.get("method").is_none(), "no request the client cannot answer: {answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("did not declare the sampling capability"), "{answer}");
+
+    let mut sampler = switchboard_test_support::Client::new(&router.url);
+    sampler.initialize_with(json!({"sampling": {}})).await;
+    let (_, _, mut stream) = sampler.request_stream("tools/call", json!({"name": tool, "arguments": {}})).await;
+    let ask = stream.next(Duration::from_secs(10)).await.expect("the sampling request");
+    assert_eq!(ask["method"], "sampling/createMessage", "{ask}");
+    let reply = json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"role": "assistant",
+        "content": {"type": "text", "text": "Paris"}, "model": "m", "stopReason": "endTurn"}});
+    assert_eq!(sampler.post(reply).await.status, StatusCode::ACCEPTED);
+    let done = stream.next(Duration::from_secs(10)).await.expect("the result");
+    assert!(text_of(&done).contains("Paris"), "{done}");
+}

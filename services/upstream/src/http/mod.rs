@@ -35,12 +35,12 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::TokioExecutor;
-use switchboard_protocol::jsonrpc;
+use switchboard_protocol::jsonrpc::{self, MessageKind};
 use tokio::task::JoinHandle;
 
 use self::channel::Channel;
 use self::replicas::{health_loop, Replicas};
-use self::stream::SseStream;
+use self::stream::{JsonValues, SseStream};
 use crate::config::HttpConfig;
 use crate::Metrics;
 use crate::{collect_response, h1, Handshake, Hello, Inbox, Reply, UpstreamError};
@@ -191,6 +191,9 @@ struct Answer {
 enum AnswerBody {
     Http1(h1::Body),
     Http2(Incoming),
+    /// A body in fixed pieces, for unit tests of what reads bodies.
+    #[cfg(test)]
+    Pieces(std::collections::VecDeque<Bytes>),
 }
 
 impl AnswerBody {
@@ -200,6 +203,8 @@ impl AnswerBody {
             AnswerBody::Http1(body) => {
                 body.chunk().await.map(|r| r.map_err(|e| UpstreamError::Connect(crate::Cause::from_error(e))))
             }
+            #[cfg(test)]
+            AnswerBody::Pieces(pieces) => pieces.pop_front().map(Ok),
             AnswerBody::Http2(body) => loop {
                 match body.frame().await? {
                     Ok(frame) => {
@@ -229,6 +234,8 @@ impl AnswerBody {
                     Err(UpstreamError::Connect(crate::Cause::with_source(format!("reading the response: {e}"), e)))
                 }
             },
+            #[cfg(test)]
+            AnswerBody::Pieces(pieces) => Ok(pieces.into_iter().flatten().collect::<Vec<u8>>().into()),
         }
     }
 }
@@ -302,6 +309,30 @@ impl super::Transport for Transport {
         }
         if resp.status == StatusCode::ACCEPTED {
             return Err(UpstreamError::Protocol("202 Accepted for a request".into()));
+        }
+        if resp.status.is_success() {
+            // One JSON value, the response, as a rule; a server that streams
+            // newline-delimited messages (notifications first) is relayed
+            // as it streams.
+            let mut values = JsonValues::new(resp.body);
+            let first = match values.next_value().await {
+                Some(first) => first?,
+                None => return Err(UpstreamError::Protocol("an empty answer to a request".into())),
+            };
+            let kind = switchboard_protocol::Envelope::parse(&first).map(|e| e.kind);
+            return match kind {
+                Ok(MessageKind::Response | MessageKind::Error) => {
+                    Ok(super::ModernAnswer { status, reply: Reply::Done(first) })
+                }
+                Ok(_) => {
+                    values.push_front(first);
+                    Ok(super::ModernAnswer { status, reply: Reply::Stream(Box::new(values)) })
+                }
+                Err(_) => {
+                    let detail = String::from_utf8_lossy(&first[..first.len().min(200)]).trim().to_owned();
+                    Err(UpstreamError::Status { status, detail })
+                }
+            };
         }
         let body = resp.body.collect(MAX_MESSAGE_BYTES).await?;
         // A JSON-RPC message, whatever the status (4xx errors are the era's).

@@ -91,7 +91,7 @@ impl MessageStream for SseStream {
                 // gave an event id, we can resume with it; say so first.
                 Some(Err(_)) | None if self.can_resume() => {
                     self.paused = true;
-                    return Some(Ok(Item::Paused));
+                    return Some(Ok(Item::Paused { retry: self.retry }));
                 }
                 Some(Err(e)) => {
                     return Some(Err(UpstreamError::Connect(crate::Cause::with_source(
@@ -102,5 +102,141 @@ impl MessageStream for SseStream {
                 None => return None,
             }
         }
+    }
+}
+
+/// Bodies of `application/json` answers up to this size are parsed as they
+/// arrive (to find where a value ends); larger ones only once complete.
+const EAGER_PARSE_BYTES: usize = 1 << 20;
+
+/// The JSON values of an `application/json` answer, one after another as
+/// each completes: the response alone as a rule, but some servers stream
+/// several, newline-delimited (the official conformance server does, for
+/// a stateless request's notifications), which are relayed as they come.
+pub(super) struct JsonValues {
+    body: AnswerBody,
+    buf: bytes::BytesMut,
+    ended: bool,
+    /// A value read ahead, to be yielded first.
+    first: Option<bytes::Bytes>,
+}
+
+impl JsonValues {
+    pub(super) fn new(body: AnswerBody) -> Self {
+        JsonValues { body, buf: bytes::BytesMut::new(), ended: false, first: None }
+    }
+
+    /// Puts a value read with [`next_value`](Self::next_value) back in front.
+    pub(super) fn push_front(&mut self, value: bytes::Bytes) {
+        self.first = Some(value);
+    }
+
+    /// The next complete value, as its bytes; `None` at the end.
+    pub(super) async fn next_value(&mut self) -> Option<Result<bytes::Bytes, UpstreamError>> {
+        if let Some(first) = self.first.take() {
+            return Some(Ok(first));
+        }
+        // Parsed after a read that ended a line (how values are delimited
+        // when several come) or at the end of the body: a single large
+        // value is parsed once, not once per piece of it.
+        let mut try_parse = !self.buf.is_empty();
+        loop {
+            let start = self.buf.iter().position(|b| !b.is_ascii_whitespace());
+            let Some(start) = start else {
+                self.buf.clear();
+                if self.ended {
+                    return None;
+                }
+                match self.read().await {
+                    Ok(newline) => try_parse = newline || self.ended,
+                    Err(e) => return Some(Err(e)),
+                }
+                continue;
+            };
+            if try_parse {
+                let mut values =
+                    serde_json::Deserializer::from_slice(&self.buf[start..]).into_iter::<serde::de::IgnoredAny>();
+                match values.next() {
+                    Some(Ok(_)) => {
+                        let end = start + values.byte_offset();
+                        let mut value = self.buf.split_to(end);
+                        let _ = value.split_to(start);
+                        return Some(Ok(value.freeze()));
+                    }
+                    Some(Err(e)) if e.is_eof() && !self.ended => {}
+                    Some(Err(e)) => return Some(Err(UpstreamError::Protocol(crate::Cause::from_error(e)))),
+                    None => {}
+                }
+            }
+            if self.ended {
+                return None;
+            }
+            match self.read().await {
+                Ok(newline) => try_parse = self.ended || (newline && self.buf.len() <= EAGER_PARSE_BYTES),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+
+    /// Reads the next piece of the body; whether it held a line break.
+    async fn read(&mut self) -> Result<bool, UpstreamError> {
+        match self.body.chunk().await {
+            Some(Ok(data)) => {
+                if self.buf.len() + data.len() > MAX_MESSAGE_BYTES {
+                    return Err(UpstreamError::Protocol(
+                        format!("a message larger than {MAX_MESSAGE_BYTES} bytes").into(),
+                    ));
+                }
+                self.buf.extend_from_slice(&data);
+                Ok(data.contains(&b'\n'))
+            }
+            Some(Err(e)) => Err(e),
+            None => {
+                self.ended = true;
+                Ok(false)
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl MessageStream for JsonValues {
+    async fn next_item(&mut self) -> Option<Result<Item, UpstreamError>> {
+        self.next_value().await.map(|value| value.map(Item::Message))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body that arrives in these pieces.
+    fn body(pieces: &[&str]) -> AnswerBody {
+        AnswerBody::Pieces(pieces.iter().map(|p| bytes::Bytes::copy_from_slice(p.as_bytes())).collect())
+    }
+
+    async fn all(pieces: &[&str]) -> Vec<String> {
+        let mut values = JsonValues::new(body(pieces));
+        let mut out = Vec::new();
+        while let Some(value) = values.next_value().await {
+            out.push(String::from_utf8(value.unwrap().to_vec()).unwrap());
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn json_answers_are_read_value_by_value_however_they_arrive() {
+        // One value, in pieces, pretty-printed (line breaks inside it).
+        assert_eq!(all(&["{\"a\":\n", "[1,\n2]", "}\n"]).await, ["{\"a\":\n[1,\n2]}"]);
+        // Several, newline-delimited, cut anywhere.
+        assert_eq!(
+            all(&["{\"n\":1}\n{\"n\"", ":2}\n", "\n{\"n\":3}"]).await,
+            [r#"{"n":1}"#, r#"{"n":2}"#, r#"{"n":3}"#]
+        );
+        assert!(all(&["  \n "]).await.is_empty());
+        // A value cut off by the end of the body is an error, not silence.
+        let mut cut = JsonValues::new(body(&["{\"n\":1}\n{\"n\":"]));
+        assert_eq!(&cut.next_value().await.unwrap().unwrap()[..], br#"{"n":1}"#);
+        assert!(cut.next_value().await.unwrap().is_err());
     }
 }
