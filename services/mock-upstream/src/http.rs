@@ -140,6 +140,9 @@ async fn post(server: Arc<Server>, session_id: Option<String>, req: Request<Inco
         Reply::Accepted => plain(StatusCode::ACCEPTED, ""),
         Reply::Json(bytes) => json(StatusCode::OK, bytes),
         Reply::Invalid(bytes) => json(StatusCode::BAD_REQUEST, bytes),
+        Reply::Stream(rx) if server.opts.resumable_streams && !server.opts.stateless => {
+            resumable_response(&session, rx)
+        }
         Reply::Stream(rx) => sse_response(rx),
         Reply::Polled(rx) => polled_response(&session, server.opts.poll_retry, rx),
     };
@@ -197,26 +200,57 @@ fn polled_response(
     response
 }
 
-/// Sends a polled stream's events after `seq` once they exist, then ends.
+/// An SSE answer whose events are kept (numbered `STREAM-N`, N from 1)
+/// for a GET with `Last-Event-ID`; the messages are kept even once the
+/// client has gone.
+fn resumable_response(session: &Arc<Session>, mut messages: mpsc::UnboundedReceiver<Bytes>) -> Response<Body> {
+    let stream = session.next_stream.fetch_add(1, Ordering::Relaxed);
+    session.polled.lock().expect("lock").insert(stream, Vec::new());
+    let (tx, rx) = mpsc::unbounded_channel();
+    let session = session.clone();
+    tokio::spawn(async move {
+        while let Some(message) = messages.recv().await {
+            let n = {
+                let mut polled = session.polled.lock().expect("lock");
+                let kept = polled.entry(stream).or_default();
+                kept.push(message.clone());
+                kept.len()
+            };
+            let _ = tx.send(sse::encode_event(Some(&format!("{stream}-{n}")), None, &message));
+        }
+    });
+    let mut response = Response::new(Body::Stream(rx));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    response
+}
+
+/// Sends a kept stream's events after `seq`, as they come, up to the
+/// answer (at most a minute).
 fn resume(session: Arc<crate::mcp::Session>, stream: u64, seq: usize) -> Response<Body> {
     if !session.polled.lock().expect("lock").contains_key(&stream) {
         return plain(StatusCode::NOT_FOUND, "unknown stream");
     }
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
-        for _ in 0..500 {
+        let mut sent = seq;
+        for _ in 0..6000 {
             let ready: Vec<Bytes> = session
                 .polled
                 .lock()
                 .expect("lock")
                 .get(&stream)
-                .map(|e| e.iter().skip(seq).cloned().collect())
+                .map(|e| e.iter().skip(sent).cloned().collect())
                 .unwrap_or_default();
-            if !ready.is_empty() {
-                for (i, message) in ready.iter().enumerate() {
-                    let _ = tx.send(sse::encode_event(Some(&format!("{stream}-{}", seq + i + 1)), None, message));
+            for message in ready {
+                sent += 1;
+                if tx.send(sse::encode_event(Some(&format!("{stream}-{sent}")), None, &message)).is_err() {
+                    return;
                 }
-                return;
+                let answered = jsonrpc::Envelope::parse(&message)
+                    .is_ok_and(|env| matches!(env.kind, jsonrpc::MessageKind::Response | jsonrpc::MessageKind::Error));
+                if answered {
+                    return;
+                }
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
@@ -235,10 +269,8 @@ fn unknown_session(server: &Server) -> Response<Body> {
 fn sse_response(mut messages: mpsc::UnboundedReceiver<Bytes>) -> Response<Body> {
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
-        let mut n = 0u64;
         while let Some(message) = messages.recv().await {
-            n += 1;
-            if tx.send(sse::encode_event(Some(&n.to_string()), None, &message)).is_err() {
+            if tx.send(sse::encode_event(None, None, &message)).is_err() {
                 break;
             }
         }

@@ -5,7 +5,7 @@
 //! switchboard-mock --http 127.0.0.1:3001 [--name N] [--stateless] [--tools N] [--sse] [--page-size N]
 //!                  [--list-delay-ms MS] [--unknown-session-status 400] [--threads N]
 //!                  [--modern | --modern-only | --discover-2026-only] [--check-host | --any-host] [--state-key KEY]
-//!                  [--list-ttl-ms MS] [--initialize-delay-ms MS]
+//!                  [--list-ttl-ms MS] [--initialize-delay-ms MS] [--resumable-streams]
 //! ```
 //!
 //! With `--modern`, each HTTP POST is answered in its era: MCP 2026-07-28
@@ -46,6 +46,7 @@ fn main() -> Result<()> {
                     value("--initialize-delay-ms")?.parse().context("--initialize-delay-ms takes a number")?;
                 options.initialize_delay = std::time::Duration::from_millis(ms);
             }
+            "--resumable-streams" => options.resumable_streams = true,
             "--check-host" => options.check_host = true,
             "--any-host" => any_host = true,
             "--state-key" => options.state_key = value("--state-key")?,
@@ -71,7 +72,7 @@ fn main() -> Result<()> {
                     "switchboard-mock (--stdio [--allow-exit] | --http ADDR) [--conformance] [--name NAME] [--stateless] [--sse] [--tools N] \
                      [--page-size N] [--list-delay-ms MS] [--unknown-session-status CODE] [--threads N] \
                      [--modern | --modern-only | --discover-2026-only] [--check-host | --any-host] [--state-key KEY] \
-                     [--list-ttl-ms MS] [--initialize-delay-ms MS]"
+                     [--list-ttl-ms MS] [--initialize-delay-ms MS] [--resumable-streams]"
                 );
                 return Ok(());
             }

@@ -63,6 +63,12 @@ pub struct Options {
     pub initialize_delay: Duration,
     /// The `retry:` of a polled stream's priming event (SSE polling).
     pub poll_retry: Duration,
+    /// Every SSE answer is resumable: its events are numbered `STREAM-N`
+    /// and kept, and a GET with `Last-Event-ID` replays what followed and
+    /// goes on up to the answer, even after the client that asked went
+    /// away (a disconnect is not a cancellation). Off: SSE answers carry
+    /// no event ids (nothing to resume from).
+    pub resumable_streams: bool,
     /// With `modern`: stream answers (and `subscriptions/listen`) as
     /// newline-delimited JSON in an `application/json` body instead of
     /// SSE, as the official conformance server does.
@@ -98,6 +104,7 @@ impl Default for Options {
             discover_modern_only: false,
             initialize_delay: Duration::ZERO,
             poll_retry: Duration::from_millis(100),
+            resumable_streams: false,
             ndjson_streams: false,
             ask_regardless: false,
             check_host: false,

@@ -76,18 +76,47 @@ impl Log {
         })
     }
 
+    /// A log that goes on with an existing stream of this session from
+    /// `next` (another replica's, which this one continues).
+    pub fn continuing(stream: u64, next: u64) -> Arc<Log> {
+        let log = Log::new(stream);
+        log.state.lock().expect("lock").next = next;
+        log
+    }
+
     /// Appends one message as an event with the next id.
     pub fn push(&self, message: &[u8]) {
-        self.append(None, message);
+        self.append(None, message, None);
+    }
+
+    /// Appends a message relayed from an upstream's stream, with where the
+    /// upstream could resume that stream from after it: copied with the
+    /// event, so that another replica can continue the stream there.
+    pub fn push_relayed(&self, message: &[u8], resume_point: Option<&str>) {
+        self.append(None, message, resume_point);
+    }
+
+    /// Whether the log is copied to the shared streams.
+    pub fn is_spilled(&self) -> bool {
+        self.state.lock().expect("lock").mirror.is_some()
+    }
+
+    /// Records where the stream's events come from (an upstream's stream,
+    /// as JSON), with the spilled copy, for a replica that continues it.
+    pub fn set_origin(&self, origin: String) {
+        let state = self.state.lock().expect("lock");
+        if let Some((shared, session)) = &state.mirror {
+            shared.set_origin(session, self.stream, origin);
+        }
     }
 
     /// Appends the priming event: an id, a `retry:` hint and empty data, so a
     /// client has something to resume from before the first real event.
     pub fn prime(&self, retry: Duration) {
-        self.append(Some(retry), b"");
+        self.append(Some(retry), b"", None);
     }
 
-    fn append(&self, retry: Option<Duration>, data: &[u8]) {
+    fn append(&self, retry: Option<Duration>, data: &[u8], resume_point: Option<&str>) {
         {
             let mut state = self.state.lock().expect("lock");
             if state.closed {
@@ -98,7 +127,7 @@ impl Log {
             let event =
                 sse::encode_with_id(EventId { stream: self.stream, seq }, retry.map(|r| r.as_millis() as u64), data);
             if let Some((shared, session)) = &state.mirror {
-                shared.spill(session, self.stream, seq, event.clone());
+                shared.spill(session, self.stream, seq, event.clone(), resume_point);
             }
             state.bytes += event.len();
             state.events.push_back((seq, event));
@@ -134,7 +163,7 @@ impl Log {
             return;
         }
         for (seq, event) in &state.events {
-            shared.spill(session, self.stream, *seq, event.clone());
+            shared.spill(session, self.stream, *seq, event.clone(), None);
         }
         if state.closed {
             shared.spill_closed(session, self.stream);

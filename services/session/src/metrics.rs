@@ -13,6 +13,7 @@ pub struct Metrics {
     claims_lost: IntCounter,
     store_lost: IntCounter,
     waited_for_repair: IntCounterVec,
+    taken_over: IntCounterVec,
 }
 
 impl Metrics {
@@ -56,6 +57,12 @@ impl Metrics {
                 "Requests for a session the store had lost and this replica did not hold, which waited for the replica holding it to write it back, by result (found, not_found).",
                 &["result"],
             ),
+            taken_over: counter_vec(
+                registry,
+                "switchboard_streams_taken_over_total",
+                "Request streams this replica took over from a replica that stopped before the answer, by result: resumed (from the upstream) or failed (the client got an error saying why).",
+                &["result"],
+            ),
         }
     }
 
@@ -86,6 +93,12 @@ impl Metrics {
 
     pub(crate) fn waited_for_repair(&self, found: bool) {
         self.waited_for_repair.with_label_values(&[if found { "found" } else { "not_found" }]).inc();
+    }
+
+    /// A request stream taken over from a replica that stopped ended:
+    /// `resumed` or `failed`.
+    pub fn taken_over(&self, result: &str) {
+        self.taken_over.with_label_values(&[result]).inc();
     }
 
     pub(crate) fn stream_event_dropped(&self) {

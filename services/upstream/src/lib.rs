@@ -265,6 +265,13 @@ pub trait MessageStream: Send {
     /// The next message or pause; `None` when the stream ended.
     async fn next_item(&mut self) -> Option<Result<Item, UpstreamError>>;
 
+    /// Where the upstream could resume this stream from now (its last
+    /// event id), if it gave one: another replica can continue the stream
+    /// there with [`Channel::resume_stream`].
+    fn resume_point(&self) -> Option<&str> {
+        None
+    }
+
     /// The next message, passing over pauses; `None` when the stream ended.
     async fn next(&mut self) -> Option<Result<Bytes, UpstreamError>> {
         loop {
@@ -373,6 +380,15 @@ pub trait Channel: Send + Sync {
     /// continue it ([`Transport::resume`]): an HTTP session with an id.
     fn upstream_session(&self) -> Option<UpstreamSession> {
         None
+    }
+
+    /// Continues a request's stream after `last_event_id` (a
+    /// [`MessageStream::resume_point`] of a stream on this upstream
+    /// session, maybe read by another replica that is gone): the messages
+    /// that followed it, up to the response. By default the transport
+    /// cannot.
+    async fn resume_stream(&self, _last_event_id: &str) -> Result<Box<dyn MessageStream>, UpstreamError> {
+        Err(UpstreamError::Protocol("this transport cannot resume a stream".into()))
     }
 
     /// Ends the session with the upstream.

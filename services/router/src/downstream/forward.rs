@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 
 use super::resolve::{call_local, classify, error_code, resolve, Resolution};
 use super::respond;
+use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
 use crate::exchange::{cancel_upstream, Exchange};
@@ -96,6 +97,7 @@ pub async fn forward(
             }
             // The relay finishes the exchange from here, client or no client.
             let log = session.new_stream();
+            call.record_origin(&log, channel.as_ref());
             if session.version >= ProtocolVersion::V2025_11_25 && !session.legacy {
                 // Something to resume from before the first real event.
                 log.prime(RETRY);
@@ -132,7 +134,7 @@ pub(crate) struct Call {
 }
 
 /// What one upstream message means for the call.
-enum Step {
+pub(crate) enum Step {
     /// The response: the call is over.
     Done(Bytes, Outcome),
     /// A related message for the client; `true` if it is a request (which
@@ -142,28 +144,62 @@ enum Step {
     Skip,
 }
 
+/// What one message of a request's upstream stream means for the call
+/// (`id`: the request's, as the upstream knows it).
+pub(crate) fn step(
+    app: &App,
+    session: &Session,
+    upstream: UpstreamId,
+    method: Method,
+    id: &RawValue,
+    message: Bytes,
+) -> Step {
+    let env = match Envelope::parse(&message) {
+        Ok(env) => env,
+        Err(_) => {
+            app.metrics.upstreams.protocol_error(&app.upstreams[upstream].name);
+            return Step::Skip;
+        }
+    };
+    if matches!(env.kind, MessageKind::Response | MessageKind::Error) && env.id.is_some_and(|i| same_id(i, id)) {
+        drop(env);
+        let (message, outcome) = classify(app, upstream, method, message);
+        return Step::Done(message, outcome);
+    }
+    let is_request = env.kind == MessageKind::Request;
+    match app.relay_parsed(session, upstream, &env, &message) {
+        Some(out) => Step::Relay(out, is_request),
+        None => Step::Skip,
+    }
+}
+
+/// Where a request stream's events come from, recorded with its copy in
+/// Redis so that another replica can continue it if this one dies
+/// (`takeover.rs`): the upstream, its session, the request's id as the
+/// upstream knows it, the method.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct Origin {
+    pub upstream: String,
+    pub at: switchboard_upstream::UpstreamSession,
+    pub id: Box<RawValue>,
+    pub method: String,
+}
+
 impl Call {
     fn step(&self, message: Bytes) -> Step {
-        let app = self.x.app();
-        let env = match Envelope::parse(&message) {
-            Ok(env) => env,
-            Err(_) => {
-                app.metrics.upstreams.protocol_error(&app.upstreams[self.upstream].name);
-                return Step::Skip;
-            }
+        step(self.x.app(), &self.session, self.upstream, self.method, &self.id, message)
+    }
+
+    /// Records where the call's stream comes from with its shared copy.
+    fn record_origin(&self, log: &Log, channel: &dyn Channel) {
+        let Some(at) = channel.upstream_session().filter(|_| log.is_spilled()) else { return };
+        let origin = Origin {
+            upstream: self.x.app().upstreams[self.upstream].name.to_string(),
+            at,
+            id: self.id.clone(),
+            method: self.method.as_str().to_owned(),
         };
-        if matches!(env.kind, MessageKind::Response | MessageKind::Error)
-            && env.id.is_some_and(|i| same_id(i, &self.id))
-        {
-            drop(env);
-            let (message, outcome) = classify(app, self.upstream, self.method, message);
-            return Step::Done(message, outcome);
-        }
-        let is_request = env.kind == MessageKind::Request;
-        match app.relay_parsed(&self.session, self.upstream, &env, &message) {
-            Some(out) => Step::Relay(out, is_request),
-            None => Step::Skip,
-        }
+        log.set_origin(serde_json::to_string(&origin).expect("serializable"));
     }
 
     fn error_message(&self, err: &Error) -> Bytes {
@@ -207,7 +243,10 @@ impl Call {
                     }
                     Step::Relay(out, _) => {
                         self.x.add_sent(out.len());
-                        log.push(&out)
+                        // With a shared copy, where the upstream could go on
+                        // from: another replica continues there if this one dies.
+                        let resume = if log.is_spilled() { stream.resume_point() } else { None };
+                        log.push_relayed(&out, resume)
                     }
                     Step::Skip => {}
                 },

@@ -26,6 +26,7 @@ mod resolve;
 pub mod respond;
 pub mod stateless_client;
 mod stateless_upstream;
+pub(crate) mod takeover;
 pub mod transport;
 
 use std::sync::Arc;

@@ -24,14 +24,19 @@
 //!   `reader` (the token of the one response reading the stream),
 //!   `delivered` (the last event a reader sent), `closed` (the request was
 //!   answered), `open` (events exist), `owner` and `last` (the replica
-//!   serving the request, and when it last appended).
+//!   serving the request, and when it last appended), and for a request
+//!   relayed from an upstream's stream `origin` (the upstream, its session,
+//!   the request's id and method, as JSON) and `upe` (the upstream's last
+//!   event id relayed so far).
 //! - `{prefix}evd:{session}:{what}`: a list change announced to the session
 //!   in the last 2 s (every replica holding the session announces it; one
 //!   event is enough).
 //! - `{prefix}replica:{replica}`: a replica's heartbeat (3 s, renewed every
 //!   second). A request stream whose replica's heartbeat is gone and that has
-//!   had no event for 3 s is *abandoned*: its readers send what it has and
-//!   end (the replica died; its requests will not be answered).
+//!   had no event for 3 s is *abandoned*: one reader takes it over (a
+//!   compare-and-set on `owner`) and continues the upstream's stream from
+//!   `upe` (see [`SharedStreams::on_abandoned`]); a stream with no `origin`
+//!   is sent as it is, and ends.
 //!
 //! An open stream's keys expire `session_idle_timeout` after its last write
 //! or read; an answered one 5 minutes after its answer; an ended session's
@@ -78,7 +83,7 @@ use switchboard_core::redis::{RedisError, RedisLink};
 use switchboard_protocol::sse::{self, EventId};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use self::scripts::{APPEND, CLOSE, DELIVERED, OPEN, READ};
+use self::scripts::{APPEND, CLOSE, DELIVERED, OPEN, READ, TAKE_OVER};
 
 use crate::metrics::Metrics;
 
@@ -105,6 +110,11 @@ const HEARTBEAT_MS: u64 = 3_000;
 const ORPHAN_MS: u64 = 3_000;
 /// A finished request stream stays resumable this long.
 const CLOSED_TTL_MS: u64 = 300_000;
+/// A stream taken over goes on numbered this far above the last event in
+/// Redis: the replica that died may have sent its client a few events it
+/// had not copied yet, whose numbers must not be given to other events (a
+/// client resuming after one of them then gets everything that follows).
+const TAKEOVER_GAP: u64 = 1_000;
 /// Two announcements of the same list change to one session within this
 /// long (from several replicas holding it) are one.
 const ANNOUNCE_DEDUPE_MS: u64 = 2_000;
@@ -121,6 +131,14 @@ enum Op {
         data: Bytes,
         /// Skipped if the same key was appended within the dedupe window.
         dedupe: Option<&'static str>,
+        /// The upstream's resume point after this event.
+        resume: Option<Box<str>>,
+    },
+    /// Where a request stream's events come from.
+    Origin {
+        session: Arc<str>,
+        stream: u64,
+        origin: String,
     },
     Close {
         session: Arc<str>,
@@ -188,6 +206,34 @@ impl Event {
 /// id, the event's argument.
 pub type EventHandler = Box<dyn Fn(Event, &str, usize) + Send + Sync>;
 
+/// A request stream this replica took over from a replica that died before
+/// the answer (see [`SharedStreams::on_abandoned`]).
+#[derive(Debug, Clone)]
+pub struct Takeover {
+    /// Where its events came from, as the replica that died recorded it
+    /// ([`Log::set_origin`](crate::events::Log::set_origin)).
+    pub origin: String,
+    /// Where the upstream could resume its stream, if it said.
+    pub resume_point: Option<String>,
+    /// The number of the next event.
+    pub next: u64,
+}
+
+/// What a replica does with a request stream it took over: the session id,
+/// the stream, where it came from. It appends to the stream (as its owner
+/// now) until the answer, and closes it.
+pub type AbandonedHandler = Box<dyn Fn(&str, u64, Takeover) + Send + Sync>;
+
+/// What a take-over attempt found.
+enum TakeOver {
+    /// This replica continues the stream.
+    Taken(Takeover),
+    /// A live replica serves it (perhaps one that took it over first).
+    Served,
+    /// Nobody can continue it.
+    Impossible,
+}
+
 /// This replica's access to the shared streams.
 pub struct SharedStreams {
     /// A connection of the streams' own: large events and slow batches do
@@ -200,6 +246,7 @@ pub struct SharedStreams {
     waiters: Mutex<Waiters>,
     on_cancel: std::sync::OnceLock<CancelHandler>,
     on_event: std::sync::OnceLock<EventHandler>,
+    on_abandoned: std::sync::OnceLock<AbandonedHandler>,
     next_reader: AtomicU64,
     /// Whether the full queue was reported and has not drained since.
     warned_full: AtomicBool,
@@ -209,6 +256,7 @@ pub struct SharedStreams {
     open: redis::Script,
     read: redis::Script,
     delivered: redis::Script,
+    take_over: redis::Script,
 }
 
 /// What a reader got from one read.
@@ -236,6 +284,7 @@ impl SharedStreams {
             waiters: Mutex::new(HashMap::new()),
             on_cancel: std::sync::OnceLock::new(),
             on_event: std::sync::OnceLock::new(),
+            on_abandoned: std::sync::OnceLock::new(),
             next_reader: AtomicU64::new(1),
             warned_full: AtomicBool::new(false),
             metrics,
@@ -244,6 +293,7 @@ impl SharedStreams {
             open: redis::Script::new(OPEN),
             read: redis::Script::new(READ),
             delivered: redis::Script::new(DELIVERED),
+            take_over: redis::Script::new(TAKE_OVER),
             link,
         });
         tokio::spawn(write(Arc::downgrade(&shared), writes));
@@ -296,6 +346,42 @@ impl SharedStreams {
 
     fn events_channel(&self) -> String {
         format!("{}session-events", self.link.prefix)
+    }
+
+    /// Sets what to do with a request stream this replica takes over: a
+    /// reader here found it abandoned by the replica serving it (that
+    /// replica died before the answer) and took it over.
+    pub fn on_abandoned(&self, handler: AbandonedHandler) {
+        let _ = self.on_abandoned.set(handler);
+    }
+
+    /// Tries to take over an abandoned request stream.
+    async fn take_over(&self, session: &str, stream: u64) -> Result<TakeOver, RedisError> {
+        let mut invocation = self.take_over.prepare_invoke();
+        invocation.key(self.meta_key(session, stream));
+        invocation.arg(&self.replica).arg(self.heartbeat_prefix()).arg(ORPHAN_MS);
+        let value: redis::Value =
+            self.link.call(|mut c| async move { Ok(invocation.invoke_async(&mut c).await?) }).await?;
+        let redis::Value::Array(parts) = value else { return Ok(TakeOver::Impossible) };
+        let mut parts = parts.into_iter();
+        let text = |v: Option<redis::Value>| -> Option<String> { v.and_then(|v| redis::from_redis_value(&v).ok()) };
+        Ok(match parts.next() {
+            Some(redis::Value::Int(1)) => {
+                let (Some(origin), resume, Some(last)) = (text(parts.next()), text(parts.next()), text(parts.next()))
+                else {
+                    return Ok(TakeOver::Impossible);
+                };
+                let next = last.parse::<i64>().map_or(0, |n| (n + 1).max(0) as u64) + TAKEOVER_GAP;
+                TakeOver::Taken(Takeover { origin, resume_point: resume.filter(|r| !r.is_empty()), next })
+            }
+            Some(redis::Value::Int(2)) => TakeOver::Served,
+            _ => TakeOver::Impossible,
+        })
+    }
+
+    /// Queues where a request stream's events come from (see [`Takeover`]).
+    pub fn set_origin(&self, session: &Arc<str>, stream: u64, origin: String) {
+        self.enqueue(Op::Origin { session: session.clone(), stream, origin });
     }
 
     /// Sets what to do with news about sessions from any replica (this one's own included).
@@ -404,13 +490,22 @@ impl SharedStreams {
     }
 
     fn append_to_stream_zero(&self, session: &Arc<str>, message: Bytes, dedupe: Option<&'static str>) {
-        let append =
-            Op::Append { session: session.clone(), stream: 0, seq: None, encoded: false, data: message, dedupe };
+        let append = Op::Append {
+            session: session.clone(),
+            stream: 0,
+            seq: None,
+            encoded: false,
+            data: message,
+            dedupe,
+            resume: None,
+        };
         self.enqueue(append);
     }
 
-    /// Queues an event of a spilled stream, already encoded, with its number.
-    pub fn spill(&self, session: &Arc<str>, stream: u64, seq: u64, event: Bytes) {
+    /// Queues an event of a spilled stream, already encoded, with its
+    /// number (and, for an event relayed from an upstream's stream, where
+    /// the upstream could resume it after this event).
+    pub fn spill(&self, session: &Arc<str>, stream: u64, seq: u64, event: Bytes, resume: Option<&str>) {
         self.enqueue(Op::Append {
             session: session.clone(),
             stream,
@@ -418,6 +513,7 @@ impl SharedStreams {
             encoded: true,
             data: event,
             dedupe: None,
+            resume: resume.map(Box::from),
         });
     }
 
@@ -524,8 +620,24 @@ impl SharedStreams {
                             self.record_delivered(session, stream, seq, token).await;
                         }
                     }
-                    if tx.is_closed() || ((closed || abandoned) && !full) {
+                    if tx.is_closed() || (closed && !full) {
                         break;
+                    }
+                    if abandoned && !full {
+                        match self.take_over(session, stream).await {
+                            // Continued here from now: events follow.
+                            Ok(TakeOver::Taken(takeover)) => match self.on_abandoned.get() {
+                                Some(handler) => handler(session, stream, takeover),
+                                None => break,
+                            },
+                            // Another replica serves it (it took it over).
+                            Ok(TakeOver::Served) => {}
+                            Ok(TakeOver::Impossible) => break,
+                            Err(e) => {
+                                self.metrics.store_error("stream_take_over");
+                                tracing::debug!(error = %e, "cannot take an abandoned stream over; trying again");
+                            }
+                        }
                     }
                     full
                 }
@@ -618,9 +730,18 @@ impl SharedStreams {
         let mut pipe = redis::pipe();
         let mut any = false;
         for op in batch {
-            if let Op::Forget { session } = op {
-                pipe.cmd("DEL").arg(self.log_key(session, 0)).arg(self.meta_key(session, 0)).ignore();
-                any = true;
+            match op {
+                Op::Forget { session } => {
+                    pipe.cmd("DEL").arg(self.log_key(session, 0)).arg(self.meta_key(session, 0)).ignore();
+                    any = true;
+                }
+                Op::Origin { session, stream, origin } => {
+                    let meta = self.meta_key(session, *stream);
+                    pipe.cmd("HSET").arg(&meta).arg("origin").arg(origin).ignore();
+                    pipe.cmd("PEXPIRE").arg(&meta).arg(self.ttl_ms).ignore();
+                    any = true;
+                }
+                _ => {}
             }
         }
         let invocations: Vec<redis::ScriptInvocation<'_>> = batch.iter().filter_map(|op| self.invocation(op)).collect();
@@ -644,7 +765,7 @@ impl SharedStreams {
             invocation.arg(self.wake_prefix()).arg(format!("{session} {stream}"));
         };
         match op {
-            Op::Append { session, stream, seq, encoded, data, dedupe } => {
+            Op::Append { session, stream, seq, encoded, data, dedupe, resume } => {
                 let mut invocation = self.append.prepare_invoke();
                 invocation.key(self.log_key(session, *stream)).key(self.meta_key(session, *stream));
                 invocation.key(format!("{}evd:{session}:{}", self.link.prefix, dedupe.unwrap_or("")));
@@ -654,6 +775,7 @@ impl SharedStreams {
                 wake(&mut invocation, session, *stream);
                 invocation.arg(if seq.is_some() { self.replica.as_str() } else { "" });
                 invocation.arg(if dedupe.is_some() { ANNOUNCE_DEDUPE_MS.to_string() } else { String::new() });
+                invocation.arg(resume.as_deref().unwrap_or(""));
                 Some(invocation)
             }
             Op::Close { session, stream } => {
@@ -663,7 +785,7 @@ impl SharedStreams {
                 wake(&mut invocation, session, *stream);
                 Some(invocation)
             }
-            Op::Forget { .. } | Op::Flush(_) => None,
+            Op::Forget { .. } | Op::Origin { .. } | Op::Flush(_) => None,
         }
     }
 }

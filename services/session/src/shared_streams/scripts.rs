@@ -3,7 +3,8 @@
 
 /// Appends one event: KEYS log, meta, dedupe; ARGV seq (`''`: the next),
 /// field (`m` or `e`), value, max events, ttl ms, wake channel prefix, wake
-/// payload, owner replica (`''`: none), dedupe ms (`''`: none). Never an
+/// payload, owner replica (`''`: none), dedupe ms (`''`: none), the
+/// upstream's resume point after this event (`''`: none). Never an
 /// error (a failed script would fail its whole pipeline): an entry id
 /// already written (a retried write) is skipped.
 pub(super) const APPEND: &str = r"
@@ -27,6 +28,7 @@ redis.call('PEXPIRE', KEYS[1], ARGV[5])
 local t = redis.call('TIME')
 redis.call('HSET', KEYS[2], 'open', '1', 'last', t[1] * 1000 + math.floor(t[2] / 1000))
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[2], 'owner', ARGV[8]) end
+if ARGV[10] ~= '' then redis.call('HSET', KEYS[2], 'upe', ARGV[10]) end
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 local reader = redis.call('HGET', KEYS[2], 'reader')
 if reader then
@@ -99,4 +101,22 @@ if redis.call('HGET', KEYS[1], 'reader') ~= ARGV[2] then return 0 end
 local d = tonumber(redis.call('HGET', KEYS[1], 'delivered') or '-1')
 if tonumber(ARGV[1]) > d then redis.call('HSET', KEYS[1], 'delivered', ARGV[1]) end
 return 1
+";
+
+/// Takes over an abandoned request stream to continue it: KEYS meta; ARGV
+/// this replica, heartbeat key prefix, orphan ms. `{1, origin, resume
+/// point, last seq}` when taken (this replica owns it now), `{2}` when a
+/// live replica owns it (maybe one that took it over first), `{0}` when it
+/// cannot be continued (answered, or nothing says where it came from).
+pub(super) const TAKE_OVER: &str = r"
+if redis.call('HGET', KEYS[1], 'closed') == '1' then return {0} end
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner and redis.call('EXISTS', ARGV[2] .. owner) == 1 then return {2} end
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+if now - tonumber(redis.call('HGET', KEYS[1], 'last') or '0') <= tonumber(ARGV[3]) then return {2} end
+local origin = redis.call('HGET', KEYS[1], 'origin')
+if not origin then return {0} end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'last', now)
+return {1, origin, redis.call('HGET', KEYS[1], 'upe') or '', redis.call('HGET', KEYS[1], 'seq') or '-1'}
 ";

@@ -191,6 +191,19 @@ impl crate::Channel for Channel {
         self.state().upstream_session()
     }
 
+    async fn resume_stream(&self, last_event_id: &str) -> Result<Box<dyn MessageStream>, UpstreamError> {
+        let state = self.state();
+        let resp = state.shared.get(&state, Some(last_event_id)).await?;
+        if !resp.status.is_success() {
+            return Err(status_error(resp).await);
+        }
+        if !resp.event_stream {
+            return Err(UpstreamError::Protocol("it answered a resumption with something other than a stream".into()));
+        }
+        let resume = Some((Arc::downgrade(&state.shared), state.clone()));
+        Ok(Box::new(SseStream::resumed(resp.body, resume, last_event_id)))
+    }
+
     async fn detach(&self) {
         self.closed.store(true, Ordering::Relaxed);
         if let Some(task) = self.listener.lock().expect("lock").take() {

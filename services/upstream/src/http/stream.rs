@@ -24,6 +24,13 @@ pub(super) struct SseStream {
 }
 
 impl SseStream {
+    /// A stream resumed after `last_event_id` (see [`SseStream::new`]).
+    pub(super) fn resumed(body: AnswerBody, resume: Option<(Weak<Shared>, SessionState)>, last_event_id: &str) -> Self {
+        let mut stream = SseStream::new(body, resume);
+        stream.last_event_id = Some(last_event_id.to_owned());
+        stream
+    }
+
     pub(super) fn new(body: AnswerBody, resume: Option<(Weak<Shared>, SessionState)>) -> Self {
         SseStream {
             body,
@@ -63,6 +70,10 @@ impl SseStream {
 
 #[async_trait]
 impl MessageStream for SseStream {
+    fn resume_point(&self) -> Option<&str> {
+        self.last_event_id.as_deref()
+    }
+
     async fn next_item(&mut self) -> Option<Result<Item, UpstreamError>> {
         if std::mem::take(&mut self.paused) && !self.resume().await {
             return None;

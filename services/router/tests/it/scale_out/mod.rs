@@ -22,6 +22,7 @@ use switchboard_upstream::UpstreamSession;
 mod agreement;
 mod stateless;
 mod streams;
+mod takeover;
 
 fn sample(tenant: &str) -> Stored {
     Stored {
@@ -431,16 +432,24 @@ async fn a_replica_killed_mid_sequence_loses_nothing_it_answered_and_the_other_g
     let cause = doomed.expect_err("the call in flight died with its replica (no answer was promised)");
     assert_ne!(cause, "timed out", "the connection was cut, not left hanging");
     // Resumed at the survivor after the first event: every event the dead
-    // replica sent comes again, then the stream ends (its request will
-    // never be answered) instead of hanging.
+    // replica sent comes again, then (this mock gives no event ids, so its
+    // stream cannot be resumed) an error saying so, and the stream ends
+    // instead of hanging.
     let (status, mut resumed) = on_survivor.resume_stream(first_id.as_deref()).await;
     assert_eq!(status, StatusCode::OK);
     let mut replayed = Vec::new();
     let resumed_at = std::time::Instant::now();
+    let mut ending = None;
     while let Some(message) = resumed.next(Duration::from_secs(30)).await {
-        assert_eq!(message["method"], "notifications/progress", "no answer from a dead replica: {message}");
-        replayed.push(message["params"]["progress"].as_u64().unwrap());
+        if message["method"] == "notifications/progress" {
+            assert!(ending.is_none(), "nothing after the answer: {message}");
+            replayed.push(message["params"]["progress"].as_u64().unwrap());
+        } else {
+            ending = Some(message);
+        }
     }
+    let ending = ending.expect("an answer, not a stream that just stops");
+    assert!(ending["error"]["message"].as_str().unwrap().contains("replica relaying this call stopped"), "{ending}");
     assert!(replayed.len() >= 2, "at least what the client saw after its first event: {replayed:?}");
     assert_eq!(replayed, (2..2 + replayed.len() as u64).collect::<Vec<_>>(), "in order, nothing lost");
     assert!(replayed.len() < 50);
