@@ -181,6 +181,7 @@ pub(crate) mod testing {
                 cwd: None,
                 restart_max_backoff: std::time::Duration::from_secs(1),
                 shutdown_grace: std::time::Duration::from_secs(1),
+                per_session: None,
             }),
             timeout: std::time::Duration::from_secs(1),
             list_timeout: std::time::Duration::from_secs(1),

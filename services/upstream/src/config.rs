@@ -65,6 +65,20 @@ pub struct StdioConfig {
     pub restart_max_backoff: Duration,
     /// Grace between closing stdin and SIGTERM, and between SIGTERM and SIGKILL.
     pub shutdown_grace: Duration,
+    /// Run one process per client session instead of one for all.
+    pub per_session: Option<PerSession>,
+}
+
+/// `per_session = true`: a process of its own for each client session,
+/// initialised with that client's capabilities (its roots, above all).
+#[derive(Debug, Clone, Copy)]
+pub struct PerSession {
+    /// Processes of this upstream running at once, at most (the catalog's
+    /// own included); a session beyond gets a clear error.
+    pub max_processes: usize,
+    /// A process idle this long is stopped; its session's next request
+    /// starts a fresh one.
+    pub idle_timeout: Duration,
 }
 
 /// The environment a stdio child gets when `inherit_env` is off.

@@ -26,6 +26,7 @@ mod detect;
 mod h1;
 pub mod http;
 mod metrics;
+mod per_session;
 pub mod sse;
 pub mod stdio;
 
@@ -551,7 +552,10 @@ pub fn build(config: &UpstreamConfig, metrics: &Arc<Metrics>) -> Arc<dyn Transpo
             sse::Transport::new(name, http, config.timeout, metrics.clone()),
         )),
         TransportConfig::Http(http) => Arc::new(http::Transport::new(name, http, config.timeout, metrics.clone())),
-        TransportConfig::Stdio(stdio) => Arc::new(stdio::Transport::start(name, stdio.clone(), metrics.clone())),
+        TransportConfig::Stdio(stdio) => match stdio.per_session {
+            Some(limits) => Arc::new(per_session::Transport::new(name, stdio.clone(), limits, metrics.clone())),
+            None => Arc::new(stdio::Transport::start(name, stdio.clone(), metrics.clone())),
+        },
         TransportConfig::Sse(sse) => Arc::new(sse::Transport::new(name, sse, config.timeout, metrics.clone())),
     }
 }

@@ -15,6 +15,8 @@ pub struct Metrics {
     relay_dropped: IntCounterVec,
     replica_up: IntGaugeVec,
     sessions_resumed: IntCounterVec,
+    processes: IntGaugeVec,
+    process_refusals: IntCounterVec,
 }
 
 impl Metrics {
@@ -69,6 +71,18 @@ impl Metrics {
                 "Upstream sessions continued without a handshake (opened earlier, maybe by another replica).",
                 &["upstream"],
             ),
+            processes: gauge_vec(
+                registry,
+                "switchboard_upstream_processes",
+                "Processes running for a stdio upstream with per_session (one per client session using it, and the catalog's).",
+                &["upstream"],
+            ),
+            process_refusals: counter_vec(
+                registry,
+                "switchboard_upstream_process_refusals_total",
+                "Sessions refused a process of a per_session stdio upstream because max_processes were running.",
+                &["upstream"],
+            ),
         };
         for name in names {
             metrics.set_up(name, false);
@@ -114,6 +128,16 @@ impl Metrics {
 
     pub fn set_replica_up(&self, upstream: &str, replica: &str, up: bool) {
         self.replica_up.with_label_values(&[upstream, replica]).set(up as i64);
+    }
+
+    /// Processes of a per-session stdio upstream running now.
+    pub fn set_processes(&self, upstream: &str, n: usize) {
+        self.processes.with_label_values(&[upstream]).set(n as i64);
+    }
+
+    /// A session refused a process: `max_processes` were running.
+    pub fn process_refused(&self, upstream: &str) {
+        self.process_refusals.with_label_values(&[upstream]).inc();
     }
 
     /// An upstream session continued without a handshake.

@@ -16,8 +16,11 @@
 //! `resources/subscribe` of a URI and the last `resources/unsubscribe` (also
 //! when a session ends); the others are answered here.
 //!
-//! Messages a shared process sends outside any request cannot always be tied
-//! to one session: list changes go to every view (the catalog de-duplicates),
+//! With `per_session`, each session has a process of its own
+//! (`per_session.rs` runs them, one [`Transport`] each): it is initialised
+//! with that client's hello, and what it sends outside a call goes to that
+//! session. Messages a shared process sends outside any request cannot
+//! always be tied to one session: list changes go to every view (the catalog de-duplicates),
 //! resource updates to the views that subscribed, logging and server-to-client
 //! requests to the one request in flight that could have caused them (a call,
 //! not a list or the router's own handshake) when there is exactly one, and
@@ -85,6 +88,13 @@ struct Running {
 struct Shared {
     name: Arc<str>,
     config: StdioConfig,
+    /// What the child is told of its client in `initialize`: the router's
+    /// own hello for a process shared by every session; the client's for a
+    /// process of one session's own.
+    hello: Hello,
+    /// The process serves one session (`per_session`): what it sends
+    /// outside a call goes to that session.
+    single: bool,
     metrics: Arc<Metrics>,
     next_id: AtomicU64,
     pending: Mutex<HashMap<u64, Pending>>,
@@ -102,12 +112,44 @@ struct Shared {
 }
 
 impl Transport {
-    /// Starts the supervisor, which spawns the child.
+    /// Starts the supervisor, which spawns the child (one for every session).
     pub fn start(name: Arc<str>, config: StdioConfig, metrics: Arc<Metrics>) -> Self {
+        Self::with(name, config, metrics, Hello::router(), false)
+    }
+
+    /// Starts a child of one session's own, initialised with `hello` (that
+    /// client's version and capabilities), and returns the session's view
+    /// of it: everything the child sends outside a call goes to `inbox`
+    /// (its `roots/list` included, which reaches the client).
+    pub(crate) async fn for_session(
+        name: Arc<str>,
+        config: StdioConfig,
+        metrics: Arc<Metrics>,
+        hello: Hello,
+        inbox: Arc<dyn Inbox>,
+    ) -> (Transport, Result<Arc<dyn super::Channel>, UpstreamError>) {
+        let transport = Self::with(name, config, metrics, hello, true);
+        // The view exists before the child does: what it asks as soon as it
+        // is initialised (the client's roots) has somewhere to go.
+        let view = transport.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        transport.shared.views.lock().expect("lock").insert(view, View { inbox, subscriptions: HashSet::new() });
+        let channel: Arc<dyn super::Channel> = Arc::new(Channel { shared: transport.shared.clone(), view });
+        let started = transport.shared.wait_running(START_WAIT).await.map(|_| channel);
+        (transport, started)
+    }
+
+    /// Requests in flight in the child now.
+    pub(crate) fn pending(&self) -> usize {
+        self.shared.pending.lock().expect("lock").len()
+    }
+
+    fn with(name: Arc<str>, config: StdioConfig, metrics: Arc<Metrics>, hello: Hello, single: bool) -> Self {
         let (running, _) = watch::channel(None);
         let shared = Arc::new(Shared {
             name,
             config,
+            hello,
+            single,
             metrics,
             next_id: AtomicU64::new(1),
             pending: Mutex::new(HashMap::new()),
@@ -140,6 +182,15 @@ impl super::Transport for Transport {
         if let Some(task) = task {
             let _ = task.await;
         }
+    }
+}
+
+/// A transport dropped without `shutdown` (a session's own process whose
+/// session went away) still stops its child: the supervisor is told to.
+impl Drop for Transport {
+    fn drop(&mut self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        self.shared.stop.notify_one();
     }
 }
 
@@ -238,6 +289,7 @@ impl Shared {
                 Some(sink) => {
                     let _ = sink.send((false, line.clone()));
                 }
+                None if self.single => self.deliver_to_the_session(line),
                 None => self.metrics.relay_dropped(&self.name, "unattributable_notification"),
             },
         }
@@ -247,6 +299,14 @@ impl Shared {
         let id = env.id.expect("a request has an id");
         if env.method_str() == "ping" {
             let _ = stdin.send(ndjson::encode(&jsonrpc::result_response(id, b"{}")));
+            return;
+        }
+        // A session's own process asks for the session's roots about the
+        // session, not about a call that happens to be in flight (it asks
+        // as soon as it is initialised, when the first call is on its way):
+        // to the session's GET stream, as a server asks a client directly.
+        if self.single && env.method_str() == "roots/list" {
+            self.deliver_to_the_session(line);
             return;
         }
         let target = {
@@ -267,6 +327,8 @@ impl Shared {
                 self.asked.lock().expect("lock").insert(id.get().into(), (view, uid));
                 let _ = sink.send((false, line.clone()));
             }
+            // A process of one session's own asks its client, call or no call.
+            None if self.single => self.deliver_to_the_session(line),
             None => {
                 self.metrics.relay_dropped(&self.name, "unattributable_request");
                 let message = format!(
@@ -276,6 +338,15 @@ impl Shared {
                 let reply = jsonrpc::error_response(Some(id), jsonrpc::code::INTERNAL_ERROR, &message, None);
                 let _ = stdin.send(ndjson::encode(&reply));
             }
+        }
+    }
+
+    /// A message for the one session a process of its own serves.
+    fn deliver_to_the_session(&self, line: &Bytes) {
+        let inbox = self.views.lock().expect("lock").values().next().map(|v| v.inbox.clone());
+        match inbox {
+            Some(inbox) => inbox.deliver(line.clone()),
+            None => self.metrics.relay_dropped(&self.name, "unattributable_request"),
         }
     }
 
@@ -522,8 +593,7 @@ async fn initialize(shared: &Shared, stdin: &Stdin) -> Result<Handshake, Upstrea
         .lock()
         .expect("lock")
         .insert(uid, Pending { view: 0, id: "0".into(), progress_token: None, sink: tx, may_cause: false });
-    let hello = Hello::router();
-    let request = jsonrpc::request(Some(uid.to_string().as_bytes()), "initialize", Some(&hello.params()));
+    let request = jsonrpc::request(Some(uid.to_string().as_bytes()), "initialize", Some(&shared.hello.params()));
     stdin.send(ndjson::encode(&request))?;
     let answer = tokio::time::timeout(Duration::from_secs(30), async {
         loop {

@@ -179,6 +179,9 @@ pub struct RawUpstream {
     pub cwd: Option<String>,
     pub restart_max_backoff: Option<RawDuration>,
     pub shutdown_grace: Option<RawDuration>,
+    pub per_session: Option<bool>,
+    pub max_processes: Option<u64>,
+    pub idle_timeout: Option<RawDuration>,
 }
 
 /// A duration written as `"250ms"`, `"5s"`, `"2m"`, `"1h"`, or a number of seconds.
@@ -333,9 +336,18 @@ impl RawConfig {
             let transport = match u.transport.as_deref() {
                 Some(kind @ ("http" | "streamable-http" | "sse")) => {
                     let sse = kind == "sse";
-                    for field in
-                        ["command", "args", "env", "inherit_env", "cwd", "restart_max_backoff", "shutdown_grace"]
-                    {
+                    for field in [
+                        "command",
+                        "args",
+                        "env",
+                        "inherit_env",
+                        "cwd",
+                        "restart_max_backoff",
+                        "shutdown_grace",
+                        "per_session",
+                        "max_processes",
+                        "idle_timeout",
+                    ] {
                         if u.has(field) {
                             bad(key(field), "only applies to transport = \"stdio\"".into());
                         }
@@ -448,6 +460,27 @@ impl RawConfig {
                             String::new()
                         }
                     };
+                    let per_session = match u.per_session {
+                        Some(true) => Some(switchboard_upstream::config::PerSession {
+                            max_processes: match u.max_processes {
+                                None => 64,
+                                Some(0) => {
+                                    bad(key("max_processes"), "must be at least 1".into());
+                                    1
+                                }
+                                Some(n) => n as usize,
+                            },
+                            idle_timeout: duration!(u.idle_timeout, key("idle_timeout"), Duration::from_secs(300)),
+                        }),
+                        _ => {
+                            for field in ["max_processes", "idle_timeout"] {
+                                if u.has(field) {
+                                    bad(key(field), "only applies with per_session = true".into());
+                                }
+                            }
+                            None
+                        }
+                    };
                     TransportConfig::Stdio(StdioConfig {
                         command,
                         args: u.args.clone().unwrap_or_default(),
@@ -460,6 +493,7 @@ impl RawConfig {
                             Duration::from_secs(30)
                         ),
                         shutdown_grace: duration!(u.shutdown_grace, key("shutdown_grace"), Duration::from_secs(2)),
+                        per_session,
                     })
                 }
                 Some(other) => {
@@ -669,6 +703,9 @@ impl RawUpstream {
             "cwd" => self.cwd.is_some(),
             "restart_max_backoff" => self.restart_max_backoff.is_some(),
             "shutdown_grace" => self.shutdown_grace.is_some(),
+            "per_session" => self.per_session.is_some(),
+            "max_processes" => self.max_processes.is_some(),
+            "idle_timeout" => self.idle_timeout.is_some(),
             _ => false,
         }
     }

@@ -8,10 +8,12 @@
 //! Needs `scripts/install-peers` (run by `scripts/test`).
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use http::StatusCode;
 use serde_json::{json, Value};
-use switchboard_test_support::peers::{python_script, run_sdk_client, Sdk};
-use switchboard_test_support::{router_binary, Router};
+use switchboard_test_support::peers::{node_bin, python_script, run_sdk_client, Sdk};
+use switchboard_test_support::{router_binary, Client, Router};
 
 fn stdio_upstream(name: &str, command: &std::path::Path, args: &[&str]) -> String {
     format!(
@@ -96,4 +98,98 @@ async fn sdk_clients_in_every_mode_call_a_stdio_session_era_upstream_directly_an
     }
     assert!(failures.is_empty(), "{} of 12 failed:\n{}", failures.len(), failures.join("\n"));
     router.stop().await;
+}
+
+/// Answers every `roots/list` that arrives on `stream` with `root`.
+fn answer_roots(client: Client, mut stream: switchboard_test_support::EventStream, root: String) {
+    tokio::spawn(async move {
+        while let Some(message) = stream.next(Duration::from_secs(60)).await {
+            if message["method"] == "roots/list" {
+                let answer = json!({"jsonrpc": "2.0", "id": message["id"],
+                    "result": {"roots": [{"uri": format!("file://{root}"), "name": "work"}]}});
+                let status = client.post(answer).await.status;
+                assert_eq!(status, StatusCode::ACCEPTED, "the answer to roots/list");
+            }
+        }
+    });
+}
+
+/// The text of a tool result, or its error's.
+fn result_text(response: &Value) -> String {
+    let text = response["result"]["content"][0]["text"].as_str();
+    text.map(str::to_owned).unwrap_or_else(|| response.to_string())
+}
+
+/// `mcp-server-filesystem` run per client session: each process is
+/// initialised with its client's capabilities, asks that client for its
+/// roots, and serves exactly those; a bound on processes, and idle ones
+/// reaped (and restarted on the next request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_session_stdio_upstream_honours_each_clients_roots() {
+    let dir = std::env::temp_dir().join(switchboard_test_support::services::unique("sb-roots-"));
+    let (base, root_a, root_b) = (dir.join("base"), dir.join("a"), dir.join("b"));
+    for (d, file) in [(&base, "base.txt"), (&root_a, "a.txt"), (&root_b, "b.txt")] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join(file), format!("this is {file}")).unwrap();
+    }
+    let files = node_bin("mcp-server-filesystem");
+    let router = Router::start(&format!(
+        "[catalog]\nretry_after = \"250ms\"\n{}per_session = true\nmax_processes = 3\nidle_timeout = \"2s\"\n",
+        stdio_upstream("files", &files, &[base.to_str().unwrap()])
+    ))
+    .await;
+    let processes = || async { router.metric("switchboard_upstream_processes", &["upstream=\"files\""]).await };
+
+    // Two clients with different roots, each answering its own process's roots/list.
+    let mut clients = Vec::new();
+    for root in [&root_a, &root_b] {
+        let mut client = Client::new(&router.url);
+        client.initialize_with(json!({"roots": {"listChanged": true}})).await;
+        let stream = client.open_stream().await;
+        answer_roots(client.clone(), stream, root.to_str().unwrap().to_owned());
+        clients.push(client);
+    }
+    let read = |client: &Client, path: std::path::PathBuf| {
+        let client = client.clone();
+        async move { result_text(&client.call_tool("files__read_text_file", json!({"path": path.to_str().unwrap()})).await) }
+    };
+    // The process asks for roots once initialised; a read may come first.
+    for (client, mine) in clients.iter().zip([root_a.join("a.txt"), root_b.join("b.txt")]) {
+        let name = mine.file_name().unwrap().to_str().unwrap().to_owned();
+        let ok = switchboard_test_support::eventually(Duration::from_secs(30), || {
+            let (read, mine, name) = (&read, mine.clone(), name.clone());
+            async move { read(client, mine).await == format!("this is {name}") }
+        })
+        .await;
+        assert!(ok, "{name} is readable by the client whose root holds it");
+    }
+    // Each client's process serves its roots only: not the other's, nor the command line's.
+    assert!(read(&clients[0], root_b.join("b.txt")).await.contains("denied"), "a cannot read b's root");
+    assert!(read(&clients[1], root_a.join("a.txt")).await.contains("denied"), "b cannot read a's root");
+    assert!(read(&clients[0], base.join("base.txt")).await.contains("denied"), "roots replace the arguments");
+
+    // The catalog's process and two sessions': the bound (3) is reached.
+    assert_eq!(processes().await, 3.0);
+    let mut third = Client::new(&router.url);
+    third.initialize_with(json!({"roots": {}})).await;
+    let refused = third.call_tool("files__list_allowed_directories", json!({})).await;
+    assert!(result_text(&refused).contains("max_processes"), "{refused}");
+    assert_eq!(router.metric("switchboard_upstream_process_refusals_total", &[]).await, 1.0);
+    // A session that ends gives its process back.
+    assert_eq!(clients.pop().unwrap().delete().await, StatusCode::OK);
+    assert!(switchboard_test_support::eventually(Duration::from_secs(10), || async { processes().await == 2.0 }).await);
+    // Idle processes are reaped (2 s), and started again on the next request.
+    assert!(
+        switchboard_test_support::eventually(Duration::from_secs(20), || async { processes().await == 0.0 }).await,
+        "idle processes reaped"
+    );
+    let again = switchboard_test_support::eventually(Duration::from_secs(30), || {
+        let read = &read;
+        let (client, path) = (&clients[0], root_a.join("a.txt"));
+        async move { read(client, path).await == "this is a.txt" }
+    })
+    .await;
+    assert!(again, "a reaped session's process starts again, with its roots");
+    router.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
