@@ -211,6 +211,9 @@ impl Exchange {
     /// sent it: the id is the same).
     pub fn in_flight(&mut self, session: &Arc<Session>, upstream: UpstreamId, message: &Bytes, id: Range<usize>) {
         session.begin(&message[id.clone()], upstream);
+        if self.inflight.is_none() {
+            self.app.metrics.in_flight(1);
+        }
         self.inflight = Some(InFlight { session: session.clone(), upstream, message: message.clone(), id });
     }
 
@@ -299,6 +302,7 @@ impl Exchange {
     fn close(&mut self, outcome: Outcome, error_code: Option<i64>) {
         self.finished = true;
         if let Some(inflight) = self.inflight.take() {
+            self.app.metrics.in_flight(-1);
             let id = &inflight.message[inflight.id.clone()];
             inflight.session.end(id);
             if outcome == Outcome::Abandoned {

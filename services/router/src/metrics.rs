@@ -10,8 +10,8 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use prometheus::{Encoder, Histogram, HistogramVec, IntCounter, IntCounterVec, TextEncoder};
-use switchboard_core::metrics::{counter_vec, histogram_vec, Registry};
+use prometheus::{Encoder, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, TextEncoder};
+use switchboard_core::metrics::{counter_vec, gauge, histogram_vec, Registry};
 use switchboard_core::UpstreamId;
 use switchboard_protocol::Method;
 
@@ -39,6 +39,7 @@ pub struct Metrics {
     duration: HistogramVec,
     table: Vec<OnceLock<RequestHandles>>,
     rejections: IntCounterVec,
+    in_flight: IntGauge,
     /// Upstream servers: reachability, era, re-initialisations, restarts.
     pub upstreams: Arc<switchboard_upstream::Metrics>,
     /// The merged catalog: fetches, upstreams left out, collisions.
@@ -83,6 +84,11 @@ impl Metrics {
             "HTTP requests refused before reaching the MCP layer, by reason.",
             &["reason"],
         );
+        let in_flight = gauge(
+            &registry,
+            "switchboard_requests_in_flight",
+            "Requests this replica has sent upstream and not yet finished (streamed answers included).",
+        );
         let names: Vec<&str> = upstream_names.iter().map(|n| &**n).collect();
         let mut table = Vec::new();
         table.resize_with(METHODS * (upstream_names.len() + 1), OnceLock::new);
@@ -100,6 +106,7 @@ impl Metrics {
             duration,
             table,
             rejections,
+            in_flight,
         })
     }
 
@@ -121,6 +128,11 @@ impl Metrics {
     /// (Redis's health, only when Redis is configured).
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// One more (`1`) or one fewer (`-1`) request in flight upstream.
+    pub fn in_flight(&self, change: i64) {
+        self.in_flight.add(change);
     }
 
     /// An HTTP request refused before the MCP layer, by reason.

@@ -13,12 +13,16 @@
 //! - `scale_out`: replicas sharing Redis: sessions, streams, cancellations.
 //! - `edge`: edge devices over framed TCP and TLS.
 //! - `peers`: the official SDKs and servers through the router.
+//! - `balanced`: two router processes behind a round-robin nginx, with the
+//!   Python SDK: everything as at one replica, a replica killed, Redis
+//!   restarted.
 //! - `eras`: the official SDKs in every era through the router, directly
 //!   and over `switchboard connect`, to upstreams of either era.
 //! - `shutdown`: the drain, and stdio children stopped and restarted.
 
 mod audit;
 mod bad_input;
+mod balanced;
 mod catalog;
 mod degraded;
 mod edge;
