@@ -32,6 +32,7 @@ mod listen;
 mod mcp;
 mod modern;
 mod mrtr;
+mod options;
 mod seal;
 mod session;
 mod stdio;
@@ -42,7 +43,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-pub use mcp::Options;
+pub use options::Options;
 
 /// A mock MCP server. Cheap to clone; all clones share state.
 #[derive(Clone)]

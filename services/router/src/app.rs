@@ -238,13 +238,6 @@ impl App {
         });
         if let Some(shared) = app.sessions.shared_streams() {
             let weak = Arc::downgrade(&app);
-            shared.on_abandoned(Box::new(move |session, stream, takeover| {
-                if let Some(app) = weak.upgrade() {
-                    let session: Arc<str> = Arc::from(session);
-                    tokio::spawn(crate::downstream::takeover::continue_call(app, session, stream, takeover));
-                }
-            }));
-            let weak = Arc::downgrade(&app);
             shared.on_event(Box::new(move |event, session, argument| {
                 if let Some(app) = weak.upgrade() {
                     app.sessions.on_event(event, session, argument);

@@ -61,6 +61,7 @@ pub async fn serve_with(
         (None, None) => None,
     };
     let app = App::new(config)?;
+    crate::downstream::takeover::install(&app);
     app.prepare().await;
     app.start();
     if let Ok(addr) = listener.local_addr() {

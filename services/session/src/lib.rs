@@ -5,7 +5,7 @@
 //!   session store: create, find (adopting a stored session another replica
 //!   made), check against the store, repair what the store lost, end, sweep
 //!   expired ones, drain on shutdown.
-//! - [`Session`] (`session.rs`): one client's session: its upstream channels
+//! - [`Session`] (`session/`): one client's session: its upstream channels
 //!   (opened on first use with the client's capabilities, or resumed from
 //!   the store), its requests in flight, its event streams.
 //! - `relayed.rs`: the ids of server-to-client requests relayed to a client,

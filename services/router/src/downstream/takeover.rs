@@ -28,10 +28,22 @@ use switchboard_upstream::{Item, UpstreamError};
 use super::forward::{step, Origin, Step};
 use crate::app::App;
 
+/// Makes this replica continue the request streams its readers take over
+/// (with shared streams; else nothing to do).
+pub fn install(app: &Arc<App>) {
+    let Some(shared) = app.sessions.shared_streams() else { return };
+    let weak = Arc::downgrade(app);
+    shared.on_abandoned(Box::new(move |session, stream, takeover| {
+        if let Some(app) = weak.upgrade() {
+            tokio::spawn(continue_call(app, Arc::from(session), stream, takeover));
+        }
+    }));
+}
+
 /// Continues the request stream `stream` of session `session_id`, taken
 /// over from a replica that died: appends to it (from `takeover.next`) up
 /// to the answer, or an error saying why there will be none; then closes it.
-pub(crate) async fn continue_call(app: Arc<App>, session_id: Arc<str>, stream: u64, takeover: Takeover) {
+async fn continue_call(app: Arc<App>, session_id: Arc<str>, stream: u64, takeover: Takeover) {
     let Some(shared) = app.sessions.shared_streams().cloned() else { return };
     let log = Log::continuing(stream, takeover.next);
     log.spill(&shared, &session_id);

@@ -65,11 +65,14 @@ return {redis.call('HGET', KEYS[1], 'delivered') or ''}
 ";
 
 /// One read: KEYS log, meta; ARGV token, after (`''`: from the start),
-/// count, ttl ms, heartbeat key prefix, orphan ms. Returns `{0}` when
-/// another reader took the stream over, else `{1, closed, entries,
-/// abandoned}`. An open stream's keys live on while it is read. If `after`
-/// is beyond the stream's numbering, the numbering restarted (Redis lost
-/// the stream): everything is read.
+/// count, ttl ms, heartbeat key prefix, orphan ms, request stream (`1`).
+/// Returns `{0}` when another reader took the stream over, else `{1,
+/// closed, entries, abandoned}`. An open stream's keys live on while it is
+/// read. If `after` is beyond a GET stream's numbering, the numbering
+/// restarted (Redis lost the stream): everything is read. A request
+/// stream is numbered by the replica serving it, never restarted: `after`
+/// beyond it is the copy lagging behind what the client got, and the read
+/// waits for what follows.
 pub(super) const READ: &str = r"
 if redis.call('HGET', KEYS[2], 'reader') ~= ARGV[1] then return {0} end
 local closed = redis.call('HGET', KEYS[2], 'closed') == '1'
@@ -80,7 +83,7 @@ end
 local start = '-'
 if ARGV[2] ~= '' then
   local top = tonumber(redis.call('HGET', KEYS[2], 'seq') or '-1')
-  if tonumber(ARGV[2]) <= top then start = '(1-' .. ARGV[2] end
+  if ARGV[7] == '1' or tonumber(ARGV[2]) <= top then start = '(1-' .. ARGV[2] end
 end
 local entries = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', ARGV[3])
 local abandoned = 0

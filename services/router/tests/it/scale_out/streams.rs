@@ -173,3 +173,36 @@ async fn stream_writes_waiting_for_redis_are_bounded_and_the_excess_counted() {
     assert!(streams.flush(Duration::from_secs(60)).await, "what waited is written once Redis is back");
     assert_eq!(counter(&registry, "switchboard_stream_events_dropped_total"), 5.0);
 }
+
+/// A reader resuming a request stream after an event the copy in Redis does
+/// not have yet (it lags behind what the client got) waits for what comes
+/// next, rather than replaying the stream from the start as it does for a
+/// GET stream whose numbering Redis lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_ahead_of_a_request_streams_copy_waits_for_what_follows() {
+    use switchboard_session::shared_streams::SharedStreams;
+    let link =
+        switchboard_core::redis::RedisLink::new(&redis_url(), &unique("sbtest:"), Duration::from_secs(2)).unwrap();
+    let metrics = std::sync::Arc::new(switchboard_session::Metrics::new(&Default::default()));
+    let shared = SharedStreams::start(link, Duration::from_secs(60), metrics);
+    let session: std::sync::Arc<str> = std::sync::Arc::from("a-session");
+    let event = |seq: u64| {
+        switchboard_protocol::sse::encode_with_id(
+            switchboard_protocol::sse::EventId { stream: 7, seq },
+            None,
+            format!("{{\"n\":{seq}}}").as_bytes(),
+        )
+    };
+    for seq in 0..3 {
+        shared.spill(&session, 7, seq, event(seq), None);
+    }
+    assert!(shared.flush(Duration::from_secs(5)).await);
+    // The client got events 0..=4; the copy has 0..=2.
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    assert!(shared.reader(&session, 7, Some(4), tx, ()).await.unwrap());
+    let early = tokio::time::timeout(Duration::from_millis(300), rx.recv()).await;
+    assert!(early.is_err(), "nothing the client already had: {early:?}");
+    shared.spill(&session, 7, 5, event(5), None);
+    let next = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap().unwrap();
+    assert!(std::str::from_utf8(&next).unwrap().contains("\"n\":5"), "what follows: {next:?}");
+}

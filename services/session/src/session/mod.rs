@@ -27,14 +27,17 @@ use switchboard_protocol::jsonrpc::{span, Envelope};
 use switchboard_protocol::rewrite::{splice, Edit};
 use switchboard_protocol::sse::EventId;
 use switchboard_protocol::ProtocolVersion;
-use switchboard_upstream::{Channel, Claimed, Hello, Inbox, UpstreamSession};
+use switchboard_upstream::{Channel, Inbox, UpstreamSession};
 use tokio::sync::{mpsc, OnceCell};
 
 use crate::events::Log;
 use crate::relayed;
 use crate::shared_streams::SharedStreams;
-use crate::store::{Claim, Record, Stored};
+use crate::store::{Record, Stored};
 use crate::{Client, Context, SessionError};
+
+mod upstreams;
+use self::upstreams::SessionInbox;
 
 /// The prefix of tenant sessions' ids (see [`Session::for_tenant`]).
 pub const TENANT_PREFIX: &str = "t.";
@@ -246,196 +249,6 @@ impl Session {
     /// Whether a request of the session is in flight here.
     pub fn has_inflight(&self) -> bool {
         !self.inflight.lock().expect("lock").is_empty()
-    }
-
-    /// The channel to upstream `u`, opened on first use with this client's
-    /// version and capabilities. A stored session has one upstream session
-    /// per upstream whichever replica opens it: one the store records
-    /// (maybe opened by another replica since this one loaded the session)
-    /// is resumed; a new one is claimed in the store, and if another
-    /// replica claimed one first, that one is used and ours ended.
-    pub async fn channel(&self, u: UpstreamId) -> Result<Arc<dyn Channel>, SessionError> {
-        if let Some(channel) = self.channels[u.index()].get() {
-            return Ok(channel.clone());
-        }
-        let upstream = &self.ctx.upstreams[u];
-        let channel = self.channels[u.index()]
-            .get_or_try_init(|| async {
-                let hello = Hello {
-                    protocol_version: self.version,
-                    capabilities: self.capabilities.clone(),
-                    affinity: self.id.clone(),
-                };
-                let inbox: Arc<dyn Inbox> = Arc::new(SessionInbox { session: self.me.clone(), upstream: u });
-                let known = self.known_upstream(u).await;
-                if let Some(channel) = known.as_ref().and_then(|at| upstream.transport.resume(&hello, inbox.clone(), at))
-                {
-                    self.ctx.upstreams.metrics().session_resumed(&upstream.name);
-                    return Ok(self.listening_if_asked(channel));
-                }
-                let opened =
-                    tokio::time::timeout(upstream.config.timeout, upstream.transport.open(&hello, inbox.clone())).await;
-                let channel = match opened {
-                    Ok(Ok(channel)) => channel,
-                    Ok(Err(e)) => return Err(SessionError::upstream(&upstream.name, e)),
-                    Err(_) => {
-                        return Err(SessionError::UpstreamTimeout {
-                            upstream: upstream.name.clone(),
-                            after: upstream.config.timeout,
-                        })
-                    }
-                };
-                let Some(fresh) = channel.upstream_session() else { return Ok(self.listening_if_asked(channel)) };
-                match self.claim_upstream(u, known.as_ref(), &fresh).await {
-                    Claimed::Ours => Ok(self.listening_if_asked(channel)),
-                    Claimed::Theirs(theirs) => match upstream.transport.resume(&hello, inbox, &theirs) {
-                        Some(resumed) => {
-                            // Nobody uses ours: ended, off this request's path.
-                            tokio::spawn(async move { channel.close().await });
-                            self.ctx.upstreams.metrics().session_resumed(&upstream.name);
-                            Ok(self.listening_if_asked(resumed))
-                        }
-                        None => {
-                            tracing::warn!(upstream = %upstream.name, "another router replica's upstream session is on a replica this one cannot reach; using this one's own");
-                            Ok(self.listening_if_asked(channel))
-                        }
-                    },
-                }
-            })
-            .await?;
-        if self.closed.load(Ordering::Relaxed) {
-            // Forgotten here while it opened: others may go on with it.
-            if self.detached.load(Ordering::Relaxed) {
-                channel.detach().await;
-            } else {
-                channel.close().await;
-            }
-            return Err(SessionError::Unknown);
-        }
-        Ok(channel.clone())
-    }
-
-    /// A channel, listening if a GET stream asked for that.
-    fn listening_if_asked(&self, channel: Arc<dyn Channel>) -> Arc<dyn Channel> {
-        if self.listening.load(Ordering::Relaxed) {
-            channel.listen();
-        }
-        channel
-    }
-
-    /// The upstream session with `u` this session has: as this replica
-    /// knows it, else (a session other replicas share) as the store
-    /// records it now, which another replica may have opened since this
-    /// one loaded the session. A store that cannot be reached: none known.
-    async fn known_upstream(&self, u: UpstreamId) -> Option<UpstreamSession> {
-        if let Some(at) = self.known.lock().expect("lock").get(&u).cloned() {
-            return Some(at);
-        }
-        if !self.stored || !self.ctx.store.shared() {
-            return None;
-        }
-        match self.ctx.store.upstream(&self.id, &self.ctx.upstreams[u].name).await {
-            Ok(Some(at)) => {
-                self.known.lock().expect("lock").insert(u, at.clone());
-                Some(at)
-            }
-            Ok(None) => None,
-            Err(e) => {
-                self.ctx.metrics.store_error("upstream");
-                tracing::debug!(error = %e, "cannot read a session's upstream session from the store");
-                None
-            }
-        }
-    }
-
-    /// The channel to upstream `u` if it is open here, or if this session
-    /// has an upstream session with it (opened by any replica, whenever)
-    /// that this replica can resume; never a new upstream session.
-    pub async fn existing_channel(&self, u: UpstreamId) -> Option<Arc<dyn Channel>> {
-        if let Some(channel) = self.open_channel(u) {
-            return Some(channel);
-        }
-        self.known_upstream(u).await?;
-        self.channel(u).await.ok()
-    }
-
-    /// Records `fresh` as this session's upstream session with `u`, in
-    /// place of `stale`: for a stored session, a compare-and-set in the
-    /// store, which another replica may have won (its session is then the
-    /// one). A store that cannot be reached is logged: the session goes on
-    /// here with its own.
-    pub(crate) async fn claim_upstream(
-        &self,
-        u: UpstreamId,
-        stale: Option<&UpstreamSession>,
-        fresh: &UpstreamSession,
-    ) -> Claimed {
-        let name = &self.ctx.upstreams[u].name;
-        let decided = if self.stored {
-            match self.ctx.store.claim_upstream(&self.id, name, stale, fresh).await {
-                Ok(Claim::Won) => {
-                    if let Some(shared) = &self.shared {
-                        shared.publish_event(crate::shared_streams::Event::Opened, &self.id, u.index()).await;
-                    }
-                    Claimed::Ours
-                }
-                Ok(Claim::Lost(theirs)) => {
-                    self.ctx.metrics.claim_lost();
-                    tracing::debug!(upstream = %name, "another router replica opened this session's upstream session first; using it");
-                    Claimed::Theirs(theirs)
-                }
-                // Ended meanwhile (the request will find out), or lost by
-                // the store (written back with this one when repaired).
-                Ok(Claim::Gone) => Claimed::Ours,
-                Err(e) => {
-                    self.ctx.metrics.store_error("claim_upstream");
-                    tracing::warn!(error = %e, upstream = %name, "upstream session not recorded in the session store; only this replica uses it until the store answers");
-                    Claimed::Ours
-                }
-            }
-        } else {
-            Claimed::Ours
-        };
-        let at = match &decided {
-            Claimed::Ours => fresh.clone(),
-            Claimed::Theirs(theirs) => theirs.clone(),
-        };
-        self.known.lock().expect("lock").insert(u, at);
-        decided
-    }
-
-    /// The upstream session the replicas agree on for `u`, if it is not
-    /// `current` (another replica re-initialised it).
-    async fn agreed_upstream(&self, u: UpstreamId, current: Option<&UpstreamSession>) -> Option<UpstreamSession> {
-        if !self.stored || !self.ctx.store.shared() {
-            return None;
-        }
-        let recorded = match self.ctx.store.upstream(&self.id, &self.ctx.upstreams[u].name).await {
-            Ok(recorded) => recorded?,
-            Err(e) => {
-                self.ctx.metrics.store_error("upstream");
-                tracing::debug!(error = %e, "cannot read a session's upstream session from the store");
-                return None;
-            }
-        };
-        if Some(&recorded) == current {
-            return None;
-        }
-        self.known.lock().expect("lock").insert(u, recorded.clone());
-        Some(recorded)
-    }
-
-    /// Another replica opened an upstream session with `u` for this
-    /// session: if a GET stream listens here, it hears that one too.
-    pub(crate) async fn follow_upstream(&self, u: UpstreamId) {
-        if !self.listening.load(Ordering::Relaxed) || self.closed.load(Ordering::Relaxed) {
-            return;
-        }
-        if self.open_channel(u).is_none() {
-            // Read from the store: the new one.
-            self.known.lock().expect("lock").remove(&u);
-            let _ = self.existing_channel(u).await;
-        }
     }
 
     /// The session as the store keeps it.
@@ -731,35 +544,6 @@ struct ReaderGuard(Arc<AtomicUsize>);
 impl Drop for ReaderGuard {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Where a session's upstream channels deliver messages not tied to a request.
-struct SessionInbox {
-    session: Weak<Session>,
-    upstream: UpstreamId,
-}
-
-#[async_trait::async_trait]
-impl Inbox for SessionInbox {
-    fn deliver(&self, message: Bytes) {
-        let Some(session) = self.session.upgrade() else { return };
-        let Some(relay) = session.ctx.relay.upgrade() else { return };
-        if let Some(out) = relay.relay(&session, self.upstream, &message) {
-            session.push(out);
-        }
-    }
-
-    async fn agreed(&self, current: Option<&UpstreamSession>) -> Option<UpstreamSession> {
-        let session = self.session.upgrade()?;
-        session.agreed_upstream(self.upstream, current).await
-    }
-
-    async fn claim(&self, stale: Option<&UpstreamSession>, fresh: &UpstreamSession) -> Claimed {
-        match self.session.upgrade() {
-            Some(session) => session.claim_upstream(self.upstream, stale, fresh).await,
-            None => Claimed::Ours,
-        }
     }
 }
 
