@@ -84,19 +84,21 @@ impl SharedStreams {
 
     /// Tells every replica (best effort) news about session `session`.
     pub async fn publish_event(&self, event: Event, session: &str, argument: usize) {
-        let payload = format!("{} {session} {argument}", event.word());
-        let channel = self.events_channel();
-        let result = self
-            .link
+        let payload = format!("{} {session} {argument}", event.word()).into_bytes();
+        if let Err(e) = self.publish(self.events_channel(), payload).await {
+            self.metrics.store_error("session_event");
+            tracing::debug!(error = %e, "cannot tell the other replicas about a session");
+        }
+    }
+
+    /// Publishes `payload` on `channel` (every replica subscribes).
+    async fn publish(&self, channel: String, payload: Vec<u8>) -> Result<(), RedisError> {
+        self.link
             .call(|mut c| async move {
                 let _: redis::Value = redis::cmd("PUBLISH").arg(channel).arg(payload).query_async(&mut c).await?;
                 Ok(())
             })
-            .await;
-        if let Err(e) = result {
-            self.metrics.store_error("session_event");
-            tracing::debug!(error = %e, "cannot tell the other replicas about a session");
-        }
+            .await
     }
 
     fn awaited_key(&self, session: &str, ours: &str) -> String {
@@ -157,15 +159,7 @@ impl SharedStreams {
         payload.extend_from_slice(session.as_bytes());
         payload.push(b' ');
         payload.extend_from_slice(notification);
-        let channel = self.cancel_channel();
-        let result = self
-            .link
-            .call(|mut c| async move {
-                let _: redis::Value = redis::cmd("PUBLISH").arg(channel).arg(payload).query_async(&mut c).await?;
-                Ok(())
-            })
-            .await;
-        if let Err(e) = result {
+        if let Err(e) = self.publish(self.cancel_channel(), payload).await {
             self.metrics.store_error("stream_cancel");
             tracing::debug!(error = %e, "cannot pass a cancellation to the other replicas");
         }
