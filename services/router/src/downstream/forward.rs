@@ -192,7 +192,10 @@ impl Call {
 
     /// Records where the call's stream comes from with its shared copy.
     fn record_origin(&self, log: &Log, channel: &dyn Channel) {
-        let Some(at) = channel.upstream_session().filter(|_| log.is_spilled()) else { return };
+        if !log.is_spilled() {
+            return;
+        }
+        let Some(at) = channel.upstream_session() else { return };
         let origin = Origin {
             upstream: self.x.app().upstreams[self.upstream].name.to_string(),
             at,
@@ -224,6 +227,9 @@ impl Call {
     }
 
     async fn relay(mut self, mut stream: Box<dyn MessageStream>, log: Arc<Log>) {
+        // With a shared copy, each relayed event carries where the upstream
+        // could go on from: another replica continues there if this one dies.
+        let spilled = log.is_spilled();
         let (outcome, code) = loop {
             let next = tokio::select! {
                 next = stream.next_item() => next,
@@ -243,9 +249,7 @@ impl Call {
                     }
                     Step::Relay(out, _) => {
                         self.x.add_sent(out.len());
-                        // With a shared copy, where the upstream could go on
-                        // from: another replica continues there if this one dies.
-                        let resume = if log.is_spilled() { stream.resume_point() } else { None };
+                        let resume = if spilled { stream.resume_point() } else { None };
                         log.push_relayed(&out, resume)
                     }
                     Step::Skip => {}
