@@ -15,6 +15,10 @@ use super::Session;
 use crate::store::Claim;
 use crate::SessionError;
 
+/// [`Session::open`]'s future.
+type Opening<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Arc<dyn Channel>, SessionError>> + Send + 'a>>;
+
 impl Session {
     /// The channel to upstream `u`, opened on first use with this client's
     /// version and capabilities. A stored session has one upstream session
@@ -26,51 +30,7 @@ impl Session {
         if let Some(channel) = self.channels[u.index()].get() {
             return Ok(channel.clone());
         }
-        let upstream = &self.ctx.upstreams[u];
-        let channel = self.channels[u.index()]
-            .get_or_try_init(|| async {
-                let hello = Hello {
-                    protocol_version: self.version,
-                    capabilities: self.capabilities.clone(),
-                    affinity: self.id.clone(),
-                };
-                let inbox: Arc<dyn Inbox> = Arc::new(SessionInbox { session: self.me.clone(), upstream: u });
-                let known = self.known_upstream(u).await;
-                if let Some(channel) = known.as_ref().and_then(|at| upstream.transport.resume(&hello, inbox.clone(), at))
-                {
-                    self.ctx.upstreams.metrics().session_resumed(&upstream.name);
-                    return Ok(self.listening_if_asked(channel));
-                }
-                let opened =
-                    tokio::time::timeout(upstream.config.timeout, upstream.transport.open(&hello, inbox.clone())).await;
-                let channel = match opened {
-                    Ok(Ok(channel)) => channel,
-                    Ok(Err(e)) => return Err(SessionError::upstream(&upstream.name, e)),
-                    Err(_) => {
-                        return Err(SessionError::UpstreamTimeout {
-                            upstream: upstream.name.clone(),
-                            after: upstream.config.timeout,
-                        })
-                    }
-                };
-                let Some(fresh) = channel.upstream_session() else { return Ok(self.listening_if_asked(channel)) };
-                match self.claim_upstream(u, known.as_ref(), &fresh).await {
-                    Claimed::Ours => Ok(self.listening_if_asked(channel)),
-                    Claimed::Theirs(theirs) => match upstream.transport.resume(&hello, inbox, &theirs) {
-                        Some(resumed) => {
-                            // Nobody uses ours: ended, off this request's path.
-                            tokio::spawn(async move { channel.close().await });
-                            self.ctx.upstreams.metrics().session_resumed(&upstream.name);
-                            Ok(self.listening_if_asked(resumed))
-                        }
-                        None => {
-                            tracing::warn!(upstream = %upstream.name, "another router replica's upstream session is on a replica this one cannot reach; using this one's own");
-                            Ok(self.listening_if_asked(channel))
-                        }
-                    },
-                }
-            })
-            .await?;
+        let channel = self.channels[u.index()].get_or_try_init(|| self.open(u)).await?;
         if self.closed.load(Ordering::Relaxed) {
             // Forgotten here while it opened: others may go on with it.
             if self.detached.load(Ordering::Relaxed) {
@@ -81,6 +41,55 @@ impl Session {
             return Err(SessionError::Unknown);
         }
         Ok(channel.clone())
+    }
+
+    /// Opens (or resumes) the channel to `u`: the slow path of
+    /// [`channel`](Self::channel), once per channel, boxed (it awaits the
+    /// store, the upstream's handshake and the claim: a deep future, kept
+    /// out of every caller's own).
+    fn open(&self, u: UpstreamId) -> Opening<'_> {
+        let upstream = &self.ctx.upstreams[u];
+        Box::pin(async move {
+            let hello = Hello {
+                protocol_version: self.version,
+                capabilities: self.capabilities.clone(),
+                affinity: self.id.clone(),
+            };
+            let inbox: Arc<dyn Inbox> = Arc::new(SessionInbox { session: self.me.clone(), upstream: u });
+            let known = self.known_upstream(u).await;
+            if let Some(channel) = known.as_ref().and_then(|at| upstream.transport.resume(&hello, inbox.clone(), at)) {
+                self.ctx.upstreams.metrics().session_resumed(&upstream.name);
+                return Ok(self.listening_if_asked(channel));
+            }
+            let opened =
+                tokio::time::timeout(upstream.config.timeout, upstream.transport.open(&hello, inbox.clone())).await;
+            let channel = match opened {
+                Ok(Ok(channel)) => channel,
+                Ok(Err(e)) => return Err(SessionError::upstream(&upstream.name, e)),
+                Err(_) => {
+                    return Err(SessionError::UpstreamTimeout {
+                        upstream: upstream.name.clone(),
+                        after: upstream.config.timeout,
+                    })
+                }
+            };
+            let Some(fresh) = channel.upstream_session() else { return Ok(self.listening_if_asked(channel)) };
+            match self.claim_upstream(u, known.as_ref(), &fresh).await {
+                Claimed::Ours => Ok(self.listening_if_asked(channel)),
+                Claimed::Theirs(theirs) => match upstream.transport.resume(&hello, inbox, &theirs) {
+                    Some(resumed) => {
+                        // Nobody uses ours: ended, off this request's path.
+                        tokio::spawn(async move { channel.close().await });
+                        self.ctx.upstreams.metrics().session_resumed(&upstream.name);
+                        Ok(self.listening_if_asked(resumed))
+                    }
+                    None => {
+                        tracing::warn!(upstream = %upstream.name, "another router replica's upstream session is on a replica this one cannot reach; using this one's own");
+                        Ok(self.listening_if_asked(channel))
+                    }
+                },
+            }
+        })
     }
 
     /// A channel, listening if a GET stream asked for that.
