@@ -43,7 +43,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-pub use options::Options;
+pub use options::{AnswerIds, Options};
 
 /// A mock MCP server. Cheap to clone; all clones share state.
 #[derive(Clone)]

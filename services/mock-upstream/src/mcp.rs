@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use crate::conformance;
 use crate::listen::{Change, Listeners};
 use crate::mrtr::{self, Kind};
-use crate::options::Options;
+use crate::options::{AnswerIds, Options};
 pub(crate) use crate::session::{Reply, Session, SUPPORTED_VERSIONS};
 
 /// Counters for tests.
@@ -191,7 +191,14 @@ impl Server {
                 Reply::Accepted
             }
             MessageKind::Request => {
-                let reply = self.request(session, &env).await;
+                let how = match self.opts.answer_ids {
+                    AnswerIds::Stray if env.method_str() != "tools/call" => AnswerIds::Echo,
+                    how => how,
+                };
+                let reply = match self.request(session, &env).await {
+                    Reply::Json(bytes) => Reply::Json(answer_id(how, bytes)),
+                    other => other,
+                };
                 match reply {
                     Reply::Json(bytes) if self.opts.always_sse => {
                         let (tx, rx) = mpsc::unbounded_channel();
@@ -685,6 +692,23 @@ pub(crate) fn delayed(id: &RawValue, text: &str) -> mpsc::UnboundedReceiver<Byte
         let _ = tx.send(message);
     });
     rx
+}
+
+/// `answer` under the id `how` says (see [`AnswerIds`]).
+fn answer_id(how: AnswerIds, answer: Bytes) -> Bytes {
+    if how == AnswerIds::Echo {
+        return answer;
+    }
+    let Some(id) = Envelope::parse(&answer).ok().and_then(|e| e.id) else { return answer };
+    let Ok(number) = id.get().parse::<f64>() else { return answer };
+    let text = match how {
+        AnswerIds::Stray => format!("{}", number + 1000.0),
+        // JavaScript prints integral numbers without a fraction, and -0 as 0.
+        _ if number.fract() == 0.0 && number.abs() < 1e15 => format!("{}", number as i64),
+        _ => format!("{number}"),
+    };
+    let at = jsonrpc::span(&answer, id.get());
+    switchboard_protocol::rewrite::splice(&answer, &mut [switchboard_protocol::rewrite::Edit::new(at, text.as_bytes())])
 }
 
 /// `{"jsonrpc":"2.0","id":ID,"result":{"content":[{"type":"text","text":ARGS}]}}`,

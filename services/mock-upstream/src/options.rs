@@ -64,6 +64,22 @@ pub struct Options {
     pub state_key: String,
     /// The `ttlMs` of lists and reads (2026-07-28).
     pub list_ttl_ms: u64,
+    /// Under which id JSON answers come back (hostile or careless servers).
+    pub answer_ids: AnswerIds,
+}
+
+/// Under which id the mock answers a request in a JSON body.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AnswerIds {
+    /// The request's id, byte for byte.
+    #[default]
+    Echo,
+    /// A numeric id re-printed as a JavaScript server does (`1.0` → `1`,
+    /// `1E2` → `100`, `-0` → `0`).
+    AsJavaScript,
+    /// A numeric id plus 1000 in answers to `tools/call`: an answer to a
+    /// request never sent.
+    Stray,
 }
 
 impl Default for Options {
@@ -89,6 +105,7 @@ impl Default for Options {
             check_host: false,
             state_key: "switchboard-mock".into(),
             list_ttl_ms: 0,
+            answer_ids: AnswerIds::Echo,
         }
     }
 }

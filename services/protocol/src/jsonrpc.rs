@@ -216,6 +216,8 @@ pub struct Target<'a> {
     pub progress_token: Option<&'a RawValue>,
     /// `params.requestId`, for `notifications/cancelled`.
     pub request_id: Option<&'a RawValue>,
+    /// `params.arguments`, raw (what the audit records of a `tools/call`).
+    pub arguments: Option<&'a RawValue>,
 }
 
 /// `params.ref` of a `completion/complete` request.
@@ -244,6 +246,12 @@ struct TargetWire<'a> {
     meta: Option<MetaWire<'a>>,
     #[serde(borrow, default, rename = "requestId")]
     request_id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    arguments: Option<&'a RawValue>,
+    // Read by the list handlers; here so that a duplicate is refused too.
+    #[serde(borrow, default)]
+    #[allow(dead_code)]
+    cursor: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -254,7 +262,9 @@ struct MetaWire<'a> {
 
 impl<'a> Target<'a> {
     /// Reads the routing members of `params`; other members are skipped
-    /// without being decoded.
+    /// without being decoded. A member the router reads or records that
+    /// appears twice is an error: the upstream would act on one value while
+    /// the router routed or audited another.
     pub fn parse(params: &'a RawValue) -> Result<Self, ParseError> {
         let wire: TargetWire<'a> =
             serde_json::from_str(params.get()).map_err(|e| ParseError::Invalid(Cow::Owned(format!("params: {e}"))))?;
@@ -264,6 +274,7 @@ impl<'a> Target<'a> {
             reference: wire.reference,
             progress_token: wire.meta.and_then(|m| m.progress_token),
             request_id: wire.request_id,
+            arguments: wire.arguments,
         })
     }
 }
@@ -287,6 +298,43 @@ pub fn as_str(raw: &RawValue) -> Option<Cow<'_, str>> {
         return Some(Cow::Borrowed(inner));
     }
     serde_json::from_str::<String>(text).ok().map(Cow::Owned)
+}
+
+/// What marks an id the router sent upstream in place of a client's
+/// ([`upstream_id`]).
+const MAPPED: &str = "sb~";
+
+/// The id to send upstream for a client's request id (JSON text): the same
+/// id when any upstream echoes it unchanged (a string, or an integer of at
+/// most 15 digits); otherwise a string the router owns, `"sb~"` followed by
+/// the client's id, so that it round-trips whatever the upstream's JSON
+/// library makes of numbers (`1.0`, `1E2` and `-0` come back as `1`, `100`
+/// and `0` from most). [`client_id`] turns it back.
+pub fn upstream_id(id: &str) -> Cow<'_, str> {
+    let echoed = match id.as_bytes() {
+        [b'"', rest @ ..] => !rest.contains(&b'\\') && !rest.starts_with(MAPPED.as_bytes()),
+        b"0" => true,
+        digits => {
+            let digits = digits.strip_prefix(b"-").unwrap_or(digits);
+            (1..=15).contains(&digits.len()) && digits[0] != b'0' && digits.iter().all(u8::is_ascii_digit)
+        }
+    };
+    if echoed {
+        return Cow::Borrowed(id);
+    }
+    Cow::Owned(String::from_utf8(json_string(&format!("{MAPPED}{id}"))).expect("JSON text is UTF-8"))
+}
+
+/// The client's id (JSON text) for an id the router sent upstream
+/// ([`upstream_id`]): the same id unless the router made it.
+pub fn client_id(id: &str) -> Cow<'_, str> {
+    if !id.starts_with('"') || (!id[1..].starts_with(MAPPED) && !id.contains('\\')) {
+        return Cow::Borrowed(id);
+    }
+    match serde_json::from_str::<String>(id) {
+        Ok(text) if text.starts_with(MAPPED) => Cow::Owned(text[MAPPED.len()..].to_owned()),
+        _ => Cow::Borrowed(id),
+    }
 }
 
 /// The byte range that `part` occupies inside `whole`.
@@ -407,6 +455,46 @@ mod tests {
             assert_eq!(err.code(), *expected, "{}: {err}", String::from_utf8_lossy(input));
         }
         assert!(matches!(Envelope::parse(b"[1,2]"), Err(ParseError::Batch)));
+    }
+
+    #[test]
+    fn ids_an_upstream_might_rewrite_are_mapped_and_come_back() {
+        for kept in ["1", "0", "-5", "123456789012345", r#""abc""#, r#""""#] {
+            assert_eq!(upstream_id(kept), kept);
+            assert_eq!(client_id(kept), kept);
+        }
+        for odd in ["1.0", "1E2", "-0", "1e-3", "0.5", "1234567890123456", "00", r#""sb~x""#, r#""a\u0041""#] {
+            let mapped = upstream_id(odd);
+            assert_ne!(mapped, odd);
+            assert!(as_str(&RawValue::from_string(mapped.to_string()).unwrap()).is_some(), "{mapped} is a string");
+            assert_eq!(client_id(&mapped), odd, "{odd} round-trips");
+            // However an upstream re-escapes the string, it is the same value.
+            let value: serde_json::Value = serde_json::from_str(&mapped).unwrap();
+            let ascii = serde_json::to_string(&value).unwrap();
+            assert_eq!(client_id(&ascii), odd);
+        }
+    }
+
+    #[test]
+    fn target_refuses_duplicates_of_what_the_router_reads_or_records() {
+        for params in [
+            r#"{"name":"a","arguments":{"x":1},"arguments":{"x":2}}"#,
+            r#"{"name":"a","name":"b"}"#,
+            r#"{"uri":"a","uri":"b"}"#,
+            r#"{"cursor":"a","cursor":"b"}"#,
+            r#"{"requestId":1,"requestId":2}"#,
+            r#"{"_meta":{"progressToken":1,"progressToken":2}}"#,
+            r#"{"_meta":{},"_meta":{}}"#,
+            r#"{"ref":{"type":"ref/prompt","name":"a","name":"b"}}"#,
+        ] {
+            let raw = RawValue::from_string(params.into()).unwrap();
+            let err = Target::parse(&raw).expect_err(params);
+            assert!(err.to_string().contains("duplicate field"), "{params}: {err}");
+        }
+        let raw =
+            RawValue::from_string(r#"{"name":"a","arguments":{"x":1,"x":2},"other":1,"other":2}"#.into()).unwrap();
+        let target = Target::parse(&raw).expect("members the router does not read may repeat");
+        assert_eq!(target.arguments.unwrap().get(), r#"{"x":1,"x":2}"#);
     }
 
     #[test]

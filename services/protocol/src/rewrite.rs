@@ -53,6 +53,23 @@ pub fn splice(input: &[u8], edits: &mut [Edit<'_>]) -> Bytes {
     out.freeze()
 }
 
+/// Where `range` of the input lies in [`splice`]'s output: moved by the
+/// edits before it, or the replacement's place if an edit replaces exactly
+/// it. It must not otherwise overlap an edit.
+pub fn moved(range: Range<usize>, edits: &[Edit<'_>]) -> Range<usize> {
+    let mut start = range.start as isize;
+    let mut len = range.len();
+    for e in edits {
+        if e.range == range {
+            len = e.with.len();
+        }
+        if e.range.end <= range.start && e.range != range {
+            start += e.with.len() as isize - e.range.len() as isize;
+        }
+    }
+    start as usize..start as usize + len
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,6 +87,21 @@ mod tests {
             std::str::from_utf8(&out).unwrap(),
             r#"{"jsonrpc":"2.0","id":"r-9","method":"tools/call","params":{"name":"echo","arguments":{"name":"keep me","n":1.50}}}"#
         );
+    }
+
+    #[test]
+    fn moved_follows_the_edits_before_a_range() {
+        let input = br#"{"id":1.0,"params":{"name":"up__echo","_meta":{"progressToken":7}}}"#;
+        let at = |part: &[u8]| {
+            let start = input.windows(part.len()).position(|w| w == part).unwrap();
+            start..start + part.len()
+        };
+        let (id, name, token) = (at(b"1.0"), at(b"\"up__echo\""), at(b"7"));
+        let edits = [Edit::new(id.clone(), b"\"sb~1.0\""), Edit::new(name.clone(), b"\"echo\"")];
+        let out = splice(input, &mut edits.clone());
+        assert_eq!(&out[moved(id, &edits)], b"\"sb~1.0\"");
+        assert_eq!(&out[moved(name, &edits)], b"\"echo\"");
+        assert_eq!(&out[moved(token, &edits)], b"7");
     }
 
     #[test]

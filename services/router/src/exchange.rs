@@ -18,7 +18,6 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{HeaderMap, Response};
 use hyper::body::Incoming;
-use serde::Deserialize;
 use serde_json::value::RawValue;
 use switchboard_core::policy::Principal;
 use switchboard_core::{Outcome, UpstreamId};
@@ -262,7 +261,15 @@ impl Exchange {
     /// Phase 2: the JSON-RPC envelope, nothing deeper (400 with -32700 or
     /// -32600 if it is not one).
     pub fn parse<'b>(&mut self, body: &'b [u8]) -> Result<Envelope<'b>, Refusal> {
-        Envelope::parse(body).map_err(|e| Box::new(self.reject(None, Error::Parse(e))))
+        let env = Envelope::parse(body).map_err(|e| Box::new(self.reject(None, Error::Parse(e))))?;
+        // The members of `params` the router reads or records, each once: a
+        // repeated `arguments` would run one value upstream and audit none.
+        if let Some(params) = env.params.filter(|p| p.get().starts_with('{')) {
+            if let Err(e) = Target::parse(params) {
+                return Err(Box::new(self.reject(env.id, Error::InvalidParams(e.to_string()))));
+            }
+        }
+        Ok(env)
     }
 
     /// Rejects the request before the MCP layer takes it (a missing
@@ -335,19 +342,12 @@ impl Exchange {
     fn draft(&self, headers: &HeaderMap, env: Option<&Envelope<'_>>, request_bytes: usize) -> AuditRecord {
         let audit = self.app.audit.as_ref().expect("auditing is on");
         let who = self.principal.as_ref();
-        let target = env
-            .and_then(|e| e.params)
-            .and_then(|p| Target::parse(p).ok())
+        let parsed = env.and_then(|e| e.params).and_then(|p| Target::parse(p).ok());
+        let target = parsed
+            .as_ref()
             .and_then(|t| t.name.or(t.uri).or_else(|| t.reference.as_ref().and_then(|r| r.name.or(r.uri))));
-        let arguments = match (who, env) {
-            (Some(who), Some(env)) if who.tenant.audit_arguments => env.params.and_then(|p| {
-                #[derive(Deserialize)]
-                struct Args<'a> {
-                    #[serde(borrow)]
-                    arguments: Option<&'a RawValue>,
-                }
-                serde_json::from_str::<Args<'_>>(p.get()).ok().and_then(|a| a.arguments).map(|a| a.get().to_owned())
-            }),
+        let arguments = match (who, &parsed) {
+            (Some(who), Some(t)) if who.tenant.audit_arguments => t.arguments.map(|a| a.get().to_owned()),
             _ => None,
         };
         let key_prefix = match who {
@@ -393,6 +393,8 @@ impl Drop for Exchange {
 /// background): `id` is the request's id as sent (JSON).
 pub fn cancel_upstream(app: &Arc<App>, session: &Arc<Session>, u: UpstreamId, id: &str, reason: &str) {
     let Some(channel) = session.open_channel(u) else { return };
+    // The id the upstream knows (the client's, or the router's in its place).
+    let id = jsonrpc::upstream_id(id);
     let params = format!(r#"{{"requestId":{id},"reason":{}}}"#, String::from_utf8_lossy(&jsonrpc::json_string(reason)));
     let note = jsonrpc::request(None, "notifications/cancelled", Some(params.as_bytes()));
     let name = app.upstreams[u].name.clone();

@@ -44,6 +44,9 @@ const LOCAL_KEEP: Duration = Duration::from_secs(300);
 const REPAIR_WINDOW: Duration = Duration::from_secs(60);
 /// The longest a request waits for another replica to write its session back.
 const REPAIR_WAIT: Duration = Duration::from_secs(3);
+/// Requests waiting so at once, at most: beyond, an unknown session is
+/// unknown at once (a client sending made-up ids cannot hold many).
+const REPAIR_WAITERS: usize = 64;
 
 /// How long a request for a session this replica does not hold waits for
 /// a store that cannot answer, before 503.
@@ -78,6 +81,8 @@ pub struct Sessions {
     options: Options,
     /// The store's generation as this replica last saw it.
     generation: std::sync::Mutex<Option<String>>,
+    /// Places for requests waiting for a repair ([`REPAIR_WAITERS`]).
+    repair_waiters: tokio::sync::Semaphore,
 }
 
 impl Sessions {
@@ -85,7 +90,13 @@ impl Sessions {
     pub fn new(setup: Setup, relay: Weak<dyn Relay>) -> Sessions {
         let Setup { upstreams, store, shared_streams, metrics, options } = setup;
         let ctx = Context { upstreams, store, shared: shared_streams, metrics, relay, epoch: Instant::now() };
-        Sessions { ctx: Arc::new(ctx), registry: Registry::default(), options, generation: Default::default() }
+        Sessions {
+            ctx: Arc::new(ctx),
+            registry: Registry::default(),
+            options,
+            generation: Default::default(),
+            repair_waiters: tokio::sync::Semaphore::new(REPAIR_WAITERS),
+        }
     }
 
     /// What sessions record.
@@ -255,6 +266,13 @@ impl Sessions {
         if !recent {
             return None;
         }
+        let Ok(_place) = self.repair_waiters.try_acquire() else {
+            tracing::debug!(
+                session = id,
+                "too many requests wait for sessions to be written back; this one is unknown"
+            );
+            return None;
+        };
         shared.publish_event(Event::Repair, id, 0).await;
         let deadline = tokio::time::Instant::now() + REPAIR_WAIT;
         let mut pause = Duration::from_millis(20);
@@ -486,7 +504,8 @@ impl Sessions {
             if !session.stored {
                 continue;
             }
-            if session.busy() {
+            // Subscriptions kept here keep it here while it lives.
+            if session.busy() || session.holds_subscriptions() {
                 if session.due_for_check(self.check_every()) {
                     self.still_live(&session).await;
                 }

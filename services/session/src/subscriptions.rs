@@ -27,10 +27,17 @@ const ACK_WAIT: Duration = Duration::from_secs(10);
 /// Pause before a listen stream the upstream ended is opened again.
 const REOPEN: Duration = Duration::from_secs(1);
 
+/// Resources a session may subscribe to at one such upstream: each change
+/// sends the upstream the whole set again.
+pub const MAX_URIS: usize = 256;
+
 /// The subscriptions of one session, by upstream.
 #[derive(Default)]
 pub(crate) struct Subscriptions {
     by_upstream: tokio::sync::Mutex<HashMap<UpstreamId, Listening>>,
+    /// Set by [`Subscriptions::stop`]: a change under way when the session
+    /// ended starts no stream.
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -64,6 +71,11 @@ impl Subscriptions {
         if !changed {
             return Ok(());
         }
+        if uris.len() > MAX_URIS {
+            return Err(UpstreamError::Limit(format!(
+                "a session may subscribe to at most {MAX_URIS} resources of an upstream that speaks only MCP 2026-07-28"
+            )));
+        }
         if uris.is_empty() {
             if let Some(task) = listening.task.take() {
                 task.abort();
@@ -73,6 +85,9 @@ impl Subscriptions {
         }
         let body = listen_request(&uris, client.capabilities);
         let stream = open(upstream, body.clone(), client.affinity).await?;
+        if self.stopped.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(UpstreamError::Closed);
+        }
         if let Some(task) = listening.task.take() {
             task.abort();
         }
@@ -82,8 +97,14 @@ impl Subscriptions {
         Ok(())
     }
 
+    /// Whether a listen stream is kept here (or a change is under way).
+    pub(crate) fn any(&self) -> bool {
+        self.by_upstream.try_lock().map_or(true, |all| all.values().any(|l| l.task.is_some()))
+    }
+
     /// Ends every listen stream (the session ended, or left this replica).
     pub(crate) fn stop(&self) {
+        self.stopped.store(true, std::sync::atomic::Ordering::Release);
         if let Ok(mut all) = self.by_upstream.try_lock() {
             for (_, listening) in all.drain() {
                 if let Some(task) = listening.task {
@@ -115,9 +136,14 @@ fn listen_request(uris: &BTreeSet<String>, capabilities: &str) -> Bytes {
     Bytes::from(serde_json::to_vec(&message).expect("serializable"))
 }
 
-/// Opens a listen stream and waits for the upstream's acknowledgement.
+/// Opens a listen stream and waits for the upstream's acknowledgement
+/// (within the upstream's `timeout`, then `ACK_WAIT` for the first message).
 async fn open(upstream: &Upstream, body: Bytes, affinity: &str) -> Result<Box<dyn MessageStream>, UpstreamError> {
-    let answer = upstream.transport.modern(body, Method::SubscriptionsListen, Vec::new(), affinity).await?;
+    let limit = upstream.config.timeout;
+    let answer =
+        tokio::time::timeout(limit, upstream.transport.modern(body, Method::SubscriptionsListen, Vec::new(), affinity))
+            .await
+            .map_err(|_| UpstreamError::Timeout(limit))??;
     let mut stream = match answer {
         ModernAnswer { reply: Reply::Stream(stream), .. } => stream,
         ModernAnswer { reply: Reply::Done(message), status } => {

@@ -84,6 +84,9 @@ pub enum UpstreamError {
     /// Known to be failing; not tried for now.
     #[error("it is down ({0})")]
     Down(String),
+    /// A bound the router keeps was reached (the words say which).
+    #[error("a limit was reached: {0}")]
+    Limit(String),
 }
 
 /// What went wrong, in words, and the error that caused it when there is
@@ -564,7 +567,15 @@ pub fn build(config: &UpstreamConfig, metrics: &Arc<Metrics>) -> Arc<dyn Transpo
 /// Used for the router's own requests (handshakes, lists).
 pub async fn collect_response(reply: Reply, id: &str) -> Result<Bytes, UpstreamError> {
     match reply {
-        Reply::Done(bytes) => Ok(bytes),
+        Reply::Done(bytes) => {
+            let env = switchboard_protocol::Envelope::parse(&bytes)
+                .map_err(|e| UpstreamError::Protocol(format!("its answer is not JSON-RPC: {e}").into()))?;
+            if env.method.is_some() || env.id.is_none_or(|i| i.get() != id) {
+                return Err(UpstreamError::Protocol("it answered with a message that is not the response".into()));
+            }
+            drop(env);
+            Ok(bytes)
+        }
         Reply::Stream(mut stream) => {
             while let Some(message) = stream.next().await {
                 let message = message?;

@@ -105,13 +105,13 @@ impl Shared {
     }
 
     /// Takes a place for one more process, if the limit allows.
-    fn reserve(&self) -> Result<(), UpstreamError> {
+    fn reserve(self: &Arc<Self>) -> Result<Slot, UpstreamError> {
         let max = self.limits.max_processes;
         let taken = self.running.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1));
         match taken {
             Ok(n) => {
                 self.metrics.set_processes(&self.name, n + 1);
-                Ok(())
+                Ok(Slot(self.clone()))
             }
             Err(_) => {
                 self.metrics.process_refused(&self.name);
@@ -129,19 +129,24 @@ impl Shared {
     }
 }
 
+/// A place under `max_processes`, given back when dropped: however the
+/// start of a process ends (a failure, or the caller giving up on the
+/// wait), and when the process is.
+struct Slot(Arc<Shared>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
 /// A session's process: its supervisor, and the session's view of it. Its
 /// place under `max_processes` is given back when it is dropped (and the
 /// supervisor then stops the process, if `stop` did not already).
 struct Process {
     transport: crate::stdio::Transport,
     view: Arc<dyn super::Channel>,
-    shared: Arc<Shared>,
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        self.shared.release();
-    }
+    _slot: Slot,
 }
 
 /// One session's channel: its own process, started on demand.
@@ -167,7 +172,7 @@ impl Channel {
         if self.closed.load(Ordering::Relaxed) {
             return Err(UpstreamError::Closed);
         }
-        self.shared.reserve()?;
+        let slot = self.shared.reserve()?;
         let (transport, view) = crate::stdio::Transport::for_session(
             self.shared.name.clone(),
             self.shared.config.clone(),
@@ -179,12 +184,12 @@ impl Channel {
         match view {
             Ok(view) => {
                 *self.handshake.lock().expect("lock") = view.handshake();
-                *process = Some(Process { transport, view: view.clone(), shared: self.shared.clone() });
+                *process = Some(Process { transport, view: view.clone(), _slot: slot });
                 Ok(view)
             }
             Err(e) => {
                 super::Transport::shutdown(&transport).await;
-                self.shared.release();
+                drop(slot);
                 Err(e)
             }
         }
@@ -251,5 +256,38 @@ async fn reap(shared: Weak<Shared>, every: Duration) {
         for channel in channels {
             channel.stop(true).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Transport as _;
+
+    #[tokio::test]
+    async fn a_start_given_up_on_gives_its_place_back() {
+        // `sleep` never answers `initialize`: each open waits until the
+        // caller gives up (as the catalog does after its list_timeout).
+        let config = StdioConfig {
+            command: "sleep".into(),
+            args: vec!["30".into()],
+            env: Default::default(),
+            inherit_env: false,
+            cwd: None,
+            restart_max_backoff: Duration::from_secs(1),
+            shutdown_grace: Duration::from_millis(50),
+            per_session: None,
+        };
+        let limits = PerSession { max_processes: 1, idle_timeout: Duration::from_secs(60) };
+        let metrics = Arc::new(Metrics::new(&switchboard_core::metrics::Registry::new(), &["slow"]));
+        let transport = Transport::new("slow".into(), config, limits, metrics);
+        let hello = Hello::router();
+        for _ in 0..3 {
+            let open = transport.open(&hello, Arc::new(crate::Discard));
+            let given_up = tokio::time::timeout(Duration::from_millis(200), open).await;
+            assert!(given_up.is_err(), "the open waits for a handshake that never comes");
+            assert_eq!(transport.shared.running.load(Ordering::Acquire), 0, "its place under max_processes is back");
+        }
+        transport.shutdown().await;
     }
 }

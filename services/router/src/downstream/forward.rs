@@ -11,7 +11,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::Response;
 use serde_json::value::RawValue;
-use serde_json::Value;
 use switchboard_core::{Outcome, UpstreamId};
 use switchboard_protocol::jsonrpc::{self, span, Envelope, MessageKind};
 use switchboard_protocol::{Method, ProtocolVersion};
@@ -20,7 +19,7 @@ use switchboard_session::Session;
 use switchboard_upstream::{Channel, Item, MessageStream, Outgoing, Reply, UpstreamError};
 use tokio::sync::mpsc;
 
-use super::resolve::{call_local, classify, error_code, resolve, Resolution};
+use super::resolve::{answer, call_local, error_code, parse_answer, resolve, Resolution};
 use super::respond;
 use crate::app::App;
 use crate::body::Body;
@@ -75,6 +74,8 @@ pub async fn forward(
     // Noted by its id in the client's body (shared, not copied): the same
     // id the rewritten body carries.
     x.in_flight(session, u, body, span(body, id.get()));
+    let sent_body = resolved.body.clone();
+    let sent: &RawValue = serde_json::from_slice(&sent_body[resolved.id.clone()]).expect("the id is JSON");
     let out = Outgoing { body: resolved.body, method, id: resolved.id, progress_token: resolved.progress_token };
     match tokio::time::timeout_at(deadline, channel.request(out)).await {
         Err(_) => {
@@ -83,15 +84,28 @@ pub async fn forward(
             x.fail_as(Some(id), &e, Outcome::Timeout)
         }
         Ok(Err(e)) => x.fail_as(Some(id), &Error::upstream(&upstream.name, e), Outcome::UpstreamFailed),
-        Ok(Ok(Reply::Done(message))) => {
-            let (message, outcome) = classify(&app, u, method, message);
-            let code = if outcome == Outcome::Error { error_code(&message) } else { None };
-            x.add_sent(message.len());
-            x.finish(outcome, code);
-            respond::json(message)
-        }
+        Ok(Ok(Reply::Done(message))) => match parse_answer(&app, u, method, &message, sent, id) {
+            Some((message, outcome)) => {
+                let code = if outcome == Outcome::Error { error_code(&message) } else { None };
+                x.add_sent(message.len());
+                x.finish(outcome, code);
+                respond::json(message)
+            }
+            None => {
+                let e = not_the_answer(&app, u);
+                x.fail_as(Some(id), &e, Outcome::UpstreamFailed)
+            }
+        },
         Ok(Ok(Reply::Stream(stream))) => {
-            let call = Call { x, session: session.clone(), upstream: u, method, id: id.to_owned(), deadline };
+            let call = Call {
+                x,
+                session: session.clone(),
+                upstream: u,
+                method,
+                id: sent.to_owned(),
+                client_id: id.to_owned(),
+                deadline,
+            };
             if !accepts_sse {
                 return call.drain(stream).await;
             }
@@ -121,6 +135,40 @@ pub(crate) async fn channel(session: &Session, u: UpstreamId) -> Result<Arc<dyn 
     })
 }
 
+/// The error for a request whose upstream answered it with something else
+/// than its response (another request's id): dropped, counted and logged.
+pub(crate) fn not_the_answer(app: &App, u: UpstreamId) -> Error {
+    let name = &app.upstreams[u].name;
+    app.metrics.upstreams.relay_dropped(name, "stray_response");
+    tracing::warn!(upstream = %name, "the upstream answered a request with a message that is not its response; dropped");
+    Error::upstream(
+        name,
+        UpstreamError::Protocol("it answered with a message that is not the request's response".into()),
+    )
+}
+
+/// Records where a request stream comes from with its shared copy, if it
+/// has one (see [`Origin`]).
+pub(crate) fn record_origin(
+    app: &App,
+    log: &Log,
+    u: UpstreamId,
+    at: Option<switchboard_upstream::UpstreamSession>,
+    id: &RawValue,
+    method: Method,
+) {
+    if !log.is_spilled() {
+        return;
+    }
+    let origin = Origin {
+        upstream: app.upstreams[u].name.to_string(),
+        at,
+        id: id.to_owned(),
+        method: method.as_str().to_owned(),
+    };
+    log.set_origin(serde_json::to_string(&origin).expect("serializable"));
+}
+
 /// A forwarded request whose answer streams. It owns the exchange, and
 /// finishes it when the answer (or a failure in its place) is relayed.
 pub(crate) struct Call {
@@ -130,6 +178,8 @@ pub(crate) struct Call {
     pub method: Method,
     /// The id the upstream knows the request by.
     pub id: Box<RawValue>,
+    /// The client's id of the request (the same unless the router mapped it).
+    pub client_id: Box<RawValue>,
     pub deadline: tokio::time::Instant,
 }
 
@@ -145,13 +195,14 @@ pub(crate) enum Step {
 }
 
 /// What one message of a request's upstream stream means for the call
-/// (`id`: the request's, as the upstream knows it).
+/// (`id`: the request's, as the upstream knows it; `client_id`: as the
+/// client does).
 pub(crate) fn step(
     app: &App,
     session: &Session,
     upstream: UpstreamId,
     method: Method,
-    id: &RawValue,
+    (id, client_id): (&RawValue, &RawValue),
     message: Bytes,
 ) -> Step {
     let env = match Envelope::parse(&message) {
@@ -161,9 +212,7 @@ pub(crate) fn step(
             return Step::Skip;
         }
     };
-    if matches!(env.kind, MessageKind::Response | MessageKind::Error) && env.id.is_some_and(|i| same_id(i, id)) {
-        drop(env);
-        let (message, outcome) = classify(app, upstream, method, message);
+    if let Some((message, outcome)) = answer(app, upstream, method, &message, &env, id, client_id) {
         return Step::Done(message, outcome);
     }
     let is_request = env.kind == MessageKind::Request;
@@ -175,38 +224,31 @@ pub(crate) fn step(
 
 /// Where a request stream's events come from, recorded with its copy in
 /// Redis so that another replica can continue it if this one dies
-/// (`takeover.rs`): the upstream, its session, the request's id as the
-/// upstream knows it, the method.
+/// (`takeover.rs`): the upstream, its session (`None`: one no other replica
+/// can continue, such as a stdio process's), the request's id as the
+/// upstream knows it, the method. Without a session the replica taking
+/// the stream over still answers the request, with an error.
 #[derive(serde::Serialize, serde::Deserialize)]
 pub(crate) struct Origin {
     pub upstream: String,
-    pub at: switchboard_upstream::UpstreamSession,
+    #[serde(default)]
+    pub at: Option<switchboard_upstream::UpstreamSession>,
     pub id: Box<RawValue>,
     pub method: String,
 }
 
 impl Call {
     fn step(&self, message: Bytes) -> Step {
-        step(self.x.app(), &self.session, self.upstream, self.method, &self.id, message)
+        step(self.x.app(), &self.session, self.upstream, self.method, (&self.id, &self.client_id), message)
     }
 
     /// Records where the call's stream comes from with its shared copy.
     fn record_origin(&self, log: &Log, channel: &dyn Channel) {
-        if !log.is_spilled() {
-            return;
-        }
-        let Some(at) = channel.upstream_session() else { return };
-        let origin = Origin {
-            upstream: self.x.app().upstreams[self.upstream].name.to_string(),
-            at,
-            id: self.id.clone(),
-            method: self.method.as_str().to_owned(),
-        };
-        log.set_origin(serde_json::to_string(&origin).expect("serializable"));
+        record_origin(self.x.app(), log, self.upstream, channel.upstream_session(), &self.id, self.method);
     }
 
     fn error_message(&self, err: &Error) -> Bytes {
-        jsonrpc::error_response(Some(&self.id), err.code(), &err.to_string(), err.data().as_ref())
+        jsonrpc::error_response(Some(&self.client_id), err.code(), &err.to_string(), err.data().as_ref())
     }
 
     fn timeout(&self) -> Error {
@@ -315,7 +357,7 @@ impl Call {
                 None => break Err((self.failed(UpstreamError::Closed), Outcome::UpstreamFailed)),
             }
         };
-        let Call { mut x, id, .. } = self;
+        let Call { mut x, client_id: id, .. } = self;
         match result {
             Ok((message, outcome)) => {
                 x.add_sent(message.len());
@@ -326,14 +368,4 @@ impl Call {
             Err((e, outcome)) => x.fail_as(Some(&id), &e, outcome),
         }
     }
-}
-
-/// Whether a response's id is the request's: byte-equal as a rule, equal as
-/// JSON values when an upstream reformats it (escapes in a string).
-fn same_id(a: &RawValue, b: &RawValue) -> bool {
-    a.get() == b.get()
-        || matches!(
-            (serde_json::from_str::<Value>(a.get()), serde_json::from_str::<Value>(b.get())),
-            (Ok(x), Ok(y)) if x == y
-        )
 }

@@ -5,6 +5,7 @@
 //! outcome of an upstream's answer and the rewrites results need, and the
 //! call of a tool its source answers itself.
 
+use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use switchboard_core::policy::Tenant;
 use switchboard_core::{Outcome, UpstreamId};
 use switchboard_protocol::jsonrpc::{self, as_str, span, Envelope, MessageKind, Target};
 use switchboard_protocol::methods::ListKind;
-use switchboard_protocol::rewrite::{splice, Edit};
+use switchboard_protocol::rewrite::{moved, splice, Edit};
 use switchboard_protocol::Method;
 
 use crate::app::App;
@@ -99,7 +100,8 @@ pub(crate) async fn resolve(
 }
 
 /// The request with `field` (a name or URI in it) replaced by `replacement`,
-/// the upstream's own (JSON text), and where its id and progress token are.
+/// the upstream's own (JSON text), its id by the one the upstream is sent
+/// ([`jsonrpc::upstream_id`]), and where its id and progress token are.
 fn rewrite(
     upstream: UpstreamId,
     body: &Bytes,
@@ -108,22 +110,21 @@ fn rewrite(
     field: &RawValue,
     replacement: &[u8],
 ) -> Resolved {
-    let field_span = span(body, field.get());
-    let id = span(body, env.id.expect("a request has an id").get());
+    let id_raw = env.id.expect("a request has an id").get();
+    let id = span(body, id_raw);
     let token = target.progress_token.map(|t| span(body, t.get()));
-    if *replacement == *field.get().as_bytes() {
-        return Resolved { upstream, body: body.clone(), id, progress_token: token };
-    }
-    let delta = replacement.len() as isize - field_span.len() as isize;
-    let shift = |r: Range<usize>| {
-        if r.start >= field_span.end {
-            (r.start as isize + delta) as usize..(r.end as isize + delta) as usize
-        } else {
-            r
-        }
+    let sent_id = jsonrpc::upstream_id(id_raw);
+    let name = (*replacement != *field.get().as_bytes()).then(|| Edit::new(span(body, field.get()), replacement));
+    let mapped = matches!(sent_id, Cow::Owned(_)).then(|| Edit::new(id.clone(), sent_id.as_bytes()));
+    let apply = |edits: &mut [Edit<'_>]| {
+        let (id, token) = (moved(id.clone(), edits), token.clone().map(|t| moved(t, edits)));
+        Resolved { upstream, body: splice(body, edits), id, progress_token: token }
     };
-    let rewritten = splice(body, &mut [Edit::new(field_span.clone(), replacement)]);
-    Resolved { upstream, body: rewritten, id: shift(id), progress_token: token.map(shift) }
+    match (name, mapped) {
+        (None, None) => Resolved { upstream, body: body.clone(), id, progress_token: token },
+        (Some(edit), None) | (None, Some(edit)) => apply(&mut [edit]),
+        (Some(name), Some(mapped)) => apply(&mut [name, mapped]),
+    }
 }
 
 fn resolve_uri(app: &App, tenant: &Tenant, raw: &RawValue) -> Result<(UpstreamId, Vec<u8>), Error> {
@@ -163,6 +164,55 @@ pub(crate) async fn call_local(mut x: Exchange, tool: Box<dyn LocalTool>, id: &R
     }
 }
 
+/// The upstream's answer to a forwarded request, for the client: `None`
+/// if `message` (parsed as `env`) is not it (a response under another id
+/// than `sent`, the one the request was sent with); otherwise under the
+/// client's id (`client`) again, and classified.
+pub(crate) fn answer(
+    app: &App,
+    u: UpstreamId,
+    method: Method,
+    message: &Bytes,
+    env: &Envelope<'_>,
+    sent: &RawValue,
+    client: &RawValue,
+) -> Option<(Bytes, Outcome)> {
+    let outcome = match env.kind {
+        MessageKind::Response => Outcome::Ok,
+        MessageKind::Error => Outcome::Error,
+        MessageKind::Request | MessageKind::Notification => return None,
+    };
+    let id = env.id.filter(|id| same_id(id, sent))?;
+    let message = if id.get() == client.get() {
+        message.clone()
+    } else {
+        splice(message, &mut [Edit::new(span(message, id.get()), client.get().as_bytes())])
+    };
+    Some(rewrite_result(app, u, method, message, outcome))
+}
+
+/// [`answer`] for a message not parsed yet; `None` also if it is not JSON-RPC.
+pub(crate) fn parse_answer(
+    app: &App,
+    u: UpstreamId,
+    method: Method,
+    message: &Bytes,
+    sent: &RawValue,
+    client: &RawValue,
+) -> Option<(Bytes, Outcome)> {
+    answer(app, u, method, message, &Envelope::parse(message).ok()?, sent, client)
+}
+
+/// Whether a response's id is the request's: byte-equal as a rule, equal as
+/// JSON values when an upstream reformats it (escapes in a string).
+pub(crate) fn same_id(a: &RawValue, b: &RawValue) -> bool {
+    a.get() == b.get()
+        || matches!(
+            (serde_json::from_str::<Value>(a.get()), serde_json::from_str::<Value>(b.get())),
+            (Ok(x), Ok(y)) if x == y
+        )
+}
+
 /// Classifies an upstream's answer and applies the few rewrites results
 /// need (resource URIs in `resources/read`).
 pub(crate) fn classify(app: &App, u: UpstreamId, method: Method, message: Bytes) -> (Bytes, Outcome) {
@@ -170,6 +220,11 @@ pub(crate) fn classify(app: &App, u: UpstreamId, method: Method, message: Bytes)
         Ok(env) if env.kind == MessageKind::Response => Outcome::Ok,
         _ => Outcome::Error,
     };
+    rewrite_result(app, u, method, message, outcome)
+}
+
+/// The rewrites a result needs (resource URIs in `resources/read`).
+fn rewrite_result(app: &App, u: UpstreamId, method: Method, message: Bytes, outcome: Outcome) -> (Bytes, Outcome) {
     if method != Method::ResourcesRead || outcome != Outcome::Ok || app.upstreams[u].config.prefix.is_empty() {
         return (message, outcome);
     }

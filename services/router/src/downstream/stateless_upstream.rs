@@ -61,6 +61,12 @@ pub(super) async fn forward(
     let call = Call { x, session: session.clone(), upstream: u, method, id: id.to_owned(), headers };
     if accepts_sse {
         let log = session.new_stream();
+        // No other replica can go on with a stateless upstream's rounds:
+        // one taking the stream over answers the request with an error.
+        let sent = &resolved.body[resolved.id.clone()];
+        if let Ok(sent) = serde_json::from_slice::<&RawValue>(sent) {
+            super::forward::record_origin(&app, &log, u, None, sent, method);
+        }
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(log.clone().reader(None, tx));
         tokio::spawn(async move {
@@ -263,7 +269,16 @@ impl Call {
                                     log.push(&message);
                                 }
                             }
-                            MessageKind::Response | MessageKind::Error => break message,
+                            MessageKind::Response | MessageKind::Error
+                                if env.id.is_some_and(|id| {
+                                    serde_json::from_str::<Value>(id.get()).is_ok_and(|id| id == request["id"])
+                                }) =>
+                            {
+                                break message
+                            }
+                            MessageKind::Response | MessageKind::Error => {
+                                app.metrics.upstreams.relay_dropped(&upstream.name, "stray_response");
+                            }
                             // No server requests on a stateless stream.
                             MessageKind::Request => {}
                         }
@@ -278,6 +293,9 @@ impl Call {
                         Outcome::UpstreamFailed,
                     )
                 })?;
+                if value.get("id") != Some(&request["id"]) {
+                    return Err((super::forward::not_the_answer(&app, self.upstream), Outcome::UpstreamFailed));
+                }
                 let input_required =
                     value.pointer("/result/resultType").and_then(Value::as_str) == Some("input_required");
                 if !input_required {

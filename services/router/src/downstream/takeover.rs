@@ -64,10 +64,19 @@ async fn continue_call(app: Arc<App>, session_id: Arc<str>, stream: u64, takeove
             tracing::info!(session = %session_id, stream, upstream = %name, %why, "a call whose router replica stopped could not be resumed; its client is told");
             let message =
                 format!("the router replica relaying this call stopped before the answer, and {why}; call again");
-            log.push(&jsonrpc::error_response(Some(&origin.id), code::INTERNAL_ERROR, &message, None));
+            let client_id = client_id(&origin.id);
+            log.push(&jsonrpc::error_response(Some(&client_id), code::INTERNAL_ERROR, &message, None));
         }
     }
     log.close();
+}
+
+/// The client's id of the request the upstream knows by `id`.
+fn client_id(id: &RawValue) -> Box<RawValue> {
+    match jsonrpc::client_id(id.get()) {
+        std::borrow::Cow::Borrowed(_) => id.to_owned(),
+        std::borrow::Cow::Owned(text) => RawValue::from_string(text).unwrap_or_else(|_| id.to_owned()),
+    }
 }
 
 /// Resumes the upstream's stream and relays it into `log` up to the answer;
@@ -81,6 +90,9 @@ async fn relay(
 ) -> Result<(), String> {
     let name = &origin.upstream;
     let u = app.upstreams.find(name).ok_or_else(|| format!("this replica has no upstream {name:?}"))?;
+    let Some(at) = &origin.at else {
+        return Err(format!("upstream {name:?} cannot continue it at another replica"));
+    };
     let resume_point =
         resume_point.ok_or_else(|| format!("upstream {name:?} gave no event ids to resume its stream from"))?;
     let session = match app.sessions.find(session_id).await {
@@ -89,7 +101,7 @@ async fn relay(
     };
     let channel =
         session.existing_channel(u).await.ok_or_else(|| format!("upstream {name:?} has no session for it"))?;
-    if channel.upstream_session().as_ref() != Some(&origin.at) {
+    if channel.upstream_session().as_ref() != Some(at) {
         return Err(format!("the session with upstream {name:?} it was on is gone"));
     }
     let upstream = &app.upstreams[u];
@@ -100,12 +112,13 @@ async fn relay(
         .map_err(|e| format!("upstream {name:?} could not resume its stream: {e}"))?;
     let method = Method::from_name(&origin.method);
     let id: &RawValue = &origin.id;
+    let client = client_id(id);
     loop {
         let next = tokio::time::timeout_at(deadline, stream.next_item())
             .await
             .map_err(|_| format!("upstream {name:?} did not answer within {:?}", upstream.config.timeout))?;
         match next {
-            Some(Ok(Item::Message(message))) => match step(app, &session, u, method, id, message) {
+            Some(Ok(Item::Message(message))) => match step(app, &session, u, method, (id, &client), message) {
                 Step::Done(answer, _) => {
                     log.push(&answer);
                     return Ok(());

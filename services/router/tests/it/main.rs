@@ -5,6 +5,8 @@
 //! - `routing`: aggregation, forwarding, relaying, sessions, failures.
 //! - `catalog`: list changes and the cache, cursors, colliding and long names.
 //! - `bad_input`: malformed requests get clear statuses and errors.
+//! - `hostile`: careless or hostile clients and upstreams: repeated
+//!   members, odd ids, answers under another request's id.
 //! - `tenancy`: tenants, their catalogs and limits, the CLI.
 //! - `keys`: the key lifecycle, revocation, keys never in plain text.
 //! - `audit`: one record per call, records kept through an outage.
@@ -27,6 +29,7 @@ mod catalog;
 mod degraded;
 mod edge;
 mod eras;
+mod hostile;
 mod keys;
 mod peers;
 mod routing;

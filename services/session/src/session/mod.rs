@@ -246,6 +246,13 @@ impl Session {
         self.has_inflight() || self.standalone.has_readers() || self.shared_readers.load(Ordering::Relaxed) > 0
     }
 
+    /// Whether the session keeps resource subscriptions here (listen
+    /// streams to upstreams that speak only MCP 2026-07-28): another
+    /// replica could not take them over.
+    pub fn holds_subscriptions(&self) -> bool {
+        self.subscriptions.any()
+    }
+
     /// Whether a request of the session is in flight here.
     pub fn has_inflight(&self) -> bool {
         !self.inflight.lock().expect("lock").is_empty()
@@ -480,9 +487,18 @@ impl Session {
     pub async fn cancel_here(&self, env: &Envelope<'_>, body: &Bytes) -> bool {
         let request_id =
             env.params.and_then(|p| switchboard_protocol::jsonrpc::Target::parse(p).ok()).and_then(|t| t.request_id);
-        let Some(u) = request_id.and_then(|id| self.inflight_upstream(id)) else { return false };
+        let Some((u, request_id)) = request_id.and_then(|id| Some((self.inflight_upstream(id)?, id))) else {
+            return false;
+        };
         if let Some(channel) = self.open_channel(u) {
-            if let Err(e) = channel.send(body.clone()).await {
+            // Under the id the upstream knows, if the router sent it another.
+            let body = match switchboard_protocol::jsonrpc::upstream_id(request_id.get()) {
+                std::borrow::Cow::Borrowed(_) => body.clone(),
+                std::borrow::Cow::Owned(sent) => {
+                    splice(body, &mut [Edit::new(span(body, request_id.get()), sent.as_bytes())])
+                }
+            };
+            if let Err(e) = channel.send(body).await {
                 tracing::debug!(upstream = %self.ctx.upstreams[u].name, error = %e, "cancellation not delivered");
             }
         }

@@ -409,8 +409,14 @@ impl SharedStreams {
                     if abandoned && !full {
                         match self.take_over(session, stream).await {
                             // Continued here from now: events follow.
-                            Ok(TakeOver::Taken(takeover)) => match self.on_abandoned.get() {
-                                Some(handler) => handler(session, stream, takeover),
+                            Ok(TakeOver::Taken(mut takeover)) => match self.on_abandoned.get() {
+                                Some(handler) => {
+                                    // Numbered above what this reader's client
+                                    // has seen too (events the dead replica
+                                    // sent it but never copied).
+                                    takeover.next = takeover.next.max(after.map_or(0, |seq| seq + 1));
+                                    handler(session, stream, takeover)
+                                }
                                 None => break,
                             },
                             // Another replica serves it (it took it over).

@@ -33,7 +33,7 @@ use switchboard_core::policy::Principal;
 use switchboard_core::{Outcome, UpstreamId};
 use switchboard_protocol::jsonrpc::{self, span, Envelope, MessageKind};
 use switchboard_protocol::modern;
-use switchboard_protocol::rewrite::{splice, Edit};
+use switchboard_protocol::rewrite::{moved, splice, Edit};
 use switchboard_protocol::sse::EventId;
 use switchboard_protocol::Method;
 use switchboard_session::{Session, SessionError};
@@ -221,19 +221,9 @@ pub(super) async fn bridged(
         edits.push(Edit::new(r.clone(), call_id.as_bytes()));
     }
     let body = splice(&resolved.body, &mut edits);
-    // Where the two sit in the new body: each moves by what the edits
-    // before it added.
-    let moved = |r: &Range<usize>| {
-        let shift: isize = edits
-            .iter()
-            .filter(|e| e.range.start < r.start)
-            .map(|e| e.with.len() as isize - e.range.len() as isize)
-            .sum();
-        let start = (r.start as isize + shift) as usize;
-        start..start + call_id.len()
-    };
-    let id_range = moved(&resolved.id);
-    let progress_token = resolved.progress_token.as_ref().map(moved);
+    let id_range = moved(resolved.id.clone(), &edits);
+    let progress_token = resolved.progress_token.clone().map(|r| moved(r, &edits));
+    let call_raw: Box<RawValue> = RawValue::from_string(call_id.clone()).expect("a JSON string");
     let deadline = tokio::time::Instant::now() + upstream.config.timeout;
     x.in_flight(&session, u, &body, id_range.clone());
     let out = Outgoing { body, method, id: id_range, progress_token };
@@ -245,15 +235,19 @@ pub(super) async fn bridged(
         }
         Ok(Err(e)) => x.fail_as(Some(id), &Error::upstream(&upstream.name, e), Outcome::UpstreamFailed),
         Ok(Ok(Reply::Done(message))) => {
-            let (message, outcome) = resolve::classify(&app, u, method, message);
+            let Some((message, outcome)) = resolve::parse_answer(&app, u, method, &message, &call_raw, &call_raw)
+            else {
+                let e = forward::not_the_answer(&app, u);
+                return x.fail_as(Some(id), &e, Outcome::UpstreamFailed);
+            };
             x.add_sent(message.len());
             x.finish(outcome, resolve::error_code(&message));
             respond::json(for_client(&message, id, method))
         }
         Ok(Ok(Reply::Stream(stream))) => {
             let log = session.new_stream();
-            let call_raw: Box<RawValue> = RawValue::from_string(call_id.clone()).expect("a JSON string");
-            Call { x, session: session.clone(), upstream: u, method, id: call_raw, deadline }
+            let client_id = call_raw.clone();
+            Call { x, session: session.clone(), upstream: u, method, id: call_raw, client_id, deadline }
                 .spawn_relay(stream, log.clone());
             let (tx, rx) = mpsc::channel(64);
             tokio::spawn(log.clone().reader(None, tx));

@@ -438,6 +438,8 @@ async fn passthrough(
     let u = resolved.upstream;
     let upstream = &app.upstreams[u];
     let extra = upstream_headers(method, &resolved.body, Some(headers));
+    let sent: Box<RawValue> =
+        serde_json::from_slice::<&RawValue>(&resolved.body[resolved.id.clone()]).expect("the id is JSON").to_owned();
     let work = upstream.transport.modern(resolved.body, method, extra, &who.tenant.name);
     let answer = match tokio::time::timeout(upstream.config.timeout, work).await {
         Err(_) => Err(Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout }),
@@ -451,7 +453,10 @@ async fn passthrough(
             x.fail_as(Some(id), &e, outcome)
         }
         Ok(ModernAnswer { status, reply: Reply::Done(message) }) => {
-            let (message, outcome) = resolve::classify(&app, u, method, message);
+            let Some((message, outcome)) = resolve::parse_answer(&app, u, method, &message, &sent, id) else {
+                let e = super::forward::not_the_answer(&app, u);
+                return x.fail_as(Some(id), &e, Outcome::UpstreamFailed);
+            };
             x.add_sent(message.len());
             x.finish(outcome, resolve::error_code(&message));
             let mut response = respond::json(message);
@@ -489,7 +494,16 @@ async fn passthrough(
                     match next {
                         Some(Ok(message)) => {
                             let last = Envelope::parse(&message).is_ok_and(|e| e.method.is_none());
-                            let message = if last { resolve::classify(&app, u, method, message).0 } else { message };
+                            let message = match last {
+                                false => message,
+                                true => match resolve::parse_answer(&app, u, method, &message, &sent, &client_id) {
+                                    Some((message, _)) => message,
+                                    None => {
+                                        app.metrics.upstreams.relay_dropped(&name, "stray_response");
+                                        continue;
+                                    }
+                                },
+                            };
                             x.add_sent(message.len());
                             let event = switchboard_protocol::sse::encode_event(None, None, &message);
                             if tx.send(event).await.is_err() {

@@ -9,18 +9,19 @@ use std::time::Duration;
 use http::StatusCode;
 use serde_json::{json, Value};
 use switchboard_test_support::services::{redis_url, unique};
-use switchboard_test_support::{Client, MockOptions, MockServer, Router};
+use switchboard_test_support::{stdio_mock_upstream, Client, MockOptions, MockServer, Router};
 
 use super::{at, replica_config, router_process};
 
-/// A progress call at a router process that is killed after two progress
+/// A progress call (to `tool`: `web__progress` over HTTP, `local__progress`
+/// over stdio) at a router process that is killed after two progress
 /// notifications; the client resumes at `survivor`. Returns what the
 /// resumed stream carried, and the progress values seen before.
-async fn kill_mid_call(resumable: bool) -> (Vec<Value>, Vec<u64>, Router) {
+async fn kill_mid_call(resumable: bool, tool: &str) -> (Vec<Value>, Vec<u64>, Router) {
     let web =
         MockServer::start(MockOptions { name: "web".into(), resumable_streams: resumable, ..MockOptions::default() })
             .await;
-    let config = replica_config(&redis_url(), &unique("sbtest:"), &web.url, "30m");
+    let config = replica_config(&redis_url(), &unique("sbtest:"), &web.url, "30m") + &stdio_mock_upstream("local", "");
     let (mut doomed, doomed_url, _file) = router_process(&config).await;
     let survivor = Router::start(&config).await;
     let mut client = Client::new(&doomed_url);
@@ -28,7 +29,7 @@ async fn kill_mid_call(resumable: bool) -> (Vec<Value>, Vec<u64>, Router) {
     let (status, _, mut stream) = client
         .request_stream(
             "tools/call",
-            json!({"name": "web__progress", "arguments": {"steps": 6, "interval_ms": 400},
+            json!({"name": tool, "arguments": {"steps": 6, "interval_ms": 400},
                 "_meta": {"progressToken": "t"}}),
         )
         .await;
@@ -54,7 +55,7 @@ async fn kill_mid_call(resumable: bool) -> (Vec<Value>, Vec<u64>, Router) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_whose_replica_is_killed_is_answered_through_another_from_an_upstream_that_resumes() {
-    let (rest, seen, survivor) = kill_mid_call(true).await;
+    let (rest, seen, survivor) = kill_mid_call(true, "web__progress").await;
     let answer = rest.last().expect("the answer");
     assert_eq!(answer["result"]["content"][0]["text"], "done after 6 steps", "{rest:?}");
     let later: Vec<u64> = rest.iter().filter_map(|m| m["params"]["progress"].as_u64()).collect();
@@ -67,10 +68,22 @@ async fn a_call_whose_replica_is_killed_is_answered_through_another_from_an_upst
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_whose_replica_is_killed_ends_with_a_clear_error_when_the_upstream_cannot_resume() {
-    let (rest, _, survivor) = kill_mid_call(false).await;
+    let (rest, _, survivor) = kill_mid_call(false, "web__progress").await;
     let answer = rest.last().expect("an answer");
     let message = answer["error"]["message"].as_str().unwrap_or_else(|| panic!("an error: {rest:?}"));
     assert!(message.contains("replica relaying this call stopped") && message.contains("no event ids"), "{message}");
+    assert!(answer["id"].is_u64(), "the error answers the request: {answer}");
+    assert_eq!(survivor.metric("switchboard_streams_taken_over_total", &["result=\"failed\""]).await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_to_a_stdio_upstream_whose_replica_is_killed_ends_with_a_clear_error() {
+    // The process was the dead replica's own: nobody can continue the call,
+    // but its client is answered, not left with a stream that just stops.
+    let (rest, _, survivor) = kill_mid_call(false, "local__progress").await;
+    let answer = rest.last().expect("an answer");
+    let message = answer["error"]["message"].as_str().unwrap_or_else(|| panic!("an error: {rest:?}"));
+    assert!(message.contains("replica relaying this call stopped") && message.contains("cannot continue"), "{message}");
     assert!(answer["id"].is_u64(), "the error answers the request: {answer}");
     assert_eq!(survivor.metric("switchboard_streams_taken_over_total", &["result=\"failed\""]).await, 1.0);
 }
