@@ -26,6 +26,7 @@ mod app;
 mod auth;
 mod body;
 pub mod config;
+mod connections;
 mod downstream;
 pub mod edge;
 pub mod error;

@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 use crate::app::App;
 use crate::body::Body;
 use crate::config::Config;
+use crate::connections::{self, Activity, Connections, Tracked};
 use crate::downstream::{self, respond};
 
 /// Serves the router on `listener` until `shutdown` completes, then drains
@@ -88,20 +89,39 @@ pub async fn serve_with(
             }
         }));
     }
+    let server = &app.config.server;
+    connections::raise_open_files_limit(server.max_connections);
+    let conns = Connections::new(
+        connections::Limits {
+            header_timeout: server.header_timeout,
+            idle_timeout: server.idle_timeout,
+            max: server.max_connections,
+            per_address: server.max_connections_per_address,
+        },
+        app.metrics.registry(),
+    );
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().keep_alive(true).timer(hyper_util::rt::TokioTimer::new());
+    builder
+        .http1()
+        .keep_alive(true)
+        // Timed by `connections.rs` instead: from accept to the first
+        // request, and between requests (hyper's own would cut idle
+        // keep-alive connections at it).
+        .header_read_timeout(None)
+        .timer(hyper_util::rt::TokioTimer::new());
     builder.http2().timer(hyper_util::rt::TokioTimer::new());
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            accepted = accept(&listener) => {
-                let conn = graceful.watch(builder.serve_connection(TokioIo::new(accepted), service(&app)).into_owned());
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                });
+            (stream, address) = connections::accept(&listener, &conns) => {
+                let Ok(admitted) = conns.admit(address) else {
+                    connections::refuse(stream);
+                    continue;
+                };
+                let activity = Activity::new();
+                let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service(&app, &activity)).into_owned());
+                tokio::spawn(supervise(conn, admitted, activity, conns.clone()));
             }
             () = &mut shutdown => break,
         }
@@ -120,18 +140,19 @@ pub async fn serve_with(
     // GET streams 503 (Retry-After), `/readyz` 503, requests of existing
     // sessions served. One request per connection (no keep-alive).
     let mut draining = auto::Builder::new(TokioExecutor::new());
-    draining.http1().keep_alive(false).timer(hyper_util::rt::TokioTimer::new());
+    draining.http1().keep_alive(false).header_read_timeout(None).timer(hyper_util::rt::TokioTimer::new());
     draining.http2().timer(hyper_util::rt::TokioTimer::new());
     let drained = loop {
         tokio::select! {
             drained = &mut drain => break drained,
-            accepted = accept(&listener) => {
-                let conn = draining.serve_connection(TokioIo::new(accepted), service(&app)).into_owned();
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                });
+            (stream, address) = connections::accept(&listener, &conns) => {
+                let Ok(admitted) = conns.admit(address) else {
+                    connections::refuse(stream);
+                    continue;
+                };
+                let activity = Activity::new();
+                let conn = draining.serve_connection(TokioIo::new(stream), service(&app, &activity)).into_owned();
+                tokio::spawn(supervise(conn, admitted, activity, conns.clone()));
             }
         }
     };
@@ -148,31 +169,42 @@ pub async fn serve_with(
     Ok(())
 }
 
-/// The next connection (an accept error is logged and waited out briefly).
-async fn accept(listener: &TcpListener) -> tokio::net::TcpStream {
-    loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                let _ = stream.set_nodelay(true);
-                return stream;
+/// Serves one connection until it ends, or closes it when it has had no
+/// request in flight for too long (see `connections.rs`); its place among
+/// the open connections is given back either way.
+async fn supervise<E: std::fmt::Display>(
+    conn: impl Future<Output = Result<(), E>>,
+    admitted: connections::Admitted,
+    activity: Arc<Activity>,
+    conns: Arc<Connections>,
+) {
+    let _admitted = admitted;
+    tokio::select! {
+        result = conn => {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "connection ended with an error");
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
+        }
+        reason = activity.expired(conns.limits()) => {
+            conns.closed(reason);
+            tracing::debug!(reason, "connection closed: no request in flight for too long");
         }
     }
 }
 
-/// The HTTP service of one connection: [`route`].
+/// The HTTP service of one connection: [`route`], each request kept in
+/// flight (for the idle timeout) until its answer's body is done.
 fn service(
     app: &Arc<App>,
-) -> impl hyper::service::Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone
-{
+    activity: &Arc<Activity>,
+) -> impl hyper::service::Service<Request<Incoming>, Response = Response<Tracked<Body>>, Error = Infallible, Future: Send>
+       + Clone {
     let app = app.clone();
+    let activity = activity.clone();
     hyper::service::service_fn(move |req| {
         let app = app.clone();
-        async move { Ok::<_, Infallible>(route(&app, req).await) }
+        let in_flight = activity.begin();
+        async move { Ok::<_, Infallible>(route(&app, req).await.map(|body| Tracked::new(body, in_flight))) }
     })
 }
 

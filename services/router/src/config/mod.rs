@@ -122,6 +122,16 @@ pub struct ServerConfig {
     pub worker_threads: usize,
     /// How answers that are complete at once are sent.
     pub response_mode: ResponseMode,
+    /// A connection must send its first request's headers within this long
+    /// of being accepted (and each later request's within this long of
+    /// their first byte).
+    pub header_timeout: Duration,
+    /// A connection with no request in flight this long is closed.
+    pub idle_timeout: Duration,
+    /// Connections open at once, at most; beyond, 503 and closed.
+    pub max_connections: usize,
+    /// Connections open at once from one client address (0: no bound).
+    pub max_connections_per_address: usize,
 }
 
 /// `server.response_mode`.

@@ -137,6 +137,10 @@ pub struct RawServer {
     pub shutdown_grace: Option<RawDuration>,
     pub worker_threads: Option<u64>,
     pub response_mode: Option<String>,
+    pub header_timeout: Option<RawDuration>,
+    pub idle_timeout: Option<RawDuration>,
+    pub max_connections: Option<u64>,
+    pub max_connections_per_address: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -267,6 +271,16 @@ impl RawConfig {
             keep_alive: duration!(s.keep_alive, "server.keep_alive", Duration::from_secs(15)),
             shutdown_grace: duration!(s.shutdown_grace, "server.shutdown_grace", Duration::from_secs(10)),
             worker_threads: s.worker_threads.unwrap_or(0) as usize,
+            header_timeout: duration!(s.header_timeout, "server.header_timeout", Duration::from_secs(10)),
+            idle_timeout: duration!(s.idle_timeout, "server.idle_timeout", Duration::from_secs(120)),
+            max_connections: match s.max_connections.unwrap_or(10_000) {
+                0 => {
+                    bad("server.max_connections".into(), "must be at least 1".into());
+                    1
+                }
+                n => n as usize,
+            },
+            max_connections_per_address: s.max_connections_per_address.unwrap_or(1_000) as usize,
             response_mode: match s.response_mode.as_deref().unwrap_or("json") {
                 "json" => ResponseMode::Json,
                 "sse" => ResponseMode::Sse,

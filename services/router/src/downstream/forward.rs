@@ -19,7 +19,8 @@ use switchboard_session::Session;
 use switchboard_upstream::{Channel, Item, MessageStream, Outgoing, Reply, UpstreamError};
 use tokio::sync::mpsc;
 
-use super::resolve::{answer, call_local, error_code, parse_answer, resolve, Resolution};
+use super::origin::record_origin;
+use super::resolve::{answer, call_local, error_code, not_the_answer, parse_answer, resolve, Resolution};
 use super::respond;
 use crate::app::App;
 use crate::body::Body;
@@ -135,40 +136,6 @@ pub(crate) async fn channel(session: &Session, u: UpstreamId) -> Result<Arc<dyn 
     })
 }
 
-/// The error for a request whose upstream answered it with something else
-/// than its response (another request's id): dropped, counted and logged.
-pub(crate) fn not_the_answer(app: &App, u: UpstreamId) -> Error {
-    let name = &app.upstreams[u].name;
-    app.metrics.upstreams.relay_dropped(name, "stray_response");
-    tracing::warn!(upstream = %name, "the upstream answered a request with a message that is not its response; dropped");
-    Error::upstream(
-        name,
-        UpstreamError::Protocol("it answered with a message that is not the request's response".into()),
-    )
-}
-
-/// Records where a request stream comes from with its shared copy, if it
-/// has one (see [`Origin`]).
-pub(crate) fn record_origin(
-    app: &App,
-    log: &Log,
-    u: UpstreamId,
-    at: Option<switchboard_upstream::UpstreamSession>,
-    id: &RawValue,
-    method: Method,
-) {
-    if !log.is_spilled() {
-        return;
-    }
-    let origin = Origin {
-        upstream: app.upstreams[u].name.to_string(),
-        at,
-        id: id.to_owned(),
-        method: method.as_str().to_owned(),
-    };
-    log.set_origin(serde_json::to_string(&origin).expect("serializable"));
-}
-
 /// A forwarded request whose answer streams. It owns the exchange, and
 /// finishes it when the answer (or a failure in its place) is relayed.
 pub(crate) struct Call {
@@ -220,21 +187,6 @@ pub(crate) fn step(
         Some(out) => Step::Relay(out, is_request),
         None => Step::Skip,
     }
-}
-
-/// Where a request stream's events come from, recorded with its copy in
-/// Redis so that another replica can continue it if this one dies
-/// (`takeover.rs`): the upstream, its session (`None`: one no other replica
-/// can continue, such as a stdio process's), the request's id as the
-/// upstream knows it, the method. Without a session the replica taking
-/// the stream over still answers the request, with an error.
-#[derive(serde::Serialize, serde::Deserialize)]
-pub(crate) struct Origin {
-    pub upstream: String,
-    #[serde(default)]
-    pub at: Option<switchboard_upstream::UpstreamSession>,
-    pub id: Box<RawValue>,
-    pub method: String,
 }
 
 impl Call {

@@ -22,6 +22,7 @@
 pub mod forward;
 pub mod legacy;
 mod lists;
+mod origin;
 mod resolve;
 pub mod respond;
 pub mod stateless_client;

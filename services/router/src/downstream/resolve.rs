@@ -191,6 +191,20 @@ pub(crate) fn answer(
     Some(rewrite_result(app, u, method, message, outcome))
 }
 
+/// The error for a request whose upstream answered it with something else
+/// than its response (another request's id): dropped, counted and logged.
+pub(crate) fn not_the_answer(app: &App, u: UpstreamId) -> Error {
+    let name = &app.upstreams[u].name;
+    app.metrics.upstreams.relay_dropped(name, "stray_response");
+    tracing::warn!(upstream = %name, "the upstream answered a request with a message that is not its response; dropped");
+    Error::upstream(
+        name,
+        switchboard_upstream::UpstreamError::Protocol(
+            "it answered with a message that is not the request's response".into(),
+        ),
+    )
+}
+
 /// [`answer`] for a message not parsed yet; `None` also if it is not JSON-RPC.
 pub(crate) fn parse_answer(
     app: &App,

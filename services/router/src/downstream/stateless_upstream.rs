@@ -65,7 +65,7 @@ pub(super) async fn forward(
         // one taking the stream over answers the request with an error.
         let sent = &resolved.body[resolved.id.clone()];
         if let Ok(sent) = serde_json::from_slice::<&RawValue>(sent) {
-            super::forward::record_origin(&app, &log, u, None, sent, method);
+            super::origin::record_origin(&app, &log, u, None, sent, method);
         }
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(log.clone().reader(None, tx));
@@ -294,7 +294,7 @@ impl Call {
                     )
                 })?;
                 if value.get("id") != Some(&request["id"]) {
-                    return Err((super::forward::not_the_answer(&app, self.upstream), Outcome::UpstreamFailed));
+                    return Err((super::resolve::not_the_answer(&app, self.upstream), Outcome::UpstreamFailed));
                 }
                 let input_required =
                     value.pointer("/result/resultType").and_then(Value::as_str) == Some("input_required");

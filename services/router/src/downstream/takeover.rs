@@ -25,7 +25,8 @@ use switchboard_session::events::Log;
 use switchboard_session::shared_streams::Takeover;
 use switchboard_upstream::{Item, UpstreamError};
 
-use super::forward::{step, Origin, Step};
+use super::forward::{step, Step};
+use super::origin::Origin;
 use crate::app::App;
 
 /// Makes this replica continue the request streams its readers take over

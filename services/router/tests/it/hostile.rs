@@ -1,6 +1,7 @@
 //! Careless or hostile peers on either side: what a client can slip past
 //! the router (repeated members, odd ids), what an upstream can answer
-//! (another request's id).
+//! (another request's id); connections that hold the router without
+//! asking anything, and too many of them.
 
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use http::StatusCode;
 use serde_json::Value;
 use switchboard_mock::AnswerIds;
 use switchboard_test_support::{eventually, http_upstream, mock_named, Client, MockOptions, MockServer, Router};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::routing::config;
 
@@ -112,4 +114,114 @@ async fn an_answer_under_another_requests_id_is_dropped_and_the_request_gets_an_
         let dropped = router.metric("switchboard_relay_dropped_total", &["upstream=\"web\"", "stray_response"]).await;
         assert_eq!(dropped, 1.0, "sse={always_sse}");
     }
+}
+
+/// A raw connection to the router from `source` (any 127.x.y.z address is
+/// loopback), sending `request` if any; what it reads until the router
+/// closes it, or `None` if it is still open after `wait`.
+async fn raw(router: &Router, source: &str, request: &[u8], wait: Duration) -> Option<String> {
+    let mut stream = connect_from(router, source).await;
+    stream.write_all(request).await.unwrap();
+    read_until_closed(&mut stream, wait).await
+}
+
+async fn connect_from(router: &Router, source: &str) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    socket.connect(router.addr).await.unwrap()
+}
+
+async fn read_until_closed(stream: &mut tokio::net::TcpStream, wait: Duration) -> Option<String> {
+    let mut got = Vec::new();
+    match tokio::time::timeout(wait, stream.read_to_end(&mut got)).await {
+        Ok(_) => Some(String::from_utf8_lossy(&got).into_owned()),
+        Err(_) => None,
+    }
+}
+
+const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: router\r\nConnection: close\r\n\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_silent_connections_are_closed_in_time_while_calls_and_streams_go_on() {
+    let web = MockServer::start(mock_named("web")).await;
+    let router = Router::start(&format!(
+        "[server]\nkeep_alive = \"500ms\"\nheader_timeout = \"1s\"\nidle_timeout = \"2s\"\n{}",
+        http_upstream("web", &web.url, "")
+    ))
+    .await;
+    // Silent connections, one sending its headers a byte at a time, and one
+    // that made a request and then says nothing.
+    let mut silent = Vec::new();
+    for _ in 0..50 {
+        silent.push(connect_from(&router, "127.0.0.1").await);
+    }
+    let mut trickle = connect_from(&router, "127.0.0.1").await;
+    let mut kept_alive = connect_from(&router, "127.0.0.1").await;
+    kept_alive.write_all(b"GET /healthz HTTP/1.1\r\nHost: router\r\n\r\n").await.unwrap();
+    // A client with an SSE stream open longer than the idle timeout.
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    let (status, _, mut stream) = client
+        .request_stream(
+            "tools/call",
+            serde_json::json!({"name": "web__progress", "arguments": {"steps": 7, "interval_ms": 500},
+                "_meta": {"progressToken": "t"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let started = tokio::time::Instant::now();
+    for byte in b"GET /healthz HTTP/1.1\r\n" {
+        if trickle.write_all(&[*byte]).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Calls keep working meanwhile.
+    for _ in 0..5 {
+        assert!(client.call_tool("web__echo", serde_json::json!({"text": "x"})).await["result"].is_object());
+    }
+    for mut conn in silent {
+        let read = read_until_closed(&mut conn, Duration::from_secs(5)).await;
+        assert_eq!(read.as_deref(), Some(""), "a silent connection is closed within header_timeout");
+    }
+    assert!(read_until_closed(&mut trickle, Duration::from_secs(5)).await.is_some(), "a trickling one too");
+    let answered = read_until_closed(&mut kept_alive, Duration::from_secs(5)).await.expect("closed when idle");
+    assert!(answered.starts_with("HTTP/1.1 200"), "answered, then closed after idle_timeout: {answered}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // The stream outlived the idle timeout: a request in flight is not idle.
+    let events = stream.until_end(Duration::from_secs(10)).await.expect("the stream ends with its answer");
+    assert!(events.last().unwrap()["result"].is_object(), "{events:?}");
+    let closed = router.metric("switchboard_connections_closed_total", &["header_timeout"]).await;
+    assert!(closed >= 51.0, "{closed}");
+    assert!(router.metric("switchboard_connections_closed_total", &["\"idle\""]).await >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_are_capped_per_address_and_in_all_and_the_router_stays_healthy() {
+    let router =
+        Router::start("[server]\nheader_timeout = \"30s\"\nmax_connections = 20\nmax_connections_per_address = 10\n")
+            .await;
+    let mut attacker = Vec::new();
+    for _ in 0..10 {
+        attacker.push(connect_from(&router, "127.0.0.1").await);
+    }
+    let refused = raw(&router, "127.0.0.1", HEALTHZ, Duration::from_secs(5)).await.expect("refused at once");
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(refused.contains("too many connections"), "{refused}");
+    let health = raw(&router, "127.0.0.2", HEALTHZ, Duration::from_secs(5)).await.expect("answered");
+    assert!(health.starts_with("HTTP/1.1 200"), "another address is still served: {health}");
+    for _ in 0..10 {
+        attacker.push(connect_from(&router, "127.0.0.3").await);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let refused = raw(&router, "127.0.0.4", HEALTHZ, Duration::from_secs(5)).await.expect("refused at once");
+    assert!(refused.starts_with("HTTP/1.1 503"), "the global cap holds: {refused}");
+    drop(attacker);
+    let healthy = eventually(Duration::from_secs(5), || async {
+        raw(&router, "127.0.0.1", HEALTHZ, Duration::from_secs(2)).await.is_some_and(|r| r.starts_with("HTTP/1.1 200"))
+    })
+    .await;
+    assert!(healthy, "places are given back when connections close");
+    assert!(router.metric("switchboard_connections_refused_total", &["per_address"]).await >= 1.0);
+    assert!(router.metric("switchboard_connections_refused_total", &["max_connections"]).await >= 1.0);
 }

@@ -237,7 +237,7 @@ pub(super) async fn bridged(
         Ok(Ok(Reply::Done(message))) => {
             let Some((message, outcome)) = resolve::parse_answer(&app, u, method, &message, &call_raw, &call_raw)
             else {
-                let e = forward::not_the_answer(&app, u);
+                let e = resolve::not_the_answer(&app, u);
                 return x.fail_as(Some(id), &e, Outcome::UpstreamFailed);
             };
             x.add_sent(message.len());

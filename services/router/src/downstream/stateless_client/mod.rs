@@ -454,7 +454,7 @@ async fn passthrough(
         }
         Ok(ModernAnswer { status, reply: Reply::Done(message) }) => {
             let Some((message, outcome)) = resolve::parse_answer(&app, u, method, &message, &sent, id) else {
-                let e = super::forward::not_the_answer(&app, u);
+                let e = super::resolve::not_the_answer(&app, u);
                 return x.fail_as(Some(id), &e, Outcome::UpstreamFailed);
             };
             x.add_sent(message.len());
