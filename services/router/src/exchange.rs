@@ -261,15 +261,9 @@ impl Exchange {
     /// Phase 2: the JSON-RPC envelope, nothing deeper (400 with -32700 or
     /// -32600 if it is not one).
     pub fn parse<'b>(&mut self, body: &'b [u8]) -> Result<Envelope<'b>, Refusal> {
-        let env = Envelope::parse(body).map_err(|e| Box::new(self.reject(None, Error::Parse(e))))?;
-        // The members of `params` the router reads or records, each once: a
-        // repeated `arguments` would run one value upstream and audit none.
-        if let Some(params) = env.params.filter(|p| p.get().starts_with('{')) {
-            if let Err(e) = Target::parse(params) {
-                return Err(Box::new(self.reject(env.id, Error::InvalidParams(e.to_string()))));
-            }
-        }
-        Ok(env)
+        // The members of `params` are read (each once: a repeated one is
+        // refused) where they are used, by `resolve` for what is forwarded.
+        Envelope::parse(body).map_err(|e| Box::new(self.reject(None, Error::Parse(e))))
     }
 
     /// Rejects the request before the MCP layer takes it (a missing
