@@ -56,6 +56,7 @@ fn stored() -> Stored {
     );
     Stored {
         record: Record {
+            key: String::new(),
             tenant: "acme".into(),
             version: "2025-11-25".into(),
             capabilities: r#"{"sampling":{},"elicitation":{"form":{}},"roots":{"listChanged":true}}"#.into(),

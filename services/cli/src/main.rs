@@ -126,6 +126,12 @@ enum TenantCommand {
         /// Forwarded requests in flight at once, per replica.
         #[arg(long)]
         concurrent: Option<u32>,
+        /// Sessions of the tenant held at once, per replica.
+        #[arg(long)]
+        sessions: Option<u32>,
+        /// Sessions of each of its keys held at once, per replica.
+        #[arg(long)]
+        key_sessions: Option<u32>,
         /// Store tools/call arguments in audit records.
         #[arg(long)]
         audit_arguments: bool,
@@ -382,6 +388,8 @@ async fn tenants(db: DbArgs, command: TenantCommand) -> Result<()> {
             tenant_rate,
             tool_rate,
             concurrent,
+            sessions,
+            key_sessions,
             audit_arguments,
         } => {
             let mut policy = switchboard_core::policy::Policy { upstreams, audit_arguments, ..Default::default() };
@@ -398,6 +406,8 @@ async fn tenants(db: DbArgs, command: TenantCommand) -> Result<()> {
             policy.limits.tenant = tenant_rate.as_deref().map(rate).transpose()?;
             policy.limits.tool = tool_rate.as_deref().map(rate).transpose()?;
             policy.limits.concurrent = concurrent;
+            policy.limits.sessions = sessions;
+            policy.limits.key_sessions = key_sessions;
             admin.create_tenant(&name, policy).await?;
             eprintln!("tenant {name} created");
         }

@@ -63,11 +63,22 @@ pub struct Limits {
     /// Forwarded requests of the tenant in flight at once, on one replica.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrent: Option<u32>,
+    /// Sessions of the tenant held at once, on one replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<u32>,
+    /// Sessions of one API key held at once, on one replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_sessions: Option<u32>,
 }
 
 impl Limits {
     pub fn is_empty(&self) -> bool {
-        self.key.is_none() && self.tenant.is_none() && self.tool.is_none() && self.concurrent.is_none()
+        self.key.is_none()
+            && self.tenant.is_none()
+            && self.tool.is_none()
+            && self.concurrent.is_none()
+            && self.sessions.is_none()
+            && self.key_sessions.is_none()
     }
 }
 

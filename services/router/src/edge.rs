@@ -43,6 +43,7 @@ impl Host for EdgeHost {
     fn task_runner(&self, principal: &Principal, device: &Arc<Device>) -> Arc<dyn TaskRunner> {
         let session = self.0.sessions.private(switchboard_session::Client {
             tenant: principal.tenant.name.clone(),
+            key: principal.key_id.clone(),
             version: switchboard_protocol::ProtocolVersion::LATEST,
             capabilities: Arc::from(switchboard_upstream::empty_object()),
         });

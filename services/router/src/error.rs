@@ -55,6 +55,10 @@ pub enum Error {
     UnsupportedVersion(String),
     #[error("the router has reached its limit of {0} sessions; try again later")]
     TooManySessions(usize),
+    /// A tenant's cap on its sessions (`limits.sessions`) or its keys'
+    /// (`limits.key_sessions`), on this replica.
+    #[error("session limit reached: the {limit} limit allows at most {max} sessions at once on this replica; end one (DELETE) or retry later")]
+    SessionCap { limit: &'static str, max: u32 },
     #[error("method not found: {0}")]
     MethodNotFound(String),
     #[error("invalid params: {0}")]
@@ -158,6 +162,7 @@ impl Error {
             Error::TooManySessions(_) => {
                 (Internal, StatusCode::SERVICE_UNAVAILABLE, code::INTERNAL_ERROR, "too_many_sessions")
             }
+            Error::SessionCap { .. } => (Downstream, StatusCode::TOO_MANY_REQUESTS, RATE_LIMITED, "too_many_sessions"),
             Error::MethodNotFound(_) => (Downstream, StatusCode::OK, code::METHOD_NOT_FOUND, "method_not_found"),
             Error::InvalidParams(_) | Error::InvalidArguments { .. } | Error::InvalidCursor(_) => {
                 (Downstream, StatusCode::OK, code::INVALID_PARAMS, "invalid_params")
@@ -225,7 +230,9 @@ impl Error {
         match self.side() {
             Side::Upstream => true,
             Side::Internal => !matches!(self, Error::Internal(_)),
-            Side::Downstream => matches!(self, Error::RateLimited { .. } | Error::TooManyInFlight(_)),
+            Side::Downstream => {
+                matches!(self, Error::RateLimited { .. } | Error::TooManyInFlight(_) | Error::SessionCap { .. })
+            }
         }
     }
 
@@ -236,6 +243,7 @@ impl Error {
             Error::RateLimited { retry_after, .. } => Some(*retry_after),
             Error::TooManyInFlight(_)
             | Error::TooManySessions(_)
+            | Error::SessionCap { .. }
             | Error::SessionStoreDown
             | Error::ShuttingDown
             | Error::Unauthenticated(AuthFailure::NotLoaded) => Some(Duration::from_secs(1)),
@@ -268,6 +276,8 @@ impl Error {
                 Some(serde_json::json!({ "limit": limit, "retryAfterMs": retry_after.as_millis() as u64 }))
             }
             Error::TooManyInFlight(max) => Some(serde_json::json!({ "limit": "concurrent", "max": max })),
+            Error::SessionCap { limit, max } => Some(serde_json::json!({ "limit": limit, "max": max })),
+            Error::TooManySessions(max) => Some(serde_json::json!({ "limit": "max_sessions", "max": max })),
             Error::UnsupportedModernVersion(requested) => Some(serde_json::json!({
                 "supported": switchboard_protocol::version::supported(),
                 "requested": requested,

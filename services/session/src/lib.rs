@@ -26,7 +26,7 @@
 pub mod events;
 mod manager;
 mod metrics;
-mod registry;
+pub mod registry;
 pub mod relayed;
 mod session;
 pub mod shared_streams;
@@ -44,6 +44,7 @@ use switchboard_upstream::{UpstreamError, Upstreams};
 
 pub use manager::{Options, Sessions, Setup};
 pub use metrics::Metrics;
+pub use registry::{Full, Quota};
 pub use session::{tenant_session_id, Session, TENANT_PREFIX};
 
 /// What the layer above does with a message an upstream sends a session
@@ -55,10 +56,13 @@ pub trait Relay: Send + Sync {
     fn relay(&self, session: &Session, upstream: UpstreamId, message: &Bytes) -> Option<Bytes>;
 }
 
-/// Who a new session is for: the tenant, the negotiated version and what
-/// the client declared.
+/// Who a new session is for: the tenant (and the key that opened it), the
+/// negotiated version and what the client declared.
 pub struct Client {
     pub tenant: Arc<str>,
+    /// The hash of the API key that opened the session (empty without
+    /// keys): the per-key session cap counts by it.
+    pub key: Arc<str>,
     pub version: ProtocolVersion,
     pub capabilities: Arc<RawValue>,
 }

@@ -27,7 +27,7 @@ use bytes::Bytes;
 use switchboard_core::UpstreamId;
 use switchboard_upstream::{Inbox, Upstreams};
 
-use crate::registry::Registry;
+use crate::registry::{Full, Quota, Registry};
 use crate::shared_streams::Event;
 use crate::shared_streams::SharedStreams;
 use crate::store::{Loaded, Repair, SessionStore, Stored, Touch};
@@ -53,6 +53,11 @@ const REPAIR_WAITERS: usize = 64;
 const LOAD_PATIENCE: Duration = Duration::from_millis(1500);
 /// Between two attempts to load a session.
 const LOAD_RETRY: Duration = Duration::from_millis(250);
+
+/// Expired sessions the sweep takes from the store at a time, and batches
+/// in one round at most.
+const SWEEP_BATCH: usize = 1000;
+const SWEEP_BATCHES: usize = 20;
 
 /// Timing of sessions.
 #[derive(Debug, Clone, Copy)]
@@ -83,7 +88,13 @@ pub struct Sessions {
     generation: std::sync::Mutex<Option<String>>,
     /// Places for requests waiting for a repair ([`REPAIR_WAITERS`]).
     repair_waiters: tokio::sync::Semaphore,
+    /// When a refused session was last logged (ms since the epoch): one
+    /// warning per [`REFUSAL_LOG_EVERY`], not one per refusal.
+    refusal_logged_ms: std::sync::atomic::AtomicU64,
 }
+
+/// At most one warning about refused sessions this often.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
 
 impl Sessions {
     /// No sessions yet; `relay` takes what upstreams send sessions on their own.
@@ -96,6 +107,7 @@ impl Sessions {
             options,
             generation: Default::default(),
             repair_waiters: tokio::sync::Semaphore::new(REPAIR_WAITERS),
+            refusal_logged_ms: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -135,30 +147,90 @@ impl Sessions {
         Session::private(&self.ctx, client)
     }
 
-    /// A new Streamable HTTP session, here and in the store. A store that
-    /// cannot be reached is logged: the session then lives on this replica,
-    /// and is written to the store when it answers again.
-    pub async fn open(&self, client: Client) -> Arc<Session> {
+    /// A new Streamable HTTP session, here and in the store, if it fits
+    /// under `quota`. A store that cannot be reached is logged: the session
+    /// then lives on this replica, and is written to the store when it
+    /// answers again.
+    pub async fn open(&self, client: Client, quota: Quota) -> Result<Arc<Session>, Full> {
         let session = Session::stored(&self.ctx, client);
-        self.add(&session).await;
-        session
-    }
-
-    /// A new legacy HTTP+SSE session, named by its connection's id.
-    pub fn open_legacy(&self, id: Arc<str>, client: Client) -> Arc<Session> {
-        let session = Session::legacy(&self.ctx, id, client);
-        self.registry.insert(session.clone());
-        self.ctx.metrics.set_sessions(self.registry.len());
-        session
-    }
-
-    async fn add(&self, session: &Arc<Session>) {
-        self.registry.insert(session.clone());
-        self.ctx.metrics.set_sessions(self.registry.len());
+        self.admit(&session, quota)?;
         if let Err(e) = self.ctx.store.create(&session.id, &session.to_stored()).await {
             self.ctx.metrics.store_error("create");
             tracing::warn!(error = %e, "new session not in the session store; only this replica serves it until the store answers");
         }
+        Ok(session)
+    }
+
+    /// A new legacy HTTP+SSE session, named by its connection's id, if it
+    /// fits under `quota`.
+    pub fn open_legacy(&self, id: Arc<str>, client: Client, quota: Quota) -> Result<Arc<Session>, Full> {
+        let session = Session::legacy(&self.ctx, id, client);
+        self.admit(&session, quota)?;
+        Ok(session)
+    }
+
+    /// Registers a new session if it fits under `quota`. A cap reached
+    /// first ends the sessions that expired since the sweep last ran, at
+    /// once: an expired session never holds a place.
+    fn admit(&self, session: &Arc<Session>, quota: Quota) -> Result<(), Full> {
+        let result = match self.registry.insert_within(session.clone(), quota) {
+            Err(_) if self.reclaim() > 0 => self.registry.insert_within(session.clone(), quota),
+            result => result,
+        };
+        self.ctx.metrics.set_sessions(self.registry.len());
+        if let Err(full) = result {
+            self.log_refusal(&session.tenant, full);
+        }
+        result
+    }
+
+    /// Takes out every session that expired, at once, and ends them in the
+    /// background (their upstream sessions too); returns how many.
+    fn reclaim(&self) -> usize {
+        let now_ms = self.ctx.epoch.elapsed().as_millis() as u64;
+        let expired = self.registry.reclaim(self.options.idle_timeout, now_ms);
+        let n = expired.len();
+        if n == 0 {
+            return 0;
+        }
+        self.ctx.metrics.reclaimed(n);
+        self.ctx.metrics.set_sessions(self.registry.len());
+        tracing::debug!(count = n, "expired sessions ended to make room for a new one");
+        let ctx = self.ctx.clone();
+        tokio::spawn(async move {
+            for session in expired {
+                if !session.stored {
+                    session.close().await;
+                } else if ctx.store.shared() {
+                    // Other replicas may go on with it; the store expires
+                    // it (and a replica's sweep ends it) if none does.
+                    session.detach().await;
+                } else {
+                    let stored = ctx.store.remove(&session.id).await.ok().flatten();
+                    end(&ctx, &session.id.clone(), Some(session), stored).await;
+                }
+            }
+        });
+        n
+    }
+
+    /// One warning per [`REFUSAL_LOG_EVERY`] about sessions refused.
+    fn log_refusal(&self, tenant: &str, full: Full) {
+        use std::sync::atomic::Ordering;
+        let now_ms = self.ctx.epoch.elapsed().as_millis() as u64;
+        let last = self.refusal_logged_ms.load(Ordering::Relaxed);
+        if last != 0 && now_ms.saturating_sub(last) < REFUSAL_LOG_EVERY.as_millis() as u64 {
+            return;
+        }
+        if self.refusal_logged_ms.compare_exchange(last, now_ms.max(1), Ordering::Relaxed, Ordering::Relaxed).is_err() {
+            return;
+        }
+        let (cap, max) = match full {
+            Full::Router(max) => ("server.max_sessions", max as u64),
+            Full::Tenant(max) => ("limits.sessions", u64::from(max)),
+            Full::Key(max) => ("limits.key_sessions", u64::from(max)),
+        };
+        tracing::warn!(tenant, cap, max, "new session refused: a session cap is reached (logged once per 10 s)");
     }
 
     /// The session a tenant's stateless calls to session-based upstreams
@@ -430,7 +502,7 @@ impl Sessions {
         };
         let Some(local) = self.registry.remove(&session.id) else { return Err(SessionError::Unknown) };
         self.ctx.metrics.set_sessions(self.registry.len());
-        self.end(&local.id.clone(), Some(local), stored).await;
+        end(&self.ctx, &local.id.clone(), Some(local), stored).await;
         Ok(())
     }
 
@@ -442,34 +514,6 @@ impl Sessions {
         }
     }
 
-    /// Ends a session: its channels here and every upstream session the
-    /// store lists for it, wherever it was opened.
-    async fn end(&self, id: &str, local: Option<Arc<Session>>, stored: Option<Stored>) {
-        if let Some(shared) = &self.ctx.shared {
-            shared.forget(&Arc::from(id));
-        }
-        let upstreams = &self.ctx.upstreams;
-        let mut closed = vec![None; upstreams.len()];
-        if let Some(session) = &local {
-            for (u, channel) in session.open_channels() {
-                closed[u.index()] = channel.upstream_session();
-            }
-            session.close().await;
-        }
-        for (name, at) in stored.iter().flat_map(|s| s.upstreams.iter()) {
-            let Some(u): Option<UpstreamId> = upstreams.find(name) else { continue };
-            // Closed just now, unless another replica moved it elsewhere.
-            if closed[u.index()].as_ref() == Some(at) {
-                continue;
-            }
-            let discard: Arc<dyn Inbox> = Arc::new(switchboard_upstream::Discard);
-            let hello = switchboard_upstream::Hello::router();
-            if let Some(channel) = upstreams[u].transport.resume(&hello, discard, at) {
-                channel.close().await;
-            }
-        }
-    }
-
     /// One round of the sweep: sessions the store says expired are ended
     /// (each by exactly one replica); stored sessions in use here (a request
     /// in flight, a GET stream) are kept live in the store; stored sessions
@@ -478,26 +522,35 @@ impl Sessions {
     /// idle.
     pub async fn sweep(&self) {
         let idle = self.options.idle_timeout;
-        match self.ctx.store.take_expired(1000).await {
-            Ok(expired) => {
-                if !expired.is_empty() {
-                    tracing::debug!(count = expired.len(), "sessions expired");
+        // Batches of SWEEP_BATCH until the store has no more expired ones
+        // (at most SWEEP_BATCHES a round): a steady flow of new sessions
+        // must not outrun the sweep.
+        for _ in 0..SWEEP_BATCHES {
+            let expired = match self.ctx.store.take_expired(SWEEP_BATCH).await {
+                Ok(expired) => expired,
+                Err(e) => {
+                    self.ctx.metrics.store_error("take_expired");
+                    tracing::debug!(error = %e, "cannot sweep expired sessions from the store");
+                    break;
                 }
-                for (id, stored) in expired {
-                    // Used here since the store last heard of it (touches
-                    // are at most `check_every` apart): it is not idle.
-                    if let Some(session) = self.registry.get(&id).filter(|s| s.idle() < idle) {
-                        if self.ctx.store.create(&id, &session.to_stored()).await.is_ok() {
-                            continue;
-                        }
-                    }
-                    let local = self.registry.remove(&id);
-                    self.end(&id, local, Some(stored)).await;
-                }
+            };
+            if !expired.is_empty() {
+                tracing::debug!(count = expired.len(), "sessions expired");
             }
-            Err(e) => {
-                self.ctx.metrics.store_error("take_expired");
-                tracing::debug!(error = %e, "cannot sweep expired sessions from the store");
+            let full = expired.len() >= SWEEP_BATCH;
+            for (id, stored) in expired {
+                // Used here since the store last heard of it (touches
+                // are at most `check_every` apart): it is not idle.
+                if let Some(session) = self.registry.get(&id).filter(|s| s.idle() < idle) {
+                    if self.ctx.store.create(&id, &session.to_stored()).await.is_ok() {
+                        continue;
+                    }
+                }
+                let local = self.registry.remove(&id);
+                end(&self.ctx, &id, local, Some(stored)).await;
+            }
+            if !full {
+                break;
             }
         }
         for session in self.registry.all() {
@@ -582,5 +635,33 @@ impl Sessions {
             }
         }
         self.ctx.metrics.set_sessions(self.registry.len());
+    }
+}
+
+/// Ends a session: its channels here and every upstream session the
+/// store lists for it, wherever it was opened.
+async fn end(ctx: &Context, id: &str, local: Option<Arc<Session>>, stored: Option<Stored>) {
+    if let Some(shared) = &ctx.shared {
+        shared.forget(&Arc::from(id));
+    }
+    let upstreams = &ctx.upstreams;
+    let mut closed = vec![None; upstreams.len()];
+    if let Some(session) = &local {
+        for (u, channel) in session.open_channels() {
+            closed[u.index()] = channel.upstream_session();
+        }
+        session.close().await;
+    }
+    for (name, at) in stored.iter().flat_map(|s| s.upstreams.iter()) {
+        let Some(u): Option<UpstreamId> = upstreams.find(name) else { continue };
+        // Closed just now, unless another replica moved it elsewhere.
+        if closed[u.index()].as_ref() == Some(at) {
+            continue;
+        }
+        let discard: Arc<dyn Inbox> = Arc::new(switchboard_upstream::Discard);
+        let hello = switchboard_upstream::Hello::router();
+        if let Some(channel) = upstreams[u].transport.resume(&hello, discard, at) {
+            channel.close().await;
+        }
     }
 }

@@ -14,6 +14,7 @@ pub struct Metrics {
     store_lost: IntCounter,
     waited_for_repair: IntCounterVec,
     taken_over: IntCounterVec,
+    reclaimed: IntCounter,
 }
 
 impl Metrics {
@@ -63,7 +64,16 @@ impl Metrics {
                 "Request streams this replica took over from a replica that stopped before the answer, by result: resumed (from the upstream) or failed (the client got an error saying why).",
                 &["result"],
             ),
+            reclaimed: counter(
+                registry,
+                "switchboard_sessions_reclaimed_total",
+                "Expired sessions ended the moment a session cap was reached, ahead of the sweep.",
+            ),
         }
+    }
+
+    pub(crate) fn reclaimed(&self, n: usize) {
+        self.reclaimed.inc_by(n as u64);
     }
 
     pub(crate) fn set_sessions(&self, n: usize) {

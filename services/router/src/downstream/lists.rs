@@ -19,7 +19,7 @@ use crate::error::Error;
 use crate::exchange::Exchange;
 use crate::tools::{list_catalog, Page};
 use switchboard_core::policy::{Principal, Tenant};
-use switchboard_session::{Client, Session};
+use switchboard_session::{Client, Full, Quota, Session};
 use switchboard_upstream::empty_object;
 
 /// The list a `*/list` method asks for.
@@ -77,9 +77,6 @@ pub async fn open_session(
         Some(v) if v.is_streamable_http() || legacy_id.is_some() => v,
         _ => ProtocolVersion::LATEST,
     };
-    if app.sessions.len() >= app.config.server.max_sessions {
-        return Err(Error::TooManySessions(app.config.server.max_sessions));
-    }
     let capabilities: Arc<RawValue> = match params.capabilities {
         Some(c) if c.get().starts_with('{') => Arc::from(c.to_owned()),
         _ => Arc::from(empty_object()),
@@ -100,11 +97,25 @@ pub async fn open_session(
     if let Some(instructions) = &merged.instructions {
         result["instructions"] = Value::String(instructions.clone());
     }
-    let client = Client { tenant: who.tenant.name.clone(), version, capabilities };
-    let session = match legacy_id {
-        Some(legacy_id) => app.sessions.open_legacy(legacy_id, client),
-        None => app.sessions.open(client).await,
+    let client = Client { tenant: who.tenant.name.clone(), key: who.key_id.clone(), version, capabilities };
+    let limits = &who.tenant.limits;
+    let quota = Quota { router: app.config.server.max_sessions, tenant: limits.sessions, key: limits.key_sessions };
+    let opened = match legacy_id {
+        Some(legacy_id) => app.sessions.open_legacy(legacy_id, client, quota),
+        None => app.sessions.open(client, quota).await,
     };
+    let session = opened.map_err(|full| {
+        let err = match full {
+            Full::Router(max) => Error::TooManySessions(max),
+            Full::Tenant(max) => Error::SessionCap { limit: "sessions", max },
+            Full::Key(max) => Error::SessionCap { limit: "key_sessions", max },
+        };
+        if let Error::SessionCap { limit, .. } = &err {
+            app.metrics.limits.rate_limited(&who.tenant.name, limit);
+        }
+        app.metrics.rejected(err.label());
+        err
+    })?;
     let body = jsonrpc::result_response(id, &serde_json::to_vec(&result).expect("serializable"));
     Ok((session, body))
 }

@@ -223,3 +223,91 @@ async fn connections_are_capped_per_address_and_in_all_and_the_router_stays_heal
     assert!(router.metric("switchboard_connections_refused_total", &["per_address"]).await >= 1.0);
     assert!(router.metric("switchboard_connections_refused_total", &["max_connections"]).await >= 1.0);
 }
+
+/// `initialize` by a new client with `key` (none: keys off): the status,
+/// and the JSON-RPC answer.
+async fn open_session(router: &Router, key: Option<&str>) -> (StatusCode, Value) {
+    let client = match key {
+        Some(key) => Client::with_key(&router.url, key),
+        None => Client::new(&router.url),
+    };
+    let reply = client
+        .request("initialize", serde_json::json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}))
+        .await;
+    let answer = if reply.body.is_empty() { Value::Null } else { reply.json() };
+    (reply.status, answer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_session_flood_leaves_other_tenants_their_places() {
+    use switchboard_core::policy::Limits;
+    let dir = std::env::temp_dir().join(switchboard_test_support::services::unique("sb-sessions-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = format!("sqlite:{}", dir.join("switchboard.db").display());
+    let (_alpha, _beta, config, admin) = crate::tenancy::setup_with_admin(&db, "[server]\nmax_sessions = 9\n").await;
+    let mut flood = crate::tenancy::policy(&["alpha"]);
+    flood.limits = Limits { sessions: Some(4), key_sessions: Some(3), ..Limits::default() };
+    admin.create_tenant("flood", flood).await.unwrap();
+    admin.create_tenant("calm", crate::tenancy::policy(&["beta"])).await.unwrap();
+    let first = admin.create_key("flood", None).await.unwrap().key;
+    let second = admin.create_key("flood", None).await.unwrap().key;
+    let calm = admin.create_key("calm", None).await.unwrap().key;
+    let router = Router::start(&config).await;
+
+    // One key: three sessions, then its own cap.
+    for _ in 0..3 {
+        assert_eq!(open_session(&router, Some(&first)).await.0, StatusCode::OK);
+    }
+    let (status, answer) = open_session(&router, Some(&first)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");
+    assert_eq!(answer["error"]["code"], -32029);
+    assert_eq!(answer["error"]["data"], serde_json::json!({"limit": "key_sessions", "max": 3}));
+    // Another key of the tenant: one more, then the tenant's cap.
+    assert_eq!(open_session(&router, Some(&second)).await.0, StatusCode::OK);
+    let (status, answer) = open_session(&router, Some(&second)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");
+    assert_eq!(answer["error"]["data"], serde_json::json!({"limit": "sessions", "max": 4}));
+    // The other tenant still opens sessions, up to the router's own cap.
+    for _ in 0..5 {
+        assert_eq!(open_session(&router, Some(&calm)).await.0, StatusCode::OK);
+    }
+    let (status, answer) = open_session(&router, Some(&calm)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert_eq!(answer["error"]["data"], serde_json::json!({"limit": "max_sessions", "max": 9}));
+    assert_eq!(router.metric("switchboard_http_rejections_total", &["reason=\"too_many_sessions\""]).await, 3.0);
+    let limited = |limit: &'static str| {
+        let router = &router;
+        async move {
+            router.metric("switchboard_rate_limited_total", &["tenant=\"flood\"", &format!("limit=\"{limit}\"")]).await
+        }
+    };
+    assert_eq!(limited("key_sessions").await, 1.0);
+    assert_eq!(limited("sessions").await, 1.0);
+    assert_eq!(router.metric("switchboard_sessions", &[]).await, 9.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_session_frees_its_place_the_moment_it_expires() {
+    // Sessions idle for 4 s expire; the sweep runs once a second. Right
+    // after the sessions that fill the cap expire, a new one fits: the
+    // sweep need not have run. (Were expiry left to the sweep, a round
+    // would pass only if the sweep happened to run in the tenth of a
+    // second between expiry and the new session; two rounds.)
+    let web = MockServer::start(mock_named("web")).await;
+    let extra = "[server]\nmax_sessions = 20\nsession_idle_timeout = \"4s\"\n";
+    let router = Router::start(&format!("{extra}{}", http_upstream("web", &web.url, ""))).await;
+    for round in 0..2 {
+        // The cap fills (the second round's with the first round's last
+        // session still live).
+        let opened = futures_util::future::join_all((0..20).map(|_| open_session(&router, None))).await;
+        let ok = opened.iter().filter(|(status, _)| *status == StatusCode::OK).count();
+        assert_eq!(ok, 20 - round, "round {round}: {opened:?}");
+        let full = tokio::time::Instant::now();
+        assert_eq!(open_session(&router, None).await.0, StatusCode::SERVICE_UNAVAILABLE);
+        tokio::time::sleep_until(full + Duration::from_millis(4050)).await;
+        let (status, answer) = open_session(&router, None).await;
+        assert_eq!(status, StatusCode::OK, "round {round}: {answer}");
+        assert!(router.metric("switchboard_sessions", &[]).await <= 20.0);
+    }
+    assert_eq!(router.metric("switchboard_http_rejections_total", &["reason=\"too_many_sessions\""]).await, 3.0);
+}

@@ -63,6 +63,8 @@ pub struct Session {
     pub id: Arc<str>,
     /// The tenant whose key created it: only that tenant's keys may use it.
     pub tenant: Arc<str>,
+    /// The hash of the API key that opened it (empty without keys).
+    pub key: Arc<str>,
     /// The negotiated protocol version.
     pub version: ProtocolVersion,
     /// What the client declared in `initialize`.
@@ -149,7 +151,12 @@ impl Session {
     ) -> Option<Arc<Self>> {
         let version = ProtocolVersion::parse(&record.version)?;
         let capabilities: Arc<RawValue> = Arc::from(RawValue::from_string(record.capabilities.clone()).ok()?);
-        let client = Client { tenant: Arc::from(record.tenant.as_str()), version, capabilities };
+        let client = Client {
+            tenant: Arc::from(record.tenant.as_str()),
+            key: Arc::from(record.key.as_str()),
+            version,
+            capabilities,
+        };
         let session = Self::build(id, Kind::Stored, client, ctx, ctx.shared.clone());
         *session.known.lock().expect("lock") = known;
         Some(session)
@@ -163,7 +170,12 @@ impl Session {
         let capabilities =
             RawValue::from_string(r#"{"sampling":{},"elicitation":{"form":{},"url":{}},"roots":{}}"#.into())
                 .expect("valid JSON");
-        let client = Client { tenant, version: ProtocolVersion::LATEST, capabilities: Arc::from(capabilities) };
+        let client = Client {
+            tenant,
+            key: Arc::from(""),
+            version: ProtocolVersion::LATEST,
+            capabilities: Arc::from(capabilities),
+        };
         Self::build(Arc::from(id), Kind::Stored, client, ctx, ctx.shared.clone())
     }
 
@@ -179,7 +191,7 @@ impl Session {
         ctx: &Arc<Context>,
         shared: Option<Arc<SharedStreams>>,
     ) -> Arc<Self> {
-        let Client { tenant, version, capabilities } = client;
+        let Client { tenant, key, version, capabilities } = client;
         let now_ms = ctx.epoch.elapsed().as_millis() as u64;
         // Stream numbers are unique in the session across replicas: each
         // replica's copy counts from its own random start.
@@ -192,6 +204,7 @@ impl Session {
         };
         Arc::new_cyclic(|me| Session {
             tenant,
+            key,
             legacy: kind == Kind::Legacy,
             stored: kind == Kind::Stored,
             for_tenant: id.starts_with(TENANT_PREFIX),
@@ -234,6 +247,11 @@ impl Session {
         self.last_used.store(self.ctx.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
+    /// When the last request came (ms since the sessions' epoch).
+    pub(crate) fn last_used_ms(&self) -> u64 {
+        self.last_used.load(Ordering::Relaxed)
+    }
+
     /// How long since the last request.
     pub fn idle(&self) -> Duration {
         let now = self.ctx.epoch.elapsed().as_millis() as u64;
@@ -270,6 +288,7 @@ impl Session {
         Stored {
             record: Record {
                 tenant: self.tenant.to_string(),
+                key: self.key.to_string(),
                 version: self.version.as_str().to_owned(),
                 capabilities: self.capabilities.get().to_owned(),
             },
@@ -573,7 +592,12 @@ mod tests {
     use switchboard_upstream::empty_object;
 
     fn client() -> Client {
-        Client { tenant: Arc::from("t"), version: ProtocolVersion::LATEST, capabilities: Arc::from(empty_object()) }
+        Client {
+            tenant: Arc::from("t"),
+            key: Arc::from(""),
+            version: ProtocolVersion::LATEST,
+            capabilities: Arc::from(empty_object()),
+        }
     }
 
     fn session() -> Arc<Session> {
@@ -650,5 +674,44 @@ mod tests {
         assert_eq!(expired[0].id, old.id);
         assert_eq!(sessions.len(), 1);
         assert!(sessions.get(&old.id).is_none());
+    }
+
+    #[test]
+    fn registry_caps_sessions_by_tenant_and_key_and_expiry_frees_places_at_once() {
+        use crate::registry::{Full, Quota};
+        let sessions = Registry::default();
+        let ctx = context(0, Instant::now() - Duration::from_secs(120));
+        let of = |tenant: &str, key: &str| {
+            let client = Client {
+                tenant: Arc::from(tenant),
+                key: Arc::from(key),
+                version: ProtocolVersion::LATEST,
+                capabilities: Arc::from(empty_object()),
+            };
+            Session::private(&ctx, client)
+        };
+        let quota = Quota { router: 4, tenant: Some(2), key: Some(1) };
+        assert_eq!(sessions.insert_within(of("a", "k1"), quota), Ok(()));
+        assert_eq!(sessions.insert_within(of("a", "k1"), quota), Err(Full::Key(1)));
+        assert_eq!(sessions.insert_within(of("a", "k2"), quota), Ok(()));
+        assert_eq!(sessions.insert_within(of("a", "k3"), quota), Err(Full::Tenant(2)));
+        // Tenant a at its cap leaves tenant b its own places.
+        assert_eq!(sessions.insert_within(of("b", "k4"), quota), Ok(()));
+        assert_eq!(sessions.insert_within(of("b", "k5"), quota), Ok(()));
+        assert_eq!(sessions.insert_within(of("c", "k6"), quota), Err(Full::Router(4)));
+        assert_eq!(sessions.len(), 4);
+        assert_eq!(sessions.of_tenant("a"), 2);
+
+        // Nothing expired: nothing taken, and the next look is skipped
+        // until the earliest expiry.
+        let now_ms = ctx.epoch.elapsed().as_millis() as u64;
+        assert!(sessions.reclaim(Duration::from_secs(60), now_ms).is_empty());
+        // Sixty-one seconds on, every session unused since has expired.
+        let later = now_ms + 61_000;
+        let reclaimed = sessions.reclaim(Duration::from_secs(60), later);
+        assert_eq!(reclaimed.len(), 4);
+        assert_eq!(sessions.len(), 0);
+        assert_eq!(sessions.of_tenant("a"), 0);
+        assert_eq!(sessions.insert_within(of("a", "k1"), quota), Ok(()), "the key's place is free again");
     }
 }

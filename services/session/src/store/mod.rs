@@ -51,6 +51,10 @@ pub use redis::RedisStore;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     pub tenant: String,
+    /// The hash of the key that opened it (empty without keys; absent in
+    /// records written before it was kept).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub key: String,
     /// The negotiated protocol version.
     pub version: String,
     /// The client's capabilities, as JSON.
@@ -202,7 +206,12 @@ mod tests {
 
     pub(crate) fn sample(tenant: &str) -> Stored {
         Stored {
-            record: Record { tenant: tenant.into(), version: "2025-11-25".into(), capabilities: "{}".into() },
+            record: Record {
+                tenant: tenant.into(),
+                key: String::new(),
+                version: "2025-11-25".into(),
+                capabilities: "{}".into(),
+            },
             upstreams: BTreeMap::new(),
         }
     }

@@ -27,6 +27,7 @@ mod takeover;
 fn sample(tenant: &str) -> Stored {
     Stored {
         record: Record {
+            key: String::new(),
             tenant: tenant.into(),
             version: "2025-11-25".into(),
             capabilities: r#"{"sampling":{}}"#.into(),
