@@ -46,6 +46,11 @@ pub struct CatalogConfig {
     pub retry_after: Duration,
     /// At most this many pages are read from one upstream's list.
     pub max_upstream_pages: usize,
+    /// One upstream's list with more items than this is left out.
+    pub max_upstream_items: usize,
+    /// One upstream's list whose pages (as received) add up to more bytes
+    /// than this is left out; a page is measured before it is parsed.
+    pub max_upstream_bytes: usize,
 }
 
 /// One exposed item.
@@ -89,14 +94,16 @@ impl Listing {
     }
 
     /// Appends upstream `u`'s items, exposed by `expose`. Items whose exposed
-    /// name is already taken are left out; their names are returned.
+    /// name is already taken are left out; their names are returned, each
+    /// with the upstream whose item has it (`u` itself for a name the
+    /// upstream lists twice).
     pub fn extend(
         &mut self,
         u: UpstreamId,
         kind: ListKind,
         items: &[Map<String, Value>],
         expose: impl Fn(&str) -> String,
-    ) -> Vec<String> {
+    ) -> Vec<(String, UpstreamId)> {
         let key_field = match kind {
             ListKind::Tools | ListKind::Prompts => "name",
             ListKind::Resources => "uri",
@@ -107,8 +114,8 @@ impl Listing {
         for item in items {
             let Some(original) = item.get(key_field).and_then(Value::as_str) else { continue };
             let exposed = expose(original);
-            if self.index.contains_key(exposed.as_str()) {
-                collisions.push(exposed);
+            if let Some(&at) = self.index.get(exposed.as_str()) {
+                collisions.push((exposed, self.items[at].upstream));
                 continue;
             }
             let mut shown = item.clone();
@@ -213,7 +220,14 @@ pub struct Catalog {
     /// One opening of a control channel (or era probe) at a time per upstream.
     opening: Vec<tokio::sync::Mutex<()>>,
     snapshot: ArcSwap<Snapshot>,
-    refresh: tokio::sync::Mutex<()>,
+    /// Held while a snapshot is built and swapped in: the last one built
+    /// is built from the latest lists.
+    rebuilding: Mutex<()>,
+    /// Bumped whenever fetches settle: callers waiting for a list another
+    /// caller is fetching look again.
+    settled: tokio::sync::watch::Sender<u64>,
+    /// Names already reported as colliding (logged and counted once each).
+    reported: Mutex<std::collections::HashSet<(UpstreamId, ListKind, Box<str>)>>,
     generation: AtomicU64,
     scheme_prefixes: Vec<String>,
     scheme_index: HashMap<String, UpstreamId>,
@@ -242,7 +256,9 @@ impl Catalog {
             config,
             metrics,
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
-            refresh: tokio::sync::Mutex::new(()),
+            rebuilding: Mutex::new(()),
+            settled: tokio::sync::watch::Sender::new(0),
+            reported: Mutex::default(),
             generation: AtomicU64::new(0),
             scheme_prefixes,
             scheme_index,
@@ -260,31 +276,90 @@ impl Catalog {
     /// A snapshot in which the lists of `kinds` are fresh for every upstream
     /// that can currently answer; fetches what is missing or stale first.
     pub async fn ensure(&self, kinds: &[ListKind]) -> Arc<Snapshot> {
-        if self.wanted(kinds).is_empty() {
-            return self.snapshot.load_full();
+        self.ensure_for(kinds, |_| true).await
+    }
+
+    /// [`ensure`](Self::ensure) for the upstreams `which` picks (a tenant's):
+    /// fetches what is missing or stale among them, and waits for their
+    /// lists that other callers are fetching, never for other upstreams.
+    pub async fn ensure_for(&self, kinds: &[ListKind], which: impl Fn(UpstreamId) -> bool) -> Arc<Snapshot> {
+        let mut settled = self.settled.subscribe();
+        let (mine, theirs) = self.claim(kinds, &which);
+        if !mine.is_empty() {
+            self.fetch_claimed(mine).await;
         }
-        let _single_flight = self.refresh.lock().await;
-        let wanted = self.wanted(kinds);
-        if wanted.is_empty() {
-            return self.snapshot.load_full();
+        while theirs.iter().any(|&(u, kind)| self.states[u.index()].lock().expect("lock").lists[kind as usize].fetching)
+        {
+            if settled.changed().await.is_err() {
+                break;
+            }
         }
-        // Note what each list looked like as its fetch starts.
-        let started: Vec<u64> = wanted
-            .iter()
-            .map(|&(u, kind)| {
-                let mut state = self.states[u.index()].lock().expect("lock");
+        self.snapshot.load_full()
+    }
+
+    /// Of the lists of `kinds` of the upstreams `which` picks that need
+    /// fetching now: those this caller fetches (marked as being fetched,
+    /// with their change counts as the fetch starts), and those another
+    /// caller is fetching already.
+    #[allow(clippy::type_complexity)]
+    fn claim(
+        &self,
+        kinds: &[ListKind],
+        which: &impl Fn(UpstreamId) -> bool,
+    ) -> (Vec<(UpstreamId, ListKind, u64)>, Vec<(UpstreamId, ListKind)>) {
+        let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+        for (u, state) in self.upstreams.ids().zip(&self.states) {
+            if !which(u) {
+                continue;
+            }
+            let mut state = state.lock().expect("lock");
+            for &kind in kinds {
                 let list = &mut state.lists[kind as usize];
-                list.fetching = true;
-                list.changes
-            })
+                let backing_off = list.failed_at.is_some_and(|t| t.elapsed() < self.config.retry_after);
+                let expired = list.expires.is_some_and(|t| t <= Instant::now());
+                if list.fetching {
+                    theirs.push((u, kind));
+                } else if (!list.fresh || expired) && !backing_off {
+                    list.fetching = true;
+                    mine.push((u, kind, list.changes));
+                }
+            }
+        }
+        (mine, theirs)
+    }
+
+    /// Fetches the lists this caller claimed, concurrently; as each (or
+    /// each batch that completes together) comes, publishes a snapshot
+    /// built from it and marks it settled: a list waits for no other.
+    async fn fetch_claimed(&self, claimed: Vec<(UpstreamId, ListKind, u64)>) {
+        use futures_util::stream::{FuturesUnordered, StreamExt};
+        use futures_util::FutureExt;
+        // Should this caller go away mid-fetch, the lists are let go.
+        let mut guard = Claimed { catalog: self, lists: claimed.iter().map(|&(u, k, _)| (u, k)).collect() };
+        let mut pending: FuturesUnordered<_> = claimed
+            .into_iter()
+            .map(|(u, kind, changes)| async move { (u, kind, changes, self.fetch(u, kind).await) })
             .collect();
-        let fetches = wanted.iter().map(|&(u, kind)| async move { (u, kind, self.fetch(u, kind).await) });
+        while let Some(first) = pending.next().await {
+            let mut batch = vec![first];
+            while let Some(Some(more)) = pending.next().now_or_never() {
+                batch.push(more);
+            }
+            self.settle(batch);
+            guard.lists.retain(|&(u, kind)| self.states[u.index()].lock().expect("lock").lists[kind as usize].fetching);
+        }
+    }
+
+    /// Takes fetched lists in: first the items, then the snapshot, and
+    /// only then the flags that let callers go on without waiting (a caller
+    /// that sees a list fresh, or failed, must find the snapshot already
+    /// built from it); then tells waiters, and clients of lists whose
+    /// membership changed.
+    #[allow(clippy::type_complexity)]
+    fn settle(&self, batch: Vec<(UpstreamId, ListKind, u64, Result<Vec<Map<String, Value>>, FetchError>)>) {
         let mut membership_changed = Vec::new();
-        let mut settled = Vec::with_capacity(wanted.len());
-        // First the items, then the snapshot, and only then the flags that
-        // let `ensure` return without waiting: a caller that sees a list
-        // fresh (or failed) must find the snapshot already built from it.
-        for ((u, kind, result), changes) in futures_util::future::join_all(fetches).await.into_iter().zip(started) {
+        let mut settled = Vec::with_capacity(batch.len());
+        for (u, kind, changes, result) in batch {
             let upstream = &self.upstreams[u];
             self.metrics.refreshed(&upstream.name, kind);
             let mut state = self.states[u.index()].lock().expect("lock");
@@ -306,7 +381,11 @@ impl Catalog {
                     list.items = None;
                     settled.push((u, kind, changes, false));
                     self.metrics.failed(&upstream.name, kind);
-                    self.upstreams.metrics().set_up(&upstream.name, false);
+                    if let FetchError::TooLarge(_) = e {
+                        self.metrics.oversized(&upstream.name, kind);
+                    } else {
+                        self.upstreams.metrics().set_up(&upstream.name, false);
+                    }
                     tracing::warn!(upstream = %upstream.name, list = kind.label(), error = %e,
                         "upstream left out of the catalog");
                 }
@@ -321,11 +400,12 @@ impl Catalog {
             list.fresh = ok && list.changes == changes;
             list.failed_at = if ok { None } else { Some(Instant::now()) };
         }
+        self.settled.send_modify(|n| *n += 1);
+        membership_changed.sort_by_key(|k| *k as usize);
         membership_changed.dedup();
         for kind in membership_changed {
             (self.announce)(kind);
         }
-        self.snapshot.load_full()
     }
 
     /// Marks `kind` of upstream `u` stale. Returns whether it was fresh (or
@@ -344,23 +424,6 @@ impl Catalog {
             list.changes += 1;
         }
         was_fresh
-    }
-
-    /// `(upstream, list)` pairs that need fetching now.
-    fn wanted(&self, kinds: &[ListKind]) -> Vec<(UpstreamId, ListKind)> {
-        let mut wanted = Vec::new();
-        for (u, state) in self.upstreams.ids().zip(&self.states) {
-            let state = state.lock().expect("lock");
-            for &kind in kinds {
-                let list = &state.lists[kind as usize];
-                let backing_off = list.failed_at.is_some_and(|t| t.elapsed() < self.config.retry_after);
-                let expired = list.expires.is_some_and(|t| t <= Instant::now());
-                if (!list.fresh || expired) && !backing_off {
-                    wanted.push((u, kind));
-                }
-            }
-        }
-        wanted
     }
 
     /// The control channel of upstream `u`, opened if needed.
@@ -538,7 +601,8 @@ impl Catalog {
         u: UpstreamId,
         kind: ListKind,
         cursor: Option<&str>,
-    ) -> Result<(Value, Option<u64>), String> {
+        budget: &mut Budget,
+    ) -> Result<(Value, Option<u64>), FetchError> {
         let params = match cursor {
             Some(c) => {
                 format!(r#"{{"cursor":{},"_meta":{}}}"#, Value::String(c.to_owned()), switchboard_upstream::ROUTER_META)
@@ -547,29 +611,32 @@ impl Catalog {
         };
         let body = jsonrpc::request(Some(b"\"switchboard-list\""), kind.method(), Some(params.as_bytes()));
         let method = switchboard_protocol::Method::from_name(kind.method());
-        let answer =
-            self.upstreams[u].transport.modern(body, method, Vec::new(), "").await.map_err(|e| e.to_string())?;
+        let answer = self.upstreams[u].transport.modern(body, method, Vec::new(), "").await?;
         let message = match answer.reply {
             switchboard_upstream::Reply::Done(message) => message,
-            reply => collect_response(reply, "\"switchboard-list\"").await.map_err(|e| e.to_string())?,
+            reply => collect_response(reply, "\"switchboard-list\"").await?,
         };
+        budget.take_bytes(message.len(), kind)?;
         let result = result_of(&message, kind)?;
         let ttl = result.get("ttlMs").and_then(Value::as_u64);
         Ok((result, ttl))
     }
 
-    /// Fetches every page of one list of one upstream, within its deadline.
-    async fn fetch(&self, u: UpstreamId, kind: ListKind) -> Result<Vec<Map<String, Value>>, String> {
+    /// Fetches every page of one list of one upstream, within its deadline
+    /// and the bounds on one upstream's list.
+    async fn fetch(&self, u: UpstreamId, kind: ListKind) -> Result<Vec<Map<String, Value>>, FetchError> {
         let upstream = &self.upstreams[u];
         let deadline = upstream.config.list_timeout;
+        let late = || FetchError::Failed(format!("no complete answer within {deadline:?} (list_timeout)"));
+        let max_bytes = self.config.max_upstream_bytes;
+        let mut budget = Budget { items: self.config.max_upstream_items, bytes: max_bytes, max_bytes };
         if self.era(u).await {
-            return match tokio::time::timeout(deadline, self.fetch_modern(u, kind)).await {
-                Ok(result) => result,
-                Err(_) => Err(format!("no complete answer within {deadline:?} (list_timeout)")),
-            };
+            return tokio::time::timeout(deadline, self.fetch_modern(u, kind, &mut budget))
+                .await
+                .unwrap_or_else(|_| Err(late()));
         }
         let work = async {
-            let channel = self.control(u).await.map_err(|e| e.to_string())?;
+            let channel = self.control(u).await?;
             let handshake = channel.handshake();
             self.states[u.index()].lock().expect("lock").handshake = Some(handshake.clone());
             if !handshake.has(kind.capability()) {
@@ -583,10 +650,13 @@ impl Catalog {
                     None => b"{}".to_vec(),
                 };
                 let (out, id) = Outgoing::own(kind.method(), &params, &format!("{}-{page}", kind.label()));
-                let reply = channel.request(out).await.map_err(|e| e.to_string())?;
-                let message = collect_response(reply, &id).await.map_err(|e| e.to_string())?;
+                let reply = channel.request(out).await?;
+                let message = collect_response(reply, &id).await?;
+                budget.take_bytes(message.len(), kind)?;
                 let mut result = result_of(&message, kind)?;
+                drop(message);
                 cursor = take_page(&mut result, kind, &mut items);
+                budget.check_items(items.len(), kind)?;
                 if cursor.is_none() {
                     break;
                 }
@@ -597,15 +667,17 @@ impl Catalog {
             }
             Ok(items)
         };
-        match tokio::time::timeout(deadline, work).await {
-            Ok(result) => result,
-            Err(_) => Err(format!("no complete answer within {deadline:?} (list_timeout)")),
-        }
+        tokio::time::timeout(deadline, work).await.unwrap_or_else(|_| Err(late()))
     }
 
     /// [`fetch`](Self::fetch) from a stateless upstream: every page, and the
     /// list's expiry from the smallest `ttlMs` of its pages.
-    async fn fetch_modern(&self, u: UpstreamId, kind: ListKind) -> Result<Vec<Map<String, Value>>, String> {
+    async fn fetch_modern(
+        &self,
+        u: UpstreamId,
+        kind: ListKind,
+        budget: &mut Budget,
+    ) -> Result<Vec<Map<String, Value>>, FetchError> {
         let handshake = self.handshake(u).unwrap_or_default();
         if !handshake.has(kind.capability()) {
             return Ok(Vec::new());
@@ -614,12 +686,13 @@ impl Catalog {
         let mut cursor: Option<String> = None;
         let mut ttl: Option<u64> = None;
         for _ in 0..self.config.max_upstream_pages {
-            let (mut result, page_ttl) = self.modern_page(u, kind, cursor.as_deref()).await?;
+            let (mut result, page_ttl) = self.modern_page(u, kind, cursor.as_deref(), budget).await?;
             ttl = match (ttl, page_ttl) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
             cursor = take_page(&mut result, kind, &mut items);
+            budget.check_items(items.len(), kind)?;
             if cursor.is_none() {
                 break;
             }
@@ -631,6 +704,7 @@ impl Catalog {
 
     /// Builds and publishes a new snapshot from the cached lists.
     fn rebuild(&self) {
+        let _one_at_a_time = self.rebuilding.lock().expect("lock");
         let mut lists: [Listing; 4] = Default::default();
         let mut merged = Merged::default();
         let mut instructions = Vec::new();
@@ -666,10 +740,8 @@ impl Catalog {
                         naming::expose_uri(&self.scheme_prefixes[u.index()], original)
                     }
                 };
-                for exposed in lists[kind as usize].extend(u, kind, items, expose) {
-                    tracing::error!(upstream = %upstream.name, list = kind.label(), name = %exposed,
-                        "name collision: another upstream already exposes this name; this one is left out");
-                    self.metrics.collision(kind);
+                for (exposed, holder) in lists[kind as usize].extend(u, kind, items, expose) {
+                    self.report_collision(u, kind, exposed, holder);
                 }
             }
         }
@@ -681,6 +753,35 @@ impl Catalog {
         }
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         self.snapshot.store(Arc::new(Snapshot { generation, lists, merged }));
+    }
+
+    /// Logs and counts a name left out of a list because it was taken,
+    /// once per name (not at every rebuild): by another upstream, a
+    /// configuration matter; by the same upstream, which lists it twice.
+    fn report_collision(&self, u: UpstreamId, kind: ListKind, exposed: String, holder: UpstreamId) {
+        /// Beyond this many names reported, the rest are counted and
+        /// logged again at every rebuild rather than remembered.
+        const REMEMBERED: usize = 10_000;
+        {
+            let mut reported = self.reported.lock().expect("lock");
+            let key = (u, kind, exposed.clone().into_boxed_str());
+            if reported.contains(&key) {
+                return;
+            }
+            if reported.len() < REMEMBERED {
+                reported.insert(key);
+            }
+        }
+        let upstream = &self.upstreams[u];
+        self.metrics.collision(kind);
+        if holder == u {
+            tracing::warn!(upstream = %upstream.name, list = kind.label(), name = %exposed,
+                "the upstream lists this name more than once; the first is kept");
+        } else {
+            tracing::error!(upstream = %upstream.name, list = kind.label(), name = %exposed,
+                other = %self.upstreams[holder].name,
+                "name collision: another upstream already exposes this name; this one is left out");
+        }
     }
 
     /// Which upstream serves `uri` (an exposed URI), and the upstream's own URI.
@@ -778,4 +879,85 @@ fn take_page(result: &mut Value, kind: ListKind, items: &mut Vec<Map<String, Val
         }));
     }
     result.get("nextCursor").and_then(Value::as_str).map(str::to_owned)
+}
+
+/// Why an upstream's list could not be had.
+#[derive(Debug)]
+enum FetchError {
+    /// The upstream failed, answered badly or too late.
+    Failed(String),
+    /// Its list is larger than the bounds on one upstream's list.
+    TooLarge(String),
+}
+
+impl std::fmt::Display for FetchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FetchError::Failed(why) | FetchError::TooLarge(why) => f.write_str(why),
+        }
+    }
+}
+
+impl From<UpstreamError> for FetchError {
+    fn from(e: UpstreamError) -> Self {
+        FetchError::Failed(e.to_string())
+    }
+}
+
+impl From<String> for FetchError {
+    fn from(why: String) -> Self {
+        FetchError::Failed(why)
+    }
+}
+
+/// What is left of the bounds on one upstream's list as its pages come.
+struct Budget {
+    items: usize,
+    bytes: usize,
+    max_bytes: usize,
+}
+
+impl Budget {
+    /// Counts a page of `len` bytes, before it is parsed.
+    fn take_bytes(&mut self, len: usize, kind: ListKind) -> Result<(), FetchError> {
+        self.bytes = self.bytes.checked_sub(len).ok_or_else(|| {
+            FetchError::TooLarge(format!(
+                "its {} list is larger than catalog.max_upstream_bytes ({} bytes); left out until it shrinks",
+                kind.label(),
+                self.max_bytes
+            ))
+        })?;
+        Ok(())
+    }
+
+    /// Checks the items received so far.
+    fn check_items(&self, count: usize, kind: ListKind) -> Result<(), FetchError> {
+        if count > self.items {
+            return Err(FetchError::TooLarge(format!(
+                "its {} list has more than catalog.max_upstream_items ({}) items; left out until it shrinks",
+                kind.label(),
+                self.items
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Lists a caller claimed to fetch: let go (no longer being fetched, and
+/// waiters told) if the caller goes away before it settles them.
+struct Claimed<'a> {
+    catalog: &'a Catalog,
+    lists: Vec<(UpstreamId, ListKind)>,
+}
+
+impl Drop for Claimed<'_> {
+    fn drop(&mut self) {
+        if self.lists.is_empty() {
+            return;
+        }
+        for &(u, kind) in &self.lists {
+            self.catalog.states[u.index()].lock().expect("lock").lists[kind as usize].fetching = false;
+        }
+        self.catalog.settled.send_modify(|n| *n += 1);
+    }
 }

@@ -8,6 +8,7 @@ pub struct Metrics {
     failures: IntCounterVec,
     collisions: IntCounterVec,
     refreshes: IntCounterVec,
+    oversized: IntCounterVec,
 }
 
 impl Metrics {
@@ -22,7 +23,7 @@ impl Metrics {
             collisions: counter_vec(
                 registry,
                 "switchboard_catalog_collisions_total",
-                "Items dropped from a list because another upstream's item has the same exposed name.",
+                "Names left out of a list because another item has the same exposed name (another upstream's, or the same upstream listing it twice); once per name.",
                 &["list"],
             ),
             refreshes: counter_vec(
@@ -31,7 +32,18 @@ impl Metrics {
                 "Lists fetched from upstreams (cache misses).",
                 &["upstream", "list"],
             ),
+            oversized: counter_vec(
+                registry,
+                "switchboard_catalog_oversized_total",
+                "Times an upstream's list was left out for exceeding catalog.max_upstream_items or catalog.max_upstream_bytes.",
+                &["upstream", "list"],
+            ),
         }
+    }
+
+    /// An upstream's list was left out for its size.
+    pub fn oversized(&self, upstream: &str, list: ListKind) {
+        self.oversized.with_label_values(&[upstream, list.label()]).inc();
     }
 
     /// An upstream's list was left out: it failed or was too slow.

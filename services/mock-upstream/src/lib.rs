@@ -84,6 +84,11 @@ impl Mock {
         self.server.stats.calls.load(Ordering::Relaxed)
     }
 
+    /// How many `tools/list` requests this server has received.
+    pub fn list_count(&self) -> u64 {
+        self.server.stats.tool_lists.load(Ordering::Relaxed)
+    }
+
     /// The names of the tools added at run time (`add_tool`) that were
     /// called, in order, as the caller wrote them.
     pub fn called_tools(&self) -> Vec<String> {

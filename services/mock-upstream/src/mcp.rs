@@ -30,6 +30,8 @@ pub(crate) use crate::session::{Reply, Session, SUPPORTED_VERSIONS};
 pub(crate) struct Stats {
     pub initialize: AtomicU64,
     pub calls: AtomicU64,
+    /// `tools/list` requests received.
+    pub tool_lists: AtomicU64,
     pub deleted: AtomicU64,
     /// The `requestId`s of `notifications/cancelled` received, as written.
     pub cancelled: Mutex<Vec<String>>,
@@ -244,6 +246,7 @@ impl Server {
             }
             "ping" | "logging/setLevel" => ok(b"{}"),
             "tools/list" => {
+                self.stats.tool_lists.fetch_add(1, Ordering::Relaxed);
                 if !self.opts.list_delay.is_zero() {
                     tokio::time::sleep(self.opts.list_delay).await;
                 }
@@ -391,7 +394,7 @@ impl Server {
     }
 
     fn tools_list(&self, params: &str) -> Bytes {
-        if self.opts.page_size == 0 {
+        if self.opts.page_size == 0 && self.opts.tool_padding == 0 {
             if let Some(cached) = self.tools_page.lock().expect("lock").clone() {
                 return cached;
             }
@@ -411,9 +414,27 @@ impl Server {
         for name in self.dynamic_tools.lock().expect("lock").iter() {
             tools.push(json!({"name": name, "description": "Added at run time; like echo.", "inputSchema": {"type": "object"}}));
         }
+        if self.opts.duplicate_tool {
+            tools.push(json!({"name": "echo", "description": "Listed twice.", "inputSchema": {"type": "object"}}));
+        }
+        // Padded descriptions are made for the page asked for only.
+        let pad = |page: &[Value]| -> Vec<Value> {
+            let padding = "x".repeat(self.opts.tool_padding);
+            page.iter()
+                .cloned()
+                .map(|mut tool| {
+                    if self.opts.tool_padding > 0 && tool["name"].as_str().is_some_and(|n| n.starts_with("tool_")) {
+                        tool["description"] = Value::String(padding.clone());
+                    }
+                    tool
+                })
+                .collect()
+        };
         if self.opts.page_size == 0 {
-            let bytes = Bytes::from(serde_json::to_vec(&json!({"tools": tools})).expect("serializable"));
-            *self.tools_page.lock().expect("lock") = Some(bytes.clone());
+            let bytes = Bytes::from(serde_json::to_vec(&json!({"tools": pad(&tools)})).expect("serializable"));
+            if self.opts.tool_padding == 0 {
+                *self.tools_page.lock().expect("lock") = Some(bytes.clone());
+            }
             return bytes;
         }
         let cursor: usize = serde_json::from_str::<Value>(params)
@@ -421,7 +442,7 @@ impl Server {
             .and_then(|p| p["cursor"].as_str().and_then(|c| c.parse().ok()))
             .unwrap_or(0);
         let end = (cursor + self.opts.page_size).min(tools.len());
-        let page = &tools[cursor.min(end)..end];
+        let page = pad(&tools[cursor.min(end)..end]);
         let mut result = json!({"tools": page});
         if end < tools.len() {
             result["nextCursor"] = json!(end.to_string());

@@ -19,6 +19,11 @@ pub struct Options {
     pub unknown_session_status: u16,
     /// Split `tools/list` into pages of this many tools (0: one page).
     pub page_size: usize,
+    /// The description of each extra tool is this many bytes long (a
+    /// hostile catalog); 0 for a short one.
+    pub tool_padding: usize,
+    /// `tools/list` names `echo` twice (a careless server).
+    pub duplicate_tool: bool,
     /// Offer the `exit` tool, which ends the process (restart tests).
     pub allow_exit: bool,
     /// Wait this long before answering `tools/list` (a slow upstream).
@@ -91,6 +96,8 @@ impl Default for Options {
             always_sse: false,
             unknown_session_status: 404,
             page_size: 0,
+            tool_padding: 0,
+            duplicate_tool: false,
             allow_exit: false,
             list_delay: Duration::ZERO,
             conformance: false,

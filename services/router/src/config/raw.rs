@@ -150,6 +150,8 @@ pub struct RawCatalog {
     pub page_size: Option<u64>,
     pub retry_after: Option<RawDuration>,
     pub max_upstream_pages: Option<u64>,
+    pub max_upstream_items: Option<u64>,
+    pub max_upstream_bytes: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -305,6 +307,8 @@ impl RawConfig {
             page_size: c.page_size.unwrap_or(0) as usize,
             retry_after: duration!(c.retry_after, "catalog.retry_after", Duration::from_secs(5)),
             max_upstream_pages: c.max_upstream_pages.unwrap_or(100).max(1) as usize,
+            max_upstream_items: c.max_upstream_items.unwrap_or(10_000).max(1) as usize,
+            max_upstream_bytes: c.max_upstream_bytes.unwrap_or(8 << 20).max(1024) as usize,
         };
 
         // [log]

@@ -85,7 +85,7 @@ pub async fn open_session(
     // wait for it once so the capabilities we declare are complete.
     let snapshot = match app.catalog.current() {
         s if s.generation > 0 => s,
-        _ => app.catalog.ensure(&[ListKind::Tools]).await,
+        _ => app.catalog.ensure_for(&[ListKind::Tools], |u| who.tenant.sees_upstream(u)).await,
     };
     let merged = &snapshot.merged;
     let caps = server_capabilities(merged);
@@ -159,7 +159,7 @@ pub async fn list(
         }
         None => ListParams::default(),
     };
-    app.catalog.ensure(&[kind]).await;
+    app.catalog.ensure_for(&[kind], |u| tenant.sees_upstream(u)).await;
     let mut page = Page::new(params.cursor.as_deref(), app.config.catalog.page_size)?;
     if kind == ListKind::Tools {
         for source in app.tools.iter() {

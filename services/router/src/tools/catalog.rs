@@ -41,7 +41,7 @@ impl CatalogTools {
         if let Some(found) = found(&self.catalog.current()) {
             return found;
         }
-        if let Some(found) = found(&*self.catalog.ensure(&[kind]).await) {
+        if let Some(found) = found(&*self.catalog.ensure_for(&[kind], |u| tenant.sees_upstream(u)).await) {
             return found;
         }
         Err(self.left_out(tenant, kind, name).unwrap_or_else(unknown))
@@ -73,8 +73,8 @@ impl ToolSource for CatalogTools {
         }
     }
 
-    async fn refresh(&self) {
-        self.catalog.ensure(&[ListKind::Tools]).await;
+    async fn refresh(&self, tenant: &Tenant) {
+        self.catalog.ensure_for(&[ListKind::Tools], |u| tenant.sees_upstream(u)).await;
     }
 
     fn why_missing(&self, tenant: &Tenant, name: &str) -> Option<Error> {

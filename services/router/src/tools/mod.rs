@@ -60,7 +60,7 @@ pub trait ToolSource: Send + Sync {
     fn resolve(&self, tenant: &Tenant, name: &str, params: &RawValue) -> Lookup;
 
     /// Brings what the source knows up to date, when no source knew a name.
-    async fn refresh(&self) {}
+    async fn refresh(&self, _tenant: &Tenant) {}
 
     /// Why `name` is still unknown after a refresh, if the source can say
     /// better than "unknown tool" (its upstream is left out, failing).
@@ -86,7 +86,7 @@ pub async fn resolve(
     for refreshed in [false, true] {
         if refreshed {
             for source in sources {
-                source.refresh().await;
+                source.refresh(tenant).await;
             }
         }
         for source in sources {

@@ -311,3 +311,133 @@ async fn an_expired_session_frees_its_place_the_moment_it_expires() {
     }
     assert_eq!(router.metric("switchboard_http_rejections_total", &["reason=\"too_many_sessions\""]).await, 3.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_lists_never_wait_on_upstreams_it_does_not_subscribe_to() {
+    // `slow` trickles its lists (3 s each time it is asked, and it is asked
+    // again after every change); tenant `quick` does not see it.
+    let slow = MockServer::start(MockOptions { list_delay: Duration::from_secs(3), ..mock_named("slow") }).await;
+    let dir = std::env::temp_dir().join(switchboard_test_support::services::unique("sb-lists-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = format!("sqlite:{}", dir.join("switchboard.db").display());
+    let (alpha, _beta, config, admin) =
+        crate::tenancy::setup_with_admin(&db, &http_upstream("slow", &slow.url, "list_timeout = \"10s\"")).await;
+    admin.create_tenant("quick", crate::tenancy::policy(&["alpha"])).await.unwrap();
+    admin.create_tenant("patient", crate::tenancy::policy(&["alpha", "slow"])).await.unwrap();
+    let quick = admin.create_key("quick", None).await.unwrap().key;
+    let patient = admin.create_key("patient", None).await.unwrap().key;
+    let router = Router::start(&config).await;
+
+    // At start the catalog warm-up is fetching every upstream, `slow` too:
+    // `quick` opens its session and lists at once all the same.
+    let mut q = Client::with_key(&router.url, &quick);
+    let mut p = Client::with_key(&router.url, &patient);
+    let waiting = tokio::spawn(async move {
+        p.initialize().await;
+        p.tool_names().await
+    });
+    q.initialize().await;
+    let names = q.tool_names().await;
+    assert!(names.contains(&"alpha__echo".to_owned()), "{names:?}");
+    assert!(!waiting.is_finished(), "the tenant that sees `slow` is still waiting for its list");
+    let names = waiting.await.unwrap();
+    assert!(names.contains(&"slow__echo".to_owned()) && names.contains(&"alpha__echo".to_owned()), "{names:?}");
+
+    // `slow`'s tools change: its next list takes 3 s again, and only its
+    // tenants wait for it.
+    let lists = slow.mock.list_count();
+    let mut p = Client::with_key(&router.url, &patient);
+    p.initialize().await;
+    p.call_tool("slow__add_tool", serde_json::json!({"name": "fresh"})).await;
+    let waiting = tokio::spawn(async move { p.tool_names().await });
+    assert!(
+        eventually(Duration::from_secs(5), || async { slow.mock.list_count() > lists }).await,
+        "the patient tenant's list asks `slow` again"
+    );
+    let names = q.tool_names().await;
+    assert!(names.contains(&"alpha__echo".to_owned()), "{names:?}");
+    assert!(!waiting.is_finished(), "the tenant that sees `slow` is still waiting for its list");
+    assert!(waiting.await.unwrap().contains(&"slow__fresh".to_owned()));
+    let _ = alpha;
+}
+
+/// A router process with `config` (TOML; no keys, no database, logs at
+/// `warn` and the listening line), and its port.
+async fn router_process(config: &str) -> (switchboard_test_support::peers::Process, u16) {
+    let dir = std::env::temp_dir().join(switchboard_test_support::services::unique("sb-hostile-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("router.toml");
+    let text = format!(
+        "[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n[log]\nlevel = \"warn,switchboard_router::server=info\"\n{config}"
+    );
+    std::fs::write(&file, text).unwrap();
+    let (process, addr) = switchboard_test_support::peers::Process::spawn_announced(
+        &switchboard_test_support::router_binary(),
+        &["serve", "--config", file.to_str().unwrap(), "--listen", "127.0.0.1:0"],
+        &[],
+        "switchboard listening on",
+    )
+    .await;
+    (process, addr.port())
+}
+
+/// The most resident memory a process has had, from `/proc`, in MiB.
+fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc");
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+    line.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()).expect("a number") / 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_catalog_is_left_out_and_the_routers_memory_stays_bounded() {
+    // 40 pages of 5 MB (200 MB in all); one page of 60 MB; 50 small tools
+    // against a bound of 40 items; and a careless server naming a tool twice.
+    let pages =
+        MockServer::start(MockOptions { extra_tools: 40, page_size: 1, tool_padding: 5 << 20, ..mock_named("pages") })
+            .await;
+    let page = MockServer::start(MockOptions { extra_tools: 60, tool_padding: 1 << 20, ..mock_named("page") }).await;
+    let many = MockServer::start(MockOptions { extra_tools: 50, ..mock_named("many") }).await;
+    let twice = MockServer::start(MockOptions { duplicate_tool: true, ..mock_named("twice") }).await;
+    let config = format!(
+        "[catalog]\nmax_upstream_items = 40\n{}{}{}{}",
+        http_upstream("pages", &pages.url, "list_timeout = \"60s\""),
+        http_upstream("page", &page.url, "list_timeout = \"60s\""),
+        http_upstream("many", &many.url, ""),
+        http_upstream("twice", &twice.url, ""),
+    );
+    let (process, port) = router_process(&config).await;
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let mut client = Client::new(&url);
+    client.initialize().await;
+    let names = client.tool_names().await;
+    assert!(names.contains(&"twice__echo".to_owned()), "{names:?}");
+    assert_eq!(names.iter().filter(|n| *n == "twice__echo").count(), 1, "the first of the two is kept");
+    for left_out in ["pages__", "page__", "many__"] {
+        assert!(!names.iter().any(|n| n.starts_with(left_out)), "{left_out} is left out: {names:?}");
+    }
+    let router = format!("http://127.0.0.1:{port}/metrics");
+    let metrics = switchboard_test_support::get_text(&router).await;
+    for upstream in ["pages", "page", "many"] {
+        let sample = format!("switchboard_catalog_oversized_total{{list=\"tools\",upstream=\"{upstream}\"}}");
+        assert!(metrics.lines().any(|l| l.starts_with(&sample)), "{sample} counted");
+    }
+    // Listing again (the twice-listed name seen at every rebuild) logs the
+    // duplicate once, as a warning.
+    client.call_tool("twice__add_tool", serde_json::json!({"name": "later"})).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            client.tool_names().await.contains(&"twice__later".to_owned())
+        })
+        .await
+    );
+    let peak = peak_rss_mib(process.child.id().expect("running"));
+    // Without the bounds it peaks near 1 GiB here; with them near 90 MiB.
+    assert!(peak < 300, "the router held {peak} MiB at its peak");
+    let output = process.output();
+    let said = |text: &str| output.iter().filter(|l| l.contains(text)).count();
+    assert_eq!(said("lists this name more than once"), 1, "{output:#?}");
+    assert_eq!(said("name collision"), 0, "{output:#?}");
+    assert!(said("catalog.max_upstream_bytes") >= 2, "{output:#?}");
+    assert!(said("catalog.max_upstream_items (40)") >= 1, "{output:#?}");
+    eprintln!("router peak RSS: {peak} MiB");
+}

@@ -214,7 +214,7 @@ pub async fn post(mut x: Exchange, headers: &HeaderMap, env: &Envelope<'_>, body
         Method::ToolsList | Method::PromptsList | Method::ResourcesList | Method::ResourcesTemplatesList => {
             let kind = lists::kind_of(method);
             // Fetched first, so that the cache hint counts from this fetch.
-            app.catalog.ensure(&[kind]).await;
+            app.catalog.ensure_for(&[kind], |u| who.tenant.sees_upstream(u)).await;
             let tail = result_tail(&app, &who, true);
             let result = lists::list(&app, &who.tenant, kind, id, env.params, &tail).await;
             x.answer(id, result)
@@ -263,7 +263,7 @@ fn result_tail(app: &App, who: &Principal, cache: bool) -> Vec<u8> {
 async fn discover(app: &Arc<App>, who: &Principal, id: &RawValue) -> Result<Response<Body>, Error> {
     let snapshot = match app.catalog.current() {
         s if s.generation > 0 => s,
-        _ => app.catalog.ensure(&[ListKind::Tools]).await,
+        _ => app.catalog.ensure_for(&[ListKind::Tools], |u| who.tenant.sees_upstream(u)).await,
     };
     let mut result = json!({
         "supportedVersions": switchboard_protocol::version::supported(),
