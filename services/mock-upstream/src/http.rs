@@ -160,7 +160,7 @@ fn looks_like_initialize(body: &[u8]) -> bool {
 }
 
 fn get(server: Arc<Server>, session_id: Option<String>, last_event_id: Option<String>) -> Response<Body> {
-    if server.opts.stateless {
+    if server.opts.stateless || server.refuse_get.load(std::sync::atomic::Ordering::Relaxed) {
         return plain(StatusCode::METHOD_NOT_ALLOWED, "this server has no GET stream");
     }
     let Some(session) = session_id.as_deref().and_then(|id| server.session(id)) else {

@@ -74,6 +74,12 @@ impl Mock {
         self.server.forget_sessions();
     }
 
+    /// Answers GET with 405 (no GET stream) from now on, or no longer (a
+    /// server redeployed with or without one).
+    pub fn refuse_get(&self, refuse: bool) {
+        self.server.refuse_get.store(refuse, Ordering::Relaxed);
+    }
+
     /// How many `initialize` requests this server has answered.
     pub fn initialize_count(&self) -> u64 {
         self.server.stats.initialize.load(Ordering::Relaxed)

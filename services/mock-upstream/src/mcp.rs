@@ -51,6 +51,8 @@ pub(crate) struct Server {
     shared: Arc<Session>,
     dynamic_tools: Mutex<Vec<String>>,
     tools_page: Mutex<Option<Bytes>>,
+    /// GET answers 405 (no GET stream), for now ([`crate::Mock::refuse_get`]).
+    pub(crate) refuse_get: std::sync::atomic::AtomicBool,
     /// The open `subscriptions/listen` streams (2026-07-28).
     pub(crate) listeners: Listeners,
 }
@@ -123,6 +125,7 @@ impl Server {
             shared: Session::new(String::new()),
             dynamic_tools: Mutex::new(Vec::new()),
             tools_page: Mutex::new(None),
+            refuse_get: std::sync::atomic::AtomicBool::new(false),
             listeners: Listeners::default(),
         }
     }
@@ -414,6 +417,9 @@ impl Server {
         for name in self.dynamic_tools.lock().expect("lock").iter() {
             tools.push(json!({"name": name, "description": "Added at run time; like echo.", "inputSchema": {"type": "object"}}));
         }
+        if self.opts.burst_tool {
+            tools.push(json!({"name": "burst", "description": "Sends `count` requests of `method` to the client at once and tells how each was answered.", "inputSchema": {"type": "object", "properties": {"count": {"type": "integer"}, "method": {"type": "string"}}}}));
+        }
         if self.opts.duplicate_tool {
             tools.push(json!({"name": "echo", "description": "Listed twice.", "inputSchema": {"type": "object"}}));
         }
@@ -541,7 +547,9 @@ impl Server {
                 let code = args["code"].as_i64().unwrap_or(0) as i32;
                 std::process::exit(code)
             }
-            "progress" | "log" | "sample" | "elicit" | "roots" | "ask_and_cancel" => {
+            "progress" | "log" | "sample" | "elicit" | "roots" | "ask_and_cancel" | "burst"
+                if &*call.name != "burst" || self.opts.burst_tool =>
+            {
                 let (tx, rx) = mpsc::unbounded_channel();
                 let token = call.meta.and_then(|m| m.progress_token).map(|t| t.get().to_owned());
                 let id = id.to_owned();
@@ -643,6 +651,36 @@ impl Server {
             "roots" => {
                 let answer = session.ask(out, "roots/list", json!({})).await?;
                 Ok(text(format!("roots: {}", answer["roots"])))
+            }
+            "burst" => {
+                let count = args["count"].as_u64().unwrap_or(100) as usize;
+                let method = args["method"].as_str().unwrap_or("ping");
+                let params = if method == "ping" { json!({}) } else { json!({"messages": [], "maxTokens": 1}) };
+                // On the call's stream, or (`"on": "get"`) the GET stream.
+                let get_stream = session.unsolicited.lock().expect("lock").clone();
+                let out = match (args["on"].as_str(), &get_stream) {
+                    (Some("get"), Some(sink)) => sink,
+                    (Some("get"), None) => return Err("no GET stream to send on".into()),
+                    _ => out,
+                };
+                // Every request out at once; then each answer (or none).
+                let asked: Vec<_> = (0..count).map(|_| session.ask(out, method, params.clone())).collect();
+                let answers = futures_util::future::join_all(asked).await;
+                let mut answered = 0;
+                let mut errors: std::collections::BTreeMap<String, u64> = Default::default();
+                let mut missing = 0;
+                for answer in answers {
+                    match answer {
+                        Ok(_) => answered += 1,
+                        Err(e) if e.starts_with('{') => {
+                            let code = serde_json::from_str::<Value>(&e).ok().and_then(|e| e["code"].as_i64());
+                            *errors.entry(code.map_or("?".into(), |c| c.to_string())).or_default() += 1;
+                        }
+                        Err(_) => missing += 1,
+                    }
+                }
+                let tally = json!({"answered": answered, "errors": errors, "missing": missing});
+                Ok(json!({"content": [{"type": "text", "text": tally.to_string()}], "structuredContent": tally}))
             }
             _ => Err(format!("not a streamed tool: {name}")),
         }

@@ -24,6 +24,9 @@ pub struct Options {
     pub tool_padding: usize,
     /// `tools/list` names `echo` twice (a careless server).
     pub duplicate_tool: bool,
+    /// Offer the `burst` tool: `count` server-to-client requests of
+    /// `method` at once, on the call's stream (a hostile server).
+    pub burst_tool: bool,
     /// Offer the `exit` tool, which ends the process (restart tests).
     pub allow_exit: bool,
     /// Wait this long before answering `tools/list` (a slow upstream).
@@ -98,6 +101,7 @@ impl Default for Options {
             page_size: 0,
             tool_padding: 0,
             duplicate_tool: false,
+            burst_tool: false,
             allow_exit: false,
             list_delay: Duration::ZERO,
             conformance: false,

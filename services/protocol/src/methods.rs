@@ -121,6 +121,17 @@ impl Method {
         )
     }
 
+    /// The client capability a server-to-client request needs (`sampling`,
+    /// `elicitation`, `roots`), for the requests that need one.
+    pub fn client_capability(self) -> Option<&'static str> {
+        match self {
+            SamplingCreateMessage => Some("sampling"),
+            ElicitationCreate => Some("elicitation"),
+            RootsList => Some("roots"),
+            _ => None,
+        }
+    }
+
     /// A `notifications/*/list_changed` notification, and for which list.
     pub fn list_changed(self) -> Option<ListKind> {
         match self {

@@ -423,7 +423,15 @@ impl App {
     /// [`Relay::relay`] for a message already parsed.
     pub fn relay_parsed(&self, session: &Session, u: UpstreamId, env: &Envelope<'_>, message: &Bytes) -> Option<Bytes> {
         match env.kind {
-            MessageKind::Request => Some(session.ask(u, env, message)),
+            MessageKind::Request => {
+                // A client is asked only what it said it can answer.
+                let method = Method::from_name(env.method_str());
+                if method.client_capability().is_some_and(|c| !session.declares(c)) {
+                    self.not_delivered(session, u, message, "undeclared_capability");
+                    return None;
+                }
+                Some(session.ask(u, env, message))
+            }
             MessageKind::Notification => {
                 let method = Method::from_name(env.method_str());
                 if let Some(kind) = method.list_changed() {
@@ -539,6 +547,38 @@ impl App {
 }
 
 impl Relay for App {
+    fn not_delivered(&self, session: &Session, u: UpstreamId, message: &Bytes, reason: &'static str) {
+        let upstream = &self.upstreams[u];
+        self.metrics.upstreams.relay_dropped(&upstream.name, reason);
+        let Ok(env) = Envelope::parse(message) else { return };
+        let (MessageKind::Request, Some(id)) = (env.kind, env.id) else {
+            tracing::debug!(upstream = %upstream.name, session = %session.id, reason, "message for the client dropped");
+            return;
+        };
+        let (code, why) = match reason {
+            "undeclared_capability" => (
+                jsonrpc::code::METHOD_NOT_FOUND,
+                format!("the client did not declare the capability {} needs", env.method_str()),
+            ),
+            _ => (
+                jsonrpc::code::INTERNAL_ERROR,
+                "the router could not pass this request on: the client is not reading the messages already waiting for it"
+                    .to_owned(),
+            ),
+        };
+        tracing::debug!(upstream = %upstream.name, session = %session.id, reason, method = env.method_str(),
+            "server-to-client request refused back to the upstream");
+        let answer = jsonrpc::error_response(Some(id), code, &why, None);
+        match session.open_channel(u) {
+            Some(channel) => {
+                tokio::spawn(async move {
+                    let _ = channel.send(answer).await;
+                });
+            }
+            None => tracing::debug!(upstream = %upstream.name, "no channel to refuse a request on"),
+        }
+    }
+
     /// What a session's client should see of a message upstream `u` sent
     /// outside a response: requests get a session-unique id, cancellations of
     /// them are mapped, list changes are absorbed (and announced once by

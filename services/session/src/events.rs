@@ -10,8 +10,12 @@
 //! when an upstream ends its stream early (2025-11-25 SSE polling) and the
 //! client is expected to come back with `Last-Event-ID`.
 //!
-//! Logs are bounded (events and bytes); a reader asking for events older than
-//! the log keeps gets what is left.
+//! Logs are bounded (events and bytes). To make room, events a reader has
+//! sent are dropped first (a client resuming from before them gets what is
+//! left); events no reader has sent yet are never dropped: a relayed
+//! message that does not fit is refused ([`Log::offer`] says so, and the
+//! caller tells the upstream or counts the loss), while the answer that
+//! ends a stream ([`Log::push`]) is always kept.
 //!
 //! A log can be *spilled* ([`Log::spill`]) into the streams shared by every
 //! replica (`shared_streams.rs`): what it keeps and every later event are
@@ -84,16 +88,20 @@ impl Log {
         log
     }
 
-    /// Appends one message as an event with the next id.
+    /// Appends one message as an event with the next id, whatever the
+    /// backlog (the answer or error that ends a stream: one per stream).
     pub fn push(&self, message: &[u8]) {
-        self.append(None, message, None);
+        self.append(None, message, None, false);
     }
 
-    /// Appends a message relayed from an upstream's stream, with where the
-    /// upstream could resume that stream from after it: copied with the
-    /// event, so that another replica can continue the stream there.
-    pub fn push_relayed(&self, message: &[u8], resume_point: Option<&str>) {
-        self.append(None, message, resume_point);
+    /// Appends a message relayed from an upstream, if it fits: `false` if
+    /// the log is full of events no reader has sent yet (the client is not
+    /// reading, or not fast enough), or closed. `resume_point` is where the
+    /// upstream could resume its stream after this message: copied with
+    /// the event, so that another replica can continue the stream there.
+    #[must_use]
+    pub fn offer(&self, message: &[u8], resume_point: Option<&str>) -> bool {
+        self.append(None, message, resume_point, true)
     }
 
     /// Whether the log is copied to the shared streams.
@@ -113,31 +121,40 @@ impl Log {
     /// Appends the priming event: an id, a `retry:` hint and empty data, so a
     /// client has something to resume from before the first real event.
     pub fn prime(&self, retry: Duration) {
-        self.append(Some(retry), b"", None);
+        self.append(Some(retry), b"", None, false);
     }
 
-    fn append(&self, retry: Option<Duration>, data: &[u8], resume_point: Option<&str>) {
+    fn append(&self, retry: Option<Duration>, data: &[u8], resume_point: Option<&str>, refusable: bool) -> bool {
         {
             let mut state = self.state.lock().expect("lock");
             if state.closed {
-                return;
+                return false;
             }
             let seq = state.next;
-            state.next += 1;
             let event =
                 sse::encode_with_id(EventId { stream: self.stream, seq }, retry.map(|r| r.as_millis() as u64), data);
+            // Room is made from events already sent; unsent ones stay.
+            let fits =
+                |s: &State| s.events.len() < MAX_EVENTS && (s.bytes + event.len() <= MAX_BYTES || s.events.is_empty());
+            while !fits(&state)
+                && state.events.front().is_some_and(|(seq, _)| state.delivered.is_some_and(|d| *seq <= d))
+            {
+                if let Some((_, old)) = state.events.pop_front() {
+                    state.bytes -= old.len();
+                }
+            }
+            if refusable && !fits(&state) {
+                return false;
+            }
+            state.next += 1;
             if let Some((shared, session)) = &state.mirror {
                 shared.spill(session, self.stream, seq, event.clone(), resume_point);
             }
             state.bytes += event.len();
             state.events.push_back((seq, event));
-            while state.events.len() > MAX_EVENTS || (state.bytes > MAX_BYTES && state.events.len() > 1) {
-                if let Some((_, old)) = state.events.pop_front() {
-                    state.bytes -= old.len();
-                }
-            }
         }
         self.changed.notify_waiters();
+        true
     }
 
     /// No more events will come.
@@ -319,14 +336,38 @@ mod tests {
         assert_eq!(log.undelivered(), Some(1));
     }
 
-    #[test]
-    fn logs_are_bounded() {
+    #[tokio::test]
+    async fn logs_are_bounded_and_never_drop_what_no_reader_has_sent() {
         let log = Log::new(0);
-        for _ in 0..(MAX_EVENTS + 10) {
-            log.push(b"x");
+        for _ in 0..MAX_EVENTS {
+            assert!(log.offer(b"x", None));
         }
-        let state = log.state.lock().unwrap();
-        assert_eq!(state.events.len(), MAX_EVENTS);
-        assert_eq!(state.events.front().unwrap().0, 10, "the oldest events go first");
+        // Full of events nobody has read: the next relayed message is
+        // refused, not slipped in by dropping an unread one.
+        assert!(!log.offer(b"y", None));
+        assert_eq!(log.state.lock().unwrap().events.front().unwrap().0, 0);
+        // The answer that ends a stream is kept all the same.
+        log.push(b"answer");
+        assert_eq!(log.state.lock().unwrap().events.len(), MAX_EVENTS + 1);
+        // Once a reader has sent them, sent events make room (oldest first).
+        let (tx, mut rx) = mpsc::channel(2 * MAX_EVENTS);
+        let reader = tokio::spawn(log.clone().reader(None, tx));
+        for _ in 0..=MAX_EVENTS {
+            rx.recv().await.unwrap();
+        }
+        for _ in 0..10 {
+            assert!(log.offer(b"z", None));
+        }
+        {
+            let state = log.state.lock().unwrap();
+            assert_eq!(state.events.len(), MAX_EVENTS);
+            assert_eq!(state.events.front().unwrap().0, 11, "513 sent, 10 more: the 11 oldest went");
+        }
+        log.close();
+        for _ in 0..10 {
+            rx.recv().await.unwrap();
+        }
+        reader.await.unwrap();
+        assert!(!log.offer(b"late", None), "a closed log takes nothing");
     }
 }

@@ -54,6 +54,11 @@ pub trait Relay: Send + Sync {
     /// What `session`'s client gets of `message` from upstream `upstream`;
     /// `None`: nothing.
     fn relay(&self, session: &Session, upstream: UpstreamId, message: &Bytes) -> Option<Bytes>;
+
+    /// `message` from `upstream` could not be given to `session`'s client
+    /// (`reason`: why, a metric label): a request is refused back to the
+    /// upstream with an error, anything else counted as dropped.
+    fn not_delivered(&self, session: &Session, upstream: UpstreamId, message: &Bytes, reason: &'static str);
 }
 
 /// Who a new session is for: the tenant (and the key that opened it), the
@@ -145,6 +150,8 @@ pub(crate) mod testing {
         fn relay(&self, _: &crate::Session, _: UpstreamId, _: &bytes::Bytes) -> Option<bytes::Bytes> {
             None
         }
+
+        fn not_delivered(&self, _: &crate::Session, _: UpstreamId, _: &bytes::Bytes, _: &'static str) {}
     }
 
     /// `upstreams` unreachable upstreams, a memory store, sessions idle from `epoch`.

@@ -7,6 +7,7 @@
 //! members of `params`; arguments and results travel as the bytes received.
 
 use std::sync::Arc;
+use switchboard_session::Relay as _;
 
 use bytes::Bytes;
 use http::Response;
@@ -154,9 +155,10 @@ pub(crate) struct Call {
 pub(crate) enum Step {
     /// The response: the call is over.
     Done(Bytes, Outcome),
-    /// A related message for the client; `true` if it is a request (which
-    /// the client must answer).
-    Relay(Bytes, bool),
+    /// A related message for the client: as the client gets it, and as
+    /// the upstream sent it (to refuse it back with, should the client not
+    /// take it).
+    Relay(Bytes, Bytes),
     /// Nothing to send.
     Skip,
 }
@@ -182,9 +184,8 @@ pub(crate) fn step(
     if let Some((message, outcome)) = answer(app, upstream, method, &message, &env, id, client_id) {
         return Step::Done(message, outcome);
     }
-    let is_request = env.kind == MessageKind::Request;
     match app.relay_parsed(session, upstream, &env, &message) {
-        Some(out) => Step::Relay(out, is_request),
+        Some(out) => Step::Relay(out, message),
         None => Step::Skip,
     }
 }
@@ -241,10 +242,13 @@ impl Call {
                         let code = if outcome == Outcome::Error { error_code(&message) } else { None };
                         break (outcome, code);
                     }
-                    Step::Relay(out, _) => {
-                        self.x.add_sent(out.len());
+                    Step::Relay(out, original) => {
                         let resume = if spilled { stream.resume_point() } else { None };
-                        log.push_relayed(&out, resume)
+                        if log.offer(&out, resume) {
+                            self.x.add_sent(out.len());
+                        } else {
+                            self.x.app().not_delivered(&self.session, self.upstream, &original, "client_backlog");
+                        }
                     }
                     Step::Skip => {}
                 },
@@ -293,11 +297,13 @@ impl Call {
             match next {
                 Some(Ok(message)) => match self.step(message) {
                     Step::Done(message, outcome) => break Ok((message, outcome)),
-                    Step::Relay(out, is_request) => {
-                        if is_request {
-                            self.session.push(out);
+                    Step::Relay(out, original) => {
+                        let app = self.x.app();
+                        if Envelope::parse(&original).is_ok_and(|e| e.kind == MessageKind::Request) {
+                            if !self.session.push(out) {
+                                app.not_delivered(&self.session, self.upstream, &original, "client_backlog");
+                            }
                         } else {
-                            let app = self.x.app();
                             app.metrics
                                 .upstreams
                                 .relay_dropped(&app.upstreams[self.upstream].name, "client_accepts_json_only");

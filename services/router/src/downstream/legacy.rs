@@ -91,7 +91,7 @@ async fn message_phases(
         return Ok(match lists::open_session(&app, &who, &env, Some(id.clone())).await {
             Ok((session, answer)) => {
                 attach(&app, &session, stream);
-                session.push(answer);
+                session.push_answer(answer);
                 accepted()
             }
             Err(e) => {
@@ -167,7 +167,7 @@ async fn move_to_stream(session: &Session, response: Response<Body>) {
         let Ok(collected) = body.collect().await;
         let bytes = collected.to_bytes();
         if !bytes.is_empty() {
-            session.push(bytes);
+            session.push_answer(bytes);
         }
         return;
     }
@@ -176,8 +176,17 @@ async fn move_to_stream(session: &Session, response: Response<Body>) {
         let Ok(data) = frame.into_data() else { continue };
         decoder.push(&data);
         while let Ok(Some(event)) = decoder.next_event() {
-            if !event.data.is_empty() {
-                session.push(event.data);
+            if event.data.is_empty() {
+                continue;
+            }
+            // The answer always; what came before it, as room allows (the
+            // request's own stream already bounded it).
+            let is_answer = jsonrpc::Envelope::parse(&event.data)
+                .is_ok_and(|e| matches!(e.kind, jsonrpc::MessageKind::Response | jsonrpc::MessageKind::Error));
+            if is_answer {
+                session.push_answer(event.data);
+            } else if !session.push(event.data) {
+                tracing::debug!(session = %session.id, "a message for a legacy client that is not reading its stream was dropped");
             }
         }
     }

@@ -265,8 +265,12 @@ impl Call {
                         match env.kind {
                             MessageKind::Notification => {
                                 if let Some(log) = log {
-                                    sent += message.len();
-                                    log.push(&message);
+                                    if log.offer(&message, None) {
+                                        sent += message.len();
+                                    } else {
+                                        let app = self.x.app();
+                                        app.metrics.upstreams.relay_dropped(&upstream.name, "client_backlog");
+                                    }
                                 }
                             }
                             MessageKind::Response | MessageKind::Error
@@ -382,9 +386,13 @@ impl Call {
                 message["params"] = params.clone();
             }
             let message = serde_json::to_vec(&message).expect("serializable");
-            match log {
-                Some(log) => log.push(&message),
+            let delivered = match log {
+                Some(log) => log.offer(&message, None),
                 None => self.session.push(Bytes::from(message)),
+            };
+            if !delivered {
+                let why = "the client is not reading the messages already waiting for it; the upstream's request for input could not be passed on";
+                return Err((Error::Internal(why.into()), Outcome::UpstreamFailed));
             }
             waiting.push((key.clone(), awaiting));
         }

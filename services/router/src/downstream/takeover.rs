@@ -17,6 +17,7 @@
 //! and went with its memory.
 
 use std::sync::Arc;
+use switchboard_session::Relay as _;
 
 use serde_json::value::RawValue;
 use switchboard_protocol::jsonrpc::{self, code};
@@ -124,7 +125,11 @@ async fn relay(
                     log.push(&answer);
                     return Ok(());
                 }
-                Step::Relay(out, _) => log.push_relayed(&out, stream.resume_point()),
+                Step::Relay(out, original) => {
+                    if !log.offer(&out, stream.resume_point()) {
+                        app.not_delivered(&session, u, &original, "client_backlog");
+                    }
+                }
                 Step::Skip => {}
             },
             // The upstream ended its stream early again: it resumes itself.

@@ -441,3 +441,148 @@ async fn an_oversized_catalog_is_left_out_and_the_routers_memory_stays_bounded()
     assert!(said("catalog.max_upstream_items (40)") >= 1, "{output:#?}");
     eprintln!("router peak RSS: {peak} MiB");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_server_requests_is_relayed_or_refused_back_every_one_counted() {
+    const BURST: u64 = 20_000;
+    let web = MockServer::start(MockOptions { burst_tool: true, ..mock_named("web") }).await;
+    let router = Router::start(&config(&http_upstream("web", &web.url, ""))).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+
+    // 20,000 pings to the client at once, on the call's stream; the client
+    // answers each it gets (16 answers in flight at a time).
+    let (status, _, mut stream) = client
+        .request_stream("tools/call", serde_json::json!({"name": "web__burst", "arguments": {"count": BURST}}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let places = std::sync::Arc::new(tokio::sync::Semaphore::new(16));
+    let mut answers = tokio::task::JoinSet::new();
+    let mut received = 0u64;
+    let mut ids = std::collections::HashSet::new();
+    let tally = loop {
+        let message = stream.next(Duration::from_secs(60)).await.expect("the call ends within a minute");
+        if message["method"] == "ping" {
+            received += 1;
+            assert!(ids.insert(message["id"].to_string()), "each request once: {message}");
+            let place = places.clone().acquire_owned().await.unwrap();
+            let client = client.clone();
+            let id = message["id"].clone();
+            answers.spawn(async move {
+                let reply = client.post(serde_json::json!({"jsonrpc": "2.0", "id": id, "result": {}})).await;
+                drop(place);
+                reply.status
+            });
+            continue;
+        }
+        assert_eq!(message["id"], 1, "{message}");
+        break message["result"]["structuredContent"].clone();
+    };
+    while let Some(status) = answers.join_next().await {
+        assert_eq!(status.unwrap(), StatusCode::ACCEPTED);
+    }
+    // Every request got an answer: the client's, or the router's refusal.
+    let refused = tally["errors"]["-32603"].as_u64().unwrap_or(0);
+    assert_eq!(tally["missing"], 0, "{tally}");
+    assert_eq!(tally["answered"].as_u64().unwrap() + refused, BURST, "{tally}");
+    assert_eq!(tally["answered"].as_u64().unwrap(), received, "every request the client got, it answered: {tally}");
+    assert_eq!(
+        router.metric("switchboard_relay_dropped_total", &["upstream=\"web\"", "reason=\"client_backlog\""]).await,
+        refused as f64
+    );
+    eprintln!("burst of {BURST}: {received} relayed, {refused} refused back");
+
+    // The same on the session's GET stream, which the client reads.
+    let mut get = client.open_stream().await;
+    let reader = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut received = 0u64;
+            while let Some(message) = get.next(Duration::from_secs(5)).await {
+                if message["method"] == "ping" {
+                    received += 1;
+                    let answer = serde_json::json!({"jsonrpc": "2.0", "id": message["id"], "result": {}});
+                    assert_eq!(client.post(answer).await.status, StatusCode::ACCEPTED);
+                }
+            }
+            received
+        })
+    };
+    let before = router.metric("switchboard_relay_dropped_total", &["reason=\"client_backlog\""]).await;
+    let reply = client
+        .call("tools/call", serde_json::json!({"name": "web__burst", "arguments": {"count": 5000, "on": "get"}}))
+        .await;
+    let tally = reply["result"]["structuredContent"].clone();
+    let received = reader.await.unwrap();
+    let refused = tally["errors"]["-32603"].as_u64().unwrap_or(0);
+    assert_eq!(tally["missing"], 0, "{tally}");
+    assert_eq!(tally["answered"].as_u64().unwrap(), received, "{tally}");
+    assert_eq!(received + refused, 5000, "{tally}");
+    let after = router.metric("switchboard_relay_dropped_total", &["reason=\"client_backlog\""]).await;
+    assert_eq!(after - before, refused as f64);
+    eprintln!("burst of 5000 on the GET stream: {received} relayed, {refused} refused back");
+
+    // Requests the client never declared the capability for are refused
+    // back, not relayed.
+    let (_, _, mut stream) = client
+        .request_stream(
+            "tools/call",
+            serde_json::json!({"name": "web__burst", "arguments": {"count": 10, "method": "sampling/createMessage"}}),
+        )
+        .await;
+    let messages = stream.until_end(Duration::from_secs(40)).await.expect("the call ends");
+    assert_eq!(messages.len(), 1, "nothing relayed: {messages:?}");
+    let tally = &messages[0]["result"]["structuredContent"];
+    assert_eq!(tally["errors"]["-32601"], 10, "{tally}");
+    assert_eq!(
+        router
+            .metric("switchboard_relay_dropped_total", &["upstream=\"web\"", "reason=\"undeclared_capability\""])
+            .await,
+        10.0
+    );
+    // The router is still healthy.
+    assert!(client.call_tool("web__echo", serde_json::json!({"text": "ok"})).await["result"].is_object());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_had_no_get_stream_is_asked_again_once_it_restarts() {
+    let web = MockServer::start(MockOptions { burst_tool: true, ..mock_named("web") }).await;
+    web.mock.refuse_get(true);
+    let router = Router::start(&config(&http_upstream("web", &web.url, ""))).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    assert!(client.call_tool("web__echo", serde_json::json!({"text": "a"})).await["result"].is_object());
+    // The client listens; the router asks the upstream for its GET stream
+    // and is told there is none (405).
+    let mut get = client.open_stream().await;
+    let answering = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut pings = 0;
+            while let Some(message) = get.next(Duration::from_secs(30)).await {
+                if message["method"] == "ping" {
+                    pings += 1;
+                    let answer = serde_json::json!({"jsonrpc": "2.0", "id": message["id"], "result": {}});
+                    client.post(answer).await;
+                    break;
+                }
+            }
+            pings
+        })
+    };
+    let on_get = serde_json::json!({"count": 1, "on": "get"});
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reply = client.call_tool("web__burst", on_get.clone()).await;
+    assert_eq!(reply["result"]["isError"], true, "no GET stream yet: {reply}");
+    // The upstream is redeployed with a GET stream: it restarts, forgetting
+    // its sessions; the router initialises a new one, and listens again.
+    web.mock.refuse_get(false);
+    web.mock.forget_sessions();
+    assert!(client.call_tool("web__echo", serde_json::json!({"text": "b"})).await["result"].is_object());
+    let listening = eventually(Duration::from_secs(10), || async {
+        client.call_tool("web__burst", on_get.clone()).await["result"]["structuredContent"]["answered"] == 1
+    })
+    .await;
+    assert!(listening, "the router's GET stream to the upstream is open again and carries its requests");
+    assert_eq!(answering.await.unwrap(), 1);
+}

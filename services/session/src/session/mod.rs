@@ -247,6 +247,13 @@ impl Session {
         self.last_used.store(self.ctx.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
+    /// Whether the client declared `capability` (`sampling`, `roots`, ...)
+    /// in `initialize`.
+    pub fn declares(&self, capability: &str) -> bool {
+        serde_json::from_str::<HashMap<std::borrow::Cow<'_, str>, &RawValue>>(self.capabilities.get())
+            .is_ok_and(|c| c.get(capability).is_some_and(|v| v.get() != "null"))
+    }
+
     /// When the last request came (ms since the sessions' epoch).
     pub(crate) fn last_used_ms(&self) -> u64 {
         self.last_used.load(Ordering::Relaxed)
@@ -316,10 +323,24 @@ impl Session {
     }
 
     /// Sends a message on the session's GET stream, or keeps it (bounded)
-    /// for when one opens.
-    pub fn push(&self, message: Bytes) {
+    /// for when one opens; `false` if it was refused: the client has not
+    /// read the messages already waiting (or, with shared streams, the
+    /// queue to Redis is full).
+    #[must_use]
+    pub fn push(&self, message: Bytes) -> bool {
         match &self.shared {
             Some(shared) => shared.push(&self.id, message),
+            None => self.standalone.offer(&message, None),
+        }
+    }
+
+    /// Sends the answer to a request on a legacy session's stream (its only
+    /// stream), whatever is waiting there: an answer is never dropped.
+    pub fn push_answer(&self, message: Bytes) {
+        match &self.shared {
+            Some(shared) => {
+                let _ = shared.push(&self.id, message);
+            }
             None => self.standalone.push(&message),
         }
     }
@@ -329,7 +350,11 @@ impl Session {
     pub fn announce(&self, message: Bytes, what: &'static str) {
         match &self.shared {
             Some(shared) => shared.announce(&self.id, message, what),
-            None => self.standalone.push(&message),
+            None => {
+                // An announcement that does not fit is one the client
+                // would learn nothing new from: lists are fetched whole.
+                let _ = self.standalone.offer(&message, None);
+            }
         }
     }
 
@@ -642,14 +667,14 @@ mod tests {
     #[tokio::test]
     async fn messages_wait_for_the_get_stream_and_a_new_get_takes_over() {
         let s = session();
-        s.push(Bytes::from_static(b"{\"n\":1}"));
+        assert!(s.push(Bytes::from_static(b"{\"n\":1}")));
         let mut first = s.open_stream(None).unwrap();
         let event = first.recv().await.unwrap();
         assert_eq!(&event[..], b"id: 0-0\ndata: {\"n\":1}\n\n", "queued before the GET, with an event id");
         // A second GET takes over: the first ends, the new one gets only what is new.
         let mut second = s.open_stream(None).unwrap();
         assert!(first.recv().await.is_none());
-        s.push(Bytes::from_static(b"{\"n\":2}"));
+        assert!(s.push(Bytes::from_static(b"{\"n\":2}")));
         assert_eq!(&second.recv().await.unwrap()[..], b"id: 0-1\ndata: {\"n\":2}\n\n");
         // Resuming from an event id replays what followed it.
         let mut resumed = s.open_stream(Some(EventId { stream: 0, seq: 0 })).unwrap();

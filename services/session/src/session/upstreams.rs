@@ -228,7 +228,9 @@ impl Inbox for SessionInbox {
         let Some(session) = self.session.upgrade() else { return };
         let Some(relay) = session.ctx.relay.upgrade() else { return };
         if let Some(out) = relay.relay(&session, self.upstream, &message) {
-            session.push(out);
+            if !session.push(out) {
+                relay.not_delivered(&session, self.upstream, &message, "client_backlog");
+            }
         }
     }
 

@@ -262,17 +262,17 @@ impl SharedStreams {
     }
 
     /// Queues a message for a session's stream 0 (numbered by Redis).
-    pub fn push(&self, session: &Arc<str>, message: Bytes) {
-        self.append_to_stream_zero(session, message, None);
+    pub fn push(&self, session: &Arc<str>, message: Bytes) -> bool {
+        self.append_to_stream_zero(session, message, None)
     }
 
     /// Queues an announcement (a list change) for a session's stream 0: the
     /// same announcement from several replicas within a moment is sent once.
     pub fn announce(&self, session: &Arc<str>, message: Bytes, what: &'static str) {
-        self.append_to_stream_zero(session, message, Some(what));
+        let _ = self.append_to_stream_zero(session, message, Some(what));
     }
 
-    fn append_to_stream_zero(&self, session: &Arc<str>, message: Bytes, dedupe: Option<&'static str>) {
+    fn append_to_stream_zero(&self, session: &Arc<str>, message: Bytes, dedupe: Option<&'static str>) -> bool {
         let append = Op::Append {
             session: session.clone(),
             stream: 0,
@@ -282,7 +282,7 @@ impl SharedStreams {
             dedupe,
             resume: None,
         };
-        self.enqueue(append);
+        self.enqueue(append)
     }
 
     /// Queues an event of a spilled stream, already encoded, with its
@@ -311,11 +311,13 @@ impl SharedStreams {
         self.enqueue(Op::Forget { session: session.clone() });
     }
 
-    fn enqueue(&self, op: Op) {
+    /// Queues a write; `false` if it was dropped (too large, or the queue
+    /// is full).
+    fn enqueue(&self, op: Op) -> bool {
         if op.bytes() > MAX_EVENT_BYTES {
             self.metrics.stream_event_dropped();
             tracing::debug!(bytes = op.bytes(), "an event too large to copy to Redis; only this replica can replay it");
-            return;
+            return false;
         }
         if self.queue.try_send(op).is_err() {
             self.metrics.stream_event_dropped();
@@ -323,9 +325,12 @@ impl SharedStreams {
             if !self.warned_full.swap(true, Ordering::Relaxed) {
                 tracing::warn!("shared stream queue full (Redis too slow or down): events are dropped");
             }
-        } else if self.warned_full.load(Ordering::Relaxed) && self.queue.capacity() > QUEUE / 2 {
+            return false;
+        }
+        if self.warned_full.load(Ordering::Relaxed) && self.queue.capacity() > QUEUE / 2 {
             self.warned_full.store(false, Ordering::Relaxed);
         }
+        true
     }
 
     /// Waits (at most `limit`) until every write queued so far reached Redis.

@@ -25,6 +25,8 @@ pub(super) struct Channel {
     inbox: Arc<dyn Inbox>,
     listener: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
+    /// Told when the channel moves to another upstream session.
+    switched: tokio::sync::Notify,
     me: Weak<Channel>,
 }
 
@@ -43,6 +45,7 @@ impl Channel {
             inbox,
             listener: Mutex::new(None),
             closed: AtomicBool::new(false),
+            switched: tokio::sync::Notify::new(),
             me: me.clone(),
         })
     }
@@ -103,6 +106,7 @@ impl Channel {
     fn switch(&self, mut state: SessionState, epoch: u64) {
         state.epoch = epoch;
         *self.state.write().expect("lock") = state;
+        self.switched.notify_waiters();
     }
 }
 
@@ -229,6 +233,30 @@ fn session_lost(status: StatusCode, error: &UpstreamError) -> bool {
     }
 }
 
+/// How long after an upstream said it offers no GET stream it is asked
+/// again, if its session is not initialised anew before.
+const NOT_OFFERED_RETRY: Duration = Duration::from_secs(300);
+
+/// Waits until the channel's upstream session is initialised anew (a new
+/// epoch), or `limit`: `false` if the channel went away meanwhile.
+async fn wait_for_new_session(channel: &Weak<Channel>, state: &SessionState, limit: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let Some(me) = channel.upgrade() else { return false };
+        if me.closed.load(Ordering::Relaxed) {
+            return false;
+        }
+        if me.state().epoch != state.epoch || tokio::time::Instant::now() >= deadline {
+            return true;
+        }
+        // Woken by a switch; else looked at again now and then. (Closing
+        // the channel aborts this task.)
+        let switched = me.switched.notified();
+        let _ = tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + Duration::from_secs(30)), switched)
+            .await;
+    }
+}
+
 /// Keeps the session's GET stream open and hands its messages to the inbox.
 async fn listen_loop(channel: Weak<Channel>) {
     let mut last_event_id: Option<String> = None;
@@ -253,9 +281,20 @@ async fn listen_loop(channel: Weak<Channel>) {
         let inbox = me.inbox.clone();
         drop(me);
         match shared.get(&state, last_event_id.as_deref()).await {
-            Ok(resp) if resp.status == StatusCode::METHOD_NOT_ALLOWED => return,
-            // Not an event stream: the server offers none.
-            Ok(resp) if resp.status.is_success() && !resp.event_stream => return,
+            // The server offers no GET stream (405, or not an event stream):
+            // asked again once its session is initialised anew (it restarted,
+            // maybe as a version that offers one), or after a long while.
+            Ok(resp)
+                if resp.status == StatusCode::METHOD_NOT_ALLOWED
+                    || (resp.status.is_success() && !resp.event_stream) =>
+            {
+                if !wait_for_new_session(&channel, &state, NOT_OFFERED_RETRY).await {
+                    return;
+                }
+                last_event_id = None;
+                pause = Duration::from_millis(250);
+                continue;
+            }
             Ok(resp) if resp.status.is_success() => {
                 let mut stream = SseStream::new(resp.body, None);
                 let mut delivered = false;
