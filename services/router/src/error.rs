@@ -49,6 +49,8 @@ pub enum Error {
     /// reached to load it (not a 404: the session may well be alive).
     #[error("the session store is unreachable, so this replica cannot load the session; retry shortly")]
     SessionStoreDown,
+    #[error("an HTTP/1.1 request needs exactly one Host header (RFC 9112, section 3.2)")]
+    MissingHost,
     #[error("unknown or expired event stream in Last-Event-ID")]
     UnknownStream,
     #[error("unsupported MCP-Protocol-Version {0:?} (supported: {versions})", versions = switchboard_protocol::version::session_versions())]
@@ -150,6 +152,7 @@ impl Error {
             }
             Error::ForbiddenOrigin(_) => (Downstream, StatusCode::FORBIDDEN, code::INVALID_REQUEST, "origin"),
             Error::MissingSession => (Downstream, StatusCode::BAD_REQUEST, code::INVALID_REQUEST, "missing_session"),
+            Error::MissingHost => (Downstream, StatusCode::BAD_REQUEST, code::INVALID_REQUEST, "missing_host"),
             Error::UnknownSession => (Downstream, StatusCode::NOT_FOUND, code::REQUEST_TIMEOUT, "unknown_session"),
             Error::SessionStoreDown => {
                 (Internal, StatusCode::SERVICE_UNAVAILABLE, code::INTERNAL_ERROR, "session_store_down")

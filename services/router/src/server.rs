@@ -209,6 +209,11 @@ fn service(
 }
 
 async fn route(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
+    // RFC 9112: a 1.1 request without a Host (or with several) is refused
+    // (HTTP/2 carries the authority in `:authority`; 1.0 has no Host).
+    if req.version() == http::Version::HTTP_11 && req.headers().get_all(http::header::HOST).iter().count() != 1 {
+        return downstream::transport::reject_unread(app, crate::error::Error::MissingHost);
+    }
     let path = req.uri().path();
     // Legacy HTTP+SSE, under any path prefix (kept in the endpoint it announces).
     if let Some(prefix) = path.strip_suffix("/sse") {

@@ -586,3 +586,29 @@ async fn an_upstream_that_had_no_get_stream_is_asked_again_once_it_restarts() {
     assert!(listening, "the router's GET stream to the upstream is open again and carries its requests");
     assert_eq!(answering.await.unwrap(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_1_1_request_without_exactly_one_host_is_refused() {
+    let web = MockServer::start(mock_named("web")).await;
+    let router = Router::start(&config(&http_upstream("web", &web.url, ""))).await;
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let post = |host: &str| {
+        format!(
+            "POST /mcp HTTP/1.1\r\n{host}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    for host in ["", "Host: a\r\nHost: b\r\n"] {
+        let answer = raw(&router, "127.0.0.1", post(host).as_bytes(), Duration::from_secs(5)).await.expect("answered");
+        assert!(answer.starts_with("HTTP/1.1 400"), "{host:?}: {answer}");
+        assert!(answer.contains("\"code\":-32600") && answer.contains("Host header"), "{answer}");
+    }
+    assert_eq!(router.metric("switchboard_http_rejections_total", &["reason=\"missing_host\""]).await, 2.0);
+    // With one Host it is served; HTTP/1.0 has no Host to require.
+    let answer = raw(&router, "127.0.0.1", post("Host: router\r\n").as_bytes(), Duration::from_secs(5)).await.unwrap();
+    assert!(!answer.contains("Host header"), "{answer}");
+    let answer = raw(&router, "127.0.0.1", HEALTHZ, Duration::from_secs(5)).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let old = raw(&router, "127.0.0.1", b"GET /healthz HTTP/1.0\r\n\r\n", Duration::from_secs(5)).await.unwrap();
+    assert!(old.starts_with("HTTP/1.0 200"), "{old}");
+}
