@@ -23,6 +23,7 @@ use tokio::net::TcpListener;
 
 use crate::body::Body;
 use crate::config::Config;
+use crate::connections::{self, Activity, Connections, Tracked};
 use switchboard_core::policy::Policy;
 use switchboard_core::time::{format_time, now_ms, parse_time};
 
@@ -206,28 +207,64 @@ impl Admin {
 
 // ---- The HTTP API ----------------------------------------------------------
 
-/// Serves the admin API on `listener` until `shutdown`.
+/// Connections the admin listener keeps open at once, and from one client
+/// address: an operator's tools need few, and anyone who can reach the
+/// port can open them, token or not.
+pub const MAX_CONNECTIONS: usize = 256;
+pub const MAX_CONNECTIONS_PER_ADDRESS: usize = 64;
+
+/// Serves the admin API on `listener` until `shutdown`, with the default
+/// bounds and timeouts and metrics of its own (tests, embedding).
 pub async fn serve(
     listener: TcpListener,
     admin: Admin,
     token: String,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    let limits = connections::Limits {
+        header_timeout: std::time::Duration::from_secs(10),
+        idle_timeout: std::time::Duration::from_secs(120),
+        max: MAX_CONNECTIONS,
+        per_address: MAX_CONNECTIONS_PER_ADDRESS,
+    };
+    let conns = Connections::new(limits, &switchboard_core::metrics::Registry::new(), connections::Listener::Admin);
+    serve_bounded(listener, conns, admin, token, shutdown).await
+}
+
+/// Serves the admin API on `listener` until `shutdown`, its connections
+/// bounded and timed as the MCP listener's are (`conns`).
+pub async fn serve_bounded(
+    listener: TcpListener,
+    conns: Arc<Connections>,
+    admin: Admin,
+    token: String,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let state = Arc::new((admin, token));
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().header_read_timeout(None).timer(hyper_util::rt::TokioTimer::new());
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let state = state.clone();
-                let service = hyper::service::service_fn(move |req| {
-                    let state = state.clone();
-                    async move { Ok::<_, Infallible>(handle(&state.0, &state.1, req).await) }
-                });
-                tokio::spawn(async move {
-                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    let _ = builder.serve_connection(TokioIo::new(stream), service).await;
-                });
+            (stream, address) = connections::accept(&listener, &conns) => {
+                let Ok(admitted) = conns.admit(address) else {
+                    connections::refuse(stream);
+                    continue;
+                };
+                let activity = Activity::new();
+                let service = {
+                    let (state, activity) = (state.clone(), activity.clone());
+                    hyper::service::service_fn(move |req| {
+                        let state = state.clone();
+                        let in_flight = activity.begin();
+                        async move {
+                            let response = handle(&state.0, &state.1, req).await;
+                            Ok::<_, Infallible>(response.map(|body| Tracked::new(body, in_flight)))
+                        }
+                    })
+                };
+                let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+                tokio::spawn(connections::supervise(conn, admitted, activity, conns.clone()));
             }
             () = &mut shutdown => return Ok(()),
         }

@@ -17,6 +17,7 @@
 //! `switchboard_connections_closed_total{reason}`.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -49,26 +50,39 @@ pub struct Metrics {
     accept_errors: IntCounterVec,
 }
 
+/// Which listener connections are counted for: its metrics' names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// The MCP endpoint: `switchboard_connections_*`, `switchboard_accept_errors_total`.
+    Mcp,
+    /// The admin API: `switchboard_admin_connections_*`, `switchboard_admin_accept_errors_total`.
+    Admin,
+}
+
 impl Metrics {
-    pub fn new(registry: &Registry) -> Self {
+    pub fn new(registry: &Registry, listener: Listener) -> Self {
+        let (prefix, which) = match listener {
+            Listener::Mcp => ("switchboard_", "the MCP listener"),
+            Listener::Admin => ("switchboard_admin_", "the admin listener"),
+        };
         Metrics {
-            open: gauge(registry, "switchboard_connections_open", "Client connections open on the MCP listener."),
+            open: gauge(registry, &format!("{prefix}connections_open"), &format!("Client connections open on {which}.")),
             refused: counter_vec(
                 registry,
-                "switchboard_connections_refused_total",
-                "Connections refused at accept (503 and closed): `max_connections` or `per_address`.",
+                &format!("{prefix}connections_refused_total"),
+                &format!("Connections refused at accept on {which} (503 and closed): `max_connections` or `per_address`."),
                 &["reason"],
             ),
             closed: counter_vec(
                 registry,
-                "switchboard_connections_closed_total",
-                "Connections the router closed: `header_timeout` (no request in time after accept) or `idle` (no request in flight for idle_timeout).",
+                &format!("{prefix}connections_closed_total"),
+                &format!("Connections on {which} the router closed: `header_timeout` (no request in time after accept) or `idle` (no request in flight for idle_timeout)."),
                 &["reason"],
             ),
             accept_errors: counter_vec(
                 registry,
-                "switchboard_accept_errors_total",
-                "Failed accepts on the MCP listener, by error kind (`out_of_files` or `other`).",
+                &format!("{prefix}accept_errors_total"),
+                &format!("Failed accepts on {which}, by error kind (`out_of_files` or `other`)."),
                 &["kind"],
             ),
         }
@@ -126,12 +140,12 @@ impl Drop for Admitted {
 }
 
 impl Connections {
-    pub fn new(limits: Limits, registry: &Registry) -> Arc<Self> {
+    pub fn new(limits: Limits, registry: &Registry, listener: Listener) -> Arc<Self> {
         Arc::new(Connections {
             limits,
             open: AtomicUsize::new(0),
             by_address: Mutex::new(HashMap::new()),
-            metrics: Metrics::new(registry),
+            metrics: Metrics::new(registry, listener),
             refusals_unlogged: AtomicU64::new(0),
             last_refusal_log: Mutex::new(None),
         })
@@ -348,6 +362,29 @@ impl<B: HttpBody<Data = Bytes> + Unpin> HttpBody for Tracked<B> {
     }
 }
 
+/// Serves one connection until it ends, or closes it when it has had no
+/// request in flight for too long (see `connections.rs`); its place among
+/// the open connections is given back either way.
+pub async fn supervise<E: std::fmt::Display>(
+    conn: impl Future<Output = Result<(), E>>,
+    admitted: Admitted,
+    activity: Arc<Activity>,
+    conns: Arc<Connections>,
+) {
+    let _admitted = admitted;
+    tokio::select! {
+        result = conn => {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        }
+        reason = activity.expired(conns.limits()) => {
+            conns.closed(reason);
+            tracing::debug!(reason, "connection closed: no request in flight for too long");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,7 +395,7 @@ mod tests {
 
     #[test]
     fn places_are_bounded_globally_and_per_address_and_given_back() {
-        let c = Connections::new(limits(3, 2), &Registry::new());
+        let c = Connections::new(limits(3, 2), &Registry::new(), Listener::Mcp);
         let a: IpAddr = "127.0.0.1".parse().unwrap();
         let b: IpAddr = "127.0.0.2".parse().unwrap();
         let a1 = c.admit(a).unwrap();

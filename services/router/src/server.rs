@@ -83,8 +83,19 @@ pub async fn serve_with(
     if let Some((admin_listener, admin, token)) = extra.admin {
         let admin = admin.with_edge(app.edge.clone());
         let stop = stopped();
+        let server = &app.config.server;
+        let conns = Connections::new(
+            connections::Limits {
+                header_timeout: server.header_timeout,
+                idle_timeout: server.idle_timeout,
+                max: crate::admin::MAX_CONNECTIONS,
+                per_address: crate::admin::MAX_CONNECTIONS_PER_ADDRESS,
+            },
+            app.metrics.registry(),
+            connections::Listener::Admin,
+        );
         others.push(tokio::spawn(async move {
-            if let Err(e) = crate::admin::serve(admin_listener, admin, token, stop).await {
+            if let Err(e) = crate::admin::serve_bounded(admin_listener, conns, admin, token, stop).await {
                 tracing::error!(error = %e, "the admin API stopped");
             }
         }));
@@ -99,6 +110,7 @@ pub async fn serve_with(
             per_address: server.max_connections_per_address,
         },
         app.metrics.registry(),
+        connections::Listener::Mcp,
     );
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -121,7 +133,7 @@ pub async fn serve_with(
                 };
                 let activity = Activity::new();
                 let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service(&app, &activity)).into_owned());
-                tokio::spawn(supervise(conn, admitted, activity, conns.clone()));
+                tokio::spawn(connections::supervise(conn, admitted, activity, conns.clone()));
             }
             () = &mut shutdown => break,
         }
@@ -152,7 +164,7 @@ pub async fn serve_with(
                 };
                 let activity = Activity::new();
                 let conn = draining.serve_connection(TokioIo::new(stream), service(&app, &activity)).into_owned();
-                tokio::spawn(supervise(conn, admitted, activity, conns.clone()));
+                tokio::spawn(connections::supervise(conn, admitted, activity, conns.clone()));
             }
         }
     };
@@ -167,29 +179,6 @@ pub async fn serve_with(
     app.close().await;
     tracing::info!("shut down");
     Ok(())
-}
-
-/// Serves one connection until it ends, or closes it when it has had no
-/// request in flight for too long (see `connections.rs`); its place among
-/// the open connections is given back either way.
-async fn supervise<E: std::fmt::Display>(
-    conn: impl Future<Output = Result<(), E>>,
-    admitted: connections::Admitted,
-    activity: Arc<Activity>,
-    conns: Arc<Connections>,
-) {
-    let _admitted = admitted;
-    tokio::select! {
-        result = conn => {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-        }
-        reason = activity.expired(conns.limits()) => {
-            conns.closed(reason);
-            tracing::debug!(reason, "connection closed: no request in flight for too long");
-        }
-    }
 }
 
 /// The HTTP service of one connection: [`route`], each request kept in

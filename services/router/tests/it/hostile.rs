@@ -361,15 +361,15 @@ async fn a_tenants_lists_never_wait_on_upstreams_it_does_not_subscribe_to() {
     let _ = alpha;
 }
 
-/// A router process with `config` (TOML; no keys, no database, logs at
-/// `warn` and the listening line), and its port.
+/// A router process with `config` (TOML; no keys, no database unless
+/// `config` has one, logs at `warn` and the listening line), and its port.
 async fn router_process(config: &str) -> (switchboard_test_support::peers::Process, u16) {
     let dir = std::env::temp_dir().join(switchboard_test_support::services::unique("sb-hostile-"));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("router.toml");
-    let text = format!(
-        "[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n[log]\nlevel = \"warn,switchboard_router::server=info\"\n{config}"
-    );
+    let database = if config.contains("[database]") { "" } else { "[database]\nurl = \"\"\n" };
+    let text =
+        format!("[auth]\nmode = \"none\"\n{database}[log]\nlevel = \"warn,switchboard_router::server=info\"\n{config}");
     std::fs::write(&file, text).unwrap();
     let (process, addr) = switchboard_test_support::peers::Process::spawn_announced(
         &switchboard_test_support::router_binary(),
@@ -611,4 +611,55 @@ async fn an_http_1_1_request_without_exactly_one_host_is_refused() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let old = raw(&router, "127.0.0.1", b"GET /healthz HTTP/1.0\r\n\r\n", Duration::from_secs(5)).await.unwrap();
     assert!(old.starts_with("HTTP/1.0 200"), "{old}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_is_bounded_and_timed_like_the_mcp_listener() {
+    let dir = std::env::temp_dir().join(switchboard_test_support::services::unique("sb-admin-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let token = "an-admin-token-of-some-length";
+    let config = format!(
+        "[server]\nheader_timeout = \"1s\"\n[admin]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"{token}\"\n\
+         [database]\nurl = \"sqlite:{}\"\n",
+        dir.join("switchboard.db").display()
+    );
+    let (process, mcp_port) = router_process(&config).await;
+    let admin: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let connect = |source: &'static str| async move {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+        socket.connect(admin).await.unwrap()
+    };
+    let _ = process;
+    // A silent connection is closed after header_timeout.
+    let mut silent = connect("127.0.0.1").await;
+    assert_eq!(read_until_closed(&mut silent, Duration::from_secs(5)).await.as_deref(), Some(""));
+    // 64 from one address are kept; the next is refused at once.
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        held.push(connect("127.0.0.1").await);
+    }
+    let mut refused = connect("127.0.0.1").await;
+    let answer = read_until_closed(&mut refused, Duration::from_secs(5)).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    // Another address is served.
+    let mut other = connect("127.0.0.2").await;
+    let request = format!(
+        "GET /v1/tenants HTTP/1.1\r\nHost: admin\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    );
+    other.write_all(request.as_bytes()).await.unwrap();
+    let answer = read_until_closed(&mut other, Duration::from_secs(5)).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let metrics = switchboard_test_support::get_text(&format!("http://127.0.0.1:{mcp_port}/metrics")).await;
+    let sample = |name: &str| {
+        metrics.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    assert_eq!(sample("switchboard_admin_connections_refused_total{reason=\"per_address\"}"), Some(1.0));
+    // The silent one at least (the 64 held follow it after their second).
+    assert!(sample("switchboard_admin_connections_closed_total{reason=\"header_timeout\"}").is_some_and(|n| n >= 1.0));
+    drop(held);
 }
