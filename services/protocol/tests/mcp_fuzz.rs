@@ -36,28 +36,19 @@ fn id() -> impl Strategy<Value = String> {
 /// The JSON text of a member value.
 fn value() -> impl Strategy<Value = String> {
     prop_oneof![
-        // Ids and other numbers in every form JSON allows.
-        Just("1".to_owned()),
-        Just("-0".to_owned()),
-        Just("1.0".to_owned()),
-        Just("1E2".to_owned()),
-        Just("2.5e-3".to_owned()),
-        Just("123456789012345678901".to_owned()),
-        any::<i64>().prop_map(|n| n.to_string()),
-        // Strings, with escapes and multi-byte characters.
-        "[a-z/._é€ -]{0,12}".prop_map(|s| serde_json::to_string(&s).unwrap()),
-        Just(r#""tools\/call""#.to_owned()),
-        Just(r#""a\"b\\c\u00e9""#.to_owned()),
-        Just(r#""2.0""#.to_owned()),
-        Just("null".to_owned()),
-        Just("true".to_owned()),
-        Just("{}".to_owned()),
-        Just(r#"{"name":"x","arguments":{"a":[1,{"b":null}]}}"#.to_owned()),
-        Just("[1,2]".to_owned()),
+        // Ids, other numbers and strings (escapes, multi-byte characters).
+        4 => id(),
+        1 => Just(r#""tools\/call""#.to_owned()),
+        1 => Just(r#""2.0""#.to_owned()),
+        1 => Just("null".to_owned()),
+        1 => Just("true".to_owned()),
+        1 => Just("{}".to_owned()),
+        1 => Just(r#"{"name":"x","arguments":{"a":[1,{"b":null}]}}"#.to_owned()),
+        1 => Just("[1,2]".to_owned()),
         // Not JSON at all.
-        Just("tru".to_owned()),
-        Just(r#""unterminated"#.to_owned()),
-        Just("01".to_owned()),
+        1 => Just("tru".to_owned()),
+        1 => Just(r#""unterminated"#.to_owned()),
+        1 => Just("01".to_owned()),
     ]
 }
 
