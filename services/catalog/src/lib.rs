@@ -175,6 +175,14 @@ impl Snapshot {
     }
 }
 
+/// Lists a caller fetches itself (with their change counts as the fetch
+/// starts), and lists another caller is fetching.
+type Claims = (Vec<(UpstreamId, ListKind, u64)>, Vec<(UpstreamId, ListKind)>);
+
+/// Rounds a caller waits for lists other callers fetch before it goes on
+/// with what it has.
+const WAIT_ROUNDS: usize = 3;
+
 /// One upstream's four cached lists, as fetched.
 type CachedLists = [Option<Arc<Vec<Map<String, Value>>>>; 4];
 
@@ -226,8 +234,9 @@ pub struct Catalog {
     /// Bumped whenever fetches settle: callers waiting for a list another
     /// caller is fetching look again.
     settled: tokio::sync::watch::Sender<u64>,
-    /// Names already reported as colliding (logged and counted once each).
-    reported: Mutex<std::collections::HashSet<(UpstreamId, ListKind, Box<str>)>>,
+    /// Names already reported as colliding (logged and counted once each),
+    /// as hashes of (upstream, list, name).
+    reported: Mutex<std::collections::HashSet<u64>>,
     generation: AtomicU64,
     scheme_prefixes: Vec<String>,
     scheme_index: HashMap<String, UpstreamId>,
@@ -283,46 +292,77 @@ impl Catalog {
     /// fetches what is missing or stale among them, and waits for their
     /// lists that other callers are fetching, never for other upstreams.
     pub async fn ensure_for(&self, kinds: &[ListKind], which: impl Fn(UpstreamId) -> bool) -> Arc<Snapshot> {
+        let lists: Vec<(UpstreamId, ListKind)> =
+            self.upstreams.ids().filter(|&u| which(u)).flat_map(|u| kinds.iter().map(move |&k| (u, k))).collect();
+        self.ensure_lists(&lists).await
+    }
+
+    /// [`ensure_for`](Self::ensure_for), but only for lists never fetched
+    /// yet (fresh or stale, a list that was had once is not waited for):
+    /// what a new session's capabilities need.
+    pub async fn ensure_once_for(&self, kinds: &[ListKind], which: impl Fn(UpstreamId) -> bool) -> Arc<Snapshot> {
+        let lists: Vec<(UpstreamId, ListKind)> = self
+            .upstreams
+            .ids()
+            .filter(|&u| which(u))
+            .flat_map(|u| kinds.iter().map(move |&k| (u, k)))
+            .filter(|&(u, k)| {
+                let state = self.states[u.index()].lock().expect("lock");
+                let list = &state.lists[k as usize];
+                list.items.is_none() && list.failed_at.is_none()
+            })
+            .collect();
+        if lists.is_empty() {
+            return self.snapshot.load_full();
+        }
+        self.ensure_lists(&lists).await
+    }
+
+    async fn ensure_lists(&self, lists: &[(UpstreamId, ListKind)]) -> Arc<Snapshot> {
         let mut settled = self.settled.subscribe();
-        let (mine, theirs) = self.claim(kinds, &which);
+        let (mine, mut theirs) = self.claim_lists(lists);
         if !mine.is_empty() {
             self.fetch_claimed(mine).await;
         }
-        while theirs.iter().any(|&(u, kind)| self.states[u.index()].lock().expect("lock").lists[kind as usize].fetching)
-        {
-            if settled.changed().await.is_err() {
+        // Lists another caller was fetching: waited for; should that caller
+        // have gone away before its fetch settled (or the list changed
+        // again meanwhile), fetched here, a few rounds at most.
+        for _ in 0..WAIT_ROUNDS {
+            if theirs.is_empty() {
                 break;
             }
+            while theirs
+                .iter()
+                .any(|&(u, kind)| self.states[u.index()].lock().expect("lock").lists[kind as usize].fetching)
+            {
+                if settled.changed().await.is_err() {
+                    return self.snapshot.load_full();
+                }
+            }
+            let (mine, again) = self.claim_lists(&theirs);
+            if !mine.is_empty() {
+                self.fetch_claimed(mine).await;
+            }
+            theirs = again;
         }
         self.snapshot.load_full()
     }
 
-    /// Of the lists of `kinds` of the upstreams `which` picks that need
-    /// fetching now: those this caller fetches (marked as being fetched,
+    /// Of `lists`, those that need fetching now: those this caller fetches (marked as being fetched,
     /// with their change counts as the fetch starts), and those another
     /// caller is fetching already.
-    #[allow(clippy::type_complexity)]
-    fn claim(
-        &self,
-        kinds: &[ListKind],
-        which: &impl Fn(UpstreamId) -> bool,
-    ) -> (Vec<(UpstreamId, ListKind, u64)>, Vec<(UpstreamId, ListKind)>) {
+    fn claim_lists(&self, lists: &[(UpstreamId, ListKind)]) -> Claims {
         let (mut mine, mut theirs) = (Vec::new(), Vec::new());
-        for (u, state) in self.upstreams.ids().zip(&self.states) {
-            if !which(u) {
-                continue;
-            }
-            let mut state = state.lock().expect("lock");
-            for &kind in kinds {
-                let list = &mut state.lists[kind as usize];
-                let backing_off = list.failed_at.is_some_and(|t| t.elapsed() < self.config.retry_after);
-                let expired = list.expires.is_some_and(|t| t <= Instant::now());
-                if list.fetching {
-                    theirs.push((u, kind));
-                } else if (!list.fresh || expired) && !backing_off {
-                    list.fetching = true;
-                    mine.push((u, kind, list.changes));
-                }
+        for &(u, kind) in lists {
+            let mut state = self.states[u.index()].lock().expect("lock");
+            let list = &mut state.lists[kind as usize];
+            let backing_off = list.failed_at.is_some_and(|t| t.elapsed() < self.config.retry_after);
+            let expired = list.expires.is_some_and(|t| t <= Instant::now());
+            if list.fetching {
+                theirs.push((u, kind));
+            } else if (!list.fresh || expired) && !backing_off {
+                list.fetching = true;
+                mine.push((u, kind, list.changes));
             }
         }
         (mine, theirs)
@@ -345,8 +385,9 @@ impl Catalog {
             while let Some(Some(more)) = pending.next().now_or_never() {
                 batch.push(more);
             }
+            let done: Vec<(UpstreamId, ListKind)> = batch.iter().map(|(u, kind, _, _)| (*u, *kind)).collect();
             self.settle(batch);
-            guard.lists.retain(|&(u, kind)| self.states[u.index()].lock().expect("lock").lists[kind as usize].fetching);
+            guard.lists.retain(|list| !done.contains(list));
         }
     }
 
@@ -759,26 +800,31 @@ impl Catalog {
     /// once per name (not at every rebuild): by another upstream, a
     /// configuration matter; by the same upstream, which lists it twice.
     fn report_collision(&self, u: UpstreamId, kind: ListKind, exposed: String, holder: UpstreamId) {
-        /// Beyond this many names reported, the rest are counted and
-        /// logged again at every rebuild rather than remembered.
+        /// Beyond this many names reported, more are counted but not logged.
         const REMEMBERED: usize = 10_000;
+        /// Logged names are cut to this many characters.
+        const SHOWN: usize = 120;
+        let key =
+            switchboard_core::hash::fnv1a64(format!("{}\u{0}{}\u{0}{exposed}", u.index(), kind.label()).as_bytes());
         {
             let mut reported = self.reported.lock().expect("lock");
-            let key = (u, kind, exposed.clone().into_boxed_str());
             if reported.contains(&key) {
                 return;
             }
-            if reported.len() < REMEMBERED {
-                reported.insert(key);
+            if reported.len() >= REMEMBERED {
+                self.metrics.collision(kind);
+                return;
             }
+            reported.insert(key);
         }
         let upstream = &self.upstreams[u];
         self.metrics.collision(kind);
+        let name: String = exposed.chars().take(SHOWN).collect();
         if holder == u {
-            tracing::warn!(upstream = %upstream.name, list = kind.label(), name = %exposed,
+            tracing::warn!(upstream = %upstream.name, list = kind.label(), name = %name,
                 "the upstream lists this name more than once; the first is kept");
         } else {
-            tracing::error!(upstream = %upstream.name, list = kind.label(), name = %exposed,
+            tracing::error!(upstream = %upstream.name, list = kind.label(), name = %name,
                 other = %self.upstreams[holder].name,
                 "name collision: another upstream already exposes this name; this one is left out");
         }

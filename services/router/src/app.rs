@@ -77,6 +77,11 @@ pub struct App {
     /// Input requests of stateless upstreams awaiting the client's answer,
     /// by the router's id (`m.…`).
     awaiting: Mutex<HashMap<String, AwaitedAnswer>>,
+    /// Refusals of upstream requests being sent back at once
+    /// ([`REFUSALS_IN_FLIGHT`]), and waiting to be ([`REFUSALS_QUEUED`]);
+    /// beyond, a refusal is counted, not sent.
+    refusals: Arc<tokio::sync::Semaphore>,
+    refusals_queued: Arc<std::sync::atomic::AtomicUsize>,
     /// Legacy HTTP+SSE connections waiting for their `initialize`.
     legacy: Mutex<HashMap<Arc<str>, LegacyConnection>>,
 }
@@ -233,6 +238,8 @@ impl App {
                 changes: tokio::sync::broadcast::channel(256).0,
                 state_key: RwLock::new(None),
                 awaiting: Mutex::new(HashMap::new()),
+                refusals: Arc::new(tokio::sync::Semaphore::new(REFUSALS_IN_FLIGHT)),
+                refusals_queued: Arc::default(),
                 legacy: Mutex::new(HashMap::new()),
             }
         });
@@ -546,6 +553,11 @@ impl App {
     }
 }
 
+/// Refusals of upstream requests being sent back at once, at most, and
+/// waiting to be.
+const REFUSALS_IN_FLIGHT: usize = 256;
+const REFUSALS_QUEUED: usize = 65_536;
+
 impl Relay for App {
     fn not_delivered(&self, session: &Session, u: UpstreamId, message: &Bytes, reason: &'static str) {
         let upstream = &self.upstreams[u];
@@ -569,14 +581,25 @@ impl Relay for App {
         tracing::debug!(upstream = %upstream.name, session = %session.id, reason, method = env.method_str(),
             "server-to-client request refused back to the upstream");
         let answer = jsonrpc::error_response(Some(id), code, &why, None);
-        match session.open_channel(u) {
-            Some(channel) => {
-                tokio::spawn(async move {
-                    let _ = channel.send(answer).await;
-                });
-            }
-            None => tracing::debug!(upstream = %upstream.name, "no channel to refuse a request on"),
+        let Some(channel) = session.open_channel(u) else {
+            tracing::debug!(upstream = %upstream.name, "no channel to refuse a request on");
+            return;
+        };
+        let queued = self.refusals_queued.clone();
+        if queued.fetch_add(1, Ordering::Relaxed) >= REFUSALS_QUEUED {
+            queued.fetch_sub(1, Ordering::Relaxed);
+            // An upstream flooding far faster than it takes answers: the
+            // refusal is counted (above), not sent.
+            tracing::debug!(upstream = %upstream.name, "too many refusals on their way; this one is not sent");
+            return;
         }
+        let places = self.refusals.clone();
+        tokio::spawn(async move {
+            let place = places.acquire_owned().await;
+            let _ = channel.send(answer).await;
+            drop(place);
+            queued.fetch_sub(1, Ordering::Relaxed);
+        });
     }
 
     /// What a session's client should see of a message upstream `u` sent

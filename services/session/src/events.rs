@@ -89,9 +89,12 @@ impl Log {
     }
 
     /// Appends one message as an event with the next id, whatever the
-    /// backlog (the answer or error that ends a stream: one per stream).
-    pub fn push(&self, message: &[u8]) {
-        self.append(None, message, None, false);
+    /// backlog (the answer or error that ends a stream: one per stream),
+    /// up to a hard ceiling of twice the usual bounds: `false` beyond it (a
+    /// legacy client, whose every answer comes on its one stream, that
+    /// reads none of them).
+    pub fn push(&self, message: &[u8]) -> bool {
+        self.append(None, message, None, false)
     }
 
     /// Appends a message relayed from an upstream, if it fits: `false` if
@@ -144,6 +147,9 @@ impl Log {
                 }
             }
             if refusable && !fits(&state) {
+                return false;
+            }
+            if state.events.len() >= 2 * MAX_EVENTS || state.bytes + event.len() > 2 * MAX_BYTES {
                 return false;
             }
             state.next += 1;
@@ -334,6 +340,13 @@ mod tests {
         let resumed = drain(log.clone(), Some(0)).await;
         assert_eq!(resumed.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["2-1"]);
         assert_eq!(log.undelivered(), Some(1));
+    }
+
+    #[test]
+    fn answers_are_kept_up_to_a_hard_ceiling() {
+        let log = Log::new(0);
+        let kept = (0..3 * MAX_EVENTS).filter(|_| log.push(b"answer")).count();
+        assert_eq!(kept, 2 * MAX_EVENTS, "twice the usual bound, then refused");
     }
 
     #[tokio::test]

@@ -40,7 +40,7 @@ impl Metrics {
             stream_events_dropped: counter(
                 registry,
                 "switchboard_stream_events_dropped_total",
-                "Events for streams shared across replicas dropped because the queue to Redis was full.",
+                "Events for streams shared across replicas not copied to Redis: the queue to Redis was full, the event was over 4 MiB, or (a GET stream's message with no one to tell) its client had not read the 512 before it.",
             ),
             claims_lost: counter(
                 registry,

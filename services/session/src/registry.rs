@@ -13,6 +13,9 @@ use crate::Session;
 
 const SHARDS: usize = 16;
 
+/// A session in use when a cap was reached is looked at again no sooner.
+const IN_USE_RECHECK_MS: u64 = 1000;
+
 /// The caps a new session must fit under (`None`: no cap).
 #[derive(Debug, Clone, Copy)]
 pub struct Quota {
@@ -82,7 +85,8 @@ impl Owners {
 pub(crate) struct Registry {
     shards: Vec<RwLock<HashMap<Arc<str>, Arc<Session>>>>,
     count: AtomicU64,
-    /// Taken before a shard's lock, never while holding one.
+    /// Held around every change of the shards (taken before a shard's
+    /// lock, never while holding one), so that counts and maps agree.
     owners: Mutex<Owners>,
     /// No session can expire before this (ms since the sessions' epoch):
     /// the earliest expiry the last scan saw, as later use only delays
@@ -109,8 +113,8 @@ impl Registry {
     /// Adds a session.
     #[cfg(test)]
     pub fn insert(&self, session: Arc<Session>) {
-        let previous = self.shard(&session.id).write().expect("lock").insert(session.id.clone(), session.clone());
         let mut owners = self.owners.lock().expect("lock");
+        let previous = self.shard(&session.id).write().expect("lock").insert(session.id.clone(), session.clone());
         match previous {
             Some(previous) => owners.remove(&previous),
             None => {
@@ -142,15 +146,14 @@ impl Registry {
 
     /// Adds a session unless one with its id is there; returns the one kept.
     pub fn insert_if_absent(&self, session: Arc<Session>) -> Arc<Session> {
-        {
-            let mut shard = self.shard(&session.id).write().expect("lock");
-            if let Some(existing) = shard.get(&session.id) {
-                return existing.clone();
-            }
-            shard.insert(session.id.clone(), session.clone());
+        let mut owners = self.owners.lock().expect("lock");
+        let mut shard = self.shard(&session.id).write().expect("lock");
+        if let Some(existing) = shard.get(&session.id) {
+            return existing.clone();
         }
+        shard.insert(session.id.clone(), session.clone());
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.owners.lock().expect("lock").add(&session);
+        owners.add(&session);
         session
     }
 
@@ -161,10 +164,11 @@ impl Registry {
 
     /// Removes and returns a session.
     pub fn remove(&self, id: &str) -> Option<Arc<Session>> {
+        let mut owners = self.owners.lock().expect("lock");
         let removed = self.shard(id).write().expect("lock").remove(id);
         if let Some(session) = &removed {
             self.count.fetch_sub(1, Ordering::Relaxed);
-            self.owners.lock().expect("lock").remove(session);
+            owners.remove(session);
         }
         removed
     }
@@ -190,8 +194,9 @@ impl Registry {
     pub fn take_expired(&self, idle: Duration, which: impl Fn(&Session) -> bool) -> Vec<Arc<Session>> {
         let mut expired = Vec::new();
         for shard in &self.shards {
-            let mut shard = shard.write().expect("lock");
-            shard.retain(|_, s| {
+            let mut owners = self.owners.lock().expect("lock");
+            let before = expired.len();
+            shard.write().expect("lock").retain(|_, s| {
                 if which(s) && s.idle() > idle && !s.busy() {
                     expired.push(s.clone());
                     false
@@ -199,8 +204,8 @@ impl Registry {
                     true
                 }
             });
+            self.forget(&mut owners, &expired[before..]);
         }
-        self.forget(&expired);
         expired
     }
 
@@ -216,30 +221,32 @@ impl Registry {
         let mut expired = Vec::new();
         let mut earliest = u64::MAX;
         for shard in &self.shards {
-            let mut shard = shard.write().expect("lock");
-            shard.retain(|_, s| {
+            let mut owners = self.owners.lock().expect("lock");
+            let before = expired.len();
+            shard.write().expect("lock").retain(|_, s| {
                 let expiry = s.last_used_ms().saturating_add(idle_ms);
-                if expiry < now_ms && !s.busy() {
+                // In use (a request in flight, a GET stream, subscriptions
+                // kept here): kept, and looked at again a second from now
+                // at the soonest, so a long stream does not make every
+                // refusal scan.
+                let in_use = s.busy() || s.holds_subscriptions();
+                if expiry < now_ms && !in_use {
                     expired.push(s.clone());
                     false
                 } else {
-                    // A busy session is looked at again at once once idle.
-                    earliest = earliest.min(expiry.max(now_ms));
+                    let next = if in_use { expiry.max(now_ms + IN_USE_RECHECK_MS) } else { expiry };
+                    earliest = earliest.min(next);
                     true
                 }
             });
+            self.forget(&mut owners, &expired[before..]);
         }
         self.next_expiry_ms.store(if earliest == u64::MAX { now_ms + idle_ms } else { earliest }, Ordering::Relaxed);
-        self.forget(&expired);
         expired
     }
 
-    fn forget(&self, removed: &[Arc<Session>]) {
-        if removed.is_empty() {
-            return;
-        }
+    fn forget(&self, owners: &mut Owners, removed: &[Arc<Session>]) {
         self.count.fetch_sub(removed.len() as u64, Ordering::Relaxed);
-        let mut owners = self.owners.lock().expect("lock");
         for session in removed {
             owners.remove(session);
         }

@@ -300,9 +300,7 @@ impl Call {
                     Step::Relay(out, original) => {
                         let app = self.x.app();
                         if Envelope::parse(&original).is_ok_and(|e| e.kind == MessageKind::Request) {
-                            if !self.session.push(out) {
-                                app.not_delivered(&self.session, self.upstream, &original, "client_backlog");
-                            }
+                            self.session.push(out, Some(self.session.refusal(self.upstream, &original)));
                         } else {
                             app.metrics
                                 .upstreams

@@ -91,7 +91,8 @@ async fn message_phases(
         return Ok(match lists::open_session(&app, &who, &env, Some(id.clone())).await {
             Ok((session, answer)) => {
                 attach(&app, &session, stream);
-                session.push_answer(answer);
+                // A fresh stream: the answer fits.
+                let _ = session.push_answer(answer);
                 accepted()
             }
             Err(e) => {
@@ -118,7 +119,7 @@ async fn message_phases(
             tokio::spawn(async move {
                 let Ok(env) = Envelope::parse(&body) else { return };
                 let response = request(x, &headers, &session, &env, &body, true).await;
-                move_to_stream(&session, response).await;
+                move_to_stream(&app, &session, response).await;
             });
         }
         MessageKind::Notification => {
@@ -159,15 +160,21 @@ fn attach(app: &Arc<App>, session: &Arc<Session>, stream: mpsc::Sender<Bytes>) {
 }
 
 /// Moves one answer (a JSON body, or the messages of an SSE body) onto the
-/// session's stream 0.
-async fn move_to_stream(session: &Session, response: Response<Body>) {
+/// session's stream 0. A client that has read none of what waits there, up
+/// to twice the usual bounds, has its session ended; a server request that
+/// does not fit is refused back to its upstream.
+async fn move_to_stream(app: &Arc<App>, session: &Arc<Session>, response: Response<Body>) {
     let is_sse = response.headers().get(CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let mut body = response.into_body();
+    let not_reading = || async {
+        tracing::warn!(session = %session.id, "a legacy SSE client reads none of its answers; its session is ended");
+        app.sessions.end_here(&session.id).await;
+    };
     if !is_sse {
         let Ok(collected) = body.collect().await;
         let bytes = collected.to_bytes();
-        if !bytes.is_empty() {
-            session.push_answer(bytes);
+        if !bytes.is_empty() && !session.push_answer(bytes) {
+            not_reading().await;
         }
         return;
     }
@@ -184,10 +191,31 @@ async fn move_to_stream(session: &Session, response: Response<Body>) {
             let is_answer = jsonrpc::Envelope::parse(&event.data)
                 .is_ok_and(|e| matches!(e.kind, jsonrpc::MessageKind::Response | jsonrpc::MessageKind::Error));
             if is_answer {
-                session.push_answer(event.data);
-            } else if !session.push(event.data) {
-                tracing::debug!(session = %session.id, "a message for a legacy client that is not reading its stream was dropped");
+                if !session.push_answer(event.data) {
+                    not_reading().await;
+                    return;
+                }
+            } else if !session.push(event.data.clone(), None) {
+                refuse_relayed(app, session, &event.data);
             }
+        }
+    }
+}
+
+/// A relayed message a legacy client could not be given (`message`, as the
+/// client would have seen it): a server request is refused back to its
+/// upstream under the upstream's own id; anything else is dropped.
+fn refuse_relayed(app: &App, session: &Session, message: &Bytes) {
+    use switchboard_session::Relay as _;
+    let Ok(env) = Envelope::parse(message) else { return };
+    let routed = env.id.filter(|_| env.kind == MessageKind::Request).and_then(|id| session.answered(id));
+    match routed {
+        Some((u, theirs)) => {
+            let original = jsonrpc::request(Some(theirs.as_bytes()), env.method_str(), None);
+            app.not_delivered(session, u, &original, "client_backlog");
+        }
+        None => {
+            tracing::debug!(session = %session.id, "a message for a legacy client that is not reading its stream was dropped")
         }
     }
 }

@@ -81,12 +81,10 @@ pub async fn open_session(
         Some(c) if c.get().starts_with('{') => Arc::from(c.to_owned()),
         _ => Arc::from(empty_object()),
     };
-    // The first client may arrive before the catalog warm-up finished;
-    // wait for it once so the capabilities we declare are complete.
-    let snapshot = match app.catalog.current() {
-        s if s.generation > 0 => s,
-        _ => app.catalog.ensure_for(&[ListKind::Tools], |u| who.tenant.sees_upstream(u)).await,
-    };
+    // The first clients may arrive before the catalog warm-up fetched
+    // their upstreams' lists; wait for those once so the capabilities we
+    // declare are complete (never for other tenants' upstreams).
+    let snapshot = app.catalog.ensure_once_for(&[ListKind::Tools], |u| who.tenant.sees_upstream(u)).await;
     let merged = &snapshot.merged;
     let caps = server_capabilities(merged);
     let mut result = json!({

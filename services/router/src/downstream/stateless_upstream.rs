@@ -388,7 +388,7 @@ impl Call {
             let message = serde_json::to_vec(&message).expect("serializable");
             let delivered = match log {
                 Some(log) => log.offer(&message, None),
-                None => self.session.push(Bytes::from(message)),
+                None => self.session.push(Bytes::from(message), None),
             };
             if !delivered {
                 let why = "the client is not reading the messages already waiting for it; the upstream's request for input could not be passed on";

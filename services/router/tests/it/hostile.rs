@@ -493,34 +493,7 @@ async fn a_burst_of_server_requests_is_relayed_or_refused_back_every_one_counted
     eprintln!("burst of {BURST}: {received} relayed, {refused} refused back");
 
     // The same on the session's GET stream, which the client reads.
-    let mut get = client.open_stream().await;
-    let reader = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            let mut received = 0u64;
-            while let Some(message) = get.next(Duration::from_secs(5)).await {
-                if message["method"] == "ping" {
-                    received += 1;
-                    let answer = serde_json::json!({"jsonrpc": "2.0", "id": message["id"], "result": {}});
-                    assert_eq!(client.post(answer).await.status, StatusCode::ACCEPTED);
-                }
-            }
-            received
-        })
-    };
-    let before = router.metric("switchboard_relay_dropped_total", &["reason=\"client_backlog\""]).await;
-    let reply = client
-        .call("tools/call", serde_json::json!({"name": "web__burst", "arguments": {"count": 5000, "on": "get"}}))
-        .await;
-    let tally = reply["result"]["structuredContent"].clone();
-    let received = reader.await.unwrap();
-    let refused = tally["errors"]["-32603"].as_u64().unwrap_or(0);
-    assert_eq!(tally["missing"], 0, "{tally}");
-    assert_eq!(tally["answered"].as_u64().unwrap(), received, "{tally}");
-    assert_eq!(received + refused, 5000, "{tally}");
-    let after = router.metric("switchboard_relay_dropped_total", &["reason=\"client_backlog\""]).await;
-    assert_eq!(after - before, refused as f64);
-    eprintln!("burst of 5000 on the GET stream: {received} relayed, {refused} refused back");
+    burst_on_the_get_stream(&router, &client, 5000).await;
 
     // Requests the client never declared the capability for are refused
     // back, not relayed.
@@ -662,4 +635,50 @@ async fn the_admin_listener_is_bounded_and_timed_like_the_mcp_listener() {
     // The silent one at least (the 64 held follow it after their second).
     assert!(sample("switchboard_admin_connections_closed_total{reason=\"header_timeout\"}").is_some_and(|n| n >= 1.0));
     drop(held);
+}
+
+/// `count` pings on the session's GET stream at once, which the client
+/// reads and answers: every one answered by the client or refused back by
+/// the router (-32603), and each refusal counted.
+async fn burst_on_the_get_stream(router: &Router, client: &Client, count: u64) {
+    let mut get = client.open_stream().await;
+    let reader = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut received = 0u64;
+            while let Some(message) = get.next(Duration::from_secs(5)).await {
+                if message["method"] == "ping" {
+                    received += 1;
+                    let answer = serde_json::json!({"jsonrpc": "2.0", "id": message["id"], "result": {}});
+                    assert_eq!(client.post(answer).await.status, StatusCode::ACCEPTED);
+                }
+            }
+            received
+        })
+    };
+    let before = router.metric("switchboard_relay_dropped_total", &["reason=\"client_backlog\""]).await;
+    let arguments = serde_json::json!({"count": count, "on": "get"});
+    let reply = client.call("tools/call", serde_json::json!({"name": "web__burst", "arguments": arguments})).await;
+    let tally = reply["result"]["structuredContent"].clone();
+    let received = reader.await.unwrap();
+    let refused = tally["errors"]["-32603"].as_u64().unwrap_or(0);
+    assert_eq!(tally["missing"], 0, "{tally}");
+    assert_eq!(tally["answered"].as_u64().unwrap(), received, "{tally}");
+    assert_eq!(received + refused, count, "{tally}");
+    let after = router.metric("switchboard_relay_dropped_total", &["reason=\"client_backlog\""]).await;
+    assert_eq!(after - before, refused as f64);
+    eprintln!("burst of {count} on the GET stream: {received} relayed, {refused} refused back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_on_a_get_stream_kept_in_redis_is_relayed_or_refused_back_every_one_counted() {
+    let web = MockServer::start(MockOptions { burst_tool: true, ..mock_named("web") }).await;
+    let redis = switchboard_test_support::services::redis_url();
+    let prefix = switchboard_test_support::services::unique("sbtest:");
+    let extra = format!("[sessions]\nstore = \"redis\"\n[redis]\nurl = \"{redis}\"\nkey_prefix = \"{prefix}\"\n");
+    let router = Router::start(&format!("{extra}{}", http_upstream("web", &web.url, ""))).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    burst_on_the_get_stream(&router, &client, 3000).await;
+    assert!(client.call_tool("web__echo", serde_json::json!({"text": "ok"})).await["result"].is_object());
 }

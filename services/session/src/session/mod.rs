@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, OnceCell};
 
 use crate::events::Log;
 use crate::relayed;
-use crate::shared_streams::SharedStreams;
+use crate::shared_streams::{OnRefused, SharedStreams};
 use crate::store::{Record, Stored};
 use crate::{Client, Context, SessionError};
 
@@ -323,24 +323,44 @@ impl Session {
     }
 
     /// Sends a message on the session's GET stream, or keeps it (bounded)
-    /// for when one opens; `false` if it was refused: the client has not
-    /// read the messages already waiting (or, with shared streams, the
-    /// queue to Redis is full).
-    #[must_use]
-    pub fn push(&self, message: Bytes) -> bool {
+    /// for when one opens. If the client has not read the messages already
+    /// waiting (or, with shared streams, the queue to Redis is full), the
+    /// message is refused: `on_refused` is called, at once (and then the
+    /// answer is `false`) or, with shared streams, once Redis says so.
+    pub fn push(&self, message: Bytes, on_refused: Option<OnRefused>) -> bool {
         match &self.shared {
-            Some(shared) => shared.push(&self.id, message),
-            None => self.standalone.offer(&message, None),
+            Some(shared) => shared.push(&self.id, message, on_refused),
+            None => {
+                let taken = self.standalone.offer(&message, None);
+                if !taken {
+                    if let Some(on_refused) = on_refused {
+                        on_refused();
+                    }
+                }
+                taken
+            }
         }
     }
 
-    /// Sends the answer to a request on a legacy session's stream (its only
-    /// stream), whatever is waiting there: an answer is never dropped.
-    pub fn push_answer(&self, message: Bytes) {
-        match &self.shared {
-            Some(shared) => {
-                let _ = shared.push(&self.id, message);
+    /// What to do if a message upstream `u` sent (`original`, as sent) is
+    /// refused on its way to the client: the router's relay refuses it
+    /// back to the upstream (a request) or counts it.
+    pub fn refusal(&self, u: UpstreamId, original: &Bytes) -> OnRefused {
+        let (me, relay, original) = (self.me.clone(), self.ctx.relay.clone(), original.clone());
+        Box::new(move || {
+            if let (Some(session), Some(relay)) = (me.upgrade(), relay.upgrade()) {
+                relay.not_delivered(&session, u, &original, "client_backlog");
             }
+        })
+    }
+
+    /// Sends the answer to a request on a legacy session's stream (its only
+    /// stream), whatever is waiting there, up to a hard ceiling: `false`
+    /// beyond it (the client reads none of its answers; end the session).
+    #[must_use]
+    pub fn push_answer(&self, message: Bytes) -> bool {
+        match &self.shared {
+            Some(shared) => shared.push(&self.id, message, None),
             None => self.standalone.push(&message),
         }
     }
@@ -667,14 +687,14 @@ mod tests {
     #[tokio::test]
     async fn messages_wait_for_the_get_stream_and_a_new_get_takes_over() {
         let s = session();
-        assert!(s.push(Bytes::from_static(b"{\"n\":1}")));
+        assert!(s.push(Bytes::from_static(b"{\"n\":1}"), None));
         let mut first = s.open_stream(None).unwrap();
         let event = first.recv().await.unwrap();
         assert_eq!(&event[..], b"id: 0-0\ndata: {\"n\":1}\n\n", "queued before the GET, with an event id");
         // A second GET takes over: the first ends, the new one gets only what is new.
         let mut second = s.open_stream(None).unwrap();
         assert!(first.recv().await.is_none());
-        assert!(s.push(Bytes::from_static(b"{\"n\":2}")));
+        assert!(s.push(Bytes::from_static(b"{\"n\":2}"), None));
         assert_eq!(&second.recv().await.unwrap()[..], b"id: 0-1\ndata: {\"n\":2}\n\n");
         // Resuming from an event id replays what followed it.
         let mut resumed = s.open_stream(Some(EventId { stream: 0, seq: 0 })).unwrap();

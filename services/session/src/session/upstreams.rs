@@ -228,9 +228,7 @@ impl Inbox for SessionInbox {
         let Some(session) = self.session.upgrade() else { return };
         let Some(relay) = session.ctx.relay.upgrade() else { return };
         if let Some(out) = relay.relay(&session, self.upstream, &message) {
-            if !session.push(out) {
-                relay.not_delivered(&session, self.upstream, &message, "client_backlog");
-            }
+            session.push(out, Some(session.refusal(self.upstream, &message)));
         }
     }
 

@@ -125,6 +125,10 @@ const TAKEOVER_GAP: u64 = 1_000;
 const ANNOUNCE_DEDUPE_MS: u64 = 2_000;
 
 /// A write waiting for Redis.
+/// What to do when a stream 0 message is refused (its client is not
+/// reading): tell the upstream, count it.
+pub type OnRefused = Box<dyn FnOnce() + Send + Sync>;
+
 enum Op {
     Append {
         session: Arc<str>,
@@ -138,6 +142,9 @@ enum Op {
         dedupe: Option<&'static str>,
         /// The upstream's resume point after this event.
         resume: Option<Box<str>>,
+        /// Called if Redis refuses the event (stream 0 full of unread
+        /// events), once the write is done.
+        refused: Option<OnRefused>,
     },
     /// Where a request stream's events come from.
     Origin {
@@ -262,17 +269,26 @@ impl SharedStreams {
     }
 
     /// Queues a message for a session's stream 0 (numbered by Redis).
-    pub fn push(&self, session: &Arc<str>, message: Bytes) -> bool {
-        self.append_to_stream_zero(session, message, None)
+    /// `refused` is called if the message is not delivered: at once if the
+    /// write cannot even be queued (then `false`), or once Redis finds the
+    /// stream full of events its client has not read.
+    pub fn push(&self, session: &Arc<str>, message: Bytes, refused: Option<OnRefused>) -> bool {
+        self.append_to_stream_zero(session, message, None, refused)
     }
 
     /// Queues an announcement (a list change) for a session's stream 0: the
     /// same announcement from several replicas within a moment is sent once.
     pub fn announce(&self, session: &Arc<str>, message: Bytes, what: &'static str) {
-        let _ = self.append_to_stream_zero(session, message, Some(what));
+        let _ = self.append_to_stream_zero(session, message, Some(what), None);
     }
 
-    fn append_to_stream_zero(&self, session: &Arc<str>, message: Bytes, dedupe: Option<&'static str>) -> bool {
+    fn append_to_stream_zero(
+        &self,
+        session: &Arc<str>,
+        message: Bytes,
+        dedupe: Option<&'static str>,
+        refused: Option<OnRefused>,
+    ) -> bool {
         let append = Op::Append {
             session: session.clone(),
             stream: 0,
@@ -281,15 +297,23 @@ impl SharedStreams {
             data: message,
             dedupe,
             resume: None,
+            refused,
         };
-        self.enqueue(append)
+        match self.enqueue(append) {
+            Ok(()) => true,
+            Err(Op::Append { refused: Some(on_refused), .. }) => {
+                on_refused();
+                false
+            }
+            Err(_) => false,
+        }
     }
 
     /// Queues an event of a spilled stream, already encoded, with its
     /// number (and, for an event relayed from an upstream's stream, where
     /// the upstream could resume it after this event).
     pub fn spill(&self, session: &Arc<str>, stream: u64, seq: u64, event: Bytes, resume: Option<&str>) {
-        self.enqueue(Op::Append {
+        let _ = self.enqueue(Op::Append {
             session: session.clone(),
             stream,
             seq: Some(seq),
@@ -297,40 +321,41 @@ impl SharedStreams {
             data: event,
             dedupe: None,
             resume: resume.map(Box::from),
+            refused: None,
         });
     }
 
     /// Queues the end of a spilled stream: its readers end after its last event.
     pub fn spill_closed(&self, session: &Arc<str>, stream: u64) {
-        self.enqueue(Op::Close { session: session.clone(), stream });
+        let _ = self.enqueue(Op::Close { session: session.clone(), stream });
     }
 
     /// Queues the removal of an ended session's GET stream (request streams
     /// expire on their own, shortly after their answer).
     pub fn forget(&self, session: &Arc<str>) {
-        self.enqueue(Op::Forget { session: session.clone() });
+        let _ = self.enqueue(Op::Forget { session: session.clone() });
     }
 
-    /// Queues a write; `false` if it was dropped (too large, or the queue
-    /// is full).
-    fn enqueue(&self, op: Op) -> bool {
+    /// Queues a write; gives it back if it was dropped (too large, or the
+    /// queue is full).
+    fn enqueue(&self, op: Op) -> Result<(), Op> {
         if op.bytes() > MAX_EVENT_BYTES {
             self.metrics.stream_event_dropped();
             tracing::debug!(bytes = op.bytes(), "an event too large to copy to Redis; only this replica can replay it");
-            return false;
+            return Err(op);
         }
-        if self.queue.try_send(op).is_err() {
+        if let Err(full) = self.queue.try_send(op) {
             self.metrics.stream_event_dropped();
             // Once per burst, not once per event.
             if !self.warned_full.swap(true, Ordering::Relaxed) {
                 tracing::warn!("shared stream queue full (Redis too slow or down): events are dropped");
             }
-            return false;
+            return Err(full.into_inner());
         }
         if self.warned_full.load(Ordering::Relaxed) && self.queue.capacity() > QUEUE / 2 {
             self.warned_full.store(false, Ordering::Relaxed);
         }
-        true
+        Ok(())
     }
 
     /// Waits (at most `limit`) until every write queued so far reached Redis.
@@ -509,8 +534,9 @@ impl SharedStreams {
         }
     }
 
-    /// Writes a batch in one round trip (a pipeline of scripts).
-    async fn execute(&self, batch: &[Op]) -> Result<(), RedisError> {
+    /// Writes a batch in one round trip (a pipeline of scripts); returns
+    /// the positions in `batch` of the appends Redis refused.
+    async fn execute(&self, batch: &[Op]) -> Result<Vec<usize>, RedisError> {
         let mut pipe = redis::pipe();
         let mut any = false;
         for op in batch {
@@ -528,20 +554,42 @@ impl SharedStreams {
                 _ => {}
             }
         }
-        let invocations: Vec<redis::ScriptInvocation<'_>> = batch.iter().filter_map(|op| self.invocation(op)).collect();
+        // Each invocation with whether its answer is wanted, and where.
+        let invocations: Vec<(usize, bool, redis::ScriptInvocation<'_>)> = batch
+            .iter()
+            .enumerate()
+            .filter_map(|(i, op)| {
+                // Only a GET stream's appends can be refused.
+                let watched = matches!(op, Op::Append { seq: None, dedupe: None, .. });
+                self.invocation(op).map(|invocation| (i, watched, invocation))
+            })
+            .collect();
         if invocations.is_empty() && !any {
-            return Ok(());
+            return Ok(Vec::new());
         }
         pipe.load_script(&self.append).ignore().load_script(&self.close).ignore();
-        for invocation in &invocations {
-            pipe.invoke_script(invocation).ignore();
+        let mut watched = Vec::new();
+        for (i, watch, invocation) in &invocations {
+            pipe.invoke_script(invocation);
+            if *watch {
+                watched.push(*i);
+            } else {
+                pipe.ignore();
+            }
         }
-        self.link
+        let answers: Vec<redis::Value> = self
+            .link
             .call(|mut c| async move {
-                let _: redis::Value = pipe.query_async(&mut c).await?;
-                Ok(())
+                let answers: Vec<redis::Value> = pipe.query_async(&mut c).await?;
+                Ok(answers)
             })
-            .await
+            .await?;
+        Ok(watched
+            .into_iter()
+            .zip(answers)
+            .filter(|(_, answer)| matches!(answer, redis::Value::Int(2)))
+            .map(|(i, _)| i)
+            .collect())
     }
 
     fn invocation(&self, op: &Op) -> Option<redis::ScriptInvocation<'_>> {
@@ -549,7 +597,7 @@ impl SharedStreams {
             invocation.arg(self.wake_prefix()).arg(format!("{session} {stream}"));
         };
         match op {
-            Op::Append { session, stream, seq, encoded, data, dedupe, resume } => {
+            Op::Append { session, stream, seq, encoded, data, dedupe, resume, .. } => {
                 let mut invocation = self.append.prepare_invoke();
                 invocation.key(self.log_key(session, *stream)).key(self.meta_key(session, *stream));
                 invocation.key(format!("{}evd:{session}:{}", self.link.prefix, dedupe.unwrap_or("")));
@@ -602,6 +650,7 @@ impl Drop for Registered {
 async fn write(shared: Weak<SharedStreams>, mut writes: mpsc::Receiver<Op>) {
     let mut batch = Vec::with_capacity(BATCH);
     while writes.recv_many(&mut batch, BATCH).await > 0 {
+        let mut refused = Vec::new();
         let mut from = 0;
         while from < batch.len() {
             let mut to = from;
@@ -613,7 +662,10 @@ async fn write(shared: Weak<SharedStreams>, mut writes: mpsc::Receiver<Op>) {
             loop {
                 let Some(streams) = shared.upgrade() else { return };
                 match streams.execute(&batch[from..to]).await {
-                    Ok(()) => break,
+                    Ok(these) => {
+                        refused.extend(these.into_iter().map(|i| from + i));
+                        break;
+                    }
                     Err(e) => {
                         streams.metrics.store_error("stream_write");
                         tracing::debug!(error = %e, "cannot write shared stream events yet; retrying");
@@ -624,9 +676,21 @@ async fn write(shared: Weak<SharedStreams>, mut writes: mpsc::Receiver<Op>) {
             }
             from = to;
         }
-        for op in batch.drain(..) {
-            if let Op::Flush(done) = op {
-                let _ = done.send(());
+        for (i, op) in batch.drain(..).enumerate() {
+            match op {
+                Op::Flush(done) => {
+                    let _ = done.send(());
+                }
+                Op::Append { refused: on_refused, .. } if refused.contains(&i) => match on_refused {
+                    Some(on_refused) => on_refused(),
+                    None => {
+                        if let Some(streams) = shared.upgrade() {
+                            streams.metrics.stream_event_dropped();
+                        }
+                        tracing::debug!("a GET stream message refused: its client has not read the 512 before it");
+                    }
+                },
+                _ => {}
             }
         }
     }

@@ -6,10 +6,23 @@
 /// payload, owner replica (`''`: none), dedupe ms (`''`: none), the
 /// upstream's resume point after this event (`''`: none). Never an
 /// error (a failed script would fail its whole pipeline): an entry id
-/// already written (a retried write) is skipped.
+/// already written (a retried write) is skipped. Returns 1 when written,
+/// 0 when skipped as a duplicate announcement, 2 when refused: a stream 0
+/// already holds `max events` that no reader has sent (trimming would
+/// drop one unread).
 pub(super) const APPEND: &str = r"
 if ARGV[9] ~= '' then
   if not redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[9]) then return 0 end
+end
+if ARGV[1] == '' then
+  local d = redis.call('HGET', KEYS[2], 'delivered')
+  local unread
+  if d then
+    unread = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0') - tonumber(d)
+  else
+    unread = redis.call('XLEN', KEYS[1])
+  end
+  if unread >= tonumber(ARGV[4]) then return 2 end
 end
 local n
 if ARGV[1] == '' then

@@ -70,6 +70,6 @@ impl SharedStreams {
 
     /// Queues where a request stream's events come from (see [`Takeover`]).
     pub fn set_origin(&self, session: &Arc<str>, stream: u64, origin: String) {
-        self.enqueue(Op::Origin { session: session.clone(), stream, origin });
+        let _ = self.enqueue(Op::Origin { session: session.clone(), stream, origin });
     }
 }

@@ -243,15 +243,17 @@ async fn wait_for_new_session(channel: &Weak<Channel>, state: &SessionState, lim
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         let Some(me) = channel.upgrade() else { return false };
+        // Listening for a switch before looking, so none is missed. (The
+        // channel is held while waiting; closing it aborts this task.)
+        let switched = me.switched.notified();
+        tokio::pin!(switched);
+        switched.as_mut().enable();
         if me.closed.load(Ordering::Relaxed) {
             return false;
         }
         if me.state().epoch != state.epoch || tokio::time::Instant::now() >= deadline {
             return true;
         }
-        // Woken by a switch; else looked at again now and then. (Closing
-        // the channel aborts this task.)
-        let switched = me.switched.notified();
         let _ = tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + Duration::from_secs(30)), switched)
             .await;
     }

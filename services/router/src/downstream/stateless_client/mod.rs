@@ -261,10 +261,7 @@ fn result_tail(app: &App, who: &Principal, cache: bool) -> Vec<u8> {
 
 /// `server/discover`: the versions and capabilities, without a session.
 async fn discover(app: &Arc<App>, who: &Principal, id: &RawValue) -> Result<Response<Body>, Error> {
-    let snapshot = match app.catalog.current() {
-        s if s.generation > 0 => s,
-        _ => app.catalog.ensure_for(&[ListKind::Tools], |u| who.tenant.sees_upstream(u)).await,
-    };
+    let snapshot = app.catalog.ensure_once_for(&[ListKind::Tools], |u| who.tenant.sees_upstream(u)).await;
     let mut result = json!({
         "supportedVersions": switchboard_protocol::version::supported(),
         "capabilities": lists::server_capabilities(&snapshot.merged),

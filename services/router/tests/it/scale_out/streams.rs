@@ -156,7 +156,9 @@ async fn stream_writes_waiting_for_redis_are_bounded_and_the_excess_counted() {
     let event = |i: usize| bytes::Bytes::from(format!(r#"{{"jsonrpc":"2.0","method":"n","params":{{"i":{i}}}}}"#));
 
     // One write taken by the writer, which retries it while Redis is down.
-    streams.push(&session, event(0));
+    // (Events of a request stream: a GET stream's would also be refused
+    // beyond 512 its client has not read.)
+    streams.spill(&session, 7, 0, event(0), None);
     assert!(
         eventually(Duration::from_secs(10), || async {
             counter(&registry, "switchboard_session_store_errors_total") >= 1.0
@@ -165,7 +167,7 @@ async fn stream_writes_waiting_for_redis_are_bounded_and_the_excess_counted() {
     );
     // Then the queue: QUEUE more wait, five more are dropped.
     for i in 1..=QUEUE + 5 {
-        streams.push(&session, event(i));
+        streams.spill(&session, 7, i as u64, event(i), None);
     }
     assert_eq!(counter(&registry, "switchboard_stream_events_dropped_total"), 5.0);
 
