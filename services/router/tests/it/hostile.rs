@@ -493,7 +493,7 @@ async fn a_burst_of_server_requests_is_relayed_or_refused_back_every_one_counted
     eprintln!("burst of {BURST}: {received} relayed, {refused} refused back");
 
     // The same on the session's GET stream, which the client reads.
-    burst_on_the_get_stream(&router, &client, 5000).await;
+    burst_on_the_get_stream(&router, &web, &client, 5000).await;
 
     // Requests the client never declared the capability for are refused
     // back, not relayed.
@@ -640,8 +640,12 @@ async fn the_admin_listener_is_bounded_and_timed_like_the_mcp_listener() {
 /// `count` pings on the session's GET stream at once, which the client
 /// reads and answers: every one answered by the client or refused back by
 /// the router (-32603), and each refusal counted.
-async fn burst_on_the_get_stream(router: &Router, client: &Client, count: u64) {
+async fn burst_on_the_get_stream(router: &Router, web: &MockServer, client: &Client, count: u64) {
+    // The router opens the session's GET stream to the upstream in the
+    // background (besides its own catalog channel's).
+    let listening = web.mock.listening_sessions();
     let mut get = client.open_stream().await;
+    assert!(eventually(Duration::from_secs(10), || async { web.mock.listening_sessions() > listening }).await);
     let reader = {
         let client = client.clone();
         tokio::spawn(async move {
@@ -679,6 +683,8 @@ async fn a_burst_on_a_get_stream_kept_in_redis_is_relayed_or_refused_back_every_
     let router = Router::start(&format!("{extra}{}", http_upstream("web", &web.url, ""))).await;
     let mut client = Client::new(&router.url);
     client.initialize().await;
-    burst_on_the_get_stream(&router, &client, 3000).await;
+    // The session's upstream session, so that there is one to listen on.
+    assert!(client.call_tool("web__echo", serde_json::json!({"text": "a"})).await["result"].is_object());
+    burst_on_the_get_stream(&router, &web, &client, 3000).await;
     assert!(client.call_tool("web__echo", serde_json::json!({"text": "ok"})).await["result"].is_object());
 }

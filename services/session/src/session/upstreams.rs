@@ -132,6 +132,15 @@ impl Session {
         if let Some(channel) = self.open_channel(u) {
             return Some(channel);
         }
+        // Being opened right now: the answer to a request the upstream sent
+        // as soon as it was initialised (roots, from a process of the
+        // session's own) can overtake the end of the opening. Waited for;
+        // with no opening under way, the closure fails at once and nothing
+        // is opened.
+        let opening = self.channels[u.index()].get_or_try_init(|| async { Err::<Arc<dyn Channel>, ()>(()) }).await;
+        if let Ok(channel) = opening {
+            return Some(channel.clone());
+        }
         self.known_upstream(u).await?;
         self.channel(u).await.ok()
     }
