@@ -97,20 +97,47 @@ pub fn accepts_sse(headers: &HeaderMap) -> bool {
     !any
 }
 
-async fn read_body(app: &App, headers: &HeaderMap, body: Incoming) -> Result<Bytes, Error> {
+async fn read_body(app: &App, headers: &HeaderMap, mut body: Incoming) -> Result<Bytes, Error> {
     let limit = app.config.server.max_body_bytes;
     let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
+        // Refused before a byte of it is read; read and dropped meanwhile,
+        // so that a client that writes its whole body before reading the
+        // answer gets the 413 rather than a broken connection.
+        drain(body, limit);
         return Err(Error::BodyTooLarge { limit });
     }
-    match switchboard_core::body::collect(body, limit).await {
+    match switchboard_core::body::collect(&mut body, limit).await {
         Ok(bytes) => Ok(bytes),
-        Err(CollectError::TooLarge) => Err(Error::BodyTooLarge { limit }),
+        Err(CollectError::TooLarge) => {
+            drain(body, limit);
+            Err(Error::BodyTooLarge { limit })
+        }
         Err(CollectError::Read(e)) => {
             Err(Error::Parse(jsonrpc::ParseError::Syntax(format!("could not read the body: {e}"))))
         }
     }
 }
+
+/// Reads the rest of a refused body and drops it, in the background, for
+/// at most [`DRAIN_TIME`] and the larger of [`DRAIN_BYTES`] and 16 times the
+/// body limit; then the connection closes (its answer says so).
+fn drain(mut body: Incoming, limit: usize) {
+    use http_body_util::BodyExt;
+    let mut left = DRAIN_BYTES.max(limit.saturating_mul(16));
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + DRAIN_TIME;
+        while let Ok(Some(Ok(frame))) = tokio::time::timeout_at(deadline, body.frame()).await {
+            let Ok(data) = frame.into_data() else { continue };
+            let Some(rest) = left.checked_sub(data.len()) else { break };
+            left = rest;
+        }
+    });
+}
+
+/// Bounds on reading a refused body to its end.
+const DRAIN_BYTES: usize = 64 << 20;
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {

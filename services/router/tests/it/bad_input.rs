@@ -1,6 +1,8 @@
 //! Bad input gets a clear HTTP status and JSON-RPC error, and the router
 //! keeps serving afterwards.
 
+use std::time::Duration;
+
 use http::{Method, StatusCode};
 use serde_json::{json, Value};
 use switchboard_test_support::{http_upstream, mock_named, Client, MockServer, Router};
@@ -237,4 +239,46 @@ async fn answers_the_router_cannot_deliver_are_refused_and_counted_never_acknowl
     assert_eq!(client.post(answer(ask["id"].clone())).await.status, StatusCode::ACCEPTED);
     let done = stream.next(std::time::Duration::from_secs(10)).await.expect("the result");
     assert_eq!(done["result"]["content"][0]["text"], "sampled: hi", "{done}");
+}
+
+/// A body announced larger than `server.max_body_bytes` is refused with 413
+/// before it is read, and the client, still sending it, gets the answer
+/// rather than a reset connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_announced_oversized_body_gets_413_that_the_client_receives() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let web = MockServer::start(mock_named("web")).await;
+    let router = Router::start(&crate::routing::config(&http_upstream("web", &web.url, ""))).await;
+    for size in [5usize << 20, 40 << 20] {
+        let stream = tokio::net::TcpStream::connect(router.addr).await.unwrap();
+        let (mut read, mut write) = stream.into_split();
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {size}\r\n\r\n"
+        );
+        // As an asynchronous client does: the whole body written, then the
+        // answer read.
+        let writer = tokio::spawn(async move {
+            write.write_all(head.as_bytes()).await?;
+            let chunk = vec![b' '; 64 << 10];
+            let mut sent = 0;
+            while sent < size {
+                let n = chunk.len().min(size - sent);
+                write.write_all(&chunk[..n]).await?;
+                sent += n;
+            }
+            Ok::<_, std::io::Error>(())
+        });
+        let written = tokio::time::timeout(Duration::from_secs(30), writer).await;
+        // A client that stops at a failed write (as most do) never reads
+        // the answer: the router reads what is announced (within bounds).
+        assert!(matches!(written, Ok(Ok(Ok(())))), "{size} bytes announced: the body could be sent: {written:?}");
+        let mut answer = Vec::new();
+        let got = tokio::time::timeout(Duration::from_secs(10), read.read_to_end(&mut answer)).await;
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 413"), "{size} bytes announced: {got:?} {text}");
+        assert!(text.contains("-32600"), "{text}");
+    }
+    // Still serving.
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
 }

@@ -225,7 +225,7 @@ impl AnswerBody {
                 std::io::ErrorKind::InvalidData => UpstreamError::Protocol(crate::Cause::from_error(e)),
                 _ => UpstreamError::Connect(crate::Cause::with_source(format!("reading the response: {e}"), e)),
             }),
-            AnswerBody::Http2(body) => match switchboard_core::body::collect(body, limit).await {
+            AnswerBody::Http2(mut body) => match switchboard_core::body::collect(&mut body, limit).await {
                 Ok(body) => Ok(body),
                 Err(CollectError::TooLarge) => {
                     Err(UpstreamError::Protocol(format!("a response larger than {limit} bytes").into()))
