@@ -194,11 +194,18 @@ fn main() -> Result<()> {
     match cli.command {
         Command::CheckConfig { file } => {
             let config = Config::load(&file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            if let Some((cert, key)) = &config.server.tls {
+                switchboard_router::tls::Certificates::load(cert, key)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            }
             println!("{}: ok", file.display());
             for note in config.notes() {
                 println!("note: {note}");
             }
             println!("listen: {}", config.server.listen);
+            if let Some((cert, key)) = &config.server.tls {
+                println!("tls: {} (key {})", cert.display(), key.display());
+            }
             for u in &config.upstreams {
                 let how = match &u.transport {
                     switchboard_router::config::TransportConfig::Http(h) => format!("http {}", h.url),

@@ -33,6 +33,7 @@ pub mod error;
 mod exchange;
 mod metrics;
 mod server;
+pub mod tls;
 mod tools;
 
 pub use config::Config;

@@ -61,12 +61,18 @@ pub async fn serve_with(
         ),
         (None, None) => None,
     };
+    let certificates = match &config.server.tls {
+        Some((cert, key)) => Some(crate::tls::Certificates::load(cert, key)?),
+        None => None,
+    };
+    let tls = certificates.as_ref().map(crate::tls::Certificates::acceptor).transpose()?;
     let app = App::new(config)?;
     crate::downstream::takeover::install(&app);
     app.prepare().await;
     app.start();
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, upstreams = app.upstreams.len(), "switchboard listening on http://{addr}/mcp");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        tracing::info!(%addr, upstreams = app.upstreams.len(), "switchboard listening on {scheme}://{addr}/mcp");
     }
     let (stop_others, others_stopped) = tokio::sync::watch::channel(false);
     let stopped = move || {
@@ -76,6 +82,9 @@ pub async fn serve_with(
         }
     };
     let mut others = Vec::new();
+    if let Some(certificates) = certificates {
+        others.push(tokio::spawn(certificates.watch(stopped())));
+    }
     if let Some(edge) = edge_listener {
         let host = Arc::new(crate::edge::EdgeHost(app.clone()));
         others.push(tokio::spawn(switchboard_devices::serve(app.edge.clone(), host, edge, edge_tls, stopped())));
@@ -131,9 +140,8 @@ pub async fn serve_with(
                     connections::refuse(stream);
                     continue;
                 };
-                let activity = Activity::new();
-                let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service(&app, &activity)).into_owned());
-                tokio::spawn(connections::supervise(conn, admitted, activity, conns.clone()));
+                let served = Served { app: app.clone(), conns: conns.clone(), builder: builder.clone(), watcher: Some(graceful.watcher()) };
+                tokio::spawn(served.connection(stream, tls.clone(), admitted));
             }
             () = &mut shutdown => break,
         }
@@ -162,9 +170,8 @@ pub async fn serve_with(
                     connections::refuse(stream);
                     continue;
                 };
-                let activity = Activity::new();
-                let conn = draining.serve_connection(TokioIo::new(stream), service(&app, &activity)).into_owned();
-                tokio::spawn(connections::supervise(conn, admitted, activity, conns.clone()));
+                let served = Served { app: app.clone(), conns: conns.clone(), builder: draining.clone(), watcher: None };
+                tokio::spawn(served.connection(stream, tls.clone(), admitted));
             }
         }
     };
@@ -179,6 +186,54 @@ pub async fn serve_with(
     app.close().await;
     tracing::info!("shut down");
     Ok(())
+}
+
+/// What serves one accepted connection.
+struct Served {
+    app: Arc<App>,
+    conns: Arc<Connections>,
+    builder: auto::Builder<TokioExecutor>,
+    /// Graceful shutdown's, except while draining.
+    watcher: Option<hyper_util::server::graceful::Watcher>,
+}
+
+impl Served {
+    /// Serves `stream` (after the TLS handshake, within the header
+    /// timeout, with `tls`) until it ends or is closed for idleness.
+    async fn connection(
+        self,
+        stream: tokio::net::TcpStream,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        admitted: connections::Admitted,
+    ) {
+        let activity = Activity::new();
+        match tls {
+            None => self.serve(TokioIo::new(stream), activity, admitted).await,
+            Some(acceptor) => {
+                let timeout = self.conns.limits().header_timeout;
+                match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => self.serve(TokioIo::new(stream), activity, admitted).await,
+                    Ok(Err(e)) => {
+                        self.conns.closed("tls_handshake");
+                        tracing::debug!(error = %e, "TLS handshake failed");
+                    }
+                    Err(_) => self.conns.closed("header_timeout"),
+                }
+            }
+        }
+    }
+
+    async fn serve<I>(self, io: I, activity: Arc<Activity>, admitted: connections::Admitted)
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let Served { app, conns, builder, watcher } = self;
+        let conn = builder.serve_connection(io, service(&app, &activity)).into_owned();
+        match watcher {
+            Some(watcher) => connections::supervise(watcher.watch(conn), admitted, activity, conns).await,
+            None => connections::supervise(conn, admitted, activity, conns).await,
+        }
+    }
 }
 
 /// The HTTP service of one connection: [`route`], each request kept in

@@ -300,3 +300,40 @@ impl Drop for PrivateRedis {
         self.stop();
     }
 }
+
+/// A test CA (`ca.pem`) and a certificate for `localhost` and 127.0.0.1
+/// signed by it (`<name>.pem`, key `<name>.key`), made in `dir` with the
+/// openssl CLI. Calling it again with another `name` makes another
+/// certificate from the same CA.
+pub fn make_certificate(dir: &std::path::Path, name: &str) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    if !dir.join("ca.pem").exists() {
+        let ca = ["-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=switchboard test CA"];
+        run(&[&["req", "-x509"][..], &ec, &ca].concat());
+    }
+    let (key, csr, pem) = (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"));
+    run(&[&["req"][..], &ec, &["-keyout", &key, "-out", &csr, "-subj", "/CN=localhost"]].concat());
+    let ext = format!("{name}.cnf");
+    std::fs::write(dir.join(&ext), "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        &pem,
+        "-days",
+        "2",
+        "-extfile",
+        &ext,
+    ]);
+}

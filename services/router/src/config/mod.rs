@@ -126,6 +126,9 @@ pub struct ServerConfig {
     /// of being accepted (and each later request's within this long of
     /// their first byte).
     pub header_timeout: Duration,
+    /// TLS on the MCP listener: the PEM certificate chain and key, reloaded
+    /// when they change on disk (and on SIGHUP).
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
     /// A connection with no request in flight this long is closed.
     pub idle_timeout: Duration,
     /// Connections open at once, at most; beyond, 503 and closed.

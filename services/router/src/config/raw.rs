@@ -129,6 +129,8 @@ pub struct RawTenant {
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
     pub listen: Option<String>,
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
     pub max_body_bytes: Option<u64>,
     pub allowed_origins: Option<Vec<String>>,
     pub session_idle_timeout: Option<RawDuration>,
@@ -274,6 +276,7 @@ impl RawConfig {
             shutdown_grace: duration!(s.shutdown_grace, "server.shutdown_grace", Duration::from_secs(10)),
             worker_threads: s.worker_threads.unwrap_or(0) as usize,
             header_timeout: duration!(s.header_timeout, "server.header_timeout", Duration::from_secs(10)),
+            tls: tls_pair(s.tls_cert, s.tls_key, "server", &mut bad),
             idle_timeout: duration!(s.idle_timeout, "server.idle_timeout", Duration::from_secs(120)),
             max_connections: match s.max_connections.unwrap_or(10_000) {
                 0 => {
@@ -645,18 +648,7 @@ impl RawConfig {
                     }
                 },
             },
-            tls: match (e.tls_cert.filter(|c| !c.is_empty()), e.tls_key.filter(|k| !k.is_empty())) {
-                (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
-                (None, None) => None,
-                (Some(_), None) => {
-                    bad("edge.tls_key".into(), "is required with edge.tls_cert".into());
-                    None
-                }
-                (None, Some(_)) => {
-                    bad("edge.tls_cert".into(), "is required with edge.tls_key".into());
-                    None
-                }
-            },
+            tls: tls_pair(e.tls_cert, e.tls_key, "edge", &mut bad),
             max_frame_bytes: match e.max_frame_bytes {
                 None => 1 << 20,
                 Some(n) if (64..=(64 << 20)).contains(&n) => n as usize,
@@ -725,6 +717,27 @@ impl RawUpstream {
             "max_processes" => self.max_processes.is_some(),
             "idle_timeout" => self.idle_timeout.is_some(),
             _ => false,
+        }
+    }
+}
+
+/// `SECTION.tls_cert` and `SECTION.tls_key`: both or neither.
+fn tls_pair(
+    cert: Option<String>,
+    key: Option<String>,
+    section: &str,
+    bad: &mut impl FnMut(String, String),
+) -> Option<(PathBuf, PathBuf)> {
+    match (cert.filter(|c| !c.is_empty()), key.filter(|k| !k.is_empty())) {
+        (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
+        (None, None) => None,
+        (Some(_), None) => {
+            bad(format!("{section}.tls_key"), format!("is required with {section}.tls_cert"));
+            None
+        }
+        (None, Some(_)) => {
+            bad(format!("{section}.tls_cert"), format!("is required with {section}.tls_key"));
+            None
         }
     }
 }

@@ -534,60 +534,8 @@ async fn text_tasks_go_to_the_handler_tool_and_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reference_device_over_tls_and_its_text_task() {
     let dir = temp_dir("sb-edge-tls-");
-    let run = |args: &[&str]| {
-        let status = std::process::Command::new("openssl").args(args).current_dir(&dir).output().expect("openssl");
-        assert!(status.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&status.stderr));
-    };
     // A CA, and a certificate for localhost signed by it.
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=switchboard test CA",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        "router.key",
-        "-out",
-        "router.csr",
-        "-subj",
-        "/CN=localhost",
-    ]);
-    std::fs::write(dir.join("ext.cnf"), "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n").unwrap();
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "router.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "router.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "ext.cnf",
-    ]);
+    switchboard_test_support::services::make_certificate(&dir, "router");
 
     let agent = MockServer::start(mock_named("agent")).await;
     let tls = format!(

@@ -37,3 +37,4 @@ mod scale_out;
 mod shutdown;
 mod stateless;
 mod tenancy;
+mod tls;

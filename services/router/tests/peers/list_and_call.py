@@ -2,9 +2,10 @@
 
 Usage: list_and_call.py TARGET CALLS
   TARGET  an http(s) URL of a Streamable HTTP endpoint, a JSON object
-          {"url": ..., "key": ...} for one that wants an API key (sent as
-          Authorization: Bearer), or {"command": ..., "args": [...]} for a
-          stdio server
+          {"url": ..., "key": ..., "ca": ...} for one that wants an API key
+          (sent as Authorization: Bearer) or whose certificate is checked
+          against a CA bundle (PEM file), or {"command": ..., "args": [...]}
+          for a stdio server
   CALLS   a JSON array of [tool name, arguments] pairs
 
 Prints {"tools": [names], "results": [call results as JSON]} on stdout.
@@ -12,6 +13,7 @@ Prints {"tools": [names], "results": [call results as JSON]} on stdout.
 
 import asyncio
 import json
+import ssl
 import sys
 
 import httpx2
@@ -24,7 +26,9 @@ def target(spec: str):
         return spec
     params = json.loads(spec)
     if "url" in params:
-        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {params['key']}"})
+        headers = {"Authorization": f"Bearer {params['key']}"} if "key" in params else {}
+        verify = ssl.create_default_context(cafile=params["ca"]) if "ca" in params else True
+        http = httpx2.AsyncClient(headers=headers, verify=verify)
         return streamable_http_client(params["url"], http_client=http)
     return StdioServerParameters(command=params["command"], args=params.get("args", []))
 

@@ -1,0 +1,131 @@
+//! TLS on the MCP listener: rustls, TLS 1.2 and 1.3, ALPN `h2` and
+//! `http/1.1`, and a certificate that can change without a restart.
+//!
+//! [`Certificates`] is the server's certificate resolver: every handshake
+//! takes the certificate current at that moment, so a new one (files
+//! changed on disk, or SIGHUP) applies to new connections while those open
+//! go on with the one they started with. A certificate or key that cannot
+//! be read or does not match keeps the previous one, with a warning.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwap;
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
+use tokio_rustls::rustls::sign::CertifiedKey;
+use tokio_rustls::TlsAcceptor;
+
+/// How often the certificate files are looked at for a change.
+const WATCH_EVERY: Duration = Duration::from_secs(2);
+
+/// The listener's certificate, as its files last said.
+#[derive(Debug)]
+pub struct Certificates {
+    cert: PathBuf,
+    key: PathBuf,
+    current: ArcSwap<CertifiedKey>,
+    /// The files' modification times when last loaded.
+    loaded: Mutex<(Option<SystemTime>, Option<SystemTime>)>,
+}
+
+impl Certificates {
+    /// Loads the certificate chain and key (PEM); an error if they cannot
+    /// be read or do not go together.
+    pub fn load(cert: &Path, key: &Path) -> std::io::Result<Arc<Certificates>> {
+        let stamps = (modified(cert), modified(key));
+        let current = read(cert, key)?;
+        Ok(Arc::new(Certificates {
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+            current: ArcSwap::from_pointee(current),
+            loaded: Mutex::new(stamps),
+        }))
+    }
+
+    /// The acceptor for the listener: TLS 1.2 and 1.3, ALPN `h2` then
+    /// `http/1.1`, the certificate from here at each handshake.
+    pub fn acceptor(self: &Arc<Self>) -> std::io::Result<TlsAcceptor> {
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .map_err(|e| invalid("protocol versions", &e))?
+                .with_no_client_auth()
+                .with_cert_resolver(self.clone());
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(TlsAcceptor::from(Arc::new(config)))
+    }
+
+    /// Loads the files again (`force`: even if their times did not change).
+    /// Returns whether a new certificate is in use.
+    pub fn reload(&self, force: bool) -> bool {
+        let stamps = (modified(&self.cert), modified(&self.key));
+        {
+            let loaded = self.loaded.lock().expect("lock");
+            if !force && *loaded == stamps {
+                return false;
+            }
+        }
+        match read(&self.cert, &self.key) {
+            Ok(fresh) => {
+                self.current.store(Arc::new(fresh));
+                *self.loaded.lock().expect("lock") = stamps;
+                tracing::info!(cert = %self.cert.display(), "TLS certificate loaded; new connections use it");
+                true
+            }
+            Err(e) => {
+                // Half-written files (a renewal in progress) are looked at
+                // again at the next change or tick.
+                tracing::warn!(error = %e, "TLS certificate not reloaded; the previous one stays in use");
+                false
+            }
+        }
+    }
+
+    /// Reloads whenever the files change (looked at every [`WATCH_EVERY`])
+    /// and on SIGHUP, until `stop`.
+    pub async fn watch(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
+        tokio::pin!(stop);
+        let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        let mut tick = tokio::time::interval(WATCH_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let hung_up = async {
+                match hangup.as_mut() {
+                    Some(signal) => signal.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = &mut stop => return,
+                _ = tick.tick() => { self.reload(false); }
+                _ = hung_up => { self.reload(true); }
+            }
+        }
+    }
+}
+
+impl ResolvesServerCert for Certificates {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.load_full())
+    }
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+fn invalid(what: &str, e: &dyn std::fmt::Display) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("server TLS {what}: {e}"))
+}
+
+/// The certificate chain and key in these files, checked to go together.
+fn read(cert: &Path, key: &Path) -> std::io::Result<CertifiedKey> {
+    let (certs, key) = switchboard_devices::listen::read_pem(cert, key, "server TLS")?;
+    let provider = rustls::crypto::ring::default_provider();
+    let signing = provider.key_provider.load_private_key(key).map_err(|e| invalid("key", &e))?;
+    let certified = CertifiedKey::new(certs, signing);
+    certified.keys_match().map_err(|e| invalid("certificate and key", &e))?;
+    Ok(certified)
+}
