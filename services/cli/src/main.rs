@@ -194,7 +194,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::CheckConfig { file } => {
             let config = Config::load(&file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-            if let Some((cert, key)) = &config.server.tls {
+            for (cert, key) in config.server.tls.iter().chain(&config.admin.tls) {
                 switchboard_router::tls::Certificates::load(cert, key)
                     .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
             }

@@ -228,7 +228,7 @@ pub async fn serve(
         per_address: MAX_CONNECTIONS_PER_ADDRESS,
     };
     let conns = Connections::new(limits, &switchboard_core::metrics::Registry::new(), connections::Listener::Admin);
-    serve_bounded(listener, conns, admin, token, shutdown).await
+    serve_bounded(listener, conns, None, admin, token, shutdown).await
 }
 
 /// Serves the admin API on `listener` until `shutdown`, its connections
@@ -236,6 +236,7 @@ pub async fn serve(
 pub async fn serve_bounded(
     listener: TcpListener,
     conns: Arc<Connections>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     admin: Admin,
     token: String,
     shutdown: impl Future<Output = ()>,
@@ -251,24 +252,48 @@ pub async fn serve_bounded(
                     connections::refuse(stream);
                     continue;
                 };
-                let activity = Activity::new();
-                let service = {
-                    let (state, activity) = (state.clone(), activity.clone());
-                    hyper::service::service_fn(move |req| {
-                        let state = state.clone();
-                        let in_flight = activity.begin();
-                        async move {
-                            let response = handle(&state.0, &state.1, req).await;
-                            Ok::<_, Infallible>(response.map(|body| Tracked::new(body, in_flight)))
+                let (state, builder, conns, tls) = (state.clone(), builder.clone(), conns.clone(), tls.clone());
+                tokio::spawn(async move {
+                    let activity = Activity::new();
+                    match tls {
+                        None => serve_one(&builder, TokioIo::new(stream), state, activity, admitted, conns).await,
+                        Some(acceptor) => {
+                            if let Some(stream) = connections::tls_handshake(&acceptor, stream, &conns).await {
+                                serve_one(&builder, TokioIo::new(stream), state, activity, admitted, conns).await;
+                            }
                         }
-                    })
-                };
-                let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-                tokio::spawn(connections::supervise(conn, admitted, activity, conns.clone()));
+                    }
+                });
             }
             () = &mut shutdown => return Ok(()),
         }
     }
+}
+
+/// Serves one admin connection until it ends or is closed for idleness.
+async fn serve_one<I>(
+    builder: &hyper_util::server::conn::auto::Builder<TokioExecutor>,
+    io: I,
+    state: Arc<(Admin, String)>,
+    activity: Arc<Activity>,
+    admitted: connections::Admitted,
+    conns: Arc<Connections>,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let service = {
+        let activity = activity.clone();
+        hyper::service::service_fn(move |req| {
+            let state = state.clone();
+            let in_flight = activity.begin();
+            async move {
+                let response = handle(&state.0, &state.1, req).await;
+                Ok::<_, Infallible>(response.map(|body| Tracked::new(body, in_flight)))
+            }
+        })
+    };
+    let conn = builder.serve_connection(io, service).into_owned();
+    connections::supervise(conn, admitted, activity, conns).await;
 }
 
 fn reply(status: StatusCode, value: serde_json::Value) -> Response<Body> {

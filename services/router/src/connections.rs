@@ -385,6 +385,27 @@ pub async fn supervise<E: std::fmt::Display>(
     }
 }
 
+/// The TLS handshake of an accepted connection, within the header timeout;
+/// `None` (counted as `tls_handshake` or `header_timeout`) if it fails.
+pub async fn tls_handshake(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    stream: TcpStream,
+    conns: &Connections,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    match tokio::time::timeout(conns.limits().header_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(e)) => {
+            conns.closed("tls_handshake");
+            tracing::debug!(error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            conns.closed("header_timeout");
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -91,7 +91,6 @@ pub async fn serve_with(
     }
     if let Some((admin_listener, admin, token)) = extra.admin {
         let admin = admin.with_edge(app.edge.clone());
-        let stop = stopped();
         let server = &app.config.server;
         let conns = Connections::new(
             connections::Limits {
@@ -103,8 +102,17 @@ pub async fn serve_with(
             app.metrics.registry(),
             connections::Listener::Admin,
         );
+        let admin_certificates = match &app.config.admin.tls {
+            Some((cert, key)) => Some(crate::tls::Certificates::load(cert, key)?),
+            None => None,
+        };
+        let admin_tls = admin_certificates.as_ref().map(crate::tls::Certificates::acceptor).transpose()?;
+        if let Some(certificates) = admin_certificates {
+            others.push(tokio::spawn(certificates.watch(stopped())));
+        }
+        let stop = stopped();
         others.push(tokio::spawn(async move {
-            if let Err(e) = crate::admin::serve_bounded(admin_listener, conns, admin, token, stop).await {
+            if let Err(e) = crate::admin::serve_bounded(admin_listener, conns, admin_tls, admin, token, stop).await {
                 tracing::error!(error = %e, "the admin API stopped");
             }
         }));
@@ -210,14 +218,8 @@ impl Served {
         match tls {
             None => self.serve(TokioIo::new(stream), activity, admitted).await,
             Some(acceptor) => {
-                let timeout = self.conns.limits().header_timeout;
-                match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => self.serve(TokioIo::new(stream), activity, admitted).await,
-                    Ok(Err(e)) => {
-                        self.conns.closed("tls_handshake");
-                        tracing::debug!(error = %e, "TLS handshake failed");
-                    }
-                    Err(_) => self.conns.closed("header_timeout"),
+                if let Some(stream) = connections::tls_handshake(&acceptor, stream, &self.conns).await {
+                    self.serve(TokioIo::new(stream), activity, admitted).await;
                 }
             }
         }

@@ -1,5 +1,5 @@
-//! TLS on the MCP listener: rustls, TLS 1.2 and 1.3, ALPN `h2` and
-//! `http/1.1`, and a certificate that can change without a restart.
+//! TLS on the MCP and admin listeners: rustls, TLS 1.2 and 1.3, ALPN `h2`
+//! and `http/1.1`, and a certificate that can change without a restart.
 //!
 //! [`Certificates`] is the server's certificate resolver: every handshake
 //! takes the certificate current at that moment, so a new one (files

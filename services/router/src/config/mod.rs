@@ -99,6 +99,9 @@ pub struct AdminConfig {
     pub listen: Option<SocketAddr>,
     /// The bearer token it requires.
     pub token: Option<String>,
+    /// TLS on the admin listener: certificate chain and key (PEM), reloaded
+    /// as the MCP listener's are.
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// `[server]`: the downstream listener and its limits.

@@ -93,6 +93,8 @@ pub struct RawAudit {
 pub struct RawAdmin {
     pub listen: Option<String>,
     pub token: Option<String>,
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -626,6 +628,7 @@ impl RawConfig {
                 },
             },
             token: self.admin.token.filter(|t| !t.is_empty()),
+            tls: tls_pair(self.admin.tls_cert, self.admin.tls_key, "admin", &mut bad),
         };
         if admin.listen.is_some() {
             match &admin.token {

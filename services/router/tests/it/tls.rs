@@ -104,3 +104,43 @@ async fn the_mcp_listener_speaks_tls_and_takes_a_new_certificate_without_a_resta
     // The connection opened before goes on, on the old one.
     assert!(healthz(&mut before).await.starts_with("HTTP/1.1 200"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_speaks_tls_too() {
+    let dir = std::env::temp_dir().join(unique("sb-admin-tls-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    make_certificate(&dir, "admin");
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let token = "an-admin-token-of-some-length";
+    let file = dir.join("router.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[auth]\nmode = \"none\"\n[log]\nlevel = \"warn,switchboard_router::server=info\"\n\
+             [database]\nurl = \"sqlite:{}\"\n[admin]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"{token}\"\n\
+             tls_cert = \"{}\"\ntls_key = \"{}\"\n",
+            dir.join("switchboard.db").display(),
+            dir.join("admin.pem").display(),
+            dir.join("admin.key").display()
+        ),
+    )
+    .unwrap();
+    let (_router, _) = switchboard_test_support::peers::Process::spawn_announced(
+        &switchboard_test_support::router_binary(),
+        &["serve", "--config", file.to_str().unwrap(), "--listen", "127.0.0.1:0"],
+        &[],
+        "switchboard listening on",
+    )
+    .await;
+    let admin: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (mut stream, _) = handshake(admin, &dir.join("ca.pem")).await;
+    let request = format!("GET /v1/tenants HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await.unwrap().unwrap();
+    let answer = String::from_utf8_lossy(&buf[..n]);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
