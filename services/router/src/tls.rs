@@ -26,8 +26,10 @@ pub struct Certificates {
     cert: PathBuf,
     key: PathBuf,
     current: ArcSwap<CertifiedKey>,
-    /// The files' modification times when last loaded.
+    /// The files' modification times when last loaded, and when last
+    /// found unusable (not tried again, nor warned about, until they change).
     loaded: Mutex<(Option<SystemTime>, Option<SystemTime>)>,
+    failed: Mutex<Option<(Option<SystemTime>, Option<SystemTime>)>>,
 }
 
 impl Certificates {
@@ -41,6 +43,7 @@ impl Certificates {
             key: key.to_owned(),
             current: ArcSwap::from_pointee(current),
             loaded: Mutex::new(stamps),
+            failed: Mutex::new(None),
         }))
     }
 
@@ -61,22 +64,23 @@ impl Certificates {
     /// Returns whether a new certificate is in use.
     pub fn reload(&self, force: bool) -> bool {
         let stamps = (modified(&self.cert), modified(&self.key));
+        if !force
+            && (*self.loaded.lock().expect("lock") == stamps || *self.failed.lock().expect("lock") == Some(stamps))
         {
-            let loaded = self.loaded.lock().expect("lock");
-            if !force && *loaded == stamps {
-                return false;
-            }
+            return false;
         }
         match read(&self.cert, &self.key) {
             Ok(fresh) => {
                 self.current.store(Arc::new(fresh));
                 *self.loaded.lock().expect("lock") = stamps;
+                *self.failed.lock().expect("lock") = None;
                 tracing::info!(cert = %self.cert.display(), "TLS certificate loaded; new connections use it");
                 true
             }
             Err(e) => {
-                // Half-written files (a renewal in progress) are looked at
-                // again at the next change or tick.
+                // Half-written files (a renewal in progress) are tried again
+                // once they change; a bad file is warned about once.
+                *self.failed.lock().expect("lock") = Some(stamps);
                 tracing::warn!(error = %e, "TLS certificate not reloaded; the previous one stays in use");
                 false
             }
@@ -128,4 +132,35 @@ fn read(cert: &Path, key: &Path) -> std::io::Result<CertifiedKey> {
     let certified = CertifiedKey::new(certs, signing);
     certified.keys_match().map_err(|e| invalid("certificate and key", &e))?;
     Ok(certified)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_certificate_keeps_the_previous_one_and_is_tried_again_only_once_changed() {
+        let dir = std::env::temp_dir().join(format!("sb-tls-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("openssl").args(args).current_dir(&dir).output().unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        };
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-x509", "-days", "1"];
+        run(&[&["req"][..], &ec, &["-keyout", "k.pem", "-out", "c.pem", "-subj", "/CN=a"]].concat());
+        let certs = Certificates::load(&dir.join("c.pem"), &dir.join("k.pem")).unwrap();
+        let first = certs.current.load_full();
+        assert!(!certs.reload(false), "unchanged files are not read again");
+        // A key that does not go with the certificate.
+        run(&[&["req"][..], &ec, &["-keyout", "k.pem", "-out", "other.pem", "-subj", "/CN=b"]].concat());
+        assert!(!certs.reload(true));
+        assert!(Arc::ptr_eq(&first, &certs.current.load_full()), "the previous certificate stays");
+        assert!(certs.failed.lock().unwrap().is_some());
+        assert!(!certs.reload(false), "not tried again until the files change");
+        // The matching certificate arrives.
+        std::fs::copy(dir.join("other.pem"), dir.join("c.pem")).unwrap();
+        assert!(certs.reload(true));
+        assert!(!Arc::ptr_eq(&first, &certs.current.load_full()));
+        assert!(certs.failed.lock().unwrap().is_none());
+    }
 }
