@@ -155,10 +155,10 @@ pub(crate) struct Call {
 pub(crate) enum Step {
     /// The response: the call is over.
     Done(Bytes, Outcome),
-    /// A related message for the client: as the client gets it, and as
-    /// the upstream sent it (to refuse it back with, should the client not
-    /// take it).
-    Relay(Bytes, Bytes),
+    /// A related message for the client: as the client gets it, as the
+    /// upstream sent it (to refuse it back with, should the client not take
+    /// it), and whether it is a request (which the client must answer).
+    Relay(Bytes, Bytes, bool),
     /// Nothing to send.
     Skip,
 }
@@ -184,8 +184,9 @@ pub(crate) fn step(
     if let Some((message, outcome)) = answer(app, upstream, method, &message, &env, id, client_id) {
         return Step::Done(message, outcome);
     }
+    let is_request = env.kind == MessageKind::Request;
     match app.relay_parsed(session, upstream, &env, &message) {
-        Some(out) => Step::Relay(out, message),
+        Some(out) => Step::Relay(out, message, is_request),
         None => Step::Skip,
     }
 }
@@ -242,7 +243,7 @@ impl Call {
                         let code = if outcome == Outcome::Error { error_code(&message) } else { None };
                         break (outcome, code);
                     }
-                    Step::Relay(out, original) => {
+                    Step::Relay(out, original, _) => {
                         let resume = if spilled { stream.resume_point() } else { None };
                         if log.offer(&out, resume) {
                             self.x.add_sent(out.len());
@@ -297,10 +298,10 @@ impl Call {
             match next {
                 Some(Ok(message)) => match self.step(message) {
                     Step::Done(message, outcome) => break Ok((message, outcome)),
-                    Step::Relay(out, original) => {
+                    Step::Relay(out, original, is_request) => {
                         let app = self.x.app();
-                        if Envelope::parse(&original).is_ok_and(|e| e.kind == MessageKind::Request) {
-                            self.session.push(out, Some(self.session.refusal(self.upstream, &original)));
+                        if is_request {
+                            self.session.push(out, Some((self.upstream, &original)));
                         } else {
                             app.metrics
                                 .upstreams

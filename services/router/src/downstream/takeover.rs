@@ -125,7 +125,7 @@ async fn relay(
                     log.push(&answer);
                     return Ok(());
                 }
-                Step::Relay(out, original) => {
+                Step::Relay(out, original, _) => {
                     if !log.offer(&out, stream.resume_point()) {
                         app.not_delivered(&session, u, &original, "client_backlog");
                     }

@@ -325,33 +325,33 @@ impl Session {
     /// Sends a message on the session's GET stream, or keeps it (bounded)
     /// for when one opens. If the client has not read the messages already
     /// waiting (or, with shared streams, the queue to Redis is full), the
-    /// message is refused: `on_refused` is called, at once (and then the
-    /// answer is `false`) or, with shared streams, once Redis says so.
-    pub fn push(&self, message: Bytes, on_refused: Option<OnRefused>) -> bool {
+    /// message is refused (`false` when that is known at once). `from`:
+    /// the upstream it came from and the message as that upstream sent it,
+    /// which the router's relay then refuses back (a request) or counts, at
+    /// once or, with shared streams, once Redis says so.
+    pub fn push(&self, message: Bytes, from: Option<(UpstreamId, &Bytes)>) -> bool {
         match &self.shared {
-            Some(shared) => shared.push(&self.id, message, on_refused),
+            Some(shared) => {
+                // Told later, on the writer's task: the refusal travels with
+                // the write.
+                let on_refused = from.map(|(u, original)| {
+                    let (me, relay, original) = (self.me.clone(), self.ctx.relay.clone(), original.clone());
+                    Box::new(move || {
+                        if let (Some(session), Some(relay)) = (me.upgrade(), relay.upgrade()) {
+                            relay.not_delivered(&session, u, &original, "client_backlog");
+                        }
+                    }) as OnRefused
+                });
+                shared.push(&self.id, message, on_refused)
+            }
             None => {
                 let taken = self.standalone.offer(&message, None);
-                if !taken {
-                    if let Some(on_refused) = on_refused {
-                        on_refused();
-                    }
+                if let (false, Some((u, original)), Some(relay)) = (taken, from, self.ctx.relay.upgrade()) {
+                    relay.not_delivered(self, u, original, "client_backlog");
                 }
                 taken
             }
         }
-    }
-
-    /// What to do if a message upstream `u` sent (`original`, as sent) is
-    /// refused on its way to the client: the router's relay refuses it
-    /// back to the upstream (a request) or counts it.
-    pub fn refusal(&self, u: UpstreamId, original: &Bytes) -> OnRefused {
-        let (me, relay, original) = (self.me.clone(), self.ctx.relay.clone(), original.clone());
-        Box::new(move || {
-            if let (Some(session), Some(relay)) = (me.upgrade(), relay.upgrade()) {
-                relay.not_delivered(&session, u, &original, "client_backlog");
-            }
-        })
     }
 
     /// Sends the answer to a request on a legacy session's stream (its only

@@ -237,7 +237,7 @@ impl Inbox for SessionInbox {
         let Some(session) = self.session.upgrade() else { return };
         let Some(relay) = session.ctx.relay.upgrade() else { return };
         if let Some(out) = relay.relay(&session, self.upstream, &message) {
-            session.push(out, Some(session.refusal(self.upstream, &message)));
+            session.push(out, Some((self.upstream, &message)));
         }
     }
 
