@@ -1,0 +1,206 @@
+//! The few HTTP requests the router makes to authorization servers
+//! (metadata, JWKS, introspection): one connection per request, HTTP/1.1,
+//! over TLS for `https` (the platform's trust roots plus an optional CA
+//! bundle; verification is always on), each bounded in time and size.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+use tokio_rustls::rustls::{ClientConfig, RootCertStore};
+use tokio_rustls::TlsConnector;
+
+/// The largest answer read from an authorization server.
+pub const MAX_ANSWER_BYTES: usize = 1 << 20;
+
+/// Why a fetch failed (for logs and the refusal's reason).
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("{0} is not an http(s) URL with a host")]
+    Url(String),
+    #[error("cannot connect to {0}: {1}")]
+    Connect(String, String),
+    #[error("no answer from {0} within {1:?}")]
+    Timeout(String, Duration),
+    #[error("{0} answered {1}")]
+    Status(String, StatusCode),
+    #[error("{0}: {1}")]
+    Http(String, String),
+    #[error("{0}: the answer is larger than {MAX_ANSWER_BYTES} bytes")]
+    TooLarge(String),
+}
+
+/// Makes requests to authorization servers.
+#[derive(Clone)]
+pub struct Fetcher {
+    tls: TlsConnector,
+    timeout: Duration,
+}
+
+impl Fetcher {
+    /// A fetcher trusting the platform's roots and the certificates of
+    /// `extra_ca` (PEM), each request bounded by `timeout`.
+    pub fn new(extra_ca: Option<&[u8]>, timeout: Duration) -> Result<Fetcher, String> {
+        let mut roots = RootCertStore::empty();
+        let native = rustls_native_certs::load_native_certs();
+        for cert in native.certs {
+            let _ = roots.add(cert);
+        }
+        if let Some(pem) = extra_ca {
+            let certs: Vec<CertificateDer<'static>> = pem_certificates(pem)?;
+            if certs.is_empty() {
+                return Err("the CA file holds no certificate".into());
+            }
+            for cert in certs {
+                roots.add(cert).map_err(|e| format!("a CA certificate cannot be used: {e}"))?;
+            }
+        }
+        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+        let mut config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Fetcher { tls: TlsConnector::from(Arc::new(config)), timeout })
+    }
+
+    /// `GET url` (expecting JSON).
+    pub async fn get(&self, url: &str) -> Result<Bytes, FetchError> {
+        self.send(Method::GET, url, None, None).await
+    }
+
+    /// `POST url` with a form body, optionally with HTTP Basic client
+    /// authentication (RFC 6749, section 2.3.1).
+    pub async fn post_form(
+        &self,
+        url: &str,
+        form: &[(&str, &str)],
+        basic: Option<(&str, &str)>,
+    ) -> Result<Bytes, FetchError> {
+        let body: String =
+            form.iter().map(|(k, v)| format!("{}={}", form_encode(k), form_encode(v))).collect::<Vec<_>>().join("&");
+        let auth = basic.map(|(id, secret)| {
+            use base64::Engine as _;
+            let pair = format!("{}:{}", form_encode(id), form_encode(secret));
+            format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(pair))
+        });
+        self.send(Method::POST, url, Some(Bytes::from(body)), auth).await
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        form: Option<Bytes>,
+        auth: Option<String>,
+    ) -> Result<Bytes, FetchError> {
+        match tokio::time::timeout(self.timeout, self.exchange(method, url, form, auth)).await {
+            Ok(result) => result,
+            Err(_) => Err(FetchError::Timeout(url.to_owned(), self.timeout)),
+        }
+    }
+
+    async fn exchange(
+        &self,
+        method: Method,
+        url: &str,
+        form: Option<Bytes>,
+        auth: Option<String>,
+    ) -> Result<Bytes, FetchError> {
+        let uri: Uri = url.parse().map_err(|_| FetchError::Url(url.to_owned()))?;
+        let https = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => return Err(FetchError::Url(url.to_owned())),
+        };
+        let host = uri.host().ok_or_else(|| FetchError::Url(url.to_owned()))?.to_owned();
+        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let bare = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+        let tcp = TcpStream::connect((bare.as_str(), port))
+            .await
+            .map_err(|e| FetchError::Connect(url.to_owned(), e.to_string()))?;
+        let _ = tcp.set_nodelay(true);
+        let mut request = Request::builder()
+            .method(method)
+            .uri(uri.path_and_query().map_or("/", |p| p.as_str()))
+            .header(http::header::HOST, uri.authority().map_or(host.as_str(), |a| a.as_str()))
+            .header(http::header::ACCEPT, "application/json")
+            .header(http::header::USER_AGENT, concat!("switchboard/", env!("CARGO_PKG_VERSION")));
+        if form.is_some() {
+            request = request.header(http::header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+        }
+        if let Some(auth) = auth {
+            request = request.header(http::header::AUTHORIZATION, auth);
+        }
+        let request = request
+            .body(Full::new(form.unwrap_or_default()))
+            .map_err(|e| FetchError::Http(url.to_owned(), e.to_string()))?;
+        let http = |e: hyper::Error| FetchError::Http(url.to_owned(), e.to_string());
+        let response = if https {
+            let name = ServerName::try_from(bare).map_err(|_| FetchError::Url(url.to_owned()))?;
+            let tls =
+                self.tls.connect(name, tcp).await.map_err(|e| FetchError::Connect(url.to_owned(), e.to_string()))?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.map_err(http)?;
+            tokio::spawn(conn);
+            sender.send_request(request).await.map_err(http)?
+        } else {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.map_err(http)?;
+            tokio::spawn(conn);
+            sender.send_request(request).await.map_err(http)?
+        };
+        let status = response.status();
+        let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+            .collect()
+            .await
+            .map_err(|_| FetchError::TooLarge(url.to_owned()))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(FetchError::Status(url.to_owned(), status));
+        }
+        Ok(body)
+    }
+}
+
+/// `application/x-www-form-urlencoded` encoding of one name or value.
+fn form_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => out.push(b as char),
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// The certificates of a PEM bundle.
+fn pem_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+    CertificateDer::pem_slice_iter(pem).collect::<Result<Vec<_>, _>>().map_err(|e| format!("not PEM: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_forms() {
+        assert_eq!(form_encode("a b&c=d/é"), "a+b%26c%3Dd%2F%C3%A9");
+        assert_eq!(form_encode("AZaz09-._~"), "AZaz09-._~");
+    }
+
+    #[tokio::test]
+    async fn refuses_urls_it_cannot_fetch() {
+        let f = Fetcher::new(None, Duration::from_secs(1)).unwrap();
+        assert!(matches!(f.get("ftp://x/").await, Err(FetchError::Url(_))));
+        assert!(matches!(f.get("/relative").await, Err(FetchError::Url(_))));
+        assert!(Fetcher::new(Some(b"not a pem"), Duration::from_secs(1)).is_err());
+    }
+}
