@@ -34,6 +34,7 @@ fn batch(next: &AtomicU64) -> Vec<AuditRecord> {
                 response_bytes: 96,
                 trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
                 arguments: None,
+                user: None,
             }
         })
         .collect()

@@ -134,6 +134,7 @@ mod tests {
             response_bytes: 3,
             trace_id: None,
             arguments: None,
+            user: None,
         }
     }
 

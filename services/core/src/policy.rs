@@ -27,6 +27,11 @@ pub struct Policy {
     /// Store `tools/call` arguments in audit records.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub audit_arguments: bool,
+    /// The credentials the tenant accepts: `"api_keys"`, `"oauth"` (a token
+    /// of any authorization server that maps to it) or `"oauth:NAME"` (of
+    /// that one). Empty: all of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accept: Vec<String>,
 }
 
 /// Tool name patterns (`*` matches any run of characters, `?` one): a tool is
@@ -124,6 +129,12 @@ impl Policy {
         if self.limits.concurrent == Some(0) {
             out.push(("limits.concurrent".into(), "must be at least 1".into()));
         }
+        for (i, a) in self.accept.iter().enumerate() {
+            let known = a == "api_keys" || a == "oauth" || a.strip_prefix("oauth:").is_some_and(|n| !n.is_empty());
+            if !known {
+                out.push((format!("accept[{i}]"), format!("{a:?} is not \"api_keys\", \"oauth\" or \"oauth:NAME\"")));
+            }
+        }
         out
     }
 }
@@ -138,6 +149,8 @@ pub struct Tenant {
     unrestricted: bool,
     pub limits: Limits,
     pub audit_arguments: bool,
+    /// What the tenant accepts (see [`Policy::accept`]).
+    accept: Vec<String>,
 }
 
 impl Tenant {
@@ -158,7 +171,18 @@ impl Tenant {
             unrestricted,
             limits: policy.limits.clone(),
             audit_arguments: policy.audit_arguments,
+            accept: policy.accept.clone(),
         }
+    }
+
+    /// Whether the tenant takes API keys.
+    pub fn accepts_keys(&self) -> bool {
+        self.accept.is_empty() || self.accept.iter().any(|a| a == "api_keys")
+    }
+
+    /// Whether the tenant takes tokens of the authorization server `server`.
+    pub fn accepts_oauth(&self, server: &str) -> bool {
+        self.accept.is_empty() || self.accept.iter().any(|a| a == "oauth" || a.strip_prefix("oauth:") == Some(server))
     }
 
     /// Whether the tenant subscribes to upstream `u` (its resources, prompts, tools).
@@ -180,14 +204,30 @@ impl Tenant {
     }
 }
 
-/// Who made a request: the tenant, and the prefix of the key used.
+/// Who made a request: the tenant, and the key or the user.
 #[derive(Debug, Clone)]
 pub struct Principal {
     pub tenant: Arc<Tenant>,
-    /// Empty when authentication is off.
+    /// The prefix of the API key used; empty when authentication is off or
+    /// the caller presented an OAuth access token.
     pub key_prefix: Arc<str>,
-    /// The key's hash, for the per-key rate limit.
+    /// Who the caller is, for the per-key rate limit and session cap and
+    /// for binding sessions: the key's hash, or for a token `u:` and a hash
+    /// of its authorization server and user. Empty when authentication is off.
     pub key_id: Arc<str>,
+    /// The user an OAuth access token names (its `sub`, or the configured
+    /// claim), for audit records and traces; `None` for an API key.
+    pub user: Option<Arc<str>>,
+    /// The scopes of an OAuth access token, when the router maps scopes to
+    /// permissions; `None`: everything the tenant may do.
+    pub scopes: Option<Arc<[Box<str>]>>,
+}
+
+impl Principal {
+    /// The caller of an API key (or, with empty `key_*`, of the open tenant).
+    pub fn of_key(tenant: Arc<Tenant>, key_prefix: Arc<str>, key_id: Arc<str>) -> Principal {
+        Principal { tenant, key_prefix, key_id, user: None, scopes: None }
+    }
 }
 
 /// Why a request was not authenticated.
@@ -203,6 +243,18 @@ pub enum AuthFailure {
     /// database has been unreachable since it started. The key may well be
     /// valid; try again shortly.
     NotLoaded,
+    /// An OAuth access token that is not valid (signature, issuer,
+    /// audience, malformed, revoked).
+    TokenInvalid,
+    /// An OAuth access token past its expiry.
+    TokenExpired,
+    /// A good token, but its tenant does not accept it (or it names no
+    /// tenant of this router); or an API key of a tenant that accepts only
+    /// tokens.
+    NotAccepted,
+    /// The token could not be checked: its authorization server cannot be
+    /// reached and nothing about it is cached. Try again shortly.
+    Unverifiable,
 }
 
 impl AuthFailure {
@@ -212,6 +264,10 @@ impl AuthFailure {
             AuthFailure::Invalid => "invalid",
             AuthFailure::Expired => "expired",
             AuthFailure::NotLoaded => "not_loaded",
+            AuthFailure::TokenInvalid => "token_invalid",
+            AuthFailure::TokenExpired => "token_expired",
+            AuthFailure::NotAccepted => "not_accepted",
+            AuthFailure::Unverifiable => "token_unverifiable",
         }
     }
 
@@ -224,6 +280,12 @@ impl AuthFailure {
             AuthFailure::Expired => "the API key has expired; ask for a new one",
             AuthFailure::NotLoaded => {
                 "the router cannot check API keys yet: its database has been unreachable since it started; try again shortly"
+            }
+            AuthFailure::TokenInvalid => "the access token is not valid",
+            AuthFailure::TokenExpired => "the access token has expired",
+            AuthFailure::NotAccepted => "this credential is not accepted for the tenant it names",
+            AuthFailure::Unverifiable => {
+                "the access token cannot be checked now: its authorization server is unreachable; try again shortly"
             }
         }
     }

@@ -89,6 +89,9 @@ pub struct AuditRecord {
     /// The call's arguments, only for tenants that opted in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arguments: Option<String>,
+    /// The user an OAuth access token named (`None` for an API key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// A filter for reading the audit log back.
@@ -117,7 +120,7 @@ impl std::fmt::Debug for Database {
 }
 
 const AUDIT_COLUMNS: &str = "id, at_ms, tenant, key_prefix, session, method, target, upstream, outcome, error_code, \
-                             latency_us, request_bytes, response_bytes, trace_id, arguments";
+                             latency_us, request_bytes, response_bytes, trace_id, arguments, user_id";
 
 impl Database {
     /// Connects (lazily: the pool opens connections when first used, so a
@@ -340,6 +343,7 @@ impl Database {
                 Param::Int(Some(r.response_bytes)),
                 Param::Text(r.trace_id.clone()),
                 Param::Text(r.arguments.clone()),
+                Param::Text(r.user.clone()),
             ];
             for (j, p) in row.into_iter().enumerate() {
                 if j > 0 {
@@ -510,5 +514,6 @@ fn audit_row(r: &AnyRow) -> Result<AuditRecord, sqlx::Error> {
         response_bytes: r.try_get(13)?,
         trace_id: r.try_get(14)?,
         arguments: r.try_get(15)?,
+        user: r.try_get(16)?,
     })
 }

@@ -144,12 +144,13 @@ impl Key {
         if self.alg.is_some_and(|a| a != alg) {
             return false;
         }
-        match (&self.public, alg) {
-            (Public::Rsa { .. }, Alg::Rs256 | Alg::Rs384 | Alg::Rs512 | Alg::Ps256 | Alg::Ps384 | Alg::Ps512) => true,
-            (Public::Ec { p384: false, .. }, Alg::Es256) | (Public::Ec { p384: true, .. }, Alg::Es384) => true,
-            (Public::Ed25519(_), Alg::EdDsa) => true,
-            _ => false,
-        }
+        matches!(
+            (&self.public, alg),
+            (Public::Rsa { .. }, Alg::Rs256 | Alg::Rs384 | Alg::Rs512 | Alg::Ps256 | Alg::Ps384 | Alg::Ps512)
+                | (Public::Ec { p384: false, .. }, Alg::Es256)
+                | (Public::Ec { p384: true, .. }, Alg::Es384)
+                | (Public::Ed25519(_), Alg::EdDsa)
+        )
     }
 
     /// Whether `signature` is this key's `alg` signature of `message`.

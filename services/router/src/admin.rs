@@ -330,11 +330,19 @@ struct PolicyBody {
     limits: switchboard_core::policy::Limits,
     #[serde(default)]
     audit_arguments: bool,
+    #[serde(default)]
+    accept: Vec<String>,
 }
 
 impl From<PolicyBody> for Policy {
     fn from(p: PolicyBody) -> Policy {
-        Policy { upstreams: p.upstreams, tools: p.tools, limits: p.limits, audit_arguments: p.audit_arguments }
+        Policy {
+            upstreams: p.upstreams,
+            tools: p.tools,
+            limits: p.limits,
+            audit_arguments: p.audit_arguments,
+            accept: p.accept,
+        }
     }
 }
 

@@ -15,12 +15,13 @@ use switchboard_protocol::Method;
 
 use tokio::sync::mpsc;
 
-use crate::auth::{ApiKeys, Authenticator};
+use crate::auth::{Authenticator, Front};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::tools::{CatalogTools, DeviceTools, ToolSource};
 use switchboard_audit::Audit;
 use switchboard_catalog::Catalog;
+use switchboard_core::policy::Principal;
 use switchboard_db::Database;
 use switchboard_limits::Limiter;
 use switchboard_session::shared_streams::SharedStreams;
@@ -28,8 +29,9 @@ use switchboard_session::{Relay, Session, Sessions};
 use switchboard_tenancy::Directory;
 use switchboard_upstream::{self as upstream, Inbox, Upstream, Upstreams};
 
-/// A legacy connection's stream, and the tenant that opened it.
-type LegacyConnection = (mpsc::Sender<Bytes>, Arc<str>);
+/// A legacy connection's stream, and the tenant and caller (key or user,
+/// [`switchboard_core::policy::Principal::key_id`]) that opened it.
+type LegacyConnection = (mpsc::Sender<Bytes>, Arc<str>, Arc<str>);
 
 /// An input request awaiting its answer: the session asked, and where the
 /// answer goes.
@@ -49,7 +51,8 @@ pub struct App {
     pub config: Config,
     pub upstreams: Upstreams,
     pub catalog: Arc<Catalog>,
-    /// How callers are authenticated (API keys).
+    /// How callers are authenticated (API keys, OAuth access tokens) and
+    /// what their scopes allow.
     pub auth: Arc<dyn Authenticator>,
     /// Where tools come from, asked in this order: edge devices, the catalog.
     pub tools: Vec<Arc<dyn ToolSource>>,
@@ -108,6 +111,13 @@ impl App {
             !config.auth.required,
             metrics.tenancy.clone(),
         ));
+        let auth: Arc<dyn Authenticator> = match &config.oauth {
+            Some(oauth) => Arc::new(
+                Front::with_oauth(directory.clone(), oauth.clone(), metrics.oauth.clone())
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("[oauth]: {e}")))?,
+            ),
+            None => Arc::new(Front::keys(directory.clone())),
+        };
         let audit = match (&database, config.audit.enabled) {
             (Some(db), true) => Some(Audit::start(
                 db.clone(),
@@ -205,7 +215,6 @@ impl App {
                 announce,
             ));
             let catalog_tools = Arc::new(CatalogTools { catalog: catalog.clone(), upstreams: upstreams.clone() });
-            let auth: Arc<dyn Authenticator> = Arc::new(ApiKeys(directory.clone()));
             let relay: Weak<dyn Relay> = me.clone();
             let sessions = Sessions::new(
                 switchboard_session::Setup {
@@ -346,20 +355,20 @@ impl App {
 
     /// Registers a legacy HTTP+SSE connection until its `initialize` arrives
     /// (connections that closed meanwhile are forgotten); `tenant` opened it.
-    pub fn legacy_connect(&self, id: Arc<str>, stream: mpsc::Sender<Bytes>, tenant: Arc<str>) {
+    pub fn legacy_connect(&self, id: Arc<str>, stream: mpsc::Sender<Bytes>, who: &Principal) {
         let mut legacy = self.legacy.lock().expect("lock");
-        legacy.retain(|_, (s, _)| !s.is_closed());
-        legacy.insert(id, (stream, tenant));
+        legacy.retain(|_, (s, _, _)| !s.is_closed());
+        legacy.insert(id, (stream, who.tenant.name.clone(), who.key_id.clone()));
     }
 
-    /// Takes a legacy connection's stream for its `initialize`, if `tenant`
+    /// Takes a legacy connection's stream for its `initialize`, if `who`
     /// opened it.
-    pub fn legacy_take(&self, id: &str, tenant: &str) -> Option<mpsc::Sender<Bytes>> {
+    pub fn legacy_take(&self, id: &str, who: &Principal) -> Option<mpsc::Sender<Bytes>> {
         let mut legacy = self.legacy.lock().expect("lock");
-        if legacy.get(id).is_some_and(|(_, t)| &**t != tenant) {
+        if legacy.get(id).is_some_and(|(_, t, k)| *t != who.tenant.name || *k != who.key_id) {
             return None;
         }
-        legacy.remove(id).map(|(s, _)| s).filter(|s| !s.is_closed())
+        legacy.remove(id).map(|(s, _, _)| s).filter(|s| !s.is_closed())
     }
 
     /// Whether shutdown has begun.

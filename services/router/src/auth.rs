@@ -1,30 +1,301 @@
-//! Who is calling: the authenticate phase's extension point.
+//! Who is calling, and what they may do: the authenticate phase's
+//! extension point.
 //!
 //! An [`Authenticator`] turns a request's credentials into a [`Principal`]
-//! (its tenant, and the key that names the caller in records and limits),
-//! or says why not. API keys are the first kind; another (OAuth bearer
-//! tokens) is another implementation, chosen when the router starts.
+//! (its tenant, and the key or user that names the caller in records,
+//! limits and sessions), or says why not; it also says what a refusal's
+//! `WWW-Authenticate` challenge is, and whether a caller's scopes cover a
+//! request. [`Front`] is the router's: API keys, and OAuth access tokens
+//! when authorization servers are configured (`[oauth]`), side by side.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
-use http::HeaderMap;
-use switchboard_core::policy::{AuthFailure, Principal};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue};
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+use switchboard_core::policy::{glob, AuthFailure, Principal};
+use switchboard_oauth::{Failure, Rejection, Verified, Verifier};
 use switchboard_tenancy::Directory;
 
-/// Authenticates requests.
+use crate::config::{OAuthConfig, Permission, TenantFrom};
+use crate::error::Error;
+
+/// An authentication that finished at once, or one that must wait (for an
+/// authorization server's keys, or an introspection).
+pub enum Checked<'a> {
+    Done(Result<Principal, AuthFailure>),
+    Pending(Pin<Box<dyn Future<Output = Result<Principal, AuthFailure>> + Send + 'a>>),
+}
+
+impl Checked<'_> {
+    pub async fn outcome(self) -> Result<Principal, AuthFailure> {
+        match self {
+            Checked::Done(done) => done,
+            Checked::Pending(pending) => pending.await,
+        }
+    }
+}
+
+/// Authenticates requests and authorizes what they ask.
 pub trait Authenticator: Send + Sync {
     /// The caller of a request, from its headers. A refusal is counted
     /// (`switchboard_auth_failures_total`).
-    fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, AuthFailure>;
+    fn authenticate<'a>(&'a self, headers: &'a HeaderMap) -> Checked<'a>;
+
+    /// The `WWW-Authenticate` header a refusal carries, if any.
+    fn challenge(&self, err: &Error) -> Option<HeaderValue>;
+
+    /// Whether the caller may make a `method` request on `target` (a
+    /// tool's or prompt's name, a resource's URI): `Err` is a 403 naming
+    /// the scope that would allow it.
+    fn authorize(&self, who: &Principal, method: &str, target: Option<&str>) -> Result<(), Error>;
+
+    /// The protected resource metadata (RFC 9728) and the paths it is
+    /// served at, when the router is an OAuth resource server.
+    fn resource_metadata(&self, path: &str) -> Option<Bytes>;
 }
 
-/// API keys (`Authorization: Bearer sb_…` or `X-API-Key`), checked against
-/// the tenant directory's in-memory snapshot (no database on the request
-/// path). With `auth.mode = "none"`, every request is the open tenant's.
-pub struct ApiKeys(pub Arc<Directory>);
+/// The router's authenticator: API keys (`Authorization: Bearer sb_…` or
+/// `X-API-Key`), checked against the tenant directory's in-memory snapshot;
+/// any other bearer token is an OAuth access token, checked by the
+/// [`Verifier`]. With `auth.mode = "none"`, every request is the open
+/// tenant's.
+pub struct Front {
+    directory: Arc<Directory>,
+    oauth: Option<OAuth>,
+}
 
-impl Authenticator for ApiKeys {
-    fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, AuthFailure> {
-        self.0.authenticate(headers, switchboard_core::time::now_ms())
+/// The resource server's part.
+struct OAuth {
+    config: OAuthConfig,
+    verifier: Verifier,
+    /// Served at [`OAuthConfig::metadata_path`] and at the root form.
+    metadata: Bytes,
+    metadata_path: String,
+    /// `Bearer resource_metadata="…"[, scope="…"]`
+    missing: HeaderValue,
+    /// The same with `error="invalid_token"`.
+    invalid: HeaderValue,
+}
+
+impl Front {
+    /// Keys only.
+    pub fn keys(directory: Arc<Directory>) -> Front {
+        Front { directory, oauth: None }
     }
+
+    /// Keys, and the tokens of `config`'s authorization servers.
+    pub fn with_oauth(
+        directory: Arc<Directory>,
+        config: OAuthConfig,
+        metrics: switchboard_oauth::Metrics,
+    ) -> Result<Front, String> {
+        let servers = config.servers.iter().map(|s| s.settings.clone()).collect();
+        let verifier = Verifier::new(config.settings.clone(), servers, metrics)?;
+        let mut metadata = json!({
+            "resource": config.resource,
+            "authorization_servers": config.servers.iter().map(|s| s.settings.issuer.as_str()).collect::<Vec<_>>(),
+            "bearer_methods_supported": ["header"],
+        });
+        if !config.scopes.is_empty() {
+            metadata["scopes_supported"] = json!(config.scopes.keys().collect::<Vec<_>>());
+        }
+        if let Some(name) = &config.resource_name {
+            metadata["resource_name"] = json!(name);
+        }
+        let mut params = format!("resource_metadata=\"{}\"", config.metadata_url());
+        if let Some(scope) = &config.scope {
+            params.push_str(&format!(", scope=\"{scope}\""));
+        }
+        let header =
+            |text: String| HeaderValue::from_str(&text).map_err(|_| "the challenge is not a valid header".to_owned());
+        Ok(Front {
+            directory,
+            oauth: Some(OAuth {
+                metadata: Bytes::from(metadata.to_string()),
+                metadata_path: config.metadata_path(),
+                missing: header(format!("Bearer {params}"))?,
+                invalid: header(format!("Bearer error=\"invalid_token\", {params}"))?,
+                config,
+                verifier,
+            }),
+        })
+    }
+
+    fn keys_only(&self, headers: &HeaderMap) -> Result<Principal, AuthFailure> {
+        self.directory.authenticate(headers, switchboard_core::time::now_ms())
+    }
+}
+
+/// The bearer token of `Authorization`, if that is how the caller
+/// presented its credential.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?.trim();
+    if !value.get(..7)?.eq_ignore_ascii_case("bearer ") {
+        return None;
+    }
+    Some(value[7..].trim()).filter(|t| !t.is_empty())
+}
+
+impl Authenticator for Front {
+    fn authenticate<'a>(&'a self, headers: &'a HeaderMap) -> Checked<'a> {
+        let Some(oauth) = &self.oauth else {
+            return Checked::Done(self.keys_only(headers));
+        };
+        // An API key (ours have the `sb_` form; X-API-Key is only for keys).
+        let token = match bearer(headers) {
+            Some(token) if !token.starts_with("sb_") && headers.get("x-api-key").is_none() => token,
+            _ => return Checked::Done(self.keys_only(headers)),
+        };
+        match oauth.verifier.verify_cached(token) {
+            Some(done) => Checked::Done(self.principal(oauth, done)),
+            None => Checked::Pending(Box::pin(async move {
+                let done = oauth.verifier.verify(token).await;
+                self.principal(oauth, done)
+            })),
+        }
+    }
+
+    fn challenge(&self, err: &Error) -> Option<HeaderValue> {
+        let Some(oauth) = &self.oauth else {
+            return match err {
+                Error::Unauthenticated(AuthFailure::Missing) => {
+                    Some(HeaderValue::from_static(r#"Bearer realm="switchboard""#))
+                }
+                Error::Unauthenticated(AuthFailure::NotLoaded | AuthFailure::Unverifiable) => None,
+                Error::Unauthenticated(_) => {
+                    Some(HeaderValue::from_static(r#"Bearer realm="switchboard", error="invalid_token""#))
+                }
+                _ => None,
+            };
+        };
+        match err {
+            Error::Unauthenticated(AuthFailure::Missing) => Some(oauth.missing.clone()),
+            Error::Unauthenticated(AuthFailure::NotLoaded | AuthFailure::Unverifiable) => None,
+            Error::Unauthenticated(_) => Some(oauth.invalid.clone()),
+            Error::InsufficientScope(scope) => HeaderValue::from_str(&format!(
+                "Bearer error=\"insufficient_scope\", scope=\"{scope}\", resource_metadata=\"{}\"",
+                oauth.config.metadata_url()
+            ))
+            .ok(),
+            _ => None,
+        }
+    }
+
+    fn authorize(&self, who: &Principal, method: &str, target: Option<&str>) -> Result<(), Error> {
+        let (Some(scopes), Some(oauth)) = (&who.scopes, &self.oauth) else {
+            return Ok(());
+        };
+        let covers = |permission: &Permission| match (permission, method) {
+            (Permission::List, "tools/list" | "prompts/list" | "resources/list" | "resources/templates/list") => true,
+            (Permission::Call(pattern), "tools/call") => matches(pattern, target),
+            (
+                Permission::Read(pattern),
+                "prompts/get"
+                | "resources/read"
+                | "resources/subscribe"
+                | "resources/unsubscribe"
+                | "completion/complete",
+            ) => matches(pattern, target),
+            _ => false,
+        };
+        let guarded = matches!(
+            method,
+            "tools/list"
+                | "prompts/list"
+                | "resources/list"
+                | "resources/templates/list"
+                | "tools/call"
+                | "prompts/get"
+                | "resources/read"
+                | "resources/subscribe"
+                | "resources/unsubscribe"
+                | "completion/complete"
+        );
+        let granted = |scope: &str| oauth.config.scopes.get(scope).is_some_and(|ps| ps.iter().any(covers));
+        if !guarded || scopes.iter().any(|s| granted(s)) {
+            return Ok(());
+        }
+        // The most specific scope that would allow it, with those the
+        // token has (so that the new token keeps what the old one allowed).
+        let wanted = oauth
+            .config
+            .scopes
+            .iter()
+            .filter(|(_, ps)| ps.iter().any(covers))
+            .min_by_key(|(name, ps)| (ps.len(), name.len()))
+            .map(|(name, _)| name.as_str());
+        let mut scope: Vec<&str> = scopes.iter().map(|s| &**s).collect();
+        scope.extend(wanted);
+        Err(Error::InsufficientScope(scope.join(" ")))
+    }
+
+    fn resource_metadata(&self, path: &str) -> Option<Bytes> {
+        let oauth = self.oauth.as_ref()?;
+        (path == oauth.metadata_path || path == "/.well-known/oauth-protected-resource").then(|| oauth.metadata.clone())
+    }
+}
+
+/// A permission's pattern against the request's target (none: any target).
+fn matches(pattern: &Option<String>, target: Option<&str>) -> bool {
+    match pattern {
+        None => true,
+        Some(p) => target.is_some_and(|t| glob(p, t)),
+    }
+}
+
+impl Front {
+    /// A checked token as the caller: its tenant (which must accept the
+    /// token's authorization server), its user, and its scopes.
+    fn principal(&self, oauth: &OAuth, verified: Result<Verified, Failure>) -> Result<Principal, AuthFailure> {
+        let outcome = match verified {
+            Ok(v) => self.caller(oauth, &v),
+            Err(Failure::Rejected(Rejection::Expired)) => Err(AuthFailure::TokenExpired),
+            Err(Failure::Rejected(_)) => Err(AuthFailure::TokenInvalid),
+            Err(Failure::Unavailable(_)) => Err(AuthFailure::Unverifiable),
+        };
+        outcome.inspect_err(|failure| self.directory.metrics().auth_failed(failure.label()))
+    }
+
+    fn caller(&self, oauth: &OAuth, verified: &Verified) -> Result<Principal, AuthFailure> {
+        let server = &oauth.config.servers[verified.server];
+        let claims: &Map<String, Value> = &verified.claims;
+        let tenant_name = match &server.tenant {
+            TenantFrom::Fixed(name) => Some(name.clone()),
+            TenantFrom::Claim(claim) => switchboard_oauth::token::claim_text(claims, claim),
+        };
+        let tenant = tenant_name.and_then(|name| self.directory.tenant(&name)).ok_or(AuthFailure::NotAccepted)?;
+        if !tenant.accepts_oauth(&server.settings.name) {
+            return Err(AuthFailure::NotAccepted);
+        }
+        // A token of a client acting for itself (client credentials) may have
+        // no `sub` (an introspection answer): the client is the user then.
+        let user = switchboard_oauth::token::claim_text(claims, &server.user_claim)
+            .or_else(|| {
+                (server.user_claim == "sub")
+                    .then(|| switchboard_oauth::token::claim_text(claims, "client_id"))
+                    .flatten()
+            })
+            .ok_or(AuthFailure::TokenInvalid)?;
+        let id =
+            Sha256::new().chain_update(server.settings.name.as_bytes()).chain_update([0]).chain_update(user.as_bytes());
+        let key_id = format!("u:{}", &hex_of(&id.finalize())[..32]);
+        let scopes = (!oauth.config.scopes.is_empty()).then(|| {
+            switchboard_oauth::token::scopes(claims).into_iter().map(String::into_boxed_str).collect::<Arc<[_]>>()
+        });
+        Ok(Principal {
+            tenant,
+            key_prefix: Arc::from(""),
+            key_id: Arc::from(key_id),
+            user: Some(Arc::from(user)),
+            scopes,
+        })
+    }
+}
+
+fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -133,6 +133,7 @@ impl TaskRunner for Tasks {
                 response_bytes: answer.len() as i64,
                 trace_id: None,
                 arguments: principal.tenant.audit_arguments.then(|| arguments.to_string()),
+                user: principal.user.as_ref().map(|u| u.to_string()),
             });
         }
         answer

@@ -16,6 +16,8 @@ use switchboard_upstream::UpstreamError;
 
 /// JSON-RPC code of a request refused for its API key (HTTP 401).
 pub const UNAUTHENTICATED: i64 = -32011;
+/// JSON-RPC code of a request its token's scopes do not cover (HTTP 403).
+pub const INSUFFICIENT_SCOPE: i64 = -32013;
 /// JSON-RPC code of a request refused by a rate limit (HTTP 429).
 pub const RATE_LIMITED: i64 = -32029;
 
@@ -84,6 +86,10 @@ pub enum Error {
     ShuttingDown,
     #[error("{}", .0.message())]
     Unauthenticated(switchboard_core::policy::AuthFailure),
+    /// The access token's scopes do not cover the request; the `String` is
+    /// the scope to ask for (the token's and the one that would allow it).
+    #[error("the access token's scopes do not allow this request; ask for scope \"{0}\"")]
+    InsufficientScope(String),
     #[error("rate limit exceeded: the {limit} limit allows no more requests now; retry after {retry_after:?}")]
     RateLimited { limit: &'static str, retry_after: Duration },
     #[error("too many requests in flight for this tenant (at most {0}); retry when one finishes")]
@@ -180,6 +186,12 @@ impl Error {
             Error::Unauthenticated(AuthFailure::NotLoaded) => {
                 (Internal, StatusCode::SERVICE_UNAVAILABLE, code::INTERNAL_ERROR, "keys_not_loaded")
             }
+            Error::Unauthenticated(AuthFailure::Unverifiable) => {
+                (Internal, StatusCode::SERVICE_UNAVAILABLE, code::INTERNAL_ERROR, "token_unverifiable")
+            }
+            Error::InsufficientScope(_) => {
+                (Downstream, StatusCode::FORBIDDEN, INSUFFICIENT_SCOPE, "insufficient_scope")
+            }
             Error::Unauthenticated(_) => (Downstream, StatusCode::UNAUTHORIZED, UNAUTHENTICATED, "unauthenticated"),
             Error::RateLimited { .. } | Error::TooManyInFlight(_) => {
                 (Downstream, StatusCode::TOO_MANY_REQUESTS, RATE_LIMITED, "rate_limited")
@@ -250,6 +262,7 @@ impl Error {
             | Error::SessionStoreDown
             | Error::ShuttingDown
             | Error::Unauthenticated(AuthFailure::NotLoaded) => Some(Duration::from_secs(1)),
+            Error::Unauthenticated(AuthFailure::Unverifiable) => Some(Duration::from_secs(5)),
             _ => None,
         }
     }

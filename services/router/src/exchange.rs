@@ -59,6 +59,16 @@ struct InFlight {
     id: Range<usize>,
 }
 
+/// The response for `err`, with the authenticator's `WWW-Authenticate`
+/// challenge when it is a 401 or 403.
+fn error_response(app: &App, id: Option<&RawValue>, err: &Error) -> Response<Body> {
+    let mut response = respond::error(id, err);
+    if let Some(challenge) = app.auth.challenge(err) {
+        response.headers_mut().insert(http::header::WWW_AUTHENTICATE, challenge);
+    }
+    response
+}
+
 /// One request, from its arrival to its finish.
 pub struct Exchange {
     app: Arc<App>,
@@ -106,9 +116,11 @@ impl Exchange {
     }
 
     /// Phase: authenticate. The caller, from its credentials; a refusal is
-    /// counted by the authenticator.
-    pub fn authenticate(&mut self, headers: &HeaderMap) -> Result<Principal, Error> {
-        let principal = self.app.auth.authenticate(headers).map_err(Error::Unauthenticated)?;
+    /// counted by the authenticator. (It waits only for an access token
+    /// whose authorization server's keys are not cached yet, or that must
+    /// be introspected.)
+    pub async fn authenticate(&mut self, headers: &HeaderMap) -> Result<Principal, Error> {
+        let principal = self.app.auth.authenticate(headers).outcome().await.map_err(Error::Unauthenticated)?;
         self.principal = Some(principal.clone());
         Ok(principal)
     }
@@ -118,9 +130,9 @@ impl Exchange {
         self.principal.as_ref()
     }
 
-    /// Phase: session. The session a request names, if it is the caller's
-    /// tenant's; another tenant's session is reported exactly like one that
-    /// does not exist.
+    /// Phase: session. The session a request names, if the caller opened
+    /// it (the same tenant, and the same key or user); anyone else's session
+    /// is reported exactly like one that does not exist.
     pub async fn find_session(&mut self, headers: &HeaderMap) -> Result<Arc<Session>, Error> {
         let id = headers.get(&respond::SESSION_ID).ok_or(Error::MissingSession)?;
         let id = id.to_str().map_err(|_| Error::UnknownSession)?;
@@ -129,9 +141,13 @@ impl Exchange {
             return Err(Error::UnknownSession);
         }
         let session = self.app.sessions.find(id).await?.ok_or(Error::UnknownSession)?;
-        let tenant = &self.principal.as_ref().expect("authenticated before the session phase").tenant;
-        if session.tenant != tenant.name {
+        let who = self.principal.as_ref().expect("authenticated before the session phase");
+        if session.tenant != who.tenant.name {
             self.app.directory.metrics().auth_failed("wrong_tenant");
+            return Err(Error::UnknownSession);
+        }
+        if session.key != who.key_id {
+            self.app.directory.metrics().auth_failed("wrong_principal");
             return Err(Error::UnknownSession);
         }
         self.session = Some(session.clone());
@@ -147,6 +163,14 @@ impl Exchange {
     /// for `tools/call`).
     pub async fn admit(&mut self, env: &Envelope<'_>) -> Result<(), Error> {
         let who = self.principal.as_ref().expect("authenticated before admission");
+        if who.scopes.is_some() {
+            let params = env.params.and_then(|p| Target::parse(p).ok());
+            let target = params
+                .as_ref()
+                .and_then(|t| t.name.or(t.uri).or_else(|| t.reference.as_ref().and_then(|r| r.name.or(r.uri))))
+                .and_then(jsonrpc::as_str);
+            self.app.auth.authorize(who, env.method_str(), target.as_deref())?;
+        }
         let limits = &who.tenant.limits;
         if limits.key.is_none() && limits.tenant.is_none() && limits.tool.is_none() {
             return Ok(());
@@ -228,8 +252,9 @@ impl Exchange {
 
     /// Finishes with `err` as the answer, as `outcome`.
     pub fn fail_as(self, id: Option<&RawValue>, err: &Error, outcome: Outcome) -> Response<Body> {
+        let response = error_response(&self.app, id, err);
         self.finish(outcome, Some(err.code()));
-        respond::error(id, err)
+        response
     }
 
     /// Finishes a request the router answered itself: `ok` or `rejected`.
@@ -286,7 +311,7 @@ impl Exchange {
     ) -> Response<Body> {
         self.finished = true;
         self.app.metrics.rejected(err.label());
-        let response = respond::error(env.and_then(|e| e.id), &err);
+        let response = error_response(&self.app, env.and_then(|e| e.id), &err);
         if let Some(audit) = &self.app.audit {
             let mut record = self.draft(headers, env, request_bytes);
             if env.is_none() {
@@ -369,6 +394,7 @@ impl Exchange {
             response_bytes: 0,
             trace_id: trace_id(headers),
             arguments,
+            user: who.and_then(|w| w.user.as_ref()).map(|u| u.to_string()),
         }
     }
 }

@@ -48,6 +48,7 @@ pub struct Metrics {
     pub sessions: Arc<switchboard_session::Metrics>,
     /// Tenants and keys: refused keys, the database's reachability.
     pub tenancy: Arc<switchboard_tenancy::Metrics>,
+    pub oauth: switchboard_oauth::Metrics,
     /// Rate limits: refusals, Redis or local.
     pub limits: Arc<switchboard_limits::Metrics>,
     /// The audit writer: queue, spool, records.
@@ -97,6 +98,7 @@ impl Metrics {
             catalog: Arc::new(switchboard_catalog::Metrics::new(&registry)),
             sessions: Arc::new(switchboard_session::Metrics::new(&registry)),
             tenancy: Arc::new(switchboard_tenancy::Metrics::new(&registry)),
+            oauth: switchboard_oauth::Metrics::new(&registry),
             limits: Arc::new(switchboard_limits::Metrics::new(&registry)),
             audit: Arc::new(switchboard_audit::Metrics::new(&registry)),
             edge: Arc::new(switchboard_devices::Metrics::new(&registry)),

@@ -265,7 +265,7 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     if let Some(prefix) = path.strip_suffix("/sse") {
         if req.method() == http::Method::GET {
             let prefix = prefix.to_owned();
-            return downstream::legacy::open(app, req.headers(), &prefix);
+            return downstream::legacy::open(app, req.headers(), &prefix).await;
         }
     }
     if (path.ends_with("/messages") || path.ends_with("/message")) && req.method() == http::Method::POST {
@@ -291,6 +291,14 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
                 respond::text(StatusCode::OK, "ready\n")
             }
         }
-        _ => respond::text(StatusCode::NOT_FOUND, "not found: the MCP endpoint is /mcp\n"),
+        _ => match app.auth.resource_metadata(path) {
+            // RFC 9728: the protected resource metadata, for OAuth clients.
+            Some(metadata) if req.method() == http::Method::GET => {
+                let mut response = respond::json(metadata);
+                response.headers_mut().insert(http::header::CACHE_CONTROL, HeaderValue::from_static("max-age=300"));
+                response
+            }
+            _ => respond::text(StatusCode::NOT_FOUND, "not found: the MCP endpoint is /mcp\n"),
+        },
     }
 }

@@ -72,11 +72,7 @@ impl Directory {
     ) -> Directory {
         let open = open.then(|| {
             let policy = Policy { upstreams: vec!["*".into()], ..Policy::default() };
-            Principal {
-                tenant: Arc::new(Tenant::new("default", &policy, &upstreams)),
-                key_prefix: Arc::from(""),
-                key_id: Arc::from(""),
-            }
+            Principal::of_key(Arc::new(Tenant::new("default", &policy, &upstreams)), Arc::from(""), Arc::from(""))
         });
         let loaded = AtomicBool::new(db.is_none());
         let directory =
@@ -125,7 +121,10 @@ impl Directory {
         if live.expires_at_ms.is_some_and(|at| at <= now_ms) {
             return Err(AuthFailure::Expired);
         }
-        Ok(Principal { tenant: live.tenant.clone(), key_prefix: live.prefix.clone(), key_id: live.id.clone() })
+        if !live.tenant.accepts_keys() {
+            return Err(AuthFailure::NotAccepted);
+        }
+        Ok(Principal::of_key(live.tenant.clone(), live.prefix.clone(), live.id.clone()))
     }
 
     /// The tenant with this name, if any.

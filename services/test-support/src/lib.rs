@@ -49,7 +49,7 @@ pub struct Router {
 
 impl Router {
     /// Starts the router with this configuration (TOML; `server.listen` is
-    /// ignored). Unless the configuration has its own `[auth]` and
+    /// ignored; `{router}` stands for `http://ADDR` where it listens). Unless the configuration has its own `[auth]` and
     /// `[database]`, authentication is off and there is no database (so a
     /// test of routing needs neither keys nor a database file).
     pub async fn start(config_toml: &str) -> Router {
@@ -60,10 +60,12 @@ impl Router {
         if !config_toml.contains("[database]") {
             text.push_str("[database]\nurl = \"\"\n");
         }
-        text.push_str(config_toml);
-        let config = switchboard_router::Config::from_toml(&text).unwrap_or_else(|e| panic!("test config: {e}"));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
+        // `{router}` in the configuration: where the router listens (an
+        // OAuth resource identifier names it).
+        text.push_str(&config_toml.replace("{router}", &format!("http://{addr}")));
+        let config = switchboard_router::Config::from_toml(&text).unwrap_or_else(|e| panic!("test config: {e}"));
         let mut extra = switchboard_router::Listeners::default();
         let mut edge_addr = None;
         if let Some(wanted) = config.edge.listen {

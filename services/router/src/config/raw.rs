@@ -44,6 +44,8 @@ pub struct RawConfig {
     pub edge: RawEdge,
     #[serde(default)]
     pub tenants: Vec<RawTenant>,
+    #[serde(default)]
+    pub oauth: super::oauth::RawOAuth,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -125,6 +127,8 @@ pub struct RawTenant {
     pub limits: switchboard_core::policy::Limits,
     #[serde(default)]
     pub audit_arguments: bool,
+    #[serde(default)]
+    pub accept: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -203,7 +207,7 @@ pub enum RawDuration {
 }
 
 impl RawDuration {
-    fn parse(&self) -> Result<Duration, String> {
+    pub(super) fn parse(&self) -> Result<Duration, String> {
         match self {
             RawDuration::Seconds(s) => Ok(Duration::from_secs(*s)),
             RawDuration::Text(t) => parse_duration(t),
@@ -684,6 +688,7 @@ impl RawConfig {
                 tools: t.tools,
                 limits: t.limits,
                 audit_arguments: t.audit_arguments,
+                accept: t.accept,
             };
             for (field, message) in policy.problems(&upstream_names) {
                 bad(format!("tenants[{i}].{field}"), message);
@@ -691,8 +696,28 @@ impl RawConfig {
             tenants.push((name, policy));
         }
 
+        // [oauth]
+        let oauth = super::oauth::validate(self.oauth, &mut bad);
+        if oauth.is_some() && !auth.required {
+            bad("oauth".into(), "OAuth needs authentication on: remove auth.mode = \"none\"".into());
+        }
+
         if problems.is_empty() {
-            Ok(Config { server, catalog, upstreams, log, auth, database, redis, sessions, audit, admin, edge, tenants })
+            Ok(Config {
+                server,
+                catalog,
+                upstreams,
+                log,
+                auth,
+                database,
+                redis,
+                sessions,
+                audit,
+                admin,
+                edge,
+                tenants,
+                oauth,
+            })
         } else {
             Err(ConfigError { problems })
         }

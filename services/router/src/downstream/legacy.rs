@@ -32,12 +32,12 @@ use switchboard_core::ids::random_id;
 use switchboard_session::Session;
 
 /// `GET …/sse`: a new connection; `prefix` is the path before `/sse`.
-pub fn open(app: &Arc<App>, headers: &HeaderMap, prefix: &str) -> Response<Body> {
+pub async fn open(app: &Arc<App>, headers: &HeaderMap, prefix: &str) -> Response<Body> {
     let mut x = Exchange::new(app, Instant::now());
     if let Err(e) = check_origin(app, headers) {
         return x.reject(None, e);
     }
-    let who = match x.authenticate(headers) {
+    let who = match x.authenticate(headers).await {
         Ok(who) => who,
         Err(e) => return x.refuse(headers, None, 0, e, "GET /sse"),
     };
@@ -50,7 +50,7 @@ pub fn open(app: &Arc<App>, headers: &HeaderMap, prefix: &str) -> Response<Body>
     let endpoint = format!("{}{prefix}/messages?sessionId={id}", forwarded.trim_end_matches('/'));
     let (tx, rx) = mpsc::channel(64);
     let _ = tx.try_send(sse::encode_event(None, Some("endpoint"), endpoint.as_bytes()));
-    app.legacy_connect(id, tx, who.tenant.name.clone());
+    app.legacy_connect(id, tx, &who);
     respond::sse(rx, app.config.server.keep_alive)
 }
 
@@ -81,12 +81,12 @@ async fn message_phases(
     let app = x.app().clone();
     let body = x.receive(&headers, body).await?;
     let env = x.parse(&body)?;
-    let who = x.authenticate(&headers).map_err(|e| x.refuse(&headers, Some(&env), body.len(), e, "POST"))?;
+    let who = x.authenticate(&headers).await.map_err(|e| x.refuse(&headers, Some(&env), body.len(), e, "POST"))?;
     if env.kind == MessageKind::Request {
         x.admit(&env).await.map_err(|e| x.refuse(&headers, Some(&env), body.len(), e, "POST"))?;
     }
     if env.kind == MessageKind::Request && env.method_str() == "initialize" {
-        let stream = app.legacy_take(&id, &who.tenant.name).ok_or_else(|| x.reject(env.id, Error::UnknownSession))?;
+        let stream = app.legacy_take(&id, &who).ok_or_else(|| x.reject(env.id, Error::UnknownSession))?;
         x.discard();
         return Ok(match lists::open_session(&app, &who, &env, Some(id.clone())).await {
             Ok((session, answer)) => {
@@ -99,7 +99,7 @@ async fn message_phases(
                 // The answer belongs on the SSE stream; keep the connection for a retry.
                 let error = jsonrpc::error_response(env.id, e.code(), &e.to_string(), e.data().as_ref());
                 let _ = stream.try_send(sse::encode_event(None, None, &error));
-                app.legacy_connect(id, stream, who.tenant.name.clone());
+                app.legacy_connect(id, stream, &who);
                 accepted()
             }
         });
@@ -109,7 +109,7 @@ async fn message_phases(
     let session = app
         .sessions
         .get(&id)
-        .filter(|s| s.tenant == who.tenant.name && !s.for_tenant)
+        .filter(|s| s.tenant == who.tenant.name && s.key == who.key_id && !s.for_tenant)
         .ok_or_else(|| x.reject(env.id, Error::UnknownSession))?;
     x.set_session(&session);
     session.touch();

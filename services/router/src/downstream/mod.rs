@@ -101,7 +101,7 @@ async fn post_phases(mut x: Exchange, headers: &HeaderMap, body: Incoming) -> Re
         return Ok(stateless_client::post(x, headers, &env, &body).await);
     }
     // 3. Who is calling.
-    x.authenticate(headers).map_err(|e| x.refuse(headers, Some(&env), body.len(), e, "POST"))?;
+    x.authenticate(headers).await.map_err(|e| x.refuse(headers, Some(&env), body.len(), e, "POST"))?;
     // 4. The session: `initialize` makes one; anything else names one.
     if env.kind == MessageKind::Request && env.method_str() == "initialize" {
         x.admit(&env).await.map_err(|e| x.refuse(headers, Some(&env), body.len(), e, "POST"))?;
@@ -320,7 +320,7 @@ async fn session_phases(
     if let Err(e) = check_origin(app, headers) {
         return Err(x.reject(None, e));
     }
-    if let Err(e) = x.authenticate(headers) {
+    if let Err(e) = x.authenticate(headers).await {
         return Err(x.refuse(headers, None, 0, e, http));
     }
     // Loaded if another replica created it; another tenant's is unknown.

@@ -30,25 +30,12 @@ pub fn json_parts(parts: VecDeque<Bytes>) -> Response<Body> {
 }
 
 /// A JSON-RPC error response for `err`, with the status it calls for.
-/// A 401 carries `WWW-Authenticate`; a 429 or 503 `Retry-After` (whole
-/// seconds, rounded up).
+/// A 429 or 503 carries `Retry-After` (whole seconds, rounded up); the
+/// `WWW-Authenticate` of a 401 or 403 is the authenticator's to add
+/// ([`crate::exchange::Exchange`] does).
 pub fn error(id: Option<&RawValue>, err: &Error) -> Response<Body> {
     let body = jsonrpc::error_response(id, err.code(), &err.to_string(), err.data().as_ref());
     let mut response = with_type(err.status(), Body::full(body), JSON);
-    if let Error::Unauthenticated(failure) = err {
-        use switchboard_core::policy::AuthFailure;
-        let challenge = match failure {
-            AuthFailure::Missing => Some(HeaderValue::from_static(r#"Bearer realm="switchboard""#)),
-            // A 503: nothing is wrong with the key as far as anyone knows.
-            AuthFailure::NotLoaded => None,
-            AuthFailure::Invalid | AuthFailure::Expired => {
-                Some(HeaderValue::from_static(r#"Bearer realm="switchboard", error="invalid_token""#))
-            }
-        };
-        if let Some(challenge) = challenge {
-            response.headers_mut().insert(http::header::WWW_AUTHENTICATE, challenge);
-        }
-    }
     if let Some(after) = err.retry_after() {
         let seconds = after.as_millis().div_ceil(1000).max(1);
         response.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(seconds as u64));

@@ -9,6 +9,8 @@
 //!   members, odd ids, answers under another request's id.
 //! - `tenancy`: tenants, their catalogs and limits, the CLI.
 //! - `keys`: the key lifecycle, revocation, keys never in plain text.
+//! - `oauth`: the router as an OAuth resource server, with a real
+//!   authorization server and the Python SDK's OAuth client.
 //! - `audit`: one record per call, records kept through an outage.
 //! - `degraded`: the database, the audit queue or the spool failing.
 //! - `stateless`: MCP 2026-07-28 clients and upstreams, and the bridges.
@@ -31,6 +33,7 @@ mod edge;
 mod eras;
 mod hostile;
 mod keys;
+mod oauth;
 mod peers;
 mod routing;
 mod scale_out;

@@ -288,7 +288,7 @@ pub(super) async fn resume(
     let result = async {
         let key = app.state_key().await;
         let state = RoundState::open(&sealed, &key, switchboard_core::time::now_ms() as u64)?;
-        if state.tenant != *who.tenant.name || state.caller != *who.key_prefix {
+        if state.tenant != *who.tenant.name || state.caller != *who.key_id {
             return Err(Error::InvalidRequestState("not one this router issued".into()));
         }
         let session =
@@ -526,7 +526,7 @@ impl Round {
                 }
                 let state = RoundState {
                     tenant: self.client.who.tenant.name.to_string(),
-                    caller: self.client.who.key_prefix.to_string(),
+                    caller: self.client.who.key_id.to_string(),
                     session: self.session.id.to_string(),
                     stream: self.stream,
                     seq: seq?,

@@ -179,7 +179,7 @@ pub fn validate<'a>(headers: &HeaderMap, env: &Envelope<'a>) -> Result<Validated
 /// Serves one stateless request, after the transport checks and the envelope.
 pub async fn post(mut x: Exchange, headers: &HeaderMap, env: &Envelope<'_>, body: &Bytes) -> Response<Body> {
     if env.kind != MessageKind::Request {
-        if let Err(e) = x.authenticate(headers) {
+        if let Err(e) = x.authenticate(headers).await {
             return x.refuse(headers, Some(env), body.len(), e, "POST");
         }
         // Nothing for a stateless server to take: notifications are dropped,
@@ -196,7 +196,7 @@ pub async fn post(mut x: Exchange, headers: &HeaderMap, env: &Envelope<'_>, body
         Ok(valid) => valid,
         Err(e) => return x.reject(Some(id), e),
     };
-    let who = match x.authenticate(headers) {
+    let who = match x.authenticate(headers).await {
         Ok(who) => who,
         Err(e) => return x.refuse(headers, Some(env), body.len(), e, "POST"),
     };
@@ -244,7 +244,7 @@ fn result_tail(app: &App, who: &Principal, cache: bool) -> Vec<u8> {
     let mut tail = Vec::with_capacity(160);
     tail.extend_from_slice(br#","resultType":"complete""#);
     if cache {
-        let public = who.tenant.unrestricted() && who.key_prefix.is_empty();
+        let public = who.tenant.unrestricted() && who.key_id.is_empty();
         let scope = if public { "public" } else { "private" };
         tail.extend_from_slice(format!(r#","ttlMs":{},"cacheScope":"{scope}""#, app.catalog.ttl_ms()).as_bytes());
     }
