@@ -8,7 +8,7 @@
 //! - `app.rs`: the shared state, what happens to messages upstreams send on
 //!   their own (the sessions' `Relay`), shutdown.
 //! - `exchange.rs`: one request's context through its phases, finished once.
-//! - `auth.rs`: the authenticate phase (API keys).
+//! - `auth.rs`: the authenticate phase (API keys, OAuth access tokens) and scopes.
 //! - `tools/`: where tools come from: the catalog and edge devices.
 //! - `downstream/`: the client-facing endpoints, the phases in order
 //!   (`mod.rs`), transport checks, resolution, forwarding by era, lists,

@@ -303,6 +303,23 @@ impl Config {
     }
 }
 
+/// A duration written as `"250ms"`, `"5s"`, `"2m"`, `"1h"`, or a number of seconds.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(untagged)]
+pub enum RawDuration {
+    Seconds(u64),
+    Text(String),
+}
+
+impl RawDuration {
+    pub fn parse(&self) -> Result<Duration, String> {
+        match self {
+            RawDuration::Seconds(s) => Ok(Duration::from_secs(*s)),
+            RawDuration::Text(t) => parse_duration(t),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -482,6 +499,42 @@ mod tests {
         {
             assert!(keys.contains(&expected), "{expected} missing from {p:?}");
         }
+        // [oauth]: every bad key named at once; a good one validates.
+        let p = problems(
+            "[oauth]\nresource = \"mcp\"\nalgorithms = [\"HS256\", \"none\"]\nleeway = \"1h\"\n\
+             [oauth.scopes]\n\"mcp:x\" = [\"write\"]\n[oauth.servers.corp]\nissuer = \"not a url\"\n\
+             client_id = \"router\"\nca = \"/nonexistent/ca.pem\"\n[[tenants]]\nname = \"t\"\naccept = [\"tokens\"]\n",
+        );
+        let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
+        for expected in [
+            "oauth.resource",
+            "oauth.algorithms[0]",
+            "oauth.algorithms[1]",
+            "oauth.leeway",
+            "oauth.scopes.mcp:x[0]",
+            "oauth.servers.corp.issuer",
+            "oauth.servers.corp.client_secret",
+            "oauth.servers.corp.ca",
+            "oauth.servers.corp.tenant",
+            "tenants[0].accept[0]",
+        ] {
+            assert!(keys.contains(&expected), "{expected} missing from {p:?}");
+        }
+        let good = Config::from_toml(
+            "[oauth]\nresource = \"https://mcp.example.com/mcp\"\n[oauth.scopes]\n\"mcp:list\" = [\"list\"]\n\
+             [oauth.servers.corp]\nissuer = \"https://auth.example.com\"\ntenant = \"acme\"\n",
+        )
+        .unwrap();
+        let oauth = good.oauth.expect("[oauth] on");
+        assert_eq!(oauth.metadata_url(), "https://mcp.example.com/.well-known/oauth-protected-resource/mcp");
+        assert_eq!(oauth.scope.as_deref(), Some("mcp:list"));
+        // OAuth needs authentication on.
+        let p = problems(
+            "[auth]\nmode = \"none\"\n[oauth]\nresource = \"https://r/mcp\"\n\
+             [oauth.servers.x]\nissuer = \"https://a\"\ntenant = \"t\"\n",
+        );
+        assert_eq!(p.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["oauth"], "{p:?}");
+
         // No database: only config tenants, no audit, and the notes say so.
         let none = Config::from_toml("[database]\nurl = \"\"\n").unwrap();
         assert!(none.database.url.is_none());

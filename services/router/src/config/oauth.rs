@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use switchboard_oauth::{Alg, ServerSettings, Settings};
 
-use super::raw::RawDuration;
+use super::RawDuration;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

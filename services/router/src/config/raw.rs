@@ -11,9 +11,9 @@ use http::Uri;
 use serde::Deserialize;
 
 use super::{
-    parse_duration, AdminConfig, AuditConfig, AuthConfig, CatalogConfig, Config, ConfigError, DatabaseConfig,
-    EdgeConfig, HttpConfig, LogConfig, LogFormat, OriginPattern, RedisConfig, ResponseMode, ServerConfig,
-    SessionsConfig, StdioConfig, TransportConfig, UpstreamConfig,
+    AdminConfig, AuditConfig, AuthConfig, CatalogConfig, Config, ConfigError, DatabaseConfig, EdgeConfig, HttpConfig,
+    LogConfig, LogFormat, OriginPattern, RawDuration, RedisConfig, ResponseMode, ServerConfig, SessionsConfig,
+    StdioConfig, TransportConfig, UpstreamConfig,
 };
 
 /// The file as written. Unknown keys are errors, so typos do not pass silently.
@@ -196,23 +196,6 @@ pub struct RawUpstream {
     pub per_session: Option<bool>,
     pub max_processes: Option<u64>,
     pub idle_timeout: Option<RawDuration>,
-}
-
-/// A duration written as `"250ms"`, `"5s"`, `"2m"`, `"1h"`, or a number of seconds.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum RawDuration {
-    Seconds(u64),
-    Text(String),
-}
-
-impl RawDuration {
-    pub(super) fn parse(&self) -> Result<Duration, String> {
-        match self {
-            RawDuration::Seconds(s) => Ok(Duration::from_secs(*s)),
-            RawDuration::Text(t) => parse_duration(t),
-        }
-    }
 }
 
 const NAME_CHARS: &str = "letters, digits, '_' and '-'";
