@@ -146,13 +146,9 @@ impl Fetcher {
             let name = ServerName::try_from(bare).map_err(|_| FetchError::Url(url.to_owned()))?;
             let tls =
                 self.tls.connect(name, tcp).await.map_err(|e| FetchError::Connect(url.to_owned(), e.to_string()))?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.map_err(http)?;
-            tokio::spawn(conn);
-            sender.send_request(request).await.map_err(http)?
+            send_over(tls, request).await.map_err(http)?
         } else {
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.map_err(http)?;
-            tokio::spawn(conn);
-            sender.send_request(request).await.map_err(http)?
+            send_over(tcp, request).await.map_err(http)?
         };
         let status = response.status();
         let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
@@ -165,6 +161,19 @@ impl Fetcher {
         }
         Ok(body)
     }
+}
+
+/// One HTTP/1.1 request on a connection of its own.
+async fn send_over<I>(
+    io: I,
+    request: Request<Full<Bytes>>,
+) -> Result<http::Response<hyper::body::Incoming>, hyper::Error>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+    tokio::spawn(conn);
+    sender.send_request(request).await
 }
 
 /// `application/x-www-form-urlencoded` encoding of one name or value.
