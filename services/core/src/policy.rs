@@ -28,8 +28,9 @@ pub struct Policy {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub audit_arguments: bool,
     /// The credentials the tenant accepts: `"api_keys"`, `"oauth"` (a token
-    /// of any authorization server that maps to it) or `"oauth:NAME"` (of
-    /// that one). Empty: all of them.
+    /// of any authorization server that maps to it), `"oauth:NAME"` (of
+    /// that one) or `"client_cert"` (a client certificate whose subject
+    /// maps to it). Empty: all of them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accept: Vec<String>,
 }
@@ -130,9 +131,15 @@ impl Policy {
             out.push(("limits.concurrent".into(), "must be at least 1".into()));
         }
         for (i, a) in self.accept.iter().enumerate() {
-            let known = a == "api_keys" || a == "oauth" || a.strip_prefix("oauth:").is_some_and(|n| !n.is_empty());
+            let known = a == "api_keys"
+                || a == "oauth"
+                || a == "client_cert"
+                || a.strip_prefix("oauth:").is_some_and(|n| !n.is_empty());
             if !known {
-                out.push((format!("accept[{i}]"), format!("{a:?} is not \"api_keys\", \"oauth\" or \"oauth:NAME\"")));
+                out.push((
+                    format!("accept[{i}]"),
+                    format!("{a:?} is not \"api_keys\", \"oauth\", \"oauth:NAME\" or \"client_cert\""),
+                ));
             }
         }
         out
@@ -183,6 +190,11 @@ impl Tenant {
     /// Whether the tenant takes tokens of the authorization server `server`.
     pub fn accepts_oauth(&self, server: &str) -> bool {
         self.accept.is_empty() || self.accept.iter().any(|a| a == "oauth" || a.strip_prefix("oauth:") == Some(server))
+    }
+
+    /// Whether the tenant takes client certificates.
+    pub fn accepts_client_cert(&self) -> bool {
+        self.accept.is_empty() || self.accept.iter().any(|a| a == "client_cert")
     }
 
     /// Whether the tenant subscribes to upstream `u` (its resources, prompts, tools).
@@ -255,6 +267,9 @@ pub enum AuthFailure {
     /// The token could not be checked: its authorization server cannot be
     /// reached and nothing about it is cached. Try again shortly.
     Unverifiable,
+    /// A client certificate (verified) whose subject names no tenant, and
+    /// no other credential.
+    UnknownCertificate,
 }
 
 impl AuthFailure {
@@ -268,6 +283,7 @@ impl AuthFailure {
             AuthFailure::TokenExpired => "token_expired",
             AuthFailure::NotAccepted => "not_accepted",
             AuthFailure::Unverifiable => "token_unverifiable",
+            AuthFailure::UnknownCertificate => "certificate_unmapped",
         }
     }
 
@@ -286,6 +302,9 @@ impl AuthFailure {
             AuthFailure::NotAccepted => "this credential is not accepted for the tenant it names",
             AuthFailure::Unverifiable => {
                 "the access token cannot be checked now: its authorization server is unreachable; try again shortly"
+            }
+            AuthFailure::UnknownCertificate => {
+                "the client certificate's subject is not mapped to a tenant (mtls.subjects), and no API key or token was sent"
             }
         }
     }

@@ -111,13 +111,13 @@ impl App {
             !config.auth.required,
             metrics.tenancy.clone(),
         ));
-        let auth: Arc<dyn Authenticator> = match &config.oauth {
-            Some(oauth) => Arc::new(
-                Front::with_oauth(directory.clone(), oauth.clone(), metrics.oauth.clone())
-                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("[oauth]: {e}")))?,
-            ),
-            None => Arc::new(Front::keys(directory.clone())),
+        let front = match &config.oauth {
+            Some(oauth) => Front::with_oauth(directory.clone(), oauth.clone(), metrics.oauth.clone())
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("[oauth]: {e}")))?,
+            None => Front::keys(directory.clone()),
         };
+        let subjects = config.mtls.as_ref().map(|m| m.subjects.clone()).unwrap_or_default();
+        let auth: Arc<dyn Authenticator> = Arc::new(front.with_client_certs(subjects));
         let audit = match (&database, config.audit.enabled) {
             (Some(db), true) => Some(Audit::start(
                 db.clone(),

@@ -5,9 +5,11 @@
 //! (its tenant, and the key or user that names the caller in records,
 //! limits and sessions), or says why not; it also says what a refusal's
 //! `WWW-Authenticate` challenge is, and whether a caller's scopes cover a
-//! request. [`Front`] is the router's: API keys, and OAuth access tokens
-//! when authorization servers are configured (`[oauth]`), side by side.
+//! request. [`Front`] is the router's: API keys, OAuth access tokens when
+//! authorization servers are configured (`[oauth]`), and client
+//! certificates when their subjects name tenants (`[mtls]`), side by side.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -22,6 +24,29 @@ use switchboard_tenancy::Directory;
 
 use crate::config::{OAuthConfig, Permission, TenantFrom};
 use crate::error::Error;
+use crate::subject::Subject;
+
+/// The verified client certificate of a request's connection (mTLS),
+/// with what names its caller, worked out once per connection.
+#[derive(Clone, Debug)]
+pub struct ClientCert(Arc<CertCaller>);
+
+#[derive(Debug)]
+struct CertCaller {
+    subject: Subject,
+    /// `c:` and a hash of the subject.
+    key_id: Arc<str>,
+    /// The subject as RFC 4514 text: the user in records.
+    user: Arc<str>,
+}
+
+impl ClientCert {
+    pub fn new(subject: Subject) -> ClientCert {
+        let user: Arc<str> = Arc::from(subject.to_string());
+        let key_id = format!("c:{}", &hex_of(&Sha256::digest(user.as_bytes()))[..32]);
+        ClientCert(Arc::new(CertCaller { subject, key_id: Arc::from(key_id), user }))
+    }
+}
 
 /// An authentication that finished at once, or one that must wait (for an
 /// authorization server's keys, or an introspection).
@@ -41,9 +66,10 @@ impl Checked<'_> {
 
 /// Authenticates requests and authorizes what they ask.
 pub trait Authenticator: Send + Sync {
-    /// The caller of a request, from its headers. A refusal is counted
+    /// The caller of a request, from its headers or its connection's
+    /// client certificate. A refusal is counted
     /// (`switchboard_auth_failures_total`).
-    fn authenticate<'a>(&'a self, headers: &'a HeaderMap) -> Checked<'a>;
+    fn authenticate<'a>(&'a self, headers: &'a HeaderMap, cert: Option<&ClientCert>) -> Checked<'a>;
 
     /// The `WWW-Authenticate` header a refusal carries, if any.
     fn challenge(&self, err: &Error) -> Option<HeaderValue>;
@@ -61,11 +87,14 @@ pub trait Authenticator: Send + Sync {
 /// The router's authenticator: API keys (`Authorization: Bearer sb_…` or
 /// `X-API-Key`), checked against the tenant directory's in-memory snapshot;
 /// any other bearer token is an OAuth access token, checked by the
-/// [`Verifier`]. With `auth.mode = "none"`, every request is the open
-/// tenant's.
+/// [`Verifier`]; a request with neither, over a connection with a client
+/// certificate, is the caller the certificate's subject names. With
+/// `auth.mode = "none"`, every request is the open tenant's.
 pub struct Front {
     directory: Arc<Directory>,
     oauth: Option<OAuth>,
+    /// `[mtls.subjects]`: certificate subject → tenant.
+    subjects: HashMap<Subject, String>,
 }
 
 /// The resource server's part.
@@ -84,7 +113,13 @@ struct OAuth {
 impl Front {
     /// Keys only.
     pub fn keys(directory: Arc<Directory>) -> Front {
-        Front { directory, oauth: None }
+        Front { directory, oauth: None, subjects: HashMap::new() }
+    }
+
+    /// Client certificates with these subjects are callers of these tenants.
+    pub fn with_client_certs(mut self, subjects: HashMap<Subject, String>) -> Front {
+        self.subjects = subjects;
+        self
     }
 
     /// Keys, and the tokens of `config`'s authorization servers.
@@ -122,11 +157,32 @@ impl Front {
                 config,
                 verifier,
             }),
+            subjects: HashMap::new(),
         })
     }
 
     fn keys_only(&self, headers: &HeaderMap) -> Result<Principal, AuthFailure> {
         self.directory.authenticate(headers, switchboard_core::time::now_ms())
+    }
+
+    /// The caller a client certificate names: the tenant its subject maps
+    /// to (which must take client certificates), the subject as the user.
+    fn certificate(&self, cert: &ClientCert) -> Result<Principal, AuthFailure> {
+        let caller = &cert.0;
+        let outcome = match self.subjects.get(&caller.subject) {
+            None => Err(AuthFailure::UnknownCertificate),
+            Some(name) => match self.directory.tenant(name) {
+                Some(tenant) if tenant.accepts_client_cert() => Ok(Principal {
+                    tenant,
+                    key_prefix: Arc::from(""),
+                    key_id: caller.key_id.clone(),
+                    user: Some(caller.user.clone()),
+                    scopes: None,
+                }),
+                _ => Err(AuthFailure::NotAccepted),
+            },
+        };
+        outcome.inspect_err(|failure| self.directory.metrics().auth_failed(failure.label()))
     }
 }
 
@@ -141,7 +197,17 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 impl Authenticator for Front {
-    fn authenticate<'a>(&'a self, headers: &'a HeaderMap) -> Checked<'a> {
+    fn authenticate<'a>(&'a self, headers: &'a HeaderMap, cert: Option<&ClientCert>) -> Checked<'a> {
+        // A key or token sent with the request is the caller; else the
+        // connection's certificate.
+        if let Some(cert) = cert {
+            if !self.subjects.is_empty()
+                && !headers.contains_key(http::header::AUTHORIZATION)
+                && !headers.contains_key("x-api-key")
+            {
+                return Checked::Done(self.certificate(cert));
+            }
+        }
         let Some(oauth) = &self.oauth else {
             return Checked::Done(self.keys_only(headers));
         };
@@ -162,7 +228,7 @@ impl Authenticator for Front {
     fn challenge(&self, err: &Error) -> Option<HeaderValue> {
         let Some(oauth) = &self.oauth else {
             return match err {
-                Error::Unauthenticated(AuthFailure::Missing) => {
+                Error::Unauthenticated(AuthFailure::Missing | AuthFailure::UnknownCertificate) => {
                     Some(HeaderValue::from_static(r#"Bearer realm="switchboard""#))
                 }
                 Error::Unauthenticated(AuthFailure::NotLoaded | AuthFailure::Unverifiable) => None,
@@ -173,7 +239,9 @@ impl Authenticator for Front {
             };
         };
         match err {
-            Error::Unauthenticated(AuthFailure::Missing) => Some(oauth.missing.clone()),
+            Error::Unauthenticated(AuthFailure::Missing | AuthFailure::UnknownCertificate) => {
+                Some(oauth.missing.clone())
+            }
             Error::Unauthenticated(AuthFailure::NotLoaded | AuthFailure::Unverifiable) => None,
             Error::Unauthenticated(_) => Some(oauth.invalid.clone()),
             Error::InsufficientScope(scope) => HeaderValue::from_str(&format!(

@@ -28,6 +28,7 @@ use switchboard_protocol::Method;
 use switchboard_session::Session;
 
 use crate::app::App;
+use crate::auth::ClientCert;
 use crate::body::Body;
 use crate::downstream::respond;
 use crate::error::Error;
@@ -86,11 +87,14 @@ pub struct Exchange {
     /// Bytes of answer sent to the client, for the audit record.
     sent: usize,
     finished: bool,
+    /// The connection's client certificate (mTLS), a credential.
+    cert: Option<ClientCert>,
 }
 
 impl Exchange {
-    /// A request that arrived at `started`.
-    pub fn new(app: &Arc<App>, started: Instant) -> Exchange {
+    /// A request that arrived at `started`, over a connection with these
+    /// extensions (its client certificate).
+    pub fn new(app: &Arc<App>, started: Instant, connection: &http::Extensions) -> Exchange {
         Exchange {
             app: app.clone(),
             started,
@@ -103,6 +107,7 @@ impl Exchange {
             inflight: None,
             sent: 0,
             finished: false,
+            cert: connection.get::<ClientCert>().cloned(),
         }
     }
 
@@ -120,7 +125,8 @@ impl Exchange {
     /// whose authorization server's keys are not cached yet, or that must
     /// be introspected.)
     pub async fn authenticate(&mut self, headers: &HeaderMap) -> Result<Principal, Error> {
-        let principal = self.app.auth.authenticate(headers).outcome().await.map_err(Error::Unauthenticated)?;
+        let principal =
+            self.app.auth.authenticate(headers, self.cert.as_ref()).outcome().await.map_err(Error::Unauthenticated)?;
         self.principal = Some(principal.clone());
         Ok(principal)
     }

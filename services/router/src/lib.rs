@@ -8,7 +8,9 @@
 //! - `app.rs`: the shared state, what happens to messages upstreams send on
 //!   their own (the sessions' `Relay`), shutdown.
 //! - `exchange.rs`: one request's context through its phases, finished once.
-//! - `auth.rs`: the authenticate phase (API keys, OAuth access tokens) and scopes.
+//! - `auth.rs`: the authenticate phase (API keys, OAuth access tokens, client
+//!   certificates) and scopes.
+//! - [`tls`], [`subject`]: TLS on the listeners, client certificates' subjects.
 //! - `tools/`: where tools come from: the catalog and edge devices.
 //! - `downstream/`: the client-facing endpoints, the phases in order
 //!   (`mod.rs`), transport checks, resolution, forwarding by era, lists,
@@ -33,6 +35,7 @@ pub mod error;
 mod exchange;
 mod metrics;
 mod server;
+pub mod subject;
 pub mod tls;
 mod tools;
 

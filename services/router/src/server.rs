@@ -16,6 +16,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
 use crate::app::App;
+use crate::auth::ClientCert;
 use crate::body::Body;
 use crate::config::Config;
 use crate::connections::{self, Activity, Connections, Tracked};
@@ -65,7 +66,14 @@ pub async fn serve_with(
         Some((cert, key)) => Some(crate::tls::Certificates::load(cert, key)?),
         None => None,
     };
-    let tls = certificates.as_ref().map(crate::tls::Certificates::acceptor).transpose()?;
+    let clients = match &config.mtls {
+        Some(mtls) => Some(
+            crate::tls::client_verifier(&mtls.ca, mtls.required)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("mtls.ca: {e}")))?,
+        ),
+        None => None,
+    };
+    let tls = certificates.as_ref().map(|c| c.acceptor(clients)).transpose()?;
     let app = App::new(config)?;
     crate::downstream::takeover::install(&app);
     app.prepare().await;
@@ -106,7 +114,7 @@ pub async fn serve_with(
             Some((cert, key)) => Some(crate::tls::Certificates::load(cert, key)?),
             None => None,
         };
-        let admin_tls = admin_certificates.as_ref().map(crate::tls::Certificates::acceptor).transpose()?;
+        let admin_tls = admin_certificates.as_ref().map(|c| c.acceptor(None)).transpose()?;
         if let Some(certificates) = admin_certificates {
             others.push(tokio::spawn(certificates.watch(stopped())));
         }
@@ -216,21 +224,22 @@ impl Served {
     ) {
         let activity = Activity::new();
         match tls {
-            None => self.serve(TokioIo::new(stream), activity, admitted).await,
+            None => self.serve(TokioIo::new(stream), activity, admitted, None).await,
             Some(acceptor) => {
                 if let Some(stream) = connections::tls_handshake(&acceptor, stream, &self.conns).await {
-                    self.serve(TokioIo::new(stream), activity, admitted).await;
+                    let cert = client_cert(&stream);
+                    self.serve(TokioIo::new(stream), activity, admitted, cert).await;
                 }
             }
         }
     }
 
-    async fn serve<I>(self, io: I, activity: Arc<Activity>, admitted: connections::Admitted)
+    async fn serve<I>(self, io: I, activity: Arc<Activity>, admitted: connections::Admitted, cert: Option<ClientCert>)
     where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
         let Served { app, conns, builder, watcher } = self;
-        let conn = builder.serve_connection(io, service(&app, &activity)).into_owned();
+        let conn = builder.serve_connection(io, service(&app, &activity, cert)).into_owned();
         match watcher {
             Some(watcher) => connections::supervise(watcher.watch(conn), admitted, activity, conns).await,
             None => connections::supervise(conn, admitted, activity, conns).await,
@@ -238,16 +247,36 @@ impl Served {
     }
 }
 
+/// The verified client certificate of a TLS connection (mTLS), by its
+/// subject; none if the client sent none (or its subject cannot be read).
+fn client_cert(stream: &tokio_rustls::server::TlsStream<tokio::net::TcpStream>) -> Option<ClientCert> {
+    let der = stream.get_ref().1.peer_certificates()?.first()?;
+    match crate::subject::Subject::of_certificate(der) {
+        Some(subject) => Some(ClientCert::new(subject)),
+        None => {
+            tracing::warn!(
+                "a client certificate's subject could not be read; the connection has no certificate caller"
+            );
+            None
+        }
+    }
+}
+
 /// The HTTP service of one connection: [`route`], each request kept in
-/// flight (for the idle timeout) until its answer's body is done.
+/// flight (for the idle timeout) until its answer's body is done, and
+/// carrying the connection's client certificate.
 fn service(
     app: &Arc<App>,
     activity: &Arc<Activity>,
+    cert: Option<ClientCert>,
 ) -> impl hyper::service::Service<Request<Incoming>, Response = Response<Tracked<Body>>, Error = Infallible, Future: Send>
        + Clone {
     let app = app.clone();
     let activity = activity.clone();
-    hyper::service::service_fn(move |req| {
+    hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        if let Some(cert) = &cert {
+            req.extensions_mut().insert(cert.clone());
+        }
         let app = app.clone();
         let in_flight = activity.begin();
         async move { Ok::<_, Infallible>(route(&app, req).await.map(|body| Tracked::new(body, in_flight))) }
@@ -265,7 +294,7 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     if let Some(prefix) = path.strip_suffix("/sse") {
         if req.method() == http::Method::GET {
             let prefix = prefix.to_owned();
-            return downstream::legacy::open(app, req.headers(), &prefix).await;
+            return downstream::legacy::open(app, req.headers(), req.extensions(), &prefix).await;
         }
     }
     if (path.ends_with("/messages") || path.ends_with("/message")) && req.method() == http::Method::POST {

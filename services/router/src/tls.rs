@@ -1,5 +1,6 @@
 //! TLS on the MCP and admin listeners: rustls, TLS 1.2 and 1.3, ALPN `h2`
-//! and `http/1.1`, and a certificate that can change without a restart.
+//! and `http/1.1`, a certificate that can change without a restart, and
+//! optionally client certificates (mTLS) checked against a CA.
 //!
 //! [`Certificates`] is the server's certificate resolver: every handshake
 //! takes the certificate current at that moment, so a new one (files
@@ -13,7 +14,8 @@ use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use tokio_rustls::rustls;
-use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
+use tokio_rustls::rustls::server::danger::ClientCertVerifier;
+use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use tokio_rustls::rustls::sign::CertifiedKey;
 use tokio_rustls::TlsAcceptor;
 
@@ -48,14 +50,17 @@ impl Certificates {
     }
 
     /// The acceptor for the listener: TLS 1.2 and 1.3, ALPN `h2` then
-    /// `http/1.1`, the certificate from here at each handshake.
-    pub fn acceptor(self: &Arc<Self>) -> std::io::Result<TlsAcceptor> {
-        let mut config =
-            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()
-                .map_err(|e| invalid("protocol versions", &e))?
-                .with_no_client_auth()
-                .with_cert_resolver(self.clone());
+    /// `http/1.1`, the certificate from here at each handshake, and client
+    /// certificates checked by `clients` (see [`client_verifier`]).
+    pub fn acceptor(self: &Arc<Self>, clients: Option<Arc<dyn ClientCertVerifier>>) -> std::io::Result<TlsAcceptor> {
+        let builder = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| invalid("protocol versions", &e))?;
+        let mut config = match clients {
+            Some(verifier) => builder.with_client_cert_verifier(verifier),
+            None => builder.with_no_client_auth(),
+        }
+        .with_cert_resolver(self.clone());
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(TlsAcceptor::from(Arc::new(config)))
     }
@@ -116,6 +121,30 @@ impl ResolvesServerCert for Certificates {
     }
 }
 
+/// Client certificates for a listener: they must chain to a certificate
+/// of the `ca` bundle (PEM) and be valid now for client authentication.
+/// Without `required`, a client may present none (and authenticate some
+/// other way); one it presents must verify, else the handshake fails.
+pub fn client_verifier(ca: &Path, required: bool) -> std::io::Result<Arc<dyn ClientCertVerifier>> {
+    use rustls::pki_types::pem::PemObject;
+    let bad = |e: &dyn std::fmt::Display| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("cannot use {}: {e}", ca.display()))
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).map_err(|e| bad(&e))? {
+        roots.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
+    }
+    if roots.is_empty() {
+        return Err(bad(&"no certificate in the file"));
+    }
+    let builder = WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::new(rustls::crypto::ring::default_provider()),
+    );
+    let builder = if required { builder } else { builder.allow_unauthenticated() };
+    builder.build().map_err(|e| bad(&e))
+}
+
 fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
@@ -137,6 +166,26 @@ fn read(cert: &Path, key: &Path) -> std::io::Result<CertifiedKey> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_certificates_are_asked_for_and_required_only_when_configured() {
+        let dir = std::env::temp_dir().join(format!("sb-mtls-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = std::process::Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
+            .args(["-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=clients"])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let optional = client_verifier(&dir.join("ca.pem"), false).unwrap();
+        assert!(optional.offer_client_auth() && !optional.client_auth_mandatory());
+        let required = client_verifier(&dir.join("ca.pem"), true).unwrap();
+        assert!(required.offer_client_auth() && required.client_auth_mandatory());
+        std::fs::write(dir.join("empty.pem"), "").unwrap();
+        let err = client_verifier(&dir.join("empty.pem"), false).err().unwrap().to_string();
+        assert!(err.contains("empty.pem") && err.contains("no certificate"), "{err}");
+    }
 
     #[test]
     fn a_bad_certificate_keeps_the_previous_one_and_is_tried_again_only_once_changed() {

@@ -337,3 +337,44 @@ pub fn make_certificate(dir: &std::path::Path, name: &str) {
         &ext,
     ]);
 }
+
+/// A client certificate with this `subject` (openssl's `/O=…/CN=…` form)
+/// for TLS client authentication (`<name>.pem`, key `<name>.key`), signed
+/// by the CA `<ca>.pem` in `dir` (made first if it is not there yet).
+pub fn make_client_certificate(dir: &std::path::Path, ca: &str, name: &str, subject: &str) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let (ca_key, ca_pem) = (format!("{ca}.key"), format!("{ca}.pem"));
+    if !dir.join(&ca_pem).exists() {
+        let subj = format!("/CN={ca} test client CA");
+        run(&[&["req", "-x509"][..], &ec, &["-keyout", &ca_key, "-out", &ca_pem, "-days", "2", "-subj", &subj]]
+            .concat());
+    }
+    let (key, csr, pem) = (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"));
+    run(&[&["req", "-utf8"][..], &ec, &["-keyout", &key, "-out", &csr, "-subj", subject]].concat());
+    let ext = format!("{name}.cnf");
+    std::fs::write(dir.join(&ext), "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n").unwrap();
+    let serial = format!("{ca}.srl");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &ca_pem,
+        "-CAkey",
+        &ca_key,
+        "-CAserial",
+        &serial,
+        "-CAcreateserial",
+        "-out",
+        &pem,
+        "-days",
+        "2",
+        "-extfile",
+        &ext,
+    ]);
+}

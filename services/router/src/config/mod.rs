@@ -11,9 +11,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub mod mtls;
 pub mod oauth;
 mod raw;
 
+pub use self::mtls::MtlsConfig;
 pub use self::oauth::{OAuthConfig, Permission, TenantFrom};
 pub use self::raw::RawConfig;
 pub use switchboard_catalog::CatalogConfig;
@@ -38,6 +40,8 @@ pub struct Config {
     pub tenants: Vec<(String, switchboard_core::policy::Policy)>,
     /// `[oauth]`: `None` unless an authorization server is configured.
     pub oauth: Option<OAuthConfig>,
+    /// `[mtls]`: `None` unless a client CA is configured.
+    pub mtls: Option<MtlsConfig>,
 }
 
 /// `[auth]`.
@@ -534,6 +538,35 @@ mod tests {
              [oauth.servers.x]\nissuer = \"https://a\"\ntenant = \"t\"\n",
         );
         assert_eq!(p.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["oauth"], "{p:?}");
+        // [mtls]: a CA, TLS on the listener, subjects that parse, once each.
+        let p = problems("[mtls]\nrequired = true\n[mtls.subjects]\n\"CN=a,O=b\" = \"t\"\n\"build-bot\" = \"t\"\n");
+        let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["mtls.ca"], "{p:?}");
+        let p = problems(
+            "[mtls]\nca = \"ca.pem\"\n[mtls.subjects]\n\"CN=a,O=b\" = \"t\"\n\"/O=b/CN=a\" = \"u\"\n\"bot\" = \"t\"\n",
+        );
+        let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
+        for expected in ["mtls.ca", "mtls.subjects.\"CN=a,O=b\"", "mtls.subjects.\"bot\""] {
+            assert!(keys.contains(&expected), "{expected} missing from {p:?}");
+        }
+        let dir = std::env::temp_dir().join(format!("sb-config-mtls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let made = std::process::Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
+            .args(["-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=clients"])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(made.status.success());
+        let good = Config::from_toml(&format!(
+            "[server]\ntls_cert = \"c.pem\"\ntls_key = \"k.pem\"\n[mtls]\nca = \"{}\"\n\
+             [mtls.subjects]\n\"O = Acme, CN = bot\" = \"acme\"\n[[tenants]]\nname = \"acme\"\naccept = [\"client_cert\"]\n",
+            dir.join("ca.pem").display()
+        ))
+        .unwrap();
+        let mtls = good.mtls.expect("[mtls] on");
+        assert!(!mtls.required);
+        assert_eq!(mtls.subjects[&crate::subject::Subject::parse("CN=bot,O=Acme").unwrap()], "acme");
 
         // No database: only config tenants, no audit, and the notes say so.
         let none = Config::from_toml("[database]\nurl = \"\"\n").unwrap();

@@ -46,6 +46,8 @@ pub struct RawConfig {
     pub tenants: Vec<RawTenant>,
     #[serde(default)]
     pub oauth: super::oauth::RawOAuth,
+    #[serde(default)]
+    pub mtls: super::mtls::RawMtls,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -685,6 +687,12 @@ impl RawConfig {
             bad("oauth".into(), "OAuth needs authentication on: remove auth.mode = \"none\"".into());
         }
 
+        // [mtls]
+        let mtls = super::mtls::validate(self.mtls, server.tls.is_some(), &mut bad);
+        if mtls.is_some() && !auth.required {
+            bad("mtls".into(), "client certificates need authentication on: remove auth.mode = \"none\"".into());
+        }
+
         if problems.is_empty() {
             Ok(Config {
                 server,
@@ -700,6 +708,7 @@ impl RawConfig {
                 edge,
                 tenants,
                 oauth,
+                mtls,
             })
         } else {
             Err(ConfigError { problems })

@@ -32,8 +32,8 @@ use switchboard_core::ids::random_id;
 use switchboard_session::Session;
 
 /// `GET …/sse`: a new connection; `prefix` is the path before `/sse`.
-pub async fn open(app: &Arc<App>, headers: &HeaderMap, prefix: &str) -> Response<Body> {
-    let mut x = Exchange::new(app, Instant::now());
+pub async fn open(app: &Arc<App>, headers: &HeaderMap, connection: &http::Extensions, prefix: &str) -> Response<Body> {
+    let mut x = Exchange::new(app, Instant::now(), connection);
     if let Err(e) = check_origin(app, headers) {
         return x.reject(None, e);
     }
@@ -58,7 +58,7 @@ pub async fn open(app: &Arc<App>, headers: &HeaderMap, prefix: &str) -> Response
 /// out on its `/sse` stream, the POST itself gets 202.
 pub async fn message(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     let (parts, body) = req.into_parts();
-    let mut x = Exchange::new(app, Instant::now());
+    let mut x = Exchange::new(app, Instant::now(), &parts.extensions);
     let Some(id) = parts
         .uri
         .query()

@@ -63,8 +63,8 @@ pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     }
     match *req.method() {
         HttpMethod::POST => post(app, req).await,
-        HttpMethod::GET => get(app, req.headers()).await,
-        HttpMethod::DELETE => delete(app, req.headers()).await,
+        HttpMethod::GET => get(app, req.headers(), req.extensions()).await,
+        HttpMethod::DELETE => delete(app, req.headers(), req.extensions()).await,
         _ => {
             let mut response = respond::text(StatusCode::METHOD_NOT_ALLOWED, "use POST, GET or DELETE\n");
             response.headers_mut().insert(http::header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
@@ -86,7 +86,7 @@ fn stateless_only(headers: &HeaderMap) -> bool {
 /// A POST to `/mcp`.
 async fn post(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     let (parts, body) = req.into_parts();
-    let x = Exchange::new(app, Instant::now());
+    let x = Exchange::new(app, Instant::now(), &parts.extensions);
     post_phases(x, &parts.headers, body).await.unwrap_or_else(|refusal| *refusal)
 }
 
@@ -314,9 +314,10 @@ pub(crate) async fn answer(
 async fn session_phases(
     app: &Arc<App>,
     headers: &HeaderMap,
+    connection: &http::Extensions,
     http: &'static str,
 ) -> Result<(Exchange, Arc<Session>), Response<Body>> {
-    let mut x = Exchange::new(app, Instant::now());
+    let mut x = Exchange::new(app, Instant::now(), connection);
     if let Err(e) = check_origin(app, headers) {
         return Err(x.reject(None, e));
     }
@@ -331,8 +332,8 @@ async fn session_phases(
 }
 
 /// GET: the session's stream of messages not tied to a request.
-async fn get(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
-    let (mut x, session) = match session_phases(app, headers, "GET /mcp").await {
+async fn get(app: &Arc<App>, headers: &HeaderMap, connection: &http::Extensions) -> Response<Body> {
+    let (mut x, session) = match session_phases(app, headers, connection, "GET /mcp").await {
         Ok(found) => found,
         Err(response) => return response,
     };
@@ -355,8 +356,8 @@ async fn get(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
 }
 
 /// DELETE: ends the session and its upstream sessions.
-async fn delete(app: &Arc<App>, headers: &HeaderMap) -> Response<Body> {
-    let (mut x, session) = match session_phases(app, headers, "DELETE /mcp").await {
+async fn delete(app: &Arc<App>, headers: &HeaderMap, connection: &http::Extensions) -> Response<Body> {
+    let (mut x, session) = match session_phases(app, headers, connection, "DELETE /mcp").await {
         Ok(found) => found,
         Err(response) => return response,
     };

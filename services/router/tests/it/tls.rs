@@ -1,11 +1,12 @@
 //! TLS on the MCP listener: the official Python SDK checks the router's
 //! certificate against the test CA; a certificate replaced on disk is taken
-//! up without a restart, while a connection opened before goes on.
+//! up without a restart, while a connection opened before goes on; client
+//! certificates (mTLS) name their tenant by their subject.
 
 use std::time::Duration;
 
 use serde_json::json;
-use switchboard_test_support::services::{make_certificate, unique};
+use switchboard_test_support::services::{make_certificate, make_client_certificate, unique};
 use switchboard_test_support::{eventually, http_upstream, mock_named, peers::run_python_client, MockServer, Router};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::rustls;
@@ -143,4 +144,155 @@ async fn the_admin_listener_speaks_tls_too() {
     let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await.unwrap().unwrap();
     let answer = String::from_utf8_lossy(&buf[..n]);
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+/// A POST of `body` to `/mcp` over TLS, presenting the client certificate
+/// `client` (`<dir>/<client>.pem` and `.key`) if any and the API key `key`
+/// if any: the answer's status line and body, or why there is none (the
+/// handshake refused).
+async fn post_as(
+    addr: std::net::SocketAddr,
+    dir: &std::path::Path,
+    client: Option<&str>,
+    key: Option<&str>,
+    body: &serde_json::Value,
+) -> Result<(String, serde_json::Value), String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(dir.join("ca.pem")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let builder =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+    let config = match client {
+        Some(name) => {
+            let chain = CertificateDer::pem_file_iter(dir.join(format!("{name}.pem"))).unwrap().map(Result::unwrap);
+            let key = PrivateKeyDer::from_pem_file(dir.join(format!("{name}.key"))).unwrap();
+            builder.with_client_auth_cert(chain.collect(), key).unwrap()
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut stream = connector.connect(name, tcp).await.map_err(|e| e.to_string())?;
+    let body = body.to_string();
+    let auth = key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .map_err(|_| "no answer".to_owned())?
+        .map_err(|e| e.to_string())?;
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = answer.split_once("\r\n\r\n").ok_or_else(|| format!("no answer: {answer:?}"))?;
+    let status = head.lines().next().unwrap_or_default().to_owned();
+    Ok((status, serde_json::from_str(body.trim()).unwrap_or(serde_json::Value::Null)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_name_their_tenant_beside_api_keys() {
+    let dir = std::env::temp_dir().join(unique("sb-mtls-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    make_certificate(&dir, "router");
+    make_client_certificate(&dir, "clients-ca", "bot", "/O=Acme/CN=build-bot");
+    make_client_certificate(&dir, "clients-ca", "stranger", "/O=Acme/CN=stranger");
+    make_client_certificate(&dir, "clients-ca", "team-bot", "/CN=team-bot");
+    // The same subject as `bot`, from a CA the router does not trust.
+    make_client_certificate(&dir, "rogue-ca", "rogue", "/O=Acme/CN=build-bot");
+    let alpha = MockServer::start(mock_named("alpha")).await;
+    let beta = MockServer::start(mock_named("beta")).await;
+    let db = format!("sqlite:{}", dir.join("switchboard.db").display());
+    let config = format!(
+        "[auth]\nmode = \"keys\"\n[database]\nurl = \"{db}\"\nrefresh = \"200ms\"\n\
+         [audit]\nspool = \"{spool}\"\n\
+         [server]\ntls_cert = \"{cert}\"\ntls_key = \"{key}\"\n\
+         [mtls]\nca = \"{ca}\"\n[mtls.subjects]\n\"CN=build-bot,O=Acme\" = \"acme\"\n\"/CN=team-bot\" = \"team\"\n\
+         [[tenants]]\nname = \"acme\"\nupstreams = [\"alpha\"]\naccept = [\"client_cert\"]\n\
+         [[tenants]]\nname = \"team\"\nupstreams = [\"beta\"]\naccept = [\"api_keys\"]\n{}{}",
+        http_upstream("alpha", &alpha.url, ""),
+        http_upstream("beta", &beta.url, ""),
+        spool = dir.join("audit.spool").display(),
+        cert = dir.join("router.pem").display(),
+        key = dir.join("router.key").display(),
+        ca = dir.join("clients-ca.pem").display(),
+    );
+    let router = Router::start(&config).await;
+    let url = format!("https://127.0.0.1:{}/mcp", router.addr.port());
+
+    // The official Python SDK with the machine's certificate and no key:
+    // acme's tools only, and a call.
+    let file = |name: &str| dir.join(name).display().to_string();
+    let target =
+        json!({"url": url, "ca": file("ca.pem"), "client_cert": file("bot.pem"), "client_key": file("bot.key")});
+    let out =
+        run_python_client("list_and_call.py", &[&target.to_string(), r#"[["alpha__echo", {"text": "by cert"}]]"#])
+            .await;
+    let tools = out["tools"].as_array().unwrap();
+    assert!(tools.iter().any(|t| t == "alpha__echo") && !tools.iter().any(|t| t == "beta__echo"), "{out}");
+    assert_eq!(out["results"][0]["content"][0]["text"], r#"{"text":"by cert"}"#);
+
+    // Its audit records name the tenant and the certificate's subject.
+    let records = || async {
+        let db = switchboard_db::Database::connect(&db, Duration::from_secs(3)).unwrap();
+        let query = switchboard_db::AuditQuery { tenant: Some("acme".into()), limit: 100, ..Default::default() };
+        db.query_audit(&query).await.unwrap().into_iter().map(|(_, r)| r).collect::<Vec<_>>()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            records().await.iter().any(|r| r.target.as_deref() == Some("alpha__echo"))
+        })
+        .await
+    );
+    for r in records().await {
+        assert_eq!(r.user.as_deref(), Some("CN=build-bot,O=Acme"), "{r:?}");
+    }
+
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let (status, _) = post_as(router.addr, &dir, Some("bot"), None, &init).await.unwrap();
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    // No certificate and no key: 401, as without mTLS (it is optional).
+    let (status, body) = post_as(router.addr, &dir, None, None, &init).await.unwrap();
+    assert!(status.starts_with("HTTP/1.1 401"), "{status} {body}");
+    // A good certificate whose subject names no tenant.
+    let (status, body) = post_as(router.addr, &dir, Some("stranger"), None, &init).await.unwrap();
+    assert!(status.starts_with("HTTP/1.1 401"), "{status}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("not mapped to a tenant"), "{body}");
+    let (mut stream, _) = handshake(router.addr, &dir.join("ca.pem")).await;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await.unwrap();
+    let mut metrics = String::new();
+    stream.read_to_string(&mut metrics).await.unwrap();
+    assert!(metrics.contains(r#"switchboard_auth_failures_total{reason="certificate_unmapped"} 1"#), "{metrics}");
+    // A tenant that takes API keys only refuses its certificate...
+    let (status, body) = post_as(router.addr, &dir, Some("team-bot"), None, &init).await.unwrap();
+    assert!(status.starts_with("HTTP/1.1 401"), "{status}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("not accepted"), "{body}");
+    // ...and a key sent with the request is the caller, certificate or not:
+    // team's key works over team-bot's connection, and a bad key over
+    // bot's connection is refused even though the certificate is good.
+    let admin = super::tenancy::admin_for(&config).await;
+    let team_key = admin.create_key("team", None).await.unwrap().key;
+    let with_key = || async {
+        let answer = post_as(router.addr, &dir, Some("team-bot"), Some(&team_key), &init).await.unwrap();
+        answer.0.starts_with("HTTP/1.1 200")
+    };
+    assert!(eventually(Duration::from_secs(5), with_key).await, "the key is the caller");
+    let (status, body) = post_as(router.addr, &dir, Some("bot"), Some("sb_not_a_key"), &init).await.unwrap();
+    assert!(status.starts_with("HTTP/1.1 401"), "{status} {body}");
+    // A certificate from another CA: the handshake fails.
+    let refused = post_as(router.addr, &dir, Some("rogue"), None, &init).await;
+    assert!(refused.is_err(), "{refused:?}");
+    // And the router is healthy.
+    let (status, _) = post_as(router.addr, &dir, Some("bot"), None, &init).await.unwrap();
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
 }

@@ -2,10 +2,11 @@
 
 Usage: list_and_call.py TARGET CALLS
   TARGET  an http(s) URL of a Streamable HTTP endpoint, a JSON object
-          {"url": ..., "key": ..., "ca": ...} for one that wants an API key
-          (sent as Authorization: Bearer) or whose certificate is checked
-          against a CA bundle (PEM file), or {"command": ..., "args": [...]}
-          for a stdio server
+          {"url": ..., "key": ..., "ca": ..., "client_cert": ...,
+          "client_key": ...} for one that wants an API key (sent as
+          Authorization: Bearer), whose certificate is checked against a CA
+          bundle (PEM file), or that takes a client certificate (PEM files),
+          or {"command": ..., "args": [...]} for a stdio server
   CALLS   a JSON array of [tool name, arguments] pairs
 
 Prints {"tools": [names], "results": [call results as JSON]} on stdout.
@@ -28,6 +29,8 @@ def target(spec: str):
     if "url" in params:
         headers = {"Authorization": f"Bearer {params['key']}"} if "key" in params else {}
         verify = ssl.create_default_context(cafile=params["ca"]) if "ca" in params else True
+        if "client_cert" in params:
+            verify.load_cert_chain(params["client_cert"], params["client_key"])
         http = httpx2.AsyncClient(headers=headers, verify=verify)
         return streamable_http_client(params["url"], http_client=http)
     return StdioServerParameters(command=params["command"], args=params.get("args", []))
