@@ -142,11 +142,14 @@ async fn bad_tokens_get_401_with_the_challenge_and_keys_work_beside_tokens() {
     let mut forged: Vec<String> = good.split('.').map(str::to_owned).collect();
     forged[1] = forged[1].chars().rev().collect();
     let unsigned = format!("eyJhbGciOiJub25lIn0.{}.", good.split('.').nth(1).unwrap());
+    let huge = format!("{}.{}.{}", good.split('.').next().unwrap(), "A".repeat(100_000), "sig");
     let bad = [
         ("another resource's token", elsewhere),
         ("tampered claims", forged.join(".")),
         ("alg none", unsigned),
         ("garbage", "not-a-token-at-all".to_owned()),
+        ("a token 100 KB long", huge),
+        ("a malformed header", format!("eyJhbGciOi.{}", good.split_once('.').unwrap().1)),
     ];
     for (what, token) in &bad {
         let (status, headers, _) = post(&router.url, Some(token), initialize()).await;
@@ -276,6 +279,136 @@ async fn rotated_keys_are_picked_up_and_a_down_server_degrades_as_documented() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert!(headers.get("retry-after").is_some());
     assert!(body["error"]["message"].as_str().unwrap().contains("authorization server"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_authorization_servers_each_for_the_tenants_that_trust_it() {
+    // Two servers for two tenants; a third, configured, whose tokens name
+    // acme (which does not trust it); a fourth nobody configured.
+    let (_first, first) = authorization_server(&[("ORG", "acme")]).await;
+    let (_second, second) = authorization_server(&[("ORG", "beta")]).await;
+    let (_third, third) = authorization_server(&[("ORG", "acme")]).await;
+    let (_stranger, stranger) = authorization_server(&[("ORG", "acme")]).await;
+    let alpha = MockServer::start(mock_named("alpha")).await;
+    let beta = MockServer::start(mock_named("beta")).await;
+    let dir = std::env::temp_dir().join(unique("sb-oauth-several-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = format!(
+        "[auth]\nmode = \"keys\"\n[database]\nurl = \"sqlite:{db}\"\n[audit]\nspool = \"{spool}\"\n\
+         [[tenants]]\nname = \"acme\"\nupstreams = [\"alpha\"]\naccept = [\"oauth:first\"]\n\
+         [[tenants]]\nname = \"beta\"\nupstreams = [\"beta\"]\naccept = [\"oauth:second\", \"api_keys\"]\n\
+         [oauth]\nresource = \"{{router}}/mcp\"\n\
+         [oauth.servers.first]\nissuer = \"{first}\"\ntenant_claim = \"org\"\n\
+         [oauth.servers.second]\nissuer = \"{second}\"\ntenant_claim = \"org\"\n\
+         [oauth.servers.third]\nissuer = \"{third}\"\ntenant_claim = \"org\"\n{}{}",
+        http_upstream("alpha", &alpha.url, ""),
+        http_upstream("beta", &beta.url, ""),
+        db = dir.join("switchboard.db").display(),
+        spool = dir.join("audit.spool").display(),
+    );
+    let router = Router::start(&config).await;
+    let metadata: Value =
+        serde_json::from_str(&get_text(&router.path("/.well-known/oauth-protected-resource/mcp")).await).unwrap();
+    assert_eq!(metadata["authorization_servers"], json!([first, second, third]));
+
+    // Each trusted server's token is a caller of its tenant, seeing its tools.
+    let tools = |reply: &switchboard_test_support::Reply| -> Vec<String> {
+        let body: Value = serde_json::from_slice(&reply.body).unwrap();
+        body["result"]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_owned()).collect()
+    };
+    let from_first = machine_token(&first, "machine", "mcp:list mcp:call", &router.url).await;
+    let mut acme = Client::with_key(&router.url, &from_first);
+    acme.initialize().await;
+    let listed = tools(&acme.request("tools/list", json!({})).await);
+    assert!(listed.iter().all(|t| t.starts_with("alpha__")) && !listed.is_empty(), "{listed:?}");
+    let from_second = machine_token(&second, "machine", "mcp:list mcp:call", &router.url).await;
+    let mut beta_client = Client::with_key(&router.url, &from_second);
+    beta_client.initialize().await;
+    let listed = tools(&beta_client.request("tools/list", json!({})).await);
+    assert!(listed.iter().all(|t| t.starts_with("beta__")) && !listed.is_empty(), "{listed:?}");
+    // The same client id at another server is another user: acme's session
+    // is not beta's caller's.
+    beta_client.session = acme.session.clone();
+    assert_eq!(beta_client.request("tools/list", json!({})).await.status, StatusCode::NOT_FOUND);
+
+    // A server acme does not trust, though its token names acme: 401.
+    let from_third = machine_token(&third, "machine", "mcp:list mcp:call", &router.url).await;
+    let (status, headers, body) = post(&router.url, Some(&from_third), initialize()).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("not accepted"), "{body}");
+    assert!(challenge(&headers).contains("invalid_token"));
+    // A server nobody configured: its issuer is unknown, 401.
+    let from_stranger = machine_token(&stranger, "machine", "mcp:list mcp:call", &router.url).await;
+    let (status, _, body) = post(&router.url, Some(&from_stranger), initialize()).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert!(router.metric("switchboard_oauth_rejected_tokens_total", &["reason=\"issuer\""]).await >= 1.0);
+    // Beta's API keys work beside its tokens.
+    let admin = admin_for(&config.replace("{router}", "http://127.0.0.1:1")).await;
+    let key = admin.create_key("beta", None).await.unwrap().key;
+    assert!(
+        switchboard_test_support::eventually(Duration::from_secs(5), || async {
+            post(&router.url, Some(&key), initialize()).await.0 == StatusCode::OK
+        })
+        .await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_never_appear_in_logs_metrics_or_audit_records() {
+    let (_as, issuer) = authorization_server(&[]).await;
+    let alpha = MockServer::start(mock_named("alpha")).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let base = format!("http://127.0.0.1:{port}");
+    let (config, db) = config(&issuer, &alpha, "");
+    let config = config.replace("{router}", &base) + "\n[log]\nlevel = \"trace\"\n";
+    let file = std::env::temp_dir().join(unique("sb-oauth-") + ".toml");
+    std::fs::write(&file, &config).unwrap();
+    let (router, _) = Process::spawn_announced(
+        &switchboard_test_support::router_binary(),
+        &["serve", "--config", file.to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}")],
+        &[("RUST_LOG", "trace")],
+        "switchboard listening on",
+    )
+    .await;
+    let url = format!("{base}/mcp");
+
+    // A good JWT (list and call), an opaque one (introspected), bad ones.
+    let jwt = machine_token(&issuer, "machine", "mcp:list mcp:call", &url).await;
+    let opaque = machine_token(&issuer, "machine-opaque", "mcp:list mcp:call", &url).await;
+    for token in [&jwt, &opaque] {
+        let mut c = Client::with_key(&url, token);
+        c.initialize().await;
+        assert!(c.call_tool("alpha__echo", json!({"n": 1})).await["result"].is_object());
+    }
+    let tampered = format!("{}x", &jwt[..jwt.len() - 1]);
+    let unknown = format!("{opaque}-not");
+    for token in [&tampered, &unknown] {
+        assert_eq!(post(&url, Some(token), initialize()).await.0, StatusCode::UNAUTHORIZED);
+    }
+
+    // Each token's secret part: a JWT's signature, an opaque token whole.
+    let secrets = [
+        jwt.rsplit('.').next().unwrap().to_owned(),
+        tampered.rsplit('.').next().unwrap().to_owned(),
+        opaque.clone(),
+        unknown.clone(),
+    ];
+    let metrics = get_text(&format!("{base}/metrics")).await;
+    let audited = || async { records(&db, "acme").await };
+    assert!(
+        switchboard_test_support::eventually(Duration::from_secs(10), || async {
+            audited().await.iter().filter(|r| r.target.as_deref() == Some("alpha__echo")).count() >= 2
+        })
+        .await
+    );
+    let audit = format!("{:?}", audited().await);
+    let logs = router.output().join("\n");
+    assert!(logs.lines().count() > 20, "trace logging is on: {logs}");
+    for secret in &secrets {
+        assert!(!logs.contains(secret.as_str()), "a token in the logs");
+        assert!(!metrics.contains(secret.as_str()), "a token in the metrics");
+        assert!(!audit.contains(secret.as_str()), "a token in the audit records");
+    }
 }
 
 fn kid(token: &str) -> String {
