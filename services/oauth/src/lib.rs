@@ -18,11 +18,13 @@ pub mod keys;
 pub mod server;
 pub mod token;
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use prometheus::{IntCounter, IntCounterVec, Registry};
 use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
 
 pub use keys::Alg;
 pub use server::{AuthServer, ServerSettings};
@@ -41,8 +43,8 @@ pub struct Settings {
     pub refetch_every: Duration,
     /// Keys older than this are fetched again in the background.
     pub keys_max_age: Duration,
-    /// An introspection answer is kept at most this long (and never past
-    /// the token's expiry).
+    /// An introspection answer, and a JWT found good, is kept at most this
+    /// long (and never past the token's expiry).
     pub introspection_cache: Duration,
     /// Each request to an authorization server.
     pub timeout: Duration,
@@ -72,6 +74,7 @@ pub struct Metrics {
     fetches: IntCounterVec,
     rejected: IntCounterVec,
     introspection_cached: IntCounter,
+    verified_cached: IntCounter,
 }
 
 impl Metrics {
@@ -83,6 +86,12 @@ impl Metrics {
         )
         .expect("valid metric");
         registry.register(Box::new(introspection_cached.clone())).expect("registered once");
+        let verified_cached = IntCounter::new(
+            "switchboard_oauth_verified_cache_hits_total",
+            "JWT access tokens answered from the cache of tokens found good (no signature check).",
+        )
+        .expect("valid metric");
+        registry.register(Box::new(verified_cached.clone())).expect("registered once");
         Metrics {
             fetches: counter_vec(
                 registry,
@@ -97,6 +106,7 @@ impl Metrics {
                 &["reason"],
             ),
             introspection_cached,
+            verified_cached,
         }
     }
 
@@ -118,7 +128,27 @@ pub struct Verifier {
     settings: Settings,
     servers: Vec<Arc<AuthServer>>,
     metrics: Metrics,
+    /// JWTs found good, by their SHA-256: a client sends the same token
+    /// with every request, and its signature need not be checked each time.
+    good: Mutex<GoodTokens>,
 }
+
+struct GoodTokens {
+    tokens: HashMap<[u8; 32], Good>,
+    /// When the expired ones were last swept out (at most once a second,
+    /// when the map is full).
+    swept: Instant,
+}
+
+/// A JWT found good, until it expires or `introspection_cache` passes.
+struct Good {
+    verified: Verified,
+    until: Instant,
+}
+
+/// At most this many good JWTs are kept (about 2 MB); beyond, each new one
+/// takes the place of another.
+pub const MAX_GOOD_TOKENS: usize = 10_000;
 
 impl Verifier {
     pub fn new(settings: Settings, servers: Vec<ServerSettings>, metrics: Metrics) -> Result<Verifier, String> {
@@ -129,7 +159,8 @@ impl Verifier {
                 AuthServer::new(s, settings.timeout).map(Arc::new).map_err(|e| format!("{name}: {e}"))
             })
             .collect::<Result<_, _>>()?;
-        Ok(Verifier { settings, servers, metrics })
+        let good = GoodTokens { tokens: HashMap::new(), swept: Instant::now() };
+        Ok(Verifier { settings, servers, metrics, good: Mutex::new(good) })
     }
 
     pub fn settings(&self) -> &Settings {
@@ -147,6 +178,13 @@ impl Verifier {
         if !token::looks_like_jwt(token) {
             return None;
         }
+        let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        if let Some(good) = self.good.lock().expect("not poisoned").tokens.get(&hash) {
+            if good.until > Instant::now() {
+                self.metrics.verified_cached.inc();
+                return Some(Ok(good.verified.clone()));
+            }
+        }
         let jwt = match token::decode(token, &self.settings.algorithms) {
             Ok(jwt) => jwt,
             Err(why) => return Some(self.count(Err(Failure::Rejected(why)))),
@@ -155,7 +193,37 @@ impl Verifier {
             return Some(self.count(Err(unknown_issuer(&jwt))));
         };
         let checked = self.servers[server].verify_cached(&jwt, &self.settings, &self.metrics)?;
-        Some(self.count(checked.and_then(|()| self.finish(server, jwt.claims))))
+        let outcome = checked.and_then(|()| self.finish(server, jwt.claims));
+        if let Ok(verified) = &outcome {
+            self.keep_good(hash, verified);
+        }
+        Some(self.count(outcome))
+    }
+
+    /// Keeps a good JWT until its `exp`, at most `introspection_cache`.
+    fn keep_good(&self, hash: [u8; 32], verified: &Verified) {
+        let now_s = switchboard_core::time::now_ms() / 1000;
+        let Some(exp) = verified.claims.get("exp").and_then(Value::as_f64) else {
+            return;
+        };
+        let left = Duration::from_secs((exp as i64 - now_s).max(0) as u64).min(self.settings.introspection_cache);
+        if left.is_zero() {
+            return;
+        }
+        let now = Instant::now();
+        let mut good = self.good.lock().expect("not poisoned");
+        if good.tokens.len() >= MAX_GOOD_TOKENS && now.duration_since(good.swept) >= Duration::from_secs(1) {
+            good.tokens.retain(|_, g| g.until > now);
+            good.swept = now;
+        }
+        if good.tokens.len() >= MAX_GOOD_TOKENS {
+            // Still full: one makes room (any one: it is checked again when
+            // next seen, nothing worse).
+            if let Some(any) = good.tokens.keys().next().copied() {
+                good.tokens.remove(&any);
+            }
+        }
+        good.tokens.insert(hash, Good { verified: verified.clone(), until: now + left });
     }
 
     /// Checks `token`, fetching keys or introspecting as needed.
@@ -172,14 +240,20 @@ impl Verifier {
         let jwt = token::decode(token, &self.settings.algorithms).map_err(Failure::Rejected)?;
         let server = self.issuer_of(&jwt).ok_or_else(|| unknown_issuer(&jwt))?;
         let authority = &self.servers[server];
-        if let Some(done) = authority.verify_cached(&jwt, &self.settings, &self.metrics) {
-            return done.and_then(|()| self.finish(server, jwt.claims));
+        let checked = match authority.verify_cached(&jwt, &self.settings, &self.metrics) {
+            Some(done) => done,
+            None => {
+                authority.refresh(&self.settings, &self.metrics).await?;
+                authority
+                    .verify_cached(&jwt, &self.settings, &self.metrics)
+                    .unwrap_or_else(|| Err(Failure::Rejected(Rejection::UnknownKey(jwt.kid.clone()))))
+            }
+        };
+        let outcome = checked.and_then(|()| self.finish(server, jwt.claims));
+        if let Ok(verified) = &outcome {
+            self.keep_good(Sha256::digest(token.as_bytes()).into(), verified);
         }
-        authority.refresh(&self.settings, &self.metrics).await?;
-        match authority.verify_cached(&jwt, &self.settings, &self.metrics) {
-            Some(done) => done.and_then(|()| self.finish(server, jwt.claims)),
-            None => Err(Failure::Rejected(Rejection::UnknownKey(jwt.kid.clone()))),
-        }
+        outcome
     }
 
     /// The server whose issuer the token names (before the signature is

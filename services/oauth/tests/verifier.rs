@@ -269,3 +269,54 @@ async fn eddsa_tokens_verify_too() {
     let v = verifier(&fake.issuer, Duration::from_secs(60));
     assert_eq!(v.verify(&token).await.unwrap().claims["sub"], "bob");
 }
+
+#[tokio::test]
+async fn a_good_token_is_remembered_until_its_expiry_and_only_a_good_one() {
+    let fake = start_as().await;
+    let signer = Signer::new("k1");
+    *fake.jwks.lock().unwrap() = json!({"keys": [signer.jwk()]});
+    let registry = prometheus::Registry::new();
+    let settings = Settings {
+        audience: AUDIENCE.into(),
+        algorithms: Alg::ALL.to_vec(),
+        leeway: Duration::ZERO,
+        refetch_every: Duration::from_secs(60),
+        keys_max_age: Duration::from_secs(3600),
+        introspection_cache: Duration::from_secs(60),
+        timeout: Duration::from_secs(2),
+    };
+    let server = ServerSettings {
+        name: "test".into(),
+        issuer: fake.issuer.clone(),
+        metadata_url: None,
+        jwks_uri: None,
+        introspection_endpoint: None,
+        client: None,
+        ca: None,
+    };
+    let v = Verifier::new(settings, vec![server], Metrics::new(&registry)).unwrap();
+    let hits = || {
+        registry
+            .gather()
+            .iter()
+            .find(|f| f.get_name() == "switchboard_oauth_verified_cache_hits_total")
+            .map_or(0.0, |f| f.get_metric()[0].get_counter().get_value())
+    };
+    // Expires in 2 s: remembered after its first check, until then.
+    let short = signer.token(&fake.issuer, json!({"exp": now() + 2}));
+    assert!(v.verify(&short).await.is_ok());
+    assert_eq!(hits(), 0.0);
+    assert!(v.verify_cached(&short).unwrap().is_ok());
+    assert!(v.verify_cached(&short).unwrap().is_ok());
+    assert_eq!(hits(), 2.0, "answered without checking the signature again");
+    // A refused token is never remembered: refused every time.
+    let forged = tamper(&short);
+    for _ in 0..2 {
+        assert_eq!(rejected(v.verify_cached(&forged).unwrap()).label(), "signature");
+    }
+    assert_eq!(hits(), 2.0);
+    // Past its expiry, the full check runs again and refuses it.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(rejected(v.verify_cached(&short).unwrap()).label(), "expired");
+    assert_eq!(hits(), 2.0);
+}
