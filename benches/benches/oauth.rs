@@ -29,11 +29,14 @@ static ALLOCATOR: Counting = Counting;
 
 const AUDIENCE: &str = "https://router.test/mcp";
 
+/// Signs a message with a private key.
+type Sign = Box<dyn Fn(&[u8]) -> Vec<u8>>;
+
 /// A key that signs tokens, and its public JWK.
 struct Signer {
     alg: &'static str,
     jwk: Value,
-    sign: Box<dyn Fn(&[u8]) -> Vec<u8>>,
+    sign: Sign,
 }
 
 fn es256() -> Signer {
@@ -153,10 +156,11 @@ fn verify(c: &mut Criterion) {
     runtime.block_on(verifier.verify(&first)).expect("the keys are fetched and the token verifies");
 
     let mut group = c.benchmark_group("oauth");
-    let mut n = 1;
+    // Each token unique (its jti).
+    let serial = std::sync::atomic::AtomicU64::new(1);
+    let next = || serial.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     for signer in &signers {
-        let token = signer.token(issuer, n);
-        n += 1;
+        let token = signer.token(issuer, next());
         let (outcome, first_allocs) = allocations_of(|| verifier.verify_cached(&token));
         assert!(matches!(outcome, Some(Ok(_))), "{} verifies with the cached keys", signer.alg);
         let (_, again_allocs) = allocations_of(|| verifier.verify_cached(&token));
@@ -168,10 +172,7 @@ fn verify(c: &mut Criterion) {
         // A new token each time (made outside the measurement).
         group.bench_function(format!("first/{}", signer.alg), |b| {
             b.iter_batched(
-                || {
-                    n += 1;
-                    signer.token(issuer, n)
-                },
+                || signer.token(issuer, next()),
                 |fresh| black_box(verifier.verify_cached(&fresh)),
                 BatchSize::SmallInput,
             )

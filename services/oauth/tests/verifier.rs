@@ -299,7 +299,7 @@ async fn a_good_token_is_remembered_until_its_expiry_and_only_a_good_one() {
         registry
             .gather()
             .iter()
-            .find(|f| f.get_name() == "switchboard_oauth_verified_cache_hits_total")
+            .find(|f| f.name() == "switchboard_oauth_verified_cache_hits_total")
             .map_or(0.0, |f| f.get_metric()[0].get_counter().get_value())
     };
     // Expires in 2 s: remembered after its first check, until then.
