@@ -66,6 +66,16 @@ pub struct Verified {
     /// The index of its server among those the verifier was given.
     pub server: usize,
     pub claims: Arc<Map<String, Value>>,
+    /// What the caller makes of the claims (its tenant, user, scopes),
+    /// worked out once: a remembered token hands out the same slot to every
+    /// request that presents it.
+    pub derived: Arc<std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>>,
+}
+
+impl Verified {
+    fn new(server: usize, claims: Arc<Map<String, Value>>) -> Verified {
+        Verified { server, claims, derived: Arc::default() }
+    }
 }
 
 /// What the verifier records.
@@ -269,7 +279,7 @@ impl Verifier {
         let issuer = &self.servers[server].settings.issuer;
         let leeway = self.settings.leeway.as_secs() as i64;
         token::check_claims(&claims, issuer, &self.settings.audience, now_s, leeway).map_err(Failure::Rejected)?;
-        Ok(Verified { server, claims: Arc::new(claims) })
+        Ok(Verified::new(server, Arc::new(claims)))
     }
 
     /// An opaque token: asked of each server that introspects, in order,
@@ -306,7 +316,7 @@ impl Verifier {
                 return Err(Failure::Rejected(Rejection::Expired));
             }
         }
-        Ok(Verified { server, claims })
+        Ok(Verified::new(server, claims))
     }
 
     fn count(&self, outcome: Result<Verified, Failure>) -> Result<Verified, Failure> {

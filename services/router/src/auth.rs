@@ -330,15 +330,45 @@ impl Front {
 
     fn caller(&self, oauth: &OAuth, verified: &Verified) -> Result<Principal, AuthFailure> {
         let server = &oauth.config.servers[verified.server];
-        let claims: &Map<String, Value> = &verified.claims;
-        let tenant_name = match &server.tenant {
-            TenantFrom::Fixed(name) => Some(name.clone()),
-            TenantFrom::Claim(claim) => switchboard_oauth::token::claim_text(claims, claim),
-        };
-        let tenant = tenant_name.and_then(|name| self.directory.tenant(&name)).ok_or(AuthFailure::NotAccepted)?;
+        // Worked out once per token (a remembered token shares the slot).
+        let derived = verified.derived.get_or_init(|| Box::new(TokenCaller::of(oauth, verified)));
+        let caller = derived.downcast_ref::<Result<TokenCaller, AuthFailure>>().expect("set here only").as_ref();
+        let caller = caller.map_err(|failure| *failure)?;
+        let tenant = caller
+            .tenant
+            .as_deref()
+            .and_then(|name| self.directory.tenant(name))
+            .ok_or(AuthFailure::NotAccepted)?;
         if !tenant.accepts_oauth(&server.settings.name) {
             return Err(AuthFailure::NotAccepted);
         }
+        Ok(Principal {
+            tenant,
+            key_prefix: Arc::from(""),
+            key_id: caller.key_id.clone(),
+            user: Some(caller.user.clone()),
+            scopes: caller.scopes.clone(),
+        })
+    }
+}
+
+/// What a token's claims say of its caller: the tenant's name (looked up
+/// at each request: tenants change), the user, the caller id, the scopes.
+struct TokenCaller {
+    tenant: Option<String>,
+    user: Arc<str>,
+    key_id: Arc<str>,
+    scopes: Option<Arc<[Box<str>]>>,
+}
+
+impl TokenCaller {
+    fn of(oauth: &OAuth, verified: &Verified) -> Result<TokenCaller, AuthFailure> {
+        let server = &oauth.config.servers[verified.server];
+        let claims: &Map<String, Value> = &verified.claims;
+        let tenant = match &server.tenant {
+            TenantFrom::Fixed(name) => Some(name.clone()),
+            TenantFrom::Claim(claim) => switchboard_oauth::token::claim_text(claims, claim),
+        };
         // A token of a client acting for itself (client credentials) may have
         // no `sub` (an introspection answer): the client is the user then.
         let user = switchboard_oauth::token::claim_text(claims, &server.user_claim)
@@ -354,16 +384,16 @@ impl Front {
         let scopes = (!oauth.config.scopes.is_empty()).then(|| {
             switchboard_oauth::token::scopes(claims).into_iter().map(String::into_boxed_str).collect::<Arc<[_]>>()
         });
-        Ok(Principal {
-            tenant,
-            key_prefix: Arc::from(""),
-            key_id: Arc::from(key_id),
-            user: Some(Arc::from(user)),
-            scopes,
-        })
+        Ok(TokenCaller { tenant, user: Arc::from(user), key_id: Arc::from(key_id), scopes })
     }
 }
 
 fn hex_of(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    out
 }

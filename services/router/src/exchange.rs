@@ -169,21 +169,26 @@ impl Exchange {
     /// for `tools/call`).
     pub async fn admit(&mut self, env: &Envelope<'_>) -> Result<(), Error> {
         let who = self.principal.as_ref().expect("authenticated before admission");
+        let limits = &who.tenant.limits;
+        let tool_limited = limits.tool.is_some() && env.method_str() == "tools/call";
+        // What the request names, read once for both uses.
+        let params = match who.scopes.is_some() || tool_limited {
+            true => env.params.and_then(|p| Target::parse(p).ok()),
+            false => None,
+        };
         if who.scopes.is_some() {
-            let params = env.params.and_then(|p| Target::parse(p).ok());
             let target = params
                 .as_ref()
                 .and_then(|t| t.name.or(t.uri).or_else(|| t.reference.as_ref().and_then(|r| r.name.or(r.uri))))
                 .and_then(jsonrpc::as_str);
             self.app.auth.authorize(who, env.method_str(), target.as_deref())?;
         }
-        let limits = &who.tenant.limits;
         if limits.key.is_none() && limits.tenant.is_none() && limits.tool.is_none() {
             return Ok(());
         }
-        let tool = match (limits.tool.is_some() && env.method_str() == "tools/call", env.params) {
-            (true, Some(params)) => Target::parse(params).ok().and_then(|t| t.name).and_then(jsonrpc::as_str),
-            _ => None,
+        let tool = match tool_limited {
+            true => params.as_ref().and_then(|t| t.name).and_then(jsonrpc::as_str),
+            false => None,
         };
         let checks = switchboard_limits::checks(who, tool.as_deref());
         match self.app.limiter.check(&checks).await {
