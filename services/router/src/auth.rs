@@ -334,11 +334,8 @@ impl Front {
         let derived = verified.derived.get_or_init(|| Box::new(TokenCaller::of(oauth, verified)));
         let caller = derived.downcast_ref::<Result<TokenCaller, AuthFailure>>().expect("set here only").as_ref();
         let caller = caller.map_err(|failure| *failure)?;
-        let tenant = caller
-            .tenant
-            .as_deref()
-            .and_then(|name| self.directory.tenant(name))
-            .ok_or(AuthFailure::NotAccepted)?;
+        let tenant =
+            caller.tenant.as_deref().and_then(|name| self.directory.tenant(name)).ok_or(AuthFailure::NotAccepted)?;
         if !tenant.accepts_oauth(&server.settings.name) {
             return Err(AuthFailure::NotAccepted);
         }
