@@ -92,6 +92,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         health_interval: Duration::from_secs(2),
         headers: options.headers,
         http2: false,
+        tls: None,
         connect_timeout: Duration::from_secs(5),
         pool_max_idle: 16,
     };
@@ -432,6 +433,7 @@ pub async fn call_tool(
         health_interval: Duration::from_secs(2),
         headers,
         http2: false,
+        tls: None,
         connect_timeout: Duration::from_secs(5),
         pool_max_idle: 1,
     };

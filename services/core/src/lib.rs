@@ -11,6 +11,8 @@
 //! - [`redis`]: the bounded, self-healing link to Redis.
 //! - [`body`]: reading an HTTP body with a size limit.
 //! - [`metrics`]: registering a layer's metrics in the one registry.
+//! - [`tls`]: PEM files, and the TLS client configuration towards upstreams
+//!   and authorization servers (verification always on).
 #![forbid(unsafe_code)]
 
 pub mod body;
@@ -21,6 +23,7 @@ pub mod outcome;
 pub mod policy;
 pub mod redis;
 pub mod time;
+pub mod tls;
 
 pub use ids::UpstreamId;
 pub use outcome::Outcome;

@@ -90,29 +90,7 @@ fn keepalive(stream: &tokio::net::TcpStream) {
     let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&params);
 }
 
-/// The certificate chain and private key in these PEM files; errors say
-/// which file and are labelled `which` ("edge TLS", "server TLS").
-#[allow(clippy::type_complexity)]
-pub fn read_pem(
-    cert: &Path,
-    key: &Path,
-    which: &str,
-) -> std::io::Result<(Vec<rustls::pki_types::CertificateDer<'static>>, rustls::pki_types::PrivateKeyDer<'static>)> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let invalid = |what: &str, e: &dyn std::fmt::Display| {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{which} {what}: {e}"))
-    };
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| invalid(&format!("certificate {}", cert.display()), &e))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| invalid(&format!("certificate {}", cert.display()), &e))?;
-    if certs.is_empty() {
-        return Err(invalid("certificate", &format!("no certificate in {}", cert.display())));
-    }
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| invalid(&format!("key {}", key.display()), &e))?;
-    Ok((certs, key))
-}
+pub use switchboard_core::tls::read_pem;
 
 /// Builds the TLS acceptor from PEM files.
 pub fn tls_acceptor(cert: &Path, key: &Path) -> std::io::Result<TlsAcceptor> {

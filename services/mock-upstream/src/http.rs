@@ -27,6 +27,7 @@ const MAX_BODY: usize = 64 << 20;
 pub(crate) async fn serve(
     server: Arc<Server>,
     listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let graceful = GracefulShutdown::new();
@@ -42,11 +43,24 @@ pub(crate) async fn serve(
                     let server = server.clone();
                     async move { Ok::<_, Infallible>(route(server, req).await) }
                 });
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                let conn = graceful.watch(conn.into_owned());
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                });
+                match &tls {
+                    None => {
+                        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                        let conn = graceful.watch(conn.into_owned());
+                        tokio::spawn(async move {
+                            let _ = conn.await;
+                        });
+                    }
+                    Some(acceptor) => {
+                        // The handshake on the connection's own task; a failed one just ends it.
+                        let (acceptor, builder, watcher) = (acceptor.clone(), builder.clone(), graceful.watcher());
+                        tokio::spawn(async move {
+                            let Ok(stream) = acceptor.accept(stream).await else { return };
+                            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                            let _ = watcher.watch(conn.into_owned()).await;
+                        });
+                    }
+                }
             }
             () = &mut shutdown => break,
         }

@@ -59,7 +59,17 @@ impl Mock {
 
     /// Serves Streamable HTTP on `/mcp` until `shutdown` completes.
     pub async fn serve_http(&self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
-        http::serve(self.server.clone(), listener, shutdown).await
+        http::serve(self.server.clone(), listener, None, shutdown).await
+    }
+
+    /// The same over TLS: HTTPS, with this acceptor (see [`tls_acceptor`]).
+    pub async fn serve_https(
+        &self,
+        listener: TcpListener,
+        tls: tokio_rustls::TlsAcceptor,
+        shutdown: impl Future<Output = ()>,
+    ) -> std::io::Result<()> {
+        http::serve(self.server.clone(), listener, Some(tls), shutdown).await
     }
 
     /// Serves newline-delimited JSON on this process's stdin and stdout until
@@ -130,4 +140,39 @@ impl Mock {
     pub fn listen_streams(&self) -> usize {
         self.server.listeners.len()
     }
+}
+
+/// A TLS acceptor for [`Mock::serve_https`]: this certificate chain and key
+/// (PEM files), ALPN `h2` and `http/1.1`, and client certificates checked
+/// against `client_ca` (PEM) when given (required then).
+pub fn tls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    client_ca: Option<&std::path::Path>,
+) -> std::io::Result<tokio_rustls::TlsAcceptor> {
+    use tokio_rustls::rustls;
+    let invalid = |e: &dyn std::fmt::Display| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string());
+    let (chain, key) = switchboard_core::tls::read_pem(cert, key, "mock TLS")?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid(&e))?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let pem = std::fs::read(ca)?;
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in switchboard_core::tls::pem_certificates(&pem).map_err(|e| invalid(&e))? {
+                roots.add(cert).map_err(|e| invalid(&e))?;
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(std::sync::Arc::new(roots), provider)
+                    .build()
+                    .map_err(|e| invalid(&e))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder.with_single_cert(chain, key).map_err(|e| invalid(&e))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)))
 }

@@ -6,6 +6,7 @@
 //!                  [--list-delay-ms MS] [--unknown-session-status 400] [--threads N]
 //!                  [--modern | --modern-only | --discover-2026-only] [--check-host | --any-host] [--state-key KEY]
 //!                  [--list-ttl-ms MS] [--initialize-delay-ms MS] [--resumable-streams]
+//!                  [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]
 //! ```
 //!
 //! With `--modern`, each HTTP POST is answered in its era: MCP 2026-07-28
@@ -22,6 +23,7 @@ fn main() -> Result<()> {
     let mut stdio = false;
     let mut threads = 0usize;
     let mut any_host = false;
+    let (mut tls_cert, mut tls_key, mut client_ca) = (None, None, None);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().with_context(|| format!("{name} needs a value"));
@@ -54,6 +56,9 @@ fn main() -> Result<()> {
                 options.list_ttl_ms = value("--list-ttl-ms")?.parse().context("--list-ttl-ms takes a number")?
             }
             "--http" => http = Some(value("--http")?),
+            "--tls-cert" => tls_cert = Some(std::path::PathBuf::from(value("--tls-cert")?)),
+            "--tls-key" => tls_key = Some(std::path::PathBuf::from(value("--tls-key")?)),
+            "--tls-client-ca" => client_ca = Some(std::path::PathBuf::from(value("--tls-client-ca")?)),
             "--name" => options.name = value("--name")?,
             "--stateless" => options.stateless = true,
             "--sse" => options.always_sse = true,
@@ -72,7 +77,8 @@ fn main() -> Result<()> {
                     "switchboard-mock (--stdio [--allow-exit] | --http ADDR) [--conformance] [--name NAME] [--stateless] [--sse] [--tools N] \
                      [--page-size N] [--list-delay-ms MS] [--unknown-session-status CODE] [--threads N] \
                      [--modern | --modern-only | --discover-2026-only] [--check-host | --any-host] [--state-key KEY] \
-                     [--list-ttl-ms MS] [--initialize-delay-ms MS] [--resumable-streams]"
+                     [--list-ttl-ms MS] [--initialize-delay-ms MS] [--resumable-streams] \
+                     [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]"
                 );
                 return Ok(());
             }
@@ -96,11 +102,21 @@ fn main() -> Result<()> {
             (true, None) => Mock::new(options).serve_stdio().await?,
             (false, Some(addr)) => {
                 let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr}"))?;
-                eprintln!("switchboard-mock listening on http://{}/mcp", listener.local_addr()?);
                 let shutdown = async {
                     let _ = tokio::signal::ctrl_c().await;
                 };
-                Mock::new(options).serve_http(listener, shutdown).await?;
+                match (tls_cert, tls_key) {
+                    (None, None) => {
+                        eprintln!("switchboard-mock listening on http://{}/mcp", listener.local_addr()?);
+                        Mock::new(options).serve_http(listener, shutdown).await?;
+                    }
+                    (Some(cert), Some(key)) => {
+                        let tls = switchboard_mock::tls_acceptor(&cert, &key, client_ca.as_deref())?;
+                        eprintln!("switchboard-mock listening on https://{}/mcp", listener.local_addr()?);
+                        Mock::new(options).serve_https(listener, tls, shutdown).await?;
+                    }
+                    _ => bail!("--tls-cert and --tls-key go together"),
+                }
             }
             _ => bail!("give exactly one of --stdio or --http ADDR"),
         }

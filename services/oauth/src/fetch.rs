@@ -3,7 +3,6 @@
 //! over TLS for `https` (the platform's trust roots plus an optional CA
 //! bundle; verification is always on), each bounded in time and size.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,8 +10,7 @@ use http::{Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
-use tokio_rustls::rustls::{ClientConfig, RootCertStore};
+use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 
 /// The largest answer read from an authorization server.
@@ -46,28 +44,8 @@ impl Fetcher {
     /// A fetcher trusting the platform's roots and the certificates of
     /// `extra_ca` (PEM), each request bounded by `timeout`.
     pub fn new(extra_ca: Option<&[u8]>, timeout: Duration) -> Result<Fetcher, String> {
-        let mut roots = RootCertStore::empty();
-        let native = rustls_native_certs::load_native_certs();
-        for cert in native.certs {
-            let _ = roots.add(cert);
-        }
-        if let Some(pem) = extra_ca {
-            let certs: Vec<CertificateDer<'static>> = pem_certificates(pem)?;
-            if certs.is_empty() {
-                return Err("the CA file holds no certificate".into());
-            }
-            for cert in certs {
-                roots.add(cert).map_err(|e| format!("a CA certificate cannot be used: {e}"))?;
-            }
-        }
-        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-        let mut config = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(Fetcher { tls: TlsConnector::from(Arc::new(config)), timeout })
+        let config = switchboard_core::tls::client_config(extra_ca, None, &[b"http/1.1"])?;
+        Ok(Fetcher { tls: TlsConnector::from(config), timeout })
     }
 
     /// `GET url` (expecting JSON).
@@ -187,12 +165,6 @@ fn form_encode(text: &str) -> String {
         }
     }
     out
-}
-
-/// The certificates of a PEM bundle.
-fn pem_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
-    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
-    CertificateDer::pem_slice_iter(pem).collect::<Result<Vec<_>, _>>().map_err(|e| format!("not PEM: {e}"))
 }
 
 #[cfg(test)]

@@ -155,7 +155,7 @@ fn invalid(what: &str, e: &dyn std::fmt::Display) -> std::io::Error {
 
 /// The certificate chain and key in these files, checked to go together.
 fn read(cert: &Path, key: &Path) -> std::io::Result<CertifiedKey> {
-    let (certs, key) = switchboard_devices::listen::read_pem(cert, key, "server TLS")?;
+    let (certs, key) = switchboard_core::tls::read_pem(cert, key, "server TLS")?;
     let provider = rustls::crypto::ring::default_provider();
     let signing = provider.key_provider.load_private_key(key).map_err(|e| invalid("key", &e))?;
     let certified = CertifiedKey::new(certs, signing);

@@ -165,6 +165,24 @@ impl MockServer {
         MockServer { mock, addr, url: format!("http://{addr}/mcp"), stop: Some(stop) }
     }
 
+    /// Starts a mock serving HTTPS with this TLS acceptor
+    /// ([`switchboard_mock::tls_acceptor`]); `url` is `https://localhost:PORT/mcp`.
+    pub async fn start_tls(options: MockOptions, tls: tokio_rustls::TlsAcceptor) -> MockServer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let mock = Mock::new(options);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let served = mock.clone();
+        tokio::spawn(async move {
+            let _ = served
+                .serve_https(listener, tls, async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        MockServer { mock, addr, url: format!("https://localhost:{}/mcp", addr.port()), stop: Some(stop) }
+    }
+
     /// Stops serving (the port closes).
     pub fn stop(&mut self) {
         if let Some(stop) = self.stop.take() {

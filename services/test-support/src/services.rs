@@ -306,6 +306,12 @@ impl Drop for PrivateRedis {
 /// openssl CLI. Calling it again with another `name` makes another
 /// certificate from the same CA.
 pub fn make_certificate(dir: &std::path::Path, name: &str) {
+    make_certificate_for(dir, name, "DNS:localhost,IP:127.0.0.1");
+}
+
+/// [`make_certificate`] for other names (`san`: a subjectAltName value
+/// such as `"DNS:elsewhere.test"`).
+pub fn make_certificate_for(dir: &std::path::Path, name: &str, san: &str) {
     let run = |args: &[&str]| {
         let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl");
         assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -318,7 +324,7 @@ pub fn make_certificate(dir: &std::path::Path, name: &str) {
     let (key, csr, pem) = (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"));
     run(&[&["req"][..], &ec, &["-keyout", &key, "-out", &csr, "-subj", "/CN=localhost"]].concat());
     let ext = format!("{name}.cnf");
-    std::fs::write(dir.join(&ext), "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").unwrap();
+    std::fs::write(dir.join(&ext), format!("subjectAltName={san}\nbasicConstraints=CA:FALSE\n")).unwrap();
     run(&[
         "x509",
         "-req",

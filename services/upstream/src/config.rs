@@ -47,6 +47,9 @@ pub struct HttpConfig {
     pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
     /// Use HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1.
     pub http2: bool,
+    /// For `https` URLs: the TLS client (the platform's roots plus the
+    /// upstream's `ca`, its client certificate if any; ALPN set per use).
+    pub tls: Option<std::sync::Arc<tokio_rustls::rustls::ClientConfig>>,
     pub connect_timeout: Duration,
     /// Idle pooled connections kept per upstream.
     pub pool_max_idle: usize,

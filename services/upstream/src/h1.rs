@@ -18,15 +18,21 @@
 //! so it is never repeated.
 //!
 //! This client speaks only what MCP servers need: `Content-Length` and
-//! chunked bodies, keep-alive, `Connection: close`. HTTP/2 upstreams use hyper.
+//! chunked bodies, keep-alive, `Connection: close`, over TCP or TLS (an
+//! `https` upstream: the server's certificate verified, ALPN `http/1.1`).
+//! HTTP/2 upstreams use hyper.
 
 use std::io::{self, IoSlice};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_rustls::TlsConnector;
 
 /// Response heads larger than this are refused.
 const MAX_HEAD: usize = 64 << 10;
@@ -44,11 +50,116 @@ pub struct Pool {
     idle: Mutex<Vec<Conn>>,
     max_idle: usize,
     connect_timeout: Duration,
+    /// For an `https` upstream: the TLS client and the name its
+    /// certificate must carry.
+    tls: Option<(TlsConnector, ServerName<'static>)>,
+}
+
+/// How a connection to an upstream is made: TCP, or TLS over TCP.
+#[derive(Clone)]
+pub struct Connect {
+    /// `host:port`.
+    pub address: String,
+    pub timeout: Duration,
+    /// TLS (the client configuration, with ALPN `http/1.1`) and the server
+    /// name (the URL's host) its certificate must be valid for.
+    pub tls: Option<(Arc<tokio_rustls::rustls::ClientConfig>, ServerName<'static>)>,
+}
+
+impl Connect {
+    /// How to reach `url`: its host and port (80 for `http`, 443 for
+    /// `https`), and for `https` TLS with `tls` (required then), the URL's
+    /// host being the name the certificate must carry.
+    pub fn to(
+        url: &http::Uri,
+        timeout: Duration,
+        tls: Option<&Arc<tokio_rustls::rustls::ClientConfig>>,
+    ) -> io::Result<Connect> {
+        let host = url.host().unwrap_or("localhost");
+        let secure = url.scheme_str() == Some("https");
+        let port = url.port_u16().unwrap_or(if secure { 443 } else { 80 });
+        let tls = match (secure, tls) {
+            (false, _) => None,
+            (true, None) => return Err(invalid("an https upstream needs a TLS configuration")),
+            (true, Some(config)) => {
+                let bare = host.trim_start_matches('[').trim_end_matches(']');
+                let name = ServerName::try_from(bare.to_owned())
+                    .map_err(|_| invalid("the upstream's host is not a name a certificate can carry"))?;
+                Some((config.clone(), name))
+            }
+        };
+        Ok(Connect { address: format!("{host}:{port}"), timeout, tls })
+    }
+}
+
+/// A connection's byte stream.
+enum Io {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl Io {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Io::Plain(tcp) => tcp,
+            Io::Tls(tls) => tls.get_ref().0,
+        }
+    }
+}
+
+impl AsyncRead for Io {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
+            Io::Tls(tls) => Pin::new(tls.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
+            Io::Tls(tls) => Pin::new(tls.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(tcp) => Pin::new(tcp).poll_write_vectored(cx, bufs),
+            Io::Tls(tls) => Pin::new(tls.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Plain(tcp) => tcp.is_write_vectored(),
+            Io::Tls(tls) => tls.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
+            Io::Tls(tls) => Pin::new(tls.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
+            Io::Tls(tls) => Pin::new(tls.as_mut()).poll_shutdown(cx),
+        }
+    }
 }
 
 /// A keep-alive connection and its buffers (reused across requests).
 pub struct Conn {
-    io: TcpStream,
+    io: Io,
     read: BytesMut,
     head: Vec<u8>,
     idle_since: Instant,
@@ -107,21 +218,23 @@ pub struct Body {
 }
 
 impl Pool {
-    /// A pool for `host:port` (the `Host` header is `authority`).
-    pub fn new(address: String, authority: &str, max_idle: usize, connect_timeout: Duration) -> Arc<Pool> {
+    /// A pool of connections made as `connect` says (the `Host` header is
+    /// `authority`).
+    pub fn new(connect: Connect, authority: &str, max_idle: usize) -> Arc<Pool> {
         Arc::new(Pool {
-            address,
+            address: connect.address,
             host: authority.as_bytes().to_vec(),
             idle: Mutex::new(Vec::new()),
             max_idle,
-            connect_timeout,
+            connect_timeout: connect.timeout,
+            tls: connect.tls.map(|(config, name)| (TlsConnector::from(config), name)),
         })
     }
 
     /// An idle connection that is still usable, if there is one.
     fn checkout(&self) -> Option<Conn> {
         loop {
-            let conn = self.idle.lock().expect("lock").pop()?;
+            let mut conn = self.idle.lock().expect("lock").pop()?;
             if conn.idle_since.elapsed() < POOL_IDLE && conn.quiet() {
                 return Some(conn);
             }
@@ -137,16 +250,30 @@ impl Pool {
     }
 
     async fn connect(&self) -> io::Result<Conn> {
-        let io = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.address)).await {
-            Ok(io) => io?,
-            Err(_) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("connect to {} timed out after {:?}", self.address, self.connect_timeout),
-                ))
-            }
+        let timed_out = || {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connect to {} timed out after {:?}", self.address, self.connect_timeout),
+            )
         };
-        io.set_nodelay(true)?;
+        let deadline = tokio::time::Instant::now() + self.connect_timeout;
+        let tcp =
+            tokio::time::timeout_at(deadline, TcpStream::connect(&self.address)).await.map_err(|_| timed_out())??;
+        tcp.set_nodelay(true)?;
+        let io = match &self.tls {
+            None => Io::Plain(tcp),
+            // The handshake within the same bound; a certificate that does
+            // not verify is an error naming why.
+            Some((connector, name)) => match tokio::time::timeout_at(deadline, connector.connect(name.clone(), tcp))
+                .await
+            {
+                Ok(Ok(tls)) => Io::Tls(Box::new(tls)),
+                Ok(Err(e)) => {
+                    return Err(io::Error::new(e.kind(), format!("TLS handshake with {} failed: {e}", self.address)))
+                }
+                Err(_) => return Err(timed_out()),
+            },
+        };
         Ok(Conn {
             io,
             read: BytesMut::with_capacity(READ_CHUNK),
@@ -245,7 +372,9 @@ impl Conn {
         if req.body.len() <= 4096 {
             // Small bodies: one buffer, one write.
             head.extend_from_slice(req.body);
-            return self.io.write_all(head).await;
+            self.io.write_all(head).await?;
+            // (TLS may hold the last record until flushed; TCP has nothing to flush.)
+            return self.io.flush().await;
         }
         let mut parts = [IoSlice::new(head), IoSlice::new(req.body)];
         let mut slices: &mut [IoSlice<'_>] = &mut parts;
@@ -256,7 +385,7 @@ impl Conn {
             }
             IoSlice::advance_slices(&mut slices, n);
         }
-        Ok(())
+        self.io.flush().await
     }
 
     async fn fill(&mut self) -> io::Result<usize> {
@@ -268,18 +397,23 @@ impl Conn {
 
     /// Whether an idle connection is still open and silent (without a syscall
     /// unless the reactor saw it become readable).
-    fn quiet(&self) -> bool {
+    fn quiet(&mut self) -> bool {
         use futures_util::FutureExt;
         if !self.read.is_empty() {
             return false;
         }
-        match self.io.ready(tokio::io::Interest::READABLE).now_or_never() {
+        match self.io.tcp().ready(tokio::io::Interest::READABLE).now_or_never() {
             None => true,
             Some(Err(_)) => false,
             // Readable while idle: closed (0 bytes) or unasked data; either way, unusable.
-            Some(Ok(_)) => {
-                matches!(self.io.try_read(&mut [0u8; 1]), Err(ref e) if e.kind() == io::ErrorKind::WouldBlock)
-            }
+            Some(Ok(_)) => match &mut self.io {
+                Io::Plain(tcp) => {
+                    matches!(tcp.try_read(&mut [0u8; 1]), Err(ref e) if e.kind() == io::ErrorKind::WouldBlock)
+                }
+                // TLS may have sent what is not data (a TLS 1.3 session
+                // ticket): read through it; only data or the end is unusable.
+                Io::Tls(tls) => tls.read(&mut [0u8; 1]).now_or_never().is_none(),
+            },
         }
     }
 
@@ -560,6 +694,17 @@ mod tests {
     /// A server that answers each request on a connection with the next
     /// canned response, and counts connections.
     async fn canned(responses: Vec<&'static [u8]>) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        canned_over(responses, None).await
+    }
+
+    trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+    impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
+
+    /// [`canned`], over TLS with `tls`.
+    async fn canned_over(
+        responses: Vec<&'static [u8]>,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -568,11 +713,19 @@ mod tests {
             let responses = Arc::new(responses);
             let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
             loop {
-                let (mut io, _) = listener.accept().await.unwrap();
+                let (tcp, _) = listener.accept().await.unwrap();
                 counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let responses = responses.clone();
                 let next = next.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
+                    let mut io: Box<dyn Stream> = match tls {
+                        None => Box::new(tcp),
+                        Some(acceptor) => match acceptor.accept(tcp).await {
+                            Ok(stream) => Box::new(stream),
+                            Err(_) => return,
+                        },
+                    };
                     let mut buf = vec![0u8; 65536];
                     loop {
                         let mut got = Vec::new();
@@ -607,6 +760,67 @@ mod tests {
         (addr, connections)
     }
 
+    #[tokio::test]
+    async fn tls_connections_are_verified_and_kept_alive_across_session_tickets() {
+        use tokio_rustls::rustls;
+        let dir = std::env::temp_dir().join(format!("sb-h1-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A CA, and a certificate for localhost it signs.
+        let openssl = |args: &[&str]| {
+            let out = std::process::Command::new("openssl").args(args).current_dir(&dir).output().unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        };
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"];
+        openssl(&[&["req", "-x509"][..], &ec, &["-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=ca"]].concat());
+        openssl(&[&["req"][..], &ec[..5], &["-keyout", "k.pem", "-out", "c.csr", "-subj", "/CN=localhost"]].concat());
+        std::fs::write(dir.join("ext.cnf"), "subjectAltName=DNS:localhost\n").unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "c.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-out",
+            "c.pem",
+            "-extfile",
+            "ext.cnf",
+        ]);
+        let (chain, key) = switchboard_core::tls::read_pem(&dir.join("c.pem"), &dir.join("k.pem"), "test").unwrap();
+        let server = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+        let ok: &'static [u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
+        let (addr, connections) =
+            canned_over(vec![ok; 5], Some(tokio_rustls::TlsAcceptor::from(Arc::new(server)))).await;
+        let url: http::Uri = format!("https://localhost:{}/mcp", addr.rsplit(':').next().unwrap()).parse().unwrap();
+        let ca = std::fs::read(dir.join("ca.pem")).unwrap();
+        let trusting = switchboard_core::tls::client_config(Some(&ca), None, &[b"http/1.1"]).unwrap();
+        let pool = Pool::new(Connect::to(&url, Duration::from_secs(2), Some(&trusting)).unwrap(), "localhost", 4);
+        for _ in 0..5 {
+            let answer = pool.send(&post(b"{}"), false).await.unwrap();
+            assert_eq!(answer.body.collect(1024).await.unwrap(), &b"{}"[..]);
+            // Time for the server's TLS 1.3 session tickets to arrive while idle.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1, "one TLS connection, kept alive");
+        // Not trusting the certificate: refused, saying why.
+        let platform = switchboard_core::tls::client_config(None, None, &[b"http/1.1"]).unwrap();
+        let refusing = Pool::new(Connect::to(&url, Duration::from_secs(2), Some(&platform)).unwrap(), "localhost", 4);
+        let err = refusing.send(&post(b"{}"), false).await.err().unwrap().to_string();
+        assert!(err.contains("TLS handshake") && err.contains("UnknownIssuer"), "{err}");
+        // An https URL with no TLS configuration is an error, not plain text.
+        assert!(Connect::to(&url, Duration::from_secs(1), None).is_err());
+    }
+
     fn post(body: &[u8]) -> Request<'_> {
         Request { method: "POST", path: "/mcp", headers: &[("Content-Type", b"application/json")], extra: b"", body }
     }
@@ -619,7 +833,7 @@ mod tests {
             b"HTTP/1.1 202 Accepted\r\nContent-Length: 0\r\n\r\n",
         ])
         .await;
-        let pool = Pool::new(addr.clone(), &addr, 4, Duration::from_secs(1));
+        let pool = Pool::new(Connect { address: addr.clone(), timeout: Duration::from_secs(1), tls: None }, &addr, 4);
         let first = pool.send(&post(b"{}"), true).await.unwrap();
         assert_eq!(first.status, 200);
         assert!(!first.event_stream);
@@ -649,7 +863,7 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nagain",
         ])
         .await;
-        let pool = Pool::new(addr.clone(), &addr, 4, Duration::from_secs(1));
+        let pool = Pool::new(Connect { address: addr.clone(), timeout: Duration::from_secs(1), tls: None }, &addr, 4);
         assert_eq!(&pool.send(&post(b"1"), false).await.unwrap().body.collect(64).await.unwrap()[..], b"ok");
         assert!(pool.send(&post(b"2"), false).await.is_err(), "it may have been acted on: not repeated");
         assert_eq!(&pool.send(&post(b"3"), false).await.unwrap().body.collect(64).await.unwrap()[..], b"again");
@@ -675,7 +889,7 @@ mod tests {
                 });
             }
         });
-        let pool = Pool::new(addr.clone(), &addr, 4, Duration::from_secs(1));
+        let pool = Pool::new(Connect { address: addr.clone(), timeout: Duration::from_secs(1), tls: None }, &addr, 4);
         for _ in 0..3 {
             let answer = pool.send(&post(b"x"), false).await.unwrap().body.collect(64).await.unwrap();
             assert_eq!(&answer[..], b"ok");
@@ -692,7 +906,7 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nmore",
         ])
         .await;
-        let pool = Pool::new(addr.clone(), &addr, 4, Duration::from_secs(1));
+        let pool = Pool::new(Connect { address: addr.clone(), timeout: Duration::from_secs(1), tls: None }, &addr, 4);
         pool.send(&post(b"1"), false).await.unwrap().body.collect(64).await.unwrap();
         drop(pool.send(&post(b"2"), false).await.unwrap()); // body never read
         pool.send(&post(b"3"), false).await.unwrap().body.collect(64).await.unwrap();
@@ -708,7 +922,7 @@ mod tests {
     #[tokio::test]
     async fn refuses_oversized_bodies() {
         let (addr, _) = canned(vec![b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"]).await;
-        let pool = Pool::new(addr.clone(), &addr, 4, Duration::from_secs(1));
+        let pool = Pool::new(Connect { address: addr.clone(), timeout: Duration::from_secs(1), tls: None }, &addr, 4);
         let response = pool.send(&post(b"{}"), false).await.unwrap();
         assert!(response.body.collect(10).await.is_err());
     }

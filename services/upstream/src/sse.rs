@@ -63,14 +63,14 @@ struct Connection {
 impl Transport {
     /// A transport for `config.url` (the SSE endpoint); connects lazily.
     pub fn new(name: Arc<str>, config: &HttpConfig, timeout: Duration, metrics: Arc<Metrics>) -> Self {
-        let host = config.url.host().unwrap_or("localhost");
-        let port = config.url.port_u16().unwrap_or(80);
+        let connect = h1::Connect::to(&config.url, config.connect_timeout, config.tls.as_ref())
+            .expect("validated: an https upstream has its TLS configuration");
         let authority = config.url.authority().map_or("localhost", |a| a.as_str());
         let raw_headers = h1::raw_headers(&config.headers);
         Transport {
             shared: Arc::new(Shared {
                 name,
-                pool: h1::Pool::new(format!("{host}:{port}"), authority, config.pool_max_idle, config.connect_timeout),
+                pool: h1::Pool::new(connect, authority, config.pool_max_idle),
                 path: config.url.path_and_query().map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
                 raw_headers,
                 handshake_timeout: timeout.min(Duration::from_secs(30)),

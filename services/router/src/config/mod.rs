@@ -538,6 +538,24 @@ mod tests {
              [oauth.servers.x]\nissuer = \"https://a\"\ntenant = \"t\"\n",
         );
         assert_eq!(p.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["oauth"], "{p:?}");
+        // Upstream TLS keys: only for https, files that read, pairs whole.
+        let p = problems(
+            "[[upstreams]]\nname = \"a\"\ntransport = \"http\"\nurl = \"http://x/mcp\"\nca = \"ca.pem\"\n\
+             [[upstreams]]\nname = \"b\"\ntransport = \"http\"\nurl = \"https://x/mcp\"\nca = \"/nonexistent/ca.pem\"\n\
+             [[upstreams]]\nname = \"c\"\ntransport = \"sse\"\nurl = \"https://x/sse\"\ntls_client_cert = \"c.pem\"\n\
+             [[upstreams]]\nname = \"d\"\ntransport = \"http\"\nurl = \"ftp://x/mcp\"\n",
+        );
+        let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
+        for expected in ["upstreams[0].ca", "upstreams[1].ca", "upstreams[2].tls_client_key", "upstreams[3].url"] {
+            assert!(keys.contains(&expected), "{expected} missing from {p:?}");
+        }
+        let https =
+            Config::from_toml("[[upstreams]]\nname = \"s\"\ntransport = \"http\"\nurl = \"https://x.test/mcp\"\n")
+                .unwrap();
+        match &https.upstreams[0].transport {
+            TransportConfig::Http(h) => assert!(h.tls.is_some(), "an https upstream has its TLS client"),
+            other => panic!("{other:?}"),
+        }
         // [mtls]: a CA, TLS on the listener, subjects that parse, once each.
         let p = problems("[mtls]\nrequired = true\n[mtls.subjects]\n\"CN=a,O=b\" = \"t\"\n\"build-bot\" = \"t\"\n");
         let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();

@@ -187,6 +187,9 @@ pub struct RawUpstream {
     pub http2: Option<bool>,
     pub connect_timeout: Option<RawDuration>,
     pub pool_max_idle: Option<u64>,
+    pub ca: Option<String>,
+    pub tls_client_cert: Option<String>,
+    pub tls_client_key: Option<String>,
     // stdio
     pub command: Option<String>,
     pub args: Option<Vec<String>>,
@@ -366,13 +369,14 @@ impl RawConfig {
                     }
                     let parse_url = |field: &str, text: &str, bad: &mut dyn FnMut(String, String)| -> Uri {
                         match text.parse::<Uri>() {
-                            Ok(url) if url.scheme_str() == Some("http") && url.host().is_some() => url,
-                            Ok(url) if url.scheme_str() == Some("https") => {
-                                bad(key(field), "https upstreams are not supported yet: put a TLS-terminating proxy in front, or use http on a private network".into());
+                            Ok(url) if matches!(url.scheme_str(), Some("http" | "https")) && url.host().is_some() => {
                                 url
                             }
                             _ => {
-                                bad(key(field), "must be an http:// URL such as \"http://127.0.0.1:3001/mcp\"".into());
+                                bad(
+                                    key(field),
+                                    "must be an http:// or https:// URL such as \"https://mcp.example.com/mcp\"".into(),
+                                );
                                 Uri::from_static("http://invalid")
                             }
                         }
@@ -416,6 +420,7 @@ impl RawConfig {
                     if sse && u.http2.is_some() {
                         bad(key("http2"), "only applies to transport = \"http\"".into());
                     }
+                    let tls = upstream_tls(&u, &replicas, &key, &mut bad);
                     let mut headers = Vec::new();
                     for (k, v) in u.headers.unwrap_or_default() {
                         match (http::HeaderName::from_bytes(k.as_bytes()), http::HeaderValue::from_str(&v)) {
@@ -448,6 +453,7 @@ impl RawConfig {
                         health_interval: duration!(u.health_interval, key("health_interval"), Duration::from_secs(2)),
                         headers,
                         http2: u.http2.unwrap_or(false),
+                        tls,
                         connect_timeout: duration!(u.connect_timeout, key("connect_timeout"), Duration::from_secs(3)),
                         pool_max_idle: u.pool_max_idle.unwrap_or(256) as usize,
                     };
@@ -458,9 +464,18 @@ impl RawConfig {
                     }
                 }
                 Some("stdio") => {
-                    for field in
-                        ["url", "urls", "health_interval", "headers", "http2", "connect_timeout", "pool_max_idle"]
-                    {
+                    for field in [
+                        "url",
+                        "urls",
+                        "health_interval",
+                        "headers",
+                        "http2",
+                        "connect_timeout",
+                        "pool_max_idle",
+                        "ca",
+                        "tls_client_cert",
+                        "tls_client_key",
+                    ] {
                         if u.has(field) {
                             bad(key(field), "only applies to transport = \"http\" or \"sse\"".into());
                         }
@@ -726,6 +741,9 @@ impl RawUpstream {
             "http2" => self.http2.is_some(),
             "connect_timeout" => self.connect_timeout.is_some(),
             "pool_max_idle" => self.pool_max_idle.is_some(),
+            "ca" => self.ca.is_some(),
+            "tls_client_cert" => self.tls_client_cert.is_some(),
+            "tls_client_key" => self.tls_client_key.is_some(),
             "command" => self.command.is_some(),
             "args" => self.args.is_some(),
             "env" => self.env.is_some(),
@@ -737,6 +755,69 @@ impl RawUpstream {
             "max_processes" => self.max_processes.is_some(),
             "idle_timeout" => self.idle_timeout.is_some(),
             _ => false,
+        }
+    }
+}
+
+/// The TLS client of an upstream with an `https` URL: the platform's roots
+/// and its `ca`, its client certificate (`tls_client_cert` and
+/// `tls_client_key`) if any; ALPN `http/1.1`. `None` for `http` URLs (where
+/// those keys are errors).
+fn upstream_tls(
+    u: &RawUpstream,
+    replicas: &[Uri],
+    key: &dyn Fn(&str) -> String,
+    bad: &mut impl FnMut(String, String),
+) -> Option<std::sync::Arc<tokio_rustls::rustls::ClientConfig>> {
+    let secure = replicas.iter().any(|url| url.scheme_str() == Some("https"));
+    let (ca, cert, client_key) = (
+        u.ca.as_deref().filter(|v| !v.is_empty()),
+        u.tls_client_cert.as_deref().filter(|v| !v.is_empty()),
+        u.tls_client_key.as_deref().filter(|v| !v.is_empty()),
+    );
+    if !secure {
+        for (field, set) in
+            [("ca", ca.is_some()), ("tls_client_cert", cert.is_some()), ("tls_client_key", client_key.is_some())]
+        {
+            if set {
+                bad(key(field), "only applies to https:// URLs".into());
+            }
+        }
+        return None;
+    }
+    let ca_pem = match ca.map(|path| (path, std::fs::read(path))) {
+        None => None,
+        Some((_, Ok(pem))) => Some(pem),
+        Some((path, Err(e))) => {
+            bad(key("ca"), format!("cannot read {path}: {e}"));
+            return None;
+        }
+    };
+    let client = match (cert, client_key) {
+        (None, None) => None,
+        (Some(cert), Some(client_key)) => {
+            match switchboard_core::tls::read_pem(cert.as_ref(), client_key.as_ref(), "client") {
+                Ok(pair) => Some(pair),
+                Err(e) => {
+                    bad(key("tls_client_cert"), e.to_string());
+                    return None;
+                }
+            }
+        }
+        (Some(_), None) => {
+            bad(key("tls_client_key"), "is required with tls_client_cert".into());
+            return None;
+        }
+        (None, Some(_)) => {
+            bad(key("tls_client_cert"), "is required with tls_client_key".into());
+            return None;
+        }
+    };
+    match switchboard_core::tls::client_config(ca_pem.as_deref(), client, &[b"http/1.1"]) {
+        Ok(config) => Some(config),
+        Err(e) => {
+            bad(key(if e.contains("client certificate") { "tls_client_cert" } else { "ca" }), e);
+            None
         }
     }
 }

@@ -41,3 +41,4 @@ mod shutdown;
 mod stateless;
 mod tenancy;
 mod tls;
+mod upstream_tls;

@@ -18,6 +18,7 @@
 //! except the JSON-RPC body the router built.
 
 mod channel;
+mod connector;
 mod replicas;
 mod stream;
 
@@ -133,24 +134,24 @@ impl Shared {
         timeout: Duration,
         metrics: Arc<Metrics>,
     ) -> Shared {
-        let host = url.host().unwrap_or("localhost");
-        let port = url.port_u16().unwrap_or(80);
-        let address = format!("{host}:{port}");
+        let connect = h1::Connect::to(url, config.connect_timeout, config.tls.as_ref())
+            .expect("validated: an https upstream has its TLS configuration");
+        let address = connect.address.clone();
         let client = if config.http2 {
-            let mut connector = HttpConnector::new();
-            connector.set_nodelay(true);
-            connector.set_connect_timeout(Some(config.connect_timeout));
-            connector.set_keepalive(Some(Duration::from_secs(60)));
+            let mut tcp = HttpConnector::new();
+            tcp.set_nodelay(true);
+            tcp.set_connect_timeout(Some(config.connect_timeout));
+            tcp.set_keepalive(Some(Duration::from_secs(60)));
             Client::Http2(Box::new(
                 HyperClient::builder(TokioExecutor::new())
                     .pool_idle_timeout(Duration::from_secs(90))
                     .http2_only(true)
-                    .build(connector),
+                    .build(connector::Connector::new(tcp, &connect)),
             ))
         } else {
             let authority = host_header(url);
             let authority = authority.to_str().unwrap_or("localhost");
-            Client::Http1(h1::Pool::new(address.clone(), authority, config.pool_max_idle, config.connect_timeout))
+            Client::Http1(h1::Pool::new(connect, authority, config.pool_max_idle))
         };
         Shared {
             name,
@@ -176,8 +177,9 @@ impl Shared {
 enum Client {
     /// Our keep-alive HTTP/1.1 pool: the request's task does the I/O.
     Http1(Arc<h1::Pool>),
-    /// HTTP/2 with prior knowledge, through hyper (one multiplexed connection).
-    Http2(Box<HyperClient<HttpConnector, Full<Bytes>>>),
+    /// HTTP/2 through hyper (one multiplexed connection): with prior
+    /// knowledge over TCP, or negotiated (ALPN `h2`) over TLS.
+    Http2(Box<HyperClient<connector::Connector, Full<Bytes>>>),
 }
 
 /// An upstream's answer: the status, the two headers MCP needs, the body.
