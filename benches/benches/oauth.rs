@@ -139,6 +139,7 @@ fn verify(c: &mut Criterion) {
         keys_max_age: Duration::from_secs(3600),
         introspection_cache: Duration::from_secs(60),
         timeout: Duration::from_secs(5),
+        egress: switchboard_core::egress::Egress::parse(&["loopback".into()]).unwrap(),
     };
     let server = ServerSettings {
         name: "bench".into(),

@@ -46,7 +46,8 @@ impl Rig {
         let mock =
             start_mock(Options { name: "bench".into(), stateless: true, extra_tools: tools, ..Options::default() });
         let mut config = String::from(
-            "[log]\nlevel = \"warn\"\n[catalog]\nretry_after = \"60s\"\n[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n",
+            "[log]\nlevel = \"warn\"\n[catalog]\nretry_after = \"60s\"\n[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n\
+             [egress]\nallow = [\"loopback\"]\n",
         );
         config.push_str(extra);
         for i in 0..upstreams {

@@ -93,6 +93,8 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         headers: options.headers,
         http2: false,
         tls: None,
+        // The URL the user typed: wherever it is.
+        egress: switchboard_core::egress::Egress::anywhere(),
         connect_timeout: Duration::from_secs(5),
         pool_max_idle: 16,
     };
@@ -434,6 +436,8 @@ pub async fn call_tool(
         headers,
         http2: false,
         tls: None,
+        // The URL the user typed: wherever it is.
+        egress: switchboard_core::egress::Egress::anywhere(),
         connect_timeout: Duration::from_secs(5),
         pool_max_idle: 1,
     };

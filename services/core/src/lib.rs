@@ -11,11 +11,13 @@
 //! - [`redis`]: the bounded, self-healing link to Redis.
 //! - [`body`]: reading an HTTP body with a size limit.
 //! - [`metrics`]: registering a layer's metrics in the one registry.
+//! - [`egress`]: where the router may connect (the SSRF guard).
 //! - [`tls`]: PEM files, and the TLS client configuration towards upstreams
 //!   and authorization servers (verification always on).
 #![forbid(unsafe_code)]
 
 pub mod body;
+pub mod egress;
 pub mod hash;
 pub mod ids;
 pub mod metrics;

@@ -9,7 +9,6 @@ use bytes::Bytes;
 use http::{Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 
@@ -38,14 +37,20 @@ pub enum FetchError {
 pub struct Fetcher {
     tls: TlsConnector,
     timeout: Duration,
+    egress: switchboard_core::egress::Egress,
 }
 
 impl Fetcher {
     /// A fetcher trusting the platform's roots and the certificates of
     /// `extra_ca` (PEM), each request bounded by `timeout`.
-    pub fn new(extra_ca: Option<&[u8]>, timeout: Duration) -> Result<Fetcher, String> {
+    /// Connections go only to addresses `egress` allows.
+    pub fn new(
+        extra_ca: Option<&[u8]>,
+        timeout: Duration,
+        egress: switchboard_core::egress::Egress,
+    ) -> Result<Fetcher, String> {
         let config = switchboard_core::tls::client_config(extra_ca, None, &[b"http/1.1"])?;
-        Ok(Fetcher { tls: TlsConnector::from(config), timeout })
+        Ok(Fetcher { tls: TlsConnector::from(config), timeout, egress })
     }
 
     /// `GET url` (expecting JSON).
@@ -100,10 +105,11 @@ impl Fetcher {
         let host = uri.host().ok_or_else(|| FetchError::Url(url.to_owned()))?.to_owned();
         let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
         let bare = host.trim_start_matches('[').trim_end_matches(']').to_owned();
-        let tcp = TcpStream::connect((bare.as_str(), port))
+        let tcp = self
+            .egress
+            .connect(&bare, port, self.timeout)
             .await
             .map_err(|e| FetchError::Connect(url.to_owned(), e.to_string()))?;
-        let _ = tcp.set_nodelay(true);
         let mut request = Request::builder()
             .method(method)
             .uri(uri.path_and_query().map_or("/", |p| p.as_str()))
@@ -179,9 +185,15 @@ mod tests {
 
     #[tokio::test]
     async fn refuses_urls_it_cannot_fetch() {
-        let f = Fetcher::new(None, Duration::from_secs(1)).unwrap();
+        let f = Fetcher::new(None, Duration::from_secs(1), switchboard_core::egress::Egress::public_only()).unwrap();
         assert!(matches!(f.get("ftp://x/").await, Err(FetchError::Url(_))));
         assert!(matches!(f.get("/relative").await, Err(FetchError::Url(_))));
-        assert!(Fetcher::new(Some(b"not a pem"), Duration::from_secs(1)).is_err());
+        let public = switchboard_core::egress::Egress::public_only();
+        assert!(Fetcher::new(Some(b"not a pem"), Duration::from_secs(1), public).is_err());
+        // The SSRF guard: a loopback authorization server is refused unless allowed.
+        let guarded =
+            Fetcher::new(None, Duration::from_secs(1), switchboard_core::egress::Egress::public_only()).unwrap();
+        let err = guarded.get("http://127.0.0.1:9/.well-known/openid-configuration").await.unwrap_err().to_string();
+        assert!(err.contains("loopback address"), "{err}");
     }
 }

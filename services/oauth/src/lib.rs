@@ -48,6 +48,8 @@ pub struct Settings {
     pub introspection_cache: Duration,
     /// Each request to an authorization server.
     pub timeout: Duration,
+    /// Where requests to authorization servers may go (the SSRF guard).
+    pub egress: switchboard_core::egress::Egress,
 }
 
 /// Why a token was not accepted.
@@ -166,7 +168,7 @@ impl Verifier {
             .into_iter()
             .map(|s| {
                 let name = s.name.clone();
-                AuthServer::new(s, settings.timeout).map(Arc::new).map_err(|e| format!("{name}: {e}"))
+                AuthServer::new(s, settings.timeout, &settings.egress).map(Arc::new).map_err(|e| format!("{name}: {e}"))
             })
             .collect::<Result<_, _>>()?;
         let good = GoodTokens { tokens: HashMap::new(), swept: Instant::now() };

@@ -79,8 +79,12 @@ pub struct AuthServer {
 }
 
 impl AuthServer {
-    pub fn new(settings: ServerSettings, timeout: Duration) -> Result<AuthServer, String> {
-        let fetcher = Fetcher::new(settings.ca.as_deref(), timeout)?;
+    pub fn new(
+        settings: ServerSettings,
+        timeout: Duration,
+        egress: &switchboard_core::egress::Egress,
+    ) -> Result<AuthServer, String> {
+        let fetcher = Fetcher::new(settings.ca.as_deref(), timeout, egress.clone())?;
         Ok(AuthServer {
             settings,
             fetcher,

@@ -135,6 +135,7 @@ fn verifier(issuer: &str, refetch_every: Duration) -> Verifier {
         keys_max_age: Duration::from_secs(3600),
         introspection_cache: Duration::from_secs(60),
         timeout: Duration::from_secs(2),
+        egress: switchboard_core::egress::Egress::parse(&["loopback".into()]).unwrap(),
     };
     let server = ServerSettings {
         name: "test".into(),
@@ -284,6 +285,7 @@ async fn a_good_token_is_remembered_until_its_expiry_and_only_a_good_one() {
         keys_max_age: Duration::from_secs(3600),
         introspection_cache: Duration::from_secs(60),
         timeout: Duration::from_secs(2),
+        egress: switchboard_core::egress::Egress::parse(&["loopback".into()]).unwrap(),
     };
     let server = ServerSettings {
         name: "test".into(),

@@ -50,6 +50,8 @@ pub struct HttpConfig {
     /// For `https` URLs: the TLS client (the platform's roots plus the
     /// upstream's `ca`, its client certificate if any; ALPN set per use).
     pub tls: Option<std::sync::Arc<tokio_rustls::rustls::ClientConfig>>,
+    /// The addresses it may be reached at (`[egress]`).
+    pub egress: switchboard_core::egress::Egress,
     pub connect_timeout: Duration,
     /// Idle pooled connections kept per upstream.
     pub pool_max_idle: usize,

@@ -43,27 +43,28 @@ pub const POOL_IDLE: Duration = Duration::from_secs(4);
 
 /// One upstream's connections.
 pub struct Pool {
-    /// `host:port` to connect to.
-    address: String,
+    connect: Connect,
     /// The `Host` header value.
     host: Vec<u8>,
     idle: Mutex<Vec<Conn>>,
     max_idle: usize,
-    connect_timeout: Duration,
     /// For an `https` upstream: the TLS client and the name its
     /// certificate must carry.
     tls: Option<(TlsConnector, ServerName<'static>)>,
 }
 
-/// How a connection to an upstream is made: TCP, or TLS over TCP.
+/// How a connection to an upstream is made: TCP (to the addresses of its
+/// host that the egress guard allows), or TLS over TCP.
 #[derive(Clone)]
 pub struct Connect {
-    /// `host:port`.
-    pub address: String,
+    pub host: String,
+    pub port: u16,
+    /// For the TCP connection (and the TLS handshake).
     pub timeout: Duration,
     /// TLS (the client configuration, with ALPN `http/1.1`) and the server
     /// name (the URL's host) its certificate must be valid for.
     pub tls: Option<(Arc<tokio_rustls::rustls::ClientConfig>, ServerName<'static>)>,
+    pub egress: switchboard_core::egress::Egress,
 }
 
 impl Connect {
@@ -74,6 +75,7 @@ impl Connect {
         url: &http::Uri,
         timeout: Duration,
         tls: Option<&Arc<tokio_rustls::rustls::ClientConfig>>,
+        egress: &switchboard_core::egress::Egress,
     ) -> io::Result<Connect> {
         let host = url.host().unwrap_or("localhost");
         let secure = url.scheme_str() == Some("https");
@@ -88,7 +90,17 @@ impl Connect {
                 Some((config.clone(), name))
             }
         };
-        Ok(Connect { address: format!("{host}:{port}"), timeout, tls })
+        Ok(Connect { host: host.to_owned(), port, timeout, tls, egress: egress.clone() })
+    }
+
+    /// `host:port`, for logs and errors.
+    pub fn address(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
+    /// A TCP connection, within the timeout, to an address the guard allows.
+    pub async fn tcp(&self) -> io::Result<TcpStream> {
+        self.egress.connect(&self.host, self.port, self.timeout).await
     }
 }
 
@@ -222,12 +234,11 @@ impl Pool {
     /// `authority`).
     pub fn new(connect: Connect, authority: &str, max_idle: usize) -> Arc<Pool> {
         Arc::new(Pool {
-            address: connect.address,
+            tls: connect.tls.clone().map(|(config, name)| (TlsConnector::from(config), name)),
+            connect,
             host: authority.as_bytes().to_vec(),
             idle: Mutex::new(Vec::new()),
             max_idle,
-            connect_timeout: connect.timeout,
-            tls: connect.tls.map(|(config, name)| (TlsConnector::from(config), name)),
         })
     }
 
@@ -250,29 +261,27 @@ impl Pool {
     }
 
     async fn connect(&self) -> io::Result<Conn> {
+        let started = tokio::time::Instant::now();
+        let tcp = self.connect.tcp().await?;
         let timed_out = || {
-            io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("connect to {} timed out after {:?}", self.address, self.connect_timeout),
-            )
+            let address = self.connect.address();
+            io::Error::new(io::ErrorKind::TimedOut, format!("TLS handshake with {address} timed out"))
         };
-        let deadline = tokio::time::Instant::now() + self.connect_timeout;
-        let tcp =
-            tokio::time::timeout_at(deadline, TcpStream::connect(&self.address)).await.map_err(|_| timed_out())??;
-        tcp.set_nodelay(true)?;
+        let deadline = started + self.connect.timeout;
         let io = match &self.tls {
             None => Io::Plain(tcp),
             // The handshake within the same bound; a certificate that does
             // not verify is an error naming why.
-            Some((connector, name)) => match tokio::time::timeout_at(deadline, connector.connect(name.clone(), tcp))
-                .await
-            {
-                Ok(Ok(tls)) => Io::Tls(Box::new(tls)),
-                Ok(Err(e)) => {
-                    return Err(io::Error::new(e.kind(), format!("TLS handshake with {} failed: {e}", self.address)))
+            Some((connector, name)) => {
+                match tokio::time::timeout_at(deadline, connector.connect(name.clone(), tcp)).await {
+                    Ok(Ok(tls)) => Io::Tls(Box::new(tls)),
+                    Ok(Err(e)) => {
+                        let address = self.connect.address();
+                        return Err(io::Error::new(e.kind(), format!("TLS handshake with {address} failed: {e}")));
+                    }
+                    Err(_) => return Err(timed_out()),
                 }
-                Err(_) => return Err(timed_out()),
-            },
+            }
         };
         Ok(Conn {
             io,
@@ -804,7 +813,8 @@ mod tests {
         let url: http::Uri = format!("https://localhost:{}/mcp", addr.rsplit(':').next().unwrap()).parse().unwrap();
         let ca = std::fs::read(dir.join("ca.pem")).unwrap();
         let trusting = switchboard_core::tls::client_config(Some(&ca), None, &[b"http/1.1"]).unwrap();
-        let pool = Pool::new(Connect::to(&url, Duration::from_secs(2), Some(&trusting)).unwrap(), "localhost", 4);
+        let pool =
+            Pool::new(Connect::to(&url, Duration::from_secs(2), Some(&trusting), &loopback()).unwrap(), "localhost", 4);
         for _ in 0..5 {
             let answer = pool.send(&post(b"{}"), false).await.unwrap();
             assert_eq!(answer.body.collect(1024).await.unwrap(), &b"{}"[..]);
@@ -814,11 +824,22 @@ mod tests {
         assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1, "one TLS connection, kept alive");
         // Not trusting the certificate: refused, saying why.
         let platform = switchboard_core::tls::client_config(None, None, &[b"http/1.1"]).unwrap();
-        let refusing = Pool::new(Connect::to(&url, Duration::from_secs(2), Some(&platform)).unwrap(), "localhost", 4);
+        let refusing =
+            Pool::new(Connect::to(&url, Duration::from_secs(2), Some(&platform), &loopback()).unwrap(), "localhost", 4);
         let err = refusing.send(&post(b"{}"), false).await.err().unwrap().to_string();
         assert!(err.contains("TLS handshake") && err.contains("UnknownIssuer"), "{err}");
         // An https URL with no TLS configuration is an error, not plain text.
-        assert!(Connect::to(&url, Duration::from_secs(1), None).is_err());
+        assert!(Connect::to(&url, Duration::from_secs(1), None, &loopback()).is_err());
+    }
+
+    /// A plain connection to `addr` (`127.0.0.1:PORT`).
+    fn plain(addr: &str) -> Connect {
+        let url: http::Uri = format!("http://{addr}/mcp").parse().unwrap();
+        Connect::to(&url, Duration::from_secs(1), None, &loopback()).unwrap()
+    }
+
+    fn loopback() -> switchboard_core::egress::Egress {
+        switchboard_core::egress::Egress::parse(&["loopback".into()]).unwrap()
     }
 
     fn post(body: &[u8]) -> Request<'_> {
@@ -833,7 +854,7 @@ mod tests {
             b"HTTP/1.1 202 Accepted\r\nContent-Length: 0\r\n\r\n",
         ])
         .await;
-        let pool = Pool::new(Connect { address: addr.clone(), timeout: Duration::from_secs(1), tls: None }, &addr, 4);
+        let pool = Pool::new(plain(&addr), &addr, 4);
         let first = pool.send(&post(b"{}"), true).await.unwrap();
         assert_eq!(first.status, 200);
         assert!(!first.event_stream);
@@ -863,7 +884,7 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nagain",
         ])
         .await;
-        let pool = Pool::new(Connect { address: addr.clone(), timeout: Duration::from_secs(1), tls: None }, &addr, 4);
+        let pool = Pool::new(plain(&addr), &addr, 4);
         assert_eq!(&pool.send(&post(b"1"), false).await.unwrap().body.collect(64).await.unwrap()[..], b"ok");
         assert!(pool.send(&post(b"2"), false).await.is_err(), "it may have been acted on: not repeated");
         assert_eq!(&pool.send(&post(b"3"), false).await.unwrap().body.collect(64).await.unwrap()[..], b"again");
@@ -889,7 +910,7 @@ mod tests {
                 });
             }
         });
-        let pool = Pool::new(Connect { address: addr.clone(), timeout: Duration::from_secs(1), tls: None }, &addr, 4);
+        let pool = Pool::new(plain(&addr), &addr, 4);
         for _ in 0..3 {
             let answer = pool.send(&post(b"x"), false).await.unwrap().body.collect(64).await.unwrap();
             assert_eq!(&answer[..], b"ok");
@@ -906,7 +927,7 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nmore",
         ])
         .await;
-        let pool = Pool::new(Connect { address: addr.clone(), timeout: Duration::from_secs(1), tls: None }, &addr, 4);
+        let pool = Pool::new(plain(&addr), &addr, 4);
         pool.send(&post(b"1"), false).await.unwrap().body.collect(64).await.unwrap();
         drop(pool.send(&post(b"2"), false).await.unwrap()); // body never read
         pool.send(&post(b"3"), false).await.unwrap().body.collect(64).await.unwrap();
@@ -922,7 +943,7 @@ mod tests {
     #[tokio::test]
     async fn refuses_oversized_bodies() {
         let (addr, _) = canned(vec![b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"]).await;
-        let pool = Pool::new(Connect { address: addr.clone(), timeout: Duration::from_secs(1), tls: None }, &addr, 4);
+        let pool = Pool::new(plain(&addr), &addr, 4);
         let response = pool.send(&post(b"{}"), false).await.unwrap();
         assert!(response.body.collect(10).await.is_err());
     }

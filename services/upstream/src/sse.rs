@@ -63,7 +63,7 @@ struct Connection {
 impl Transport {
     /// A transport for `config.url` (the SSE endpoint); connects lazily.
     pub fn new(name: Arc<str>, config: &HttpConfig, timeout: Duration, metrics: Arc<Metrics>) -> Self {
-        let connect = h1::Connect::to(&config.url, config.connect_timeout, config.tls.as_ref())
+        let connect = h1::Connect::to(&config.url, config.connect_timeout, config.tls.as_ref(), &config.egress)
             .expect("validated: an https upstream has its TLS configuration");
         let authority = config.url.authority().map_or("localhost", |a| a.as_str());
         let raw_headers = h1::raw_headers(&config.headers);

@@ -42,6 +42,9 @@ pub struct Config {
     pub oauth: Option<OAuthConfig>,
     /// `[mtls]`: `None` unless a client CA is configured.
     pub mtls: Option<MtlsConfig>,
+    /// `[egress] allow`: the addresses beyond public ones that upstreams and
+    /// authorization servers may be at.
+    pub egress: switchboard_core::egress::Egress,
 }
 
 /// `[auth]`.

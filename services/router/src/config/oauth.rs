@@ -140,7 +140,11 @@ fn is_url(text: &str, https_only: bool) -> bool {
 }
 
 /// Validates `[oauth]`, reporting problems through `bad`.
-pub fn validate(raw: RawOAuth, bad: &mut impl FnMut(String, String)) -> Option<OAuthConfig> {
+pub fn validate(
+    raw: RawOAuth,
+    egress: &switchboard_core::egress::Egress,
+    bad: &mut impl FnMut(String, String),
+) -> Option<OAuthConfig> {
     let mut duration = |value: Option<RawDuration>, key: &str, default: Duration, zero_ok: bool| match value
         .as_ref()
         .map(RawDuration::parse)
@@ -302,7 +306,7 @@ pub fn validate(raw: RawOAuth, bad: &mut impl FnMut(String, String)) -> Option<O
             client,
             ca,
         };
-        if let Err(e) = switchboard_oauth::fetch::Fetcher::new(settings.ca.as_deref(), timeout) {
+        if let Err(e) = switchboard_oauth::fetch::Fetcher::new(settings.ca.as_deref(), timeout, egress.clone()) {
             bad(key("ca"), e);
         }
         let user_claim = s.user_claim.filter(|c| !c.is_empty()).unwrap_or_else(|| "sub".into());
@@ -316,6 +320,7 @@ pub fn validate(raw: RawOAuth, bad: &mut impl FnMut(String, String)) -> Option<O
         keys_max_age,
         introspection_cache,
         timeout,
+        egress: egress.clone(),
     };
     Some(OAuthConfig { resource, resource_name: raw.resource_name, settings, servers, scopes, scope })
 }

@@ -48,6 +48,15 @@ pub struct RawConfig {
     pub oauth: super::oauth::RawOAuth,
     #[serde(default)]
     pub mtls: super::mtls::RawMtls,
+    #[serde(default)]
+    pub egress: RawEgress,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEgress {
+    #[serde(default)]
+    pub allow: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -319,6 +328,17 @@ impl RawConfig {
         };
         let log = LogConfig { level: self.log.level.unwrap_or_else(|| "info".into()), format };
 
+        // [egress]: where upstreams and authorization servers may be.
+        let egress = match switchboard_core::egress::Egress::parse(&self.egress.allow) {
+            Ok(egress) => egress,
+            Err(problems) => {
+                for (i, problem) in problems {
+                    bad(format!("egress.allow[{i}]"), problem);
+                }
+                switchboard_core::egress::Egress::public_only()
+            }
+        };
+
         // [[upstreams]]
         let mut upstreams = Vec::new();
         let mut names = HashSet::new();
@@ -454,6 +474,7 @@ impl RawConfig {
                         headers,
                         http2: u.http2.unwrap_or(false),
                         tls,
+                        egress: egress.clone(),
                         connect_timeout: duration!(u.connect_timeout, key("connect_timeout"), Duration::from_secs(3)),
                         pool_max_idle: u.pool_max_idle.unwrap_or(256) as usize,
                     };
@@ -697,7 +718,7 @@ impl RawConfig {
         }
 
         // [oauth]
-        let oauth = super::oauth::validate(self.oauth, &mut bad);
+        let oauth = super::oauth::validate(self.oauth, &egress, &mut bad);
         if oauth.is_some() && !auth.required {
             bad("oauth".into(), "OAuth needs authentication on: remove auth.mode = \"none\"".into());
         }
@@ -724,6 +745,7 @@ impl RawConfig {
                 tenants,
                 oauth,
                 mtls,
+                egress,
             })
         } else {
             Err(ConfigError { problems })

@@ -109,7 +109,7 @@ fn nginx_conf(dir: &Path, listen: u16, routers: &[u16], tap: Option<(u16, u16)>)
 async fn router(config: &str, dir: &Path, name: &str) -> (Process, u16) {
     let file = dir.join(format!("{name}.toml"));
     let text = format!(
-        "[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n[log]\nlevel = \"warn,switchboard_router::server=info\"\n{config}"
+        "[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n[egress]\nallow = [\"loopback\"]\n[log]\nlevel = \"warn,switchboard_router::server=info\"\n{config}"
     );
     std::fs::write(&file, text).unwrap();
     let (process, addr) = Process::spawn_announced(

@@ -211,9 +211,13 @@ async fn connections_are_capped_per_address_and_in_all_and_the_router_stays_heal
     for _ in 0..10 {
         attacker.push(connect_from(&router, "127.0.0.3").await);
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let refused = raw(&router, "127.0.0.4", HEALTHZ, Duration::from_secs(5)).await.expect("refused at once");
-    assert!(refused.starts_with("HTTP/1.1 503"), "the global cap holds: {refused}");
+    // Once the router has taken all 20 (on a loaded machine it may take a
+    // moment to accept them), a 21st from anywhere is refused.
+    let capped = eventually(Duration::from_secs(5), || async {
+        raw(&router, "127.0.0.4", HEALTHZ, Duration::from_secs(5)).await.is_some_and(|r| r.starts_with("HTTP/1.1 503"))
+    })
+    .await;
+    assert!(capped, "the global cap holds");
     drop(attacker);
     let healthy = eventually(Duration::from_secs(5), || async {
         raw(&router, "127.0.0.1", HEALTHZ, Duration::from_secs(2)).await.is_some_and(|r| r.starts_with("HTTP/1.1 200"))
@@ -369,7 +373,7 @@ async fn router_process(config: &str) -> (switchboard_test_support::peers::Proce
     let file = dir.join("router.toml");
     let database = if config.contains("[database]") { "" } else { "[database]\nurl = \"\"\n" };
     let text =
-        format!("[auth]\nmode = \"none\"\n{database}[log]\nlevel = \"warn,switchboard_router::server=info\"\n{config}");
+        format!("[auth]\nmode = \"none\"\n{database}[egress]\nallow = [\"loopback\"]\n[log]\nlevel = \"warn,switchboard_router::server=info\"\n{config}");
     std::fs::write(&file, text).unwrap();
     let (process, addr) = switchboard_test_support::peers::Process::spawn_announced(
         &switchboard_test_support::router_binary(),

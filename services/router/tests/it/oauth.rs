@@ -28,7 +28,7 @@ fn config(issuer: &str, alpha: &MockServer, extra_oauth: &str) -> (String, Strin
     std::fs::create_dir_all(&dir).unwrap();
     let db = format!("sqlite:{}", dir.join("switchboard.db").display());
     let config = format!(
-        "[auth]\nmode = \"keys\"\n[database]\nurl = \"{db}\"\nrefresh = \"200ms\"\n\
+        "[auth]\nmode = \"keys\"\n[egress]\nallow = [\"loopback\"]\n[database]\nurl = \"{db}\"\nrefresh = \"200ms\"\n\
          [audit]\nspool = \"{spool}\"\n\
          [[tenants]]\nname = \"acme\"\nupstreams = [\"alpha\"]\naccept = [\"oauth\"]\n\
          [[tenants]]\nname = \"team\"\nupstreams = [\"alpha\"]\naccept = [\"api_keys\"]\n\
@@ -46,7 +46,7 @@ fn config(issuer: &str, alpha: &MockServer, extra_oauth: &str) -> (String, Strin
 /// pre-registered clients: `machine`, `machine2`, `machine-opaque`) for
 /// `resource`.
 async fn machine_token(issuer: &str, client: &str, scope: &str, resource: &str) -> String {
-    let fetcher = Fetcher::new(None, Duration::from_secs(10)).unwrap();
+    let fetcher = Fetcher::new(None, Duration::from_secs(10), loopback()).unwrap();
     let form = [("grant_type", "client_credentials"), ("scope", scope), ("resource", resource)];
     let body = fetcher.post_form(&format!("{issuer}/token"), &form, Some((client, "machine-secret"))).await.unwrap();
     let answer: Value = serde_json::from_slice(&body).unwrap();
@@ -230,7 +230,7 @@ async fn opaque_tokens_are_introspected_cached_and_revocation_is_seen() {
     assert!(router.metric("switchboard_oauth_introspection_cache_hits_total", &[]).await > hits);
 
     // Revoked at the authorization server: refused once the cache lapses.
-    let fetcher = Fetcher::new(None, Duration::from_secs(10)).unwrap();
+    let fetcher = Fetcher::new(None, Duration::from_secs(10), loopback()).unwrap();
     fetcher
         .post_form(
             &format!("{issuer}/token/revocation"),
@@ -257,7 +257,7 @@ async fn rotated_keys_are_picked_up_and_a_down_server_degrades_as_documented() {
     assert_eq!(post(&router.url, Some(&first), initialize()).await.0, StatusCode::OK);
 
     // A new signing key: tokens under its kid make the router fetch the keys again.
-    Fetcher::new(None, Duration::from_secs(5))
+    Fetcher::new(None, Duration::from_secs(5), loopback())
         .unwrap()
         .post_form(&format!("{issuer}/rotate"), &[], None)
         .await
@@ -409,6 +409,11 @@ async fn tokens_never_appear_in_logs_metrics_or_audit_records() {
         assert!(!metrics.contains(secret.as_str()), "a token in the metrics");
         assert!(!audit.contains(secret.as_str()), "a token in the audit records");
     }
+}
+
+/// The test authorization servers are on loopback.
+fn loopback() -> switchboard_core::egress::Egress {
+    switchboard_core::egress::Egress::parse(&["loopback".into()]).unwrap()
 }
 
 fn kid(token: &str) -> String {

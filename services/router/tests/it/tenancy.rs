@@ -20,7 +20,7 @@ pub(super) async fn setup(database_url: &str, extra: &str) -> (MockServer, MockS
     let beta = MockServer::start(mock_named("beta")).await;
     let spool = std::env::temp_dir().join(unique("sb-spool-")).join("audit.spool");
     let config = format!(
-        "[auth]\nmode = \"keys\"\n[database]\nurl = \"{database_url}\"\nrefresh = \"200ms\"\nconnect_timeout = \"1s\"\n\
+        "[auth]\nmode = \"keys\"\n[egress]\nallow = [\"loopback\"]\n[database]\nurl = \"{database_url}\"\nrefresh = \"200ms\"\nconnect_timeout = \"1s\"\n\
          [audit]\nspool = \"{}\"\nwrite_timeout = \"1s\"\nretry_every = \"200ms\"\n{extra}\n{}{}",
         spool.display(),
         http_upstream("alpha", &alpha.url, ""),

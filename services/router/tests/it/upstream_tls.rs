@@ -41,7 +41,9 @@ async fn https_upstreams_are_verified_and_refused_with_a_clear_error() {
         file("router-client.key")
     );
     let config = [
-        "[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n[catalog]\nretry_after = \"1s\"\n".to_owned(),
+        "[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n[catalog]\nretry_after = \"1s\"\n\
+         [egress]\nallow = [\"loopback\"]\n"
+            .to_owned(),
         upstream("secure", &secure.url, &ca),
         upstream("mutual", &mutual.url, &format!("{ca}{client_cert}")),
         // HTTP/2, negotiated by ALPN.
@@ -117,4 +119,53 @@ async fn https_upstreams_are_verified_and_refused_with_a_clear_error() {
     for why in ["UnknownIssuer", "certificate not valid for name", "CertificateRequired"] {
         assert!(eventually(Duration::from_secs(10), said(why)).await, "no log line says {why}: {:#?}", router.output());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_egress_guard_keeps_upstreams_off_addresses_not_allowed() {
+    let local = MockServer::start(mock_named("local")).await;
+    let port = local.addr.port();
+    let dir = std::env::temp_dir().join(unique("sb-egress-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let upstream = |name: &str, url: &str| {
+        format!("[[upstreams]]\nname = \"{name}\"\ntransport = \"http\"\nurl = \"{url}\"\nlist_timeout = \"5s\"\n")
+    };
+    // A private network allowed, but not loopback, and never metadata.
+    let config = [
+        "[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n[egress]\nallow = [\"10.0.0.0/8\"]\n".to_owned(),
+        upstream("byaddress", &format!("http://127.0.0.1:{port}/mcp")),
+        upstream("byname", &format!("http://localhost:{port}/mcp")),
+        upstream("metadata", "http://169.254.169.254/mcp"),
+    ]
+    .concat();
+    let path = dir.join("router.toml");
+    std::fs::write(&path, &config).unwrap();
+    let (router, addr) = Process::spawn_announced(
+        &switchboard_test_support::router_binary(),
+        &["serve", "--config", path.to_str().unwrap(), "--listen", "127.0.0.1:0"],
+        &[],
+        "switchboard listening on",
+    )
+    .await;
+    let said = |needle: &'static str| {
+        let router = &router;
+        move || {
+            let found = router.output().iter().any(|l| l.contains(needle));
+            async move { found }
+        }
+    };
+    for why in [
+        "upstream=byaddress list=\"tools\" error=cannot connect: 127.0.0.1: 127.0.0.1 is a loopback address",
+        "upstream=byname list=\"tools\" error=cannot connect: localhost: ",
+        "upstream=metadata list=\"tools\" error=cannot connect: 169.254.169.254: 169.254.169.254 is a metadata address",
+    ] {
+        assert!(eventually(Duration::from_secs(10), said(why)).await, "no log line says {why}: {:#?}", router.output());
+    }
+    // Nothing reached the mock, and the router serves on without them.
+    assert_eq!(local.mock.http_versions(), (0, 0));
+    let mut client = Client::new(&format!("http://{addr}/mcp"));
+    client.initialize().await;
+    let reply = client.request("tools/list", json!({})).await;
+    let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(body["result"]["tools"], json!([]), "{body}");
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::Uri;
-use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
@@ -19,26 +19,25 @@ use tokio_rustls::TlsConnector;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// TCP, or TLS over TCP offering only `h2`.
+/// TCP (to an address the egress guard allows), or TLS over it offering
+/// only `h2`. Every connection goes to the one upstream replica it was made
+/// for, whatever URI hyper asks for.
 #[derive(Clone)]
 pub struct Connector {
-    tcp: HttpConnector,
+    connect: Arc<crate::h1::Connect>,
     tls: Option<(TlsConnector, ServerName<'static>)>,
 }
 
 impl Connector {
     /// For an upstream reached as `connect` says (its TLS configuration
     /// taken with ALPN `h2` in place of `http/1.1`).
-    pub fn new(tcp: HttpConnector, connect: &crate::h1::Connect) -> Connector {
+    pub fn new(connect: &crate::h1::Connect) -> Connector {
         let tls = connect.tls.as_ref().map(|(config, name)| {
             let mut h2 = (**config).clone();
             h2.alpn_protocols = vec![b"h2".to_vec()];
             (TlsConnector::from(Arc::new(h2)), name.clone())
         });
-        let mut tcp = tcp;
-        // `https` URLs are ours to secure.
-        tcp.enforce_http(tls.is_none());
-        Connector { tcp, tls }
+        Connector { connect: Arc::new(connect.clone()), tls }
     }
 }
 
@@ -53,21 +52,23 @@ impl tower_service::Service<Uri> for Connector {
     type Error = BoxError;
     type Future = Pin<Box<dyn Future<Output = Result<Io, BoxError>> + Send>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.tcp.poll_ready(cx).map_err(Into::into)
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let connecting = self.tcp.call(uri);
-        let tls = self.tls.clone();
+    fn call(&mut self, _uri: Uri) -> Self::Future {
+        let (connect, tls) = (self.connect.clone(), self.tls.clone());
         Box::pin(async move {
-            let tcp = connecting.await?;
+            let tcp = connect.tcp().await?;
+            // Long-lived: let the kernel notice a peer that vanished.
+            let keepalive = socket2::TcpKeepalive::new().with_time(std::time::Duration::from_secs(60));
+            let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive);
             let Some((connector, name)) = tls else {
-                return Ok(Io::Plain(tcp));
+                return Ok(Io::Plain(TokioIo::new(tcp)));
             };
-            let address = tcp.inner().peer_addr().map(|a| a.to_string()).unwrap_or_default();
+            let address = connect.address();
             let stream = connector
-                .connect(name, tcp.into_inner())
+                .connect(name, tcp)
                 .await
                 .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake with {address} failed: {e}")))?;
             if stream.get_ref().1.alpn_protocol() != Some(b"h2") {

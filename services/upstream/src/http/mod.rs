@@ -33,7 +33,6 @@ use http::header::{ACCEPT, CONTENT_TYPE, HOST};
 use http::{HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::TokioExecutor;
 use switchboard_protocol::jsonrpc::{self, MessageKind};
@@ -76,8 +75,8 @@ struct Shared {
     url: Uri,
     /// The URL as text: which replica an upstream session is on.
     replica: String,
-    /// `host:port`, for health probes.
-    address: String,
+    /// How to connect, for health probes.
+    connect: h1::Connect,
     /// The last handshake's answer, for channels resumed without one.
     last_handshake: Mutex<Option<Arc<Handshake>>>,
     /// `Host`, prebuilt (the client would otherwise build it per request).
@@ -110,7 +109,6 @@ impl Transport {
             up: members.iter().map(|_| AtomicBool::new(true)).collect(),
             failures: members.iter().map(|_| Default::default()).collect(),
             members,
-            connect_timeout: config.connect_timeout,
             metrics,
         });
         let health = if replicas.several() {
@@ -134,24 +132,19 @@ impl Shared {
         timeout: Duration,
         metrics: Arc<Metrics>,
     ) -> Shared {
-        let connect = h1::Connect::to(url, config.connect_timeout, config.tls.as_ref())
+        let connect = h1::Connect::to(url, config.connect_timeout, config.tls.as_ref(), &config.egress)
             .expect("validated: an https upstream has its TLS configuration");
-        let address = connect.address.clone();
         let client = if config.http2 {
-            let mut tcp = HttpConnector::new();
-            tcp.set_nodelay(true);
-            tcp.set_connect_timeout(Some(config.connect_timeout));
-            tcp.set_keepalive(Some(Duration::from_secs(60)));
             Client::Http2(Box::new(
                 HyperClient::builder(TokioExecutor::new())
                     .pool_idle_timeout(Duration::from_secs(90))
                     .http2_only(true)
-                    .build(connector::Connector::new(tcp, &connect)),
+                    .build(connector::Connector::new(&connect)),
             ))
         } else {
             let authority = host_header(url);
             let authority = authority.to_str().unwrap_or("localhost");
-            Client::Http1(h1::Pool::new(connect, authority, config.pool_max_idle))
+            Client::Http1(h1::Pool::new(connect.clone(), authority, config.pool_max_idle))
         };
         Shared {
             name,
@@ -160,7 +153,7 @@ impl Shared {
             path: url.path_and_query().map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
             url: url.clone(),
             replica: url.to_string(),
-            address,
+            connect,
             last_handshake: Mutex::new(None),
             headers: config.headers.clone(),
             raw_headers: h1::raw_headers(&config.headers),

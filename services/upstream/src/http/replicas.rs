@@ -15,7 +15,6 @@ pub(super) struct Replicas {
     pub(super) up: Vec<AtomicBool>,
     /// Failed periodic probes in a row, per replica.
     pub(super) failures: Vec<std::sync::atomic::AtomicU32>,
-    pub(super) connect_timeout: Duration,
     pub(super) metrics: Arc<Metrics>,
 }
 
@@ -61,8 +60,8 @@ impl Replicas {
 
     /// Whether replica `i` accepts a TCP connection now.
     pub(super) async fn accepts(&self, i: usize) -> bool {
-        let address = &self.members[i].address;
-        matches!(tokio::time::timeout(self.connect_timeout, tokio::net::TcpStream::connect(address)).await, Ok(Ok(_)))
+        // (Within the connect timeout, to an address the egress guard allows.)
+        self.members[i].connect.tcp().await.is_ok()
     }
 
     /// After a request to replica `i` could not connect: whether it accepts

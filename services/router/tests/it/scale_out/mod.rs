@@ -329,7 +329,7 @@ async fn router_process_logging(config: &str, level: &str) -> (Process, String, 
     std::fs::write(
         &file.0,
         format!(
-            "[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n[log]\nlevel = \"{level},switchboard_router::server=info\"\n{config}"
+            "[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n[egress]\nallow = [\"loopback\"]\n[log]\nlevel = \"{level},switchboard_router::server=info\"\n{config}"
         ),
     )
     .unwrap();
