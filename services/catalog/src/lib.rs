@@ -550,19 +550,31 @@ impl Catalog {
             "server/discover",
             Some(format!(r#"{{"_meta":{}}}"#, switchboard_upstream::ROUTER_META).as_bytes()),
         );
-        let probe = upstream.transport.modern(body, switchboard_protocol::Method::ServerDiscover, Vec::new(), "");
-        let discovered = match tokio::time::timeout(upstream.config.list_timeout, probe).await {
-            Ok(Ok(switchboard_upstream::ModernAnswer {
-                status: 200,
-                reply: switchboard_upstream::Reply::Done(message),
-            })) => {
-                serde_json::from_slice::<Value>(&message).ok().and_then(|mut v| v.get_mut("result").map(Value::take))
+        let mut discovered = None;
+        // Asked again once if the server says it does not support the version
+        // asked for, yet lists it (or another 2026 one) as supported: how
+        // the era's version negotiation goes (error -32022).
+        for _ in 0..2 {
+            let probe =
+                upstream.transport.modern(body.clone(), switchboard_protocol::Method::ServerDiscover, Vec::new(), "");
+            let answer = match tokio::time::timeout(upstream.config.list_timeout, probe).await {
+                Ok(Ok(switchboard_upstream::ModernAnswer { status, reply: switchboard_upstream::Reply::Done(m) })) => {
+                    serde_json::from_slice::<Value>(&m).ok().map(|v| (status, v))
+                }
+                // No answer at all (down, or not listening yet): ask again next
+                // time rather than take it for a session-era server for good.
+                Err(_) | Ok(Err(UpstreamError::Connect(_) | UpstreamError::Timeout(_))) => return false,
+                _ => None,
+            };
+            match answer {
+                Some((200, mut v)) => {
+                    discovered = v.get_mut("result").map(Value::take);
+                    break;
+                }
+                Some((_, v)) if offers_modern_version(&v) => continue,
+                _ => break,
             }
-            // No answer at all (down, or not listening yet): ask again next
-            // time rather than take it for a session-era server for good.
-            Err(_) | Ok(Err(UpstreamError::Connect(_) | UpstreamError::Timeout(_))) => return false,
-            _ => None,
-        };
+        }
         let versions: Vec<String> = discovered
             .as_ref()
             .and_then(|r| r.get("supportedVersions"))
@@ -1006,4 +1018,17 @@ impl Drop for Claimed<'_> {
         }
         self.catalog.settled.send_modify(|n| *n += 1);
     }
+}
+
+/// Whether an error answer is "unsupported protocol version" (-32022)
+/// listing a 2026-07-28-era version among those the server supports.
+fn offers_modern_version(answer: &Value) -> bool {
+    let error = &answer["error"];
+    error["code"].as_i64() == Some(-32022)
+        && error["data"]["supported"].as_array().is_some_and(|versions| {
+            versions.iter().filter_map(Value::as_str).any(|v| {
+                switchboard_protocol::ProtocolVersion::parse(v)
+                    .is_some_and(switchboard_protocol::ProtocolVersion::is_modern)
+            })
+        })
 }

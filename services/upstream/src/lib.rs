@@ -146,15 +146,29 @@ pub struct Hello {
 }
 
 impl Hello {
-    /// The `initialize` request params.
+    /// The `initialize` request params; the same in `_meta` as the
+    /// 2026-07-28 era puts them on every request (a server of that era
+    /// probed for sessions looks there; older ones ignore `_meta`).
     pub fn params(&self) -> Vec<u8> {
+        let (version, capabilities) = (self.protocol_version.as_str(), self.capabilities.get());
+        let info = format!(r#"{{"name":"switchboard","version":"{}"}}"#, env!("CARGO_PKG_VERSION"));
         format!(
-            r#"{{"protocolVersion":"{}","capabilities":{},"clientInfo":{{"name":"switchboard","version":"{}"}}}}"#,
-            self.protocol_version.as_str(),
+            r#"{{"protocolVersion":"{version}","capabilities":{capabilities},"clientInfo":{info},"_meta":{}}}"#,
+            self.meta(version)
+        )
+        .into_bytes()
+    }
+
+    /// The `_meta` of the handshake's messages: `version` (asked for, then
+    /// agreed), the capabilities and client info, as the 2026-07-28 era
+    /// names them.
+    pub fn meta(&self, version: &str) -> String {
+        format!(
+            r#"{{"io.modelcontextprotocol/protocolVersion":"{}","io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{{"name":"switchboard","version":"{}"}}}}"#,
+            version,
             self.capabilities.get(),
             env!("CARGO_PKG_VERSION")
         )
-        .into_bytes()
     }
 
     /// The hello of the router's own channels (catalog, shared stdio
@@ -376,6 +390,16 @@ pub trait Channel: Send + Sync {
     /// Starts delivering messages not tied to a request to the inbox (over
     /// HTTP, opens the GET stream). Idempotent.
     fn listen(&self);
+
+    /// Once [`Channel::listen`] was called: waits (at most `within`) until
+    /// the upstream has answered the GET stream's request, so that a
+    /// request sent next finds the stream there. A server sends what is not
+    /// tied to a request on that stream only if it is open at that moment
+    /// (the TypeScript SDK's servers drop it otherwise, a request made in a
+    /// tool's handler included).
+    async fn listening(&self, within: Duration) {
+        let _ = within;
+    }
 
     /// What the upstream said when this channel was opened (or last re-opened).
     fn handshake(&self) -> Arc<Handshake>;

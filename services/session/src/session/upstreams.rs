@@ -15,6 +15,10 @@ use super::Session;
 use crate::store::Claim;
 use crate::SessionError;
 
+/// How long a new upstream session's first request waits for its GET
+/// stream to open, at most (a session whose client listens).
+const GET_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// [`Session::open`]'s future.
 type Opening<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<Arc<dyn Channel>, SessionError>> + Send + 'a>>;
@@ -59,7 +63,7 @@ impl Session {
             let known = self.known_upstream(u).await;
             if let Some(channel) = known.as_ref().and_then(|at| upstream.transport.resume(&hello, inbox.clone(), at)) {
                 self.ctx.upstreams.metrics().session_resumed(&upstream.name);
-                return Ok(self.listening_if_asked(channel));
+                return Ok(self.listening_if_asked(channel).await);
             }
             let opened =
                 tokio::time::timeout(upstream.config.timeout, upstream.transport.open(&hello, inbox.clone())).await;
@@ -73,29 +77,33 @@ impl Session {
                     })
                 }
             };
-            let Some(fresh) = channel.upstream_session() else { return Ok(self.listening_if_asked(channel)) };
+            let Some(fresh) = channel.upstream_session() else { return Ok(self.listening_if_asked(channel).await) };
             match self.claim_upstream(u, known.as_ref(), &fresh).await {
-                Claimed::Ours => Ok(self.listening_if_asked(channel)),
+                Claimed::Ours => Ok(self.listening_if_asked(channel).await),
                 Claimed::Theirs(theirs) => match upstream.transport.resume(&hello, inbox, &theirs) {
                     Some(resumed) => {
                         // Nobody uses ours: ended, off this request's path.
                         tokio::spawn(async move { channel.close().await });
                         self.ctx.upstreams.metrics().session_resumed(&upstream.name);
-                        Ok(self.listening_if_asked(resumed))
+                        Ok(self.listening_if_asked(resumed).await)
                     }
                     None => {
                         tracing::warn!(upstream = %upstream.name, "another router replica's upstream session is on a replica this one cannot reach; using this one's own");
-                        Ok(self.listening_if_asked(channel))
+                        Ok(self.listening_if_asked(channel).await)
                     }
                 },
             }
         })
     }
 
-    /// A channel, listening if a GET stream asked for that.
-    fn listening_if_asked(&self, channel: Arc<dyn Channel>) -> Arc<dyn Channel> {
+    /// A channel, listening if a GET stream asked for that: its upstream
+    /// GET stream is open (or was refused, or [`GET_FIRST`] passed) before
+    /// the request that opened the channel goes out, so that what the
+    /// server sends on that stream while handling it is not lost.
+    async fn listening_if_asked(&self, channel: Arc<dyn Channel>) -> Arc<dyn Channel> {
         if self.listening.load(Ordering::Relaxed) {
             channel.listen();
+            channel.listening(GET_FIRST).await;
         }
         channel
     }

@@ -24,6 +24,9 @@ pub(super) struct Channel {
     reinit: tokio::sync::Mutex<()>,
     inbox: Arc<dyn Inbox>,
     listener: Mutex<Option<JoinHandle<()>>>,
+    /// Set (and told) once the GET stream's first request was answered.
+    get_answered: AtomicBool,
+    get_answer: tokio::sync::Notify,
     closed: AtomicBool,
     /// Told when the channel moves to another upstream session.
     switched: tokio::sync::Notify,
@@ -44,6 +47,8 @@ impl Channel {
             reinit: tokio::sync::Mutex::new(()),
             inbox,
             listener: Mutex::new(None),
+            get_answered: AtomicBool::new(false),
+            get_answer: tokio::sync::Notify::new(),
             closed: AtomicBool::new(false),
             switched: tokio::sync::Notify::new(),
             me: me.clone(),
@@ -187,6 +192,19 @@ impl crate::Channel for Channel {
         *listener = Some(tokio::spawn(listen_loop(me)));
     }
 
+    async fn listening(&self, within: Duration) {
+        if self.listener.lock().expect("lock").is_none() {
+            return;
+        }
+        let answered = self.get_answer.notified();
+        tokio::pin!(answered);
+        answered.as_mut().enable();
+        if self.get_answered.load(Ordering::Acquire) {
+            return;
+        }
+        let _ = tokio::time::timeout(within, answered).await;
+    }
+
     fn handshake(&self) -> Arc<Handshake> {
         self.state().handshake
     }
@@ -282,7 +300,13 @@ async fn listen_loop(channel: Weak<Channel>) {
         let shared = state.shared.clone();
         let inbox = me.inbox.clone();
         drop(me);
-        match shared.get(&state, last_event_id.as_deref()).await {
+        let answer = shared.get(&state, last_event_id.as_deref()).await;
+        if let Some(me) = channel.upgrade() {
+            if !me.get_answered.swap(true, Ordering::AcqRel) {
+                me.get_answer.notify_waiters();
+            }
+        }
+        match answer {
             // The server offers no GET stream (405, or not an event stream):
             // asked again once its session is initialised anew (it restarted,
             // maybe as a version that offers one), or after a long while.

@@ -550,8 +550,16 @@ impl Shared {
     /// `initialize`, then `notifications/initialized`.
     async fn handshake(self: &Arc<Self>, hello: &Hello) -> Result<SessionState, UpstreamError> {
         let work = async {
+            // `Mcp-Method` too: a 2026-07-28 server (probed for sessions)
+            // wants it on every POST, and older ones ignore it.
             let body = jsonrpc::request(Some(b"0"), "initialize", Some(&hello.params()));
-            let mut resp = self.post(body, None).await?;
+            // And the version asked for as a header, as that era sends it on
+            // every POST (servers of earlier ones read it after initialize only).
+            let named = [
+                (MCP_METHOD.clone(), HeaderValue::from_static("initialize")),
+                (PROTOCOL_VERSION.clone(), HeaderValue::from_static(hello.protocol_version.as_str())),
+            ];
+            let mut resp = self.send(Method::POST, body, None, None, true, &named).await?;
             if !resp.status.is_success() || resp.status == StatusCode::ACCEPTED {
                 let status = resp.status;
                 let error = status_error(resp).await;
@@ -566,13 +574,20 @@ impl Shared {
             let reply = self.read_reply(resp, None).await?;
             let message = collect_response(reply, "0").await?;
             let handshake = Handshake::from_response(&message)?;
-            let version = HeaderValue::from_str(&handshake.protocol_version)
+            // The version agreed (the one asked for, if the answer names none).
+            let agreed = Some(handshake.protocol_version.as_str())
+                .filter(|v| !v.is_empty())
+                .unwrap_or(hello.protocol_version.as_str())
+                .to_owned();
+            let version = HeaderValue::from_str(&agreed)
                 .unwrap_or_else(|_| HeaderValue::from_static(hello.protocol_version.as_str()));
             let handshake = Arc::new(handshake);
             *self.last_handshake.lock().expect("lock") = Some(handshake.clone());
             let mut state = SessionState { shared: self.clone(), sid, version, handshake, epoch: 0 };
-            let note = jsonrpc::request(None, "notifications/initialized", None);
-            let resp = self.post(note, Some(&state)).await?;
+            let meta = format!(r#"{{"_meta":{}}}"#, hello.meta(&agreed));
+            let note = jsonrpc::request(None, "notifications/initialized", Some(meta.as_bytes()));
+            let named = [(MCP_METHOD.clone(), HeaderValue::from_static("notifications/initialized"))];
+            let resp = self.send(Method::POST, note, Some(&state), None, false, &named).await?;
             if !resp.status.is_success() {
                 return Err(UpstreamError::Initialize(
                     format!("notifications/initialized: {}", status_error(resp).await).into(),
