@@ -127,10 +127,15 @@ fn answer(state: &FakeAs, path: &str) -> Response<Full<Bytes>> {
 }
 
 fn verifier(issuer: &str, refetch_every: Duration) -> Verifier {
+    verifier_in(issuer, refetch_every, Duration::from_secs(30), &prometheus::Registry::new())
+}
+
+/// A verifier trusting `issuer`, its metrics in `registry`.
+fn verifier_in(issuer: &str, refetch_every: Duration, leeway: Duration, registry: &prometheus::Registry) -> Verifier {
     let settings = Settings {
         audience: AUDIENCE.into(),
         algorithms: Alg::ALL.to_vec(),
-        leeway: Duration::from_secs(30),
+        leeway,
         refetch_every,
         keys_max_age: Duration::from_secs(3600),
         introspection_cache: Duration::from_secs(60),
@@ -146,7 +151,7 @@ fn verifier(issuer: &str, refetch_every: Duration) -> Verifier {
         client: None,
         ca: None,
     };
-    Verifier::new(settings, vec![server], Metrics::new(&prometheus::Registry::new())).unwrap()
+    Verifier::new(settings, vec![server], Metrics::new(registry)).unwrap()
 }
 
 fn rejected(r: Result<switchboard_oauth::Verified, Failure>) -> Rejection {
@@ -277,26 +282,7 @@ async fn a_good_token_is_remembered_until_its_expiry_and_only_a_good_one() {
     let signer = Signer::new("k1");
     *fake.jwks.lock().unwrap() = json!({"keys": [signer.jwk()]});
     let registry = prometheus::Registry::new();
-    let settings = Settings {
-        audience: AUDIENCE.into(),
-        algorithms: Alg::ALL.to_vec(),
-        leeway: Duration::ZERO,
-        refetch_every: Duration::from_secs(60),
-        keys_max_age: Duration::from_secs(3600),
-        introspection_cache: Duration::from_secs(60),
-        timeout: Duration::from_secs(2),
-        egress: switchboard_core::egress::Egress::parse(&["loopback".into()]).unwrap(),
-    };
-    let server = ServerSettings {
-        name: "test".into(),
-        issuer: fake.issuer.clone(),
-        metadata_url: None,
-        jwks_uri: None,
-        introspection_endpoint: None,
-        client: None,
-        ca: None,
-    };
-    let v = Verifier::new(settings, vec![server], Metrics::new(&registry)).unwrap();
+    let v = verifier_in(&fake.issuer, Duration::from_secs(60), Duration::ZERO, &registry);
     let hits = || {
         registry
             .gather()

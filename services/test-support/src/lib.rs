@@ -155,36 +155,39 @@ impl MockServer {
 
     /// Starts a mock on a given listener (to restart one on the same port).
     pub async fn on(listener: TcpListener, options: MockOptions) -> MockServer {
-        let addr = listener.local_addr().expect("addr");
-        let mock = Mock::new(options);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let served = mock.clone();
-        tokio::spawn(async move {
-            let _ = served
-                .serve_http(listener, async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
-        MockServer { mock, addr, url: format!("http://{addr}/mcp"), stop: Some(stop) }
+        Self::serving(listener, options, None).await
     }
 
     /// Starts a mock serving HTTPS with this TLS acceptor
     /// ([`switchboard_mock::tls_acceptor`]); `url` is `https://localhost:PORT/mcp`.
     pub async fn start_tls(options: MockOptions, tls: tokio_rustls::TlsAcceptor) -> MockServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Self::serving(listener, options, Some(tls)).await
+    }
+
+    async fn serving(
+        listener: TcpListener,
+        options: MockOptions,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> MockServer {
         let addr = listener.local_addr().expect("addr");
+        let url = match tls {
+            None => format!("http://{addr}/mcp"),
+            Some(_) => format!("https://localhost:{}/mcp", addr.port()),
+        };
         let mock = Mock::new(options);
         let (stop, stopped) = oneshot::channel::<()>();
         let served = mock.clone();
         tokio::spawn(async move {
-            let _ = served
-                .serve_https(listener, tls, async {
-                    let _ = stopped.await;
-                })
-                .await;
+            let stopped = async {
+                let _ = stopped.await;
+            };
+            let _ = match tls {
+                None => served.serve_http(listener, stopped).await,
+                Some(tls) => served.serve_https(listener, tls, stopped).await,
+            };
         });
-        MockServer { mock, addr, url: format!("https://localhost:{}/mcp", addr.port()), stop: Some(stop) }
+        MockServer { mock, addr, url, stop: Some(stop) }
     }
 
     /// Stops serving (the port closes).

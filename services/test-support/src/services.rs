@@ -312,75 +312,35 @@ pub fn make_certificate(dir: &std::path::Path, name: &str) {
 /// [`make_certificate`] for other names (`san`: a subjectAltName value
 /// such as `"DNS:elsewhere.test"`).
 pub fn make_certificate_for(dir: &std::path::Path, name: &str, san: &str) {
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl");
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-    if !dir.join("ca.pem").exists() {
-        let ca = ["-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=switchboard test CA"];
-        run(&[&["req", "-x509"][..], &ec, &ca].concat());
-    }
-    let (key, csr, pem) = (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"));
-    run(&[&["req"][..], &ec, &["-keyout", &key, "-out", &csr, "-subj", "/CN=localhost"]].concat());
-    let ext = format!("{name}.cnf");
-    std::fs::write(dir.join(&ext), format!("subjectAltName={san}\nbasicConstraints=CA:FALSE\n")).unwrap();
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        &csr,
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        &pem,
-        "-days",
-        "2",
-        "-extfile",
-        &ext,
-    ]);
+    signed(dir, "ca", "switchboard test CA", name, "/CN=localhost", &format!("subjectAltName={san}"));
 }
 
 /// A client certificate with this `subject` (openssl's `/O=…/CN=…` form)
 /// for TLS client authentication (`<name>.pem`, key `<name>.key`), signed
 /// by the CA `<ca>.pem` in `dir` (made first if it is not there yet).
 pub fn make_client_certificate(dir: &std::path::Path, ca: &str, name: &str, subject: &str) {
+    signed(dir, ca, &format!("{ca} test client CA"), name, subject, "extendedKeyUsage=clientAuth");
+}
+
+/// `<name>.pem` and `.key` (EC P-256, 2 days) with `subject` and the
+/// extension `extension`, signed by the CA `<ca>.pem` and `.key` in `dir`
+/// (made first, named `ca_name`, if it is not there yet).
+fn signed(dir: &std::path::Path, ca: &str, ca_name: &str, name: &str, subject: &str, extension: &str) {
     let run = |args: &[&str]| {
         let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl");
         assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     };
     let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-    let (ca_key, ca_pem) = (format!("{ca}.key"), format!("{ca}.pem"));
+    let (ca_key, ca_pem, serial) = (format!("{ca}.key"), format!("{ca}.pem"), format!("{ca}.srl"));
     if !dir.join(&ca_pem).exists() {
-        let subj = format!("/CN={ca} test client CA");
+        let subj = format!("/CN={ca_name}");
         run(&[&["req", "-x509"][..], &ec, &["-keyout", &ca_key, "-out", &ca_pem, "-days", "2", "-subj", &subj]]
             .concat());
     }
-    let (key, csr, pem) = (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"));
+    let (key, csr, pem, ext) =
+        (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"), format!("{name}.cnf"));
     run(&[&["req", "-utf8"][..], &ec, &["-keyout", &key, "-out", &csr, "-subj", subject]].concat());
-    let ext = format!("{name}.cnf");
-    std::fs::write(dir.join(&ext), "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n").unwrap();
-    let serial = format!("{ca}.srl");
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        &csr,
-        "-CA",
-        &ca_pem,
-        "-CAkey",
-        &ca_key,
-        "-CAserial",
-        &serial,
-        "-CAcreateserial",
-        "-out",
-        &pem,
-        "-days",
-        "2",
-        "-extfile",
-        &ext,
-    ]);
+    std::fs::write(dir.join(&ext), format!("{extension}\nbasicConstraints=CA:FALSE\n")).unwrap();
+    let sign = ["x509", "-req", "-in", &csr, "-CA", &ca_pem, "-CAkey", &ca_key, "-CAserial", &serial];
+    run(&[&sign[..], &["-CAcreateserial", "-out", &pem, "-days", "2", "-extfile", &ext]].concat());
 }

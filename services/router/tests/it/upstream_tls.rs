@@ -11,6 +11,24 @@ use switchboard_test_support::peers::Process;
 use switchboard_test_support::services::{make_certificate, make_certificate_for, make_client_certificate, unique};
 use switchboard_test_support::{eventually, get_text, mock_named, Client, MockServer};
 
+/// The router binary with `config` (written in `dir`), and its address.
+async fn router_process(dir: &std::path::Path, config: &str) -> (Process, std::net::SocketAddr) {
+    let path = dir.join("router.toml");
+    std::fs::write(&path, config).unwrap();
+    Process::spawn_announced(
+        &switchboard_test_support::router_binary(),
+        &["serve", "--config", path.to_str().unwrap(), "--listen", "127.0.0.1:0"],
+        &[],
+        "switchboard listening on",
+    )
+    .await
+}
+
+/// Whether the router has logged a line containing `needle` (for `eventually`).
+fn said<'a>(router: &'a Process, needle: &'a str) -> impl Fn() -> std::future::Ready<bool> + 'a {
+    move || std::future::ready(router.output().iter().any(|l| l.contains(needle)))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_upstreams_are_verified_and_refused_with_a_clear_error() {
     let dir = std::env::temp_dir().join(unique("sb-upstream-tls-"));
@@ -56,15 +74,7 @@ async fn https_upstreams_are_verified_and_refused_with_a_clear_error() {
         upstream("nocert", &mutual.url, &ca),
     ]
     .concat();
-    let path = dir.join("router.toml");
-    std::fs::write(&path, &config).unwrap();
-    let (router, addr) = Process::spawn_announced(
-        &switchboard_test_support::router_binary(),
-        &["serve", "--config", path.to_str().unwrap(), "--listen", "127.0.0.1:0"],
-        &[],
-        "switchboard listening on",
-    )
-    .await;
+    let (router, addr) = router_process(&dir, &config).await;
     let url = format!("http://{addr}/mcp");
 
     // The verified upstreams serve their tools through the router.
@@ -109,15 +119,12 @@ async fn https_upstreams_are_verified_and_refused_with_a_clear_error() {
     for name in ["untrusted", "wronghost", "nocert"] {
         assert!(metrics.contains(&format!("switchboard_upstream_up{{upstream=\"{name}\"}} 0")), "{name}: {metrics}");
     }
-    let said = |needle: &'static str| {
-        let router = &router;
-        move || {
-            let found = router.output().iter().any(|l| l.contains(needle));
-            async move { found }
-        }
-    };
     for why in ["UnknownIssuer", "certificate not valid for name", "CertificateRequired"] {
-        assert!(eventually(Duration::from_secs(10), said(why)).await, "no log line says {why}: {:#?}", router.output());
+        assert!(
+            eventually(Duration::from_secs(10), said(&router, why)).await,
+            "no log line says {why}: {:#?}",
+            router.output()
+        );
     }
 }
 
@@ -138,28 +145,17 @@ async fn the_egress_guard_keeps_upstreams_off_addresses_not_allowed() {
         upstream("metadata", "http://169.254.169.254/mcp"),
     ]
     .concat();
-    let path = dir.join("router.toml");
-    std::fs::write(&path, &config).unwrap();
-    let (router, addr) = Process::spawn_announced(
-        &switchboard_test_support::router_binary(),
-        &["serve", "--config", path.to_str().unwrap(), "--listen", "127.0.0.1:0"],
-        &[],
-        "switchboard listening on",
-    )
-    .await;
-    let said = |needle: &'static str| {
-        let router = &router;
-        move || {
-            let found = router.output().iter().any(|l| l.contains(needle));
-            async move { found }
-        }
-    };
+    let (router, addr) = router_process(&dir, &config).await;
     for why in [
         "upstream=byaddress list=\"tools\" error=cannot connect: 127.0.0.1: 127.0.0.1 is a loopback address",
         "upstream=byname list=\"tools\" error=cannot connect: localhost: ",
         "upstream=metadata list=\"tools\" error=cannot connect: 169.254.169.254: 169.254.169.254 is a metadata address",
     ] {
-        assert!(eventually(Duration::from_secs(10), said(why)).await, "no log line says {why}: {:#?}", router.output());
+        assert!(
+            eventually(Duration::from_secs(10), said(&router, why)).await,
+            "no log line says {why}: {:#?}",
+            router.output()
+        );
     }
     // Nothing reached the mock, and the router serves on without them.
     assert_eq!(local.mock.http_versions(), (0, 0));
