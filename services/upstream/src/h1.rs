@@ -102,19 +102,44 @@ impl Connect {
     pub async fn tcp(&self) -> io::Result<TcpStream> {
         self.egress.connect(&self.host, self.port, self.timeout).await
     }
+
+    /// A connection: TCP, and TLS over it with `tls` when given, the
+    /// handshake within the same timeout (a certificate that does not
+    /// verify is an error naming why).
+    pub(crate) async fn open(&self, tls: Option<&(TlsConnector, ServerName<'static>)>) -> io::Result<Io> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let tcp = self.tcp().await?;
+        let Some((connector, name)) = tls else {
+            return Ok(Io::Plain(tcp));
+        };
+        let address = self.address();
+        match tokio::time::timeout_at(deadline, connector.connect(name.clone(), tcp)).await {
+            Ok(Ok(tls)) => Ok(Io::Tls(Box::new(tls))),
+            Ok(Err(e)) => Err(io::Error::new(e.kind(), format!("TLS handshake with {address} failed: {e}"))),
+            Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, format!("TLS handshake with {address} timed out"))),
+        }
+    }
 }
 
 /// A connection's byte stream.
-enum Io {
+pub(crate) enum Io {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
 
 impl Io {
-    fn tcp(&self) -> &TcpStream {
+    pub(crate) fn tcp(&self) -> &TcpStream {
         match self {
             Io::Plain(tcp) => tcp,
             Io::Tls(tls) => tls.get_ref().0,
+        }
+    }
+
+    /// The protocol TLS agreed on (ALPN), if any.
+    pub(crate) fn alpn(&self) -> Option<&[u8]> {
+        match self {
+            Io::Plain(_) => None,
+            Io::Tls(tls) => tls.get_ref().1.alpn_protocol(),
         }
     }
 }
@@ -261,28 +286,7 @@ impl Pool {
     }
 
     async fn connect(&self) -> io::Result<Conn> {
-        let started = tokio::time::Instant::now();
-        let tcp = self.connect.tcp().await?;
-        let timed_out = || {
-            let address = self.connect.address();
-            io::Error::new(io::ErrorKind::TimedOut, format!("TLS handshake with {address} timed out"))
-        };
-        let deadline = started + self.connect.timeout;
-        let io = match &self.tls {
-            None => Io::Plain(tcp),
-            // The handshake within the same bound; a certificate that does
-            // not verify is an error naming why.
-            Some((connector, name)) => {
-                match tokio::time::timeout_at(deadline, connector.connect(name.clone(), tcp)).await {
-                    Ok(Ok(tls)) => Io::Tls(Box::new(tls)),
-                    Ok(Err(e)) => {
-                        let address = self.connect.address();
-                        return Err(io::Error::new(e.kind(), format!("TLS handshake with {address} failed: {e}")));
-                    }
-                    Err(_) => return Err(timed_out()),
-                }
-            }
-        };
+        let io = self.connect.open(self.tls.as_ref()).await?;
         Ok(Conn {
             io,
             read: BytesMut::with_capacity(READ_CHUNK),
