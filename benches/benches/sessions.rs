@@ -57,6 +57,7 @@ fn stored() -> Stored {
     Stored {
         record: Record {
             key: String::new(),
+            user: None,
             tenant: "acme".into(),
             version: "2025-11-25".into(),
             capabilities: r#"{"sampling":{},"elicitation":{"form":{}},"roots":{"listChanged":true}}"#.into(),

@@ -555,8 +555,13 @@ impl Catalog {
         // asked for, yet lists it (or another 2026 one) as supported: how
         // the era's version negotiation goes (error -32022).
         for _ in 0..2 {
-            let probe =
-                upstream.transport.modern(body.clone(), switchboard_protocol::Method::ServerDiscover, Vec::new(), "");
+            let probe = upstream.transport.modern(
+                body.clone(),
+                switchboard_protocol::Method::ServerDiscover,
+                Vec::new(),
+                "",
+                None,
+            );
             let answer = match tokio::time::timeout(upstream.config.list_timeout, probe).await {
                 Ok(Ok(switchboard_upstream::ModernAnswer { status, reply: switchboard_upstream::Reply::Done(m) })) => {
                     serde_json::from_slice::<Value>(&m).ok().map(|v| (status, v))
@@ -664,7 +669,7 @@ impl Catalog {
         };
         let body = jsonrpc::request(Some(b"\"switchboard-list\""), kind.method(), Some(params.as_bytes()));
         let method = switchboard_protocol::Method::from_name(kind.method());
-        let answer = self.upstreams[u].transport.modern(body, method, Vec::new(), "").await?;
+        let answer = self.upstreams[u].transport.modern(body, method, Vec::new(), "", None).await?;
         let message = match answer.reply {
             switchboard_upstream::Reply::Done(message) => message,
             reply => collect_response(reply, "\"switchboard-list\"").await?,
@@ -903,7 +908,7 @@ async fn listen_upstream(transport: Arc<dyn switchboard_upstream::Transport>, in
     );
     loop {
         let body = jsonrpc::request(Some(b"\"switchboard-listen\""), "subscriptions/listen", Some(params.as_bytes()));
-        match transport.modern(body, switchboard_protocol::Method::SubscriptionsListen, Vec::new(), "").await {
+        match transport.modern(body, switchboard_protocol::Method::SubscriptionsListen, Vec::new(), "", None).await {
             Ok(switchboard_upstream::ModernAnswer {
                 reply: switchboard_upstream::Reply::Stream(mut stream), ..
             }) => {

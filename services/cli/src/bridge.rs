@@ -220,7 +220,7 @@ async fn initialize(
         Some(c) => Arc::from(c.to_owned()),
         None => Arc::from(upstream::empty_object()),
     };
-    let hello = Hello { protocol_version: version, capabilities, affinity: Arc::from("") };
+    let hello = Hello { protocol_version: version, capabilities, affinity: Arc::from(""), credentials: None };
     let inbox: Arc<dyn Inbox> = Arc::new(Stdout(out_tx.clone()));
     let channel = tokio::time::timeout(timeout, transport.open(&hello, inbox))
         .await
@@ -280,7 +280,7 @@ impl Stateless {
             let key = key.clone();
             async move {
                 let result = tokio::time::timeout(timeout, async {
-                    let answer = transport.modern(line, method, headers, "").await.map_err(|e| e.to_string())?;
+                    let answer = transport.modern(line, method, headers, "", None).await.map_err(|e| e.to_string())?;
                     match answer.reply {
                         Reply::Done(message) => {
                             if learn {
@@ -451,6 +451,7 @@ pub async fn call_tool(
         protocol_version: switchboard_protocol::ProtocolVersion::LATEST,
         capabilities: Arc::from(upstream::empty_object()),
         affinity: Arc::from(""),
+        credentials: None,
     };
     let channel = tokio::time::timeout(timeout, transport.open(&hello, Arc::new(Ignore)))
         .await

@@ -79,6 +79,21 @@ enum Command {
         #[command(subcommand)]
         command: KeyCommand,
     },
+    /// Manage upstream credentials in the vault: what the router sends an
+    /// upstream for a tenant, or for one user of a tenant.
+    Credentials {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(subcommand)]
+        command: CredentialCommand,
+    },
+    /// The vault's key: make one, or reseal every credential with the current one.
+    Vault {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(subcommand)]
+        command: VaultCommand,
+    },
     /// Read the audit log.
     Audit {
         #[command(flatten)]
@@ -165,6 +180,54 @@ enum KeyCommand {
     },
     /// Revoke a key by its prefix (routers stop accepting it within seconds).
     Revoke { prefix: String },
+}
+
+#[derive(Subcommand)]
+enum CredentialCommand {
+    /// Store (or replace) a credential. Its values are never shown again.
+    Set {
+        #[arg(long)]
+        tenant: String,
+        /// The user (as audit records name them: a token's subject, a
+        /// certificate's subject); omit for the tenant's own credential.
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(long)]
+        upstream: String,
+        /// A header to send, "Name: value" (repeatable). A value on the
+        /// command line shows in `ps` and shell history: prefer --stdin.
+        #[arg(long = "header", short = 'H')]
+        headers: Vec<String>,
+        /// Read the headers from standard input, one "Name: value" per line.
+        #[arg(long)]
+        stdin: bool,
+    },
+    /// List credentials: whose, for which upstream, the header names and
+    /// the key id (never a value).
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a credential.
+    Delete {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(long)]
+        upstream: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum VaultCommand {
+    /// Print a new random vault key (for vault.key or vault.key_file).
+    NewKey,
+    /// Reseal every credential with the current key (vault.key), opening
+    /// each with the key that sealed it (vault.previous_keys).
+    Rotate,
 }
 
 #[derive(Subcommand)]
@@ -265,6 +328,20 @@ fn main() -> Result<()> {
         Command::Tenants { db, command } => admin_runtime()?.block_on(tenants(db, command)),
         Command::Keys { db, command } => admin_runtime()?.block_on(keys(db, command)),
         Command::Audit { db, command } => admin_runtime()?.block_on(audit(db, command)),
+        Command::Credentials { db, command } => admin_runtime()?.block_on(credentials(db, command)),
+        Command::Vault { command: VaultCommand::NewKey, .. } => {
+            println!("{}", switchboard_vault::Key::generate());
+            Ok(())
+        }
+        Command::Vault { db, command: VaultCommand::Rotate } => admin_runtime()?.block_on(async {
+            let (admin, _) = open_admin(&db, true).await?;
+            let done = admin.rotate_vault().await?;
+            eprintln!(
+                "{} credentials resealed with the current vault key; {} already were",
+                done.resealed, done.current
+            );
+            Ok(())
+        }),
         Command::Serve { config, listen } => {
             let mut config = Config::load(&config).map_err(|e| anyhow::anyhow!("{}: {e}", config.display()))?;
             if let Some(listen) = listen {
@@ -483,6 +560,60 @@ async fn keys(db: DbArgs, command: KeyCommand) -> Result<()> {
         KeyCommand::Revoke { prefix } => {
             admin.revoke_key(&prefix).await?;
             eprintln!("key {prefix} revoked");
+        }
+    }
+    Ok(())
+}
+
+async fn credentials(db: DbArgs, command: CredentialCommand) -> Result<()> {
+    let (admin, _) = open_admin(&db, true).await?;
+    match command {
+        CredentialCommand::Set { tenant, user, upstream, headers, stdin } => {
+            let mut lines = headers;
+            if stdin {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).context("reading standard input")?;
+                lines.extend(text.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned));
+            }
+            if lines.is_empty() {
+                anyhow::bail!("no header: give --header \"Name: value\" or --stdin");
+            }
+            let mut parsed = Vec::with_capacity(lines.len());
+            for line in &lines {
+                let (name, value) = line.split_once(':').with_context(|| {
+                    format!(
+                        "a header is \"Name: value\" (got one without ':', beginning {:?})",
+                        line.chars().take(12).collect::<String>()
+                    )
+                })?;
+                parsed.push((name.trim().to_owned(), value.trim().to_owned()));
+            }
+            let row = admin.set_credential(&tenant, user.as_deref(), &upstream, parsed).await?;
+            let whose = user.map_or_else(|| format!("tenant {tenant}"), |u| format!("user {u:?} of tenant {tenant}"));
+            eprintln!("credential of {whose} for upstream {upstream} stored ({}; key id {})", row.names, row.key_id);
+        }
+        CredentialCommand::List { tenant, json } => {
+            let rows = admin.credentials(tenant.as_deref()).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                println!(
+                    "{:<20} {:<24} {:<16} {:<17} {:<25} HEADERS",
+                    "TENANT", "USER", "UPSTREAM", "KEY ID", "UPDATED"
+                );
+                for r in rows {
+                    let user = if r.user_id.is_empty() { "(tenant)" } else { &r.user_id };
+                    let updated = switchboard_core::time::format_time(r.updated_at_ms);
+                    println!(
+                        "{:<20} {:<24} {:<16} {:<17} {:<25} {}",
+                        r.tenant, user, r.upstream, r.key_id, updated, r.names
+                    );
+                }
+            }
+        }
+        CredentialCommand::Delete { tenant, user, upstream } => {
+            admin.delete_credential(&tenant, user.as_deref(), &upstream).await?;
+            eprintln!("credential deleted");
         }
     }
     Ok(())

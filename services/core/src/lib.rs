@@ -12,11 +12,14 @@
 //! - [`body`]: reading an HTTP body with a size limit.
 //! - [`metrics`]: registering a layer's metrics in the one registry.
 //! - [`egress`]: where the router may connect (the SSRF guard).
+//! - [`credential`]: credentials towards upstreams (headers for a tenant or
+//!   a user), and the traits through which channels find theirs.
 //! - [`tls`]: PEM files, and the TLS client configuration towards upstreams
 //!   and authorization servers (verification always on).
 #![forbid(unsafe_code)]
 
 pub mod body;
+pub mod credential;
 pub mod egress;
 pub mod hash;
 pub mod ids;

@@ -1,4 +1,5 @@
-//! The database: tenants, API keys and the audit log, on PostgreSQL or on an
+//! The database: tenants, API keys, the audit log and the vault's sealed
+//! credentials (`credentials.rs`), on PostgreSQL or on an
 //! embedded SQLite file, through sqlx's `Any` driver with one set of queries.
 //!
 //! The schema lives in `migrations/postgres` and `migrations/sqlite` (the same
@@ -19,6 +20,9 @@ use tokio::sync::mpsc;
 
 /// The channel PostgreSQL replicas listen on.
 pub const CHANGES_CHANNEL: &str = "switchboard_changes";
+
+mod credentials;
+pub use credentials::{CredentialRow, VAULT_CHANNEL};
 
 static POSTGRES: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
 static SQLITE: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqlite");
@@ -395,6 +399,12 @@ impl Database {
     /// or keys, and also when the listening connection was lost and restored
     /// (changes may have been missed). `None` on SQLite: poll [`Self::version`].
     pub fn watch(&self) -> Option<mpsc::Receiver<()>> {
+        self.watch_channel(CHANGES_CHANNEL)
+    }
+
+    /// [`Self::watch`] for another notification channel
+    /// ([`credentials::VAULT_CHANNEL`]).
+    pub fn watch_channel(&self, channel: &'static str) -> Option<mpsc::Receiver<()>> {
         if self.backend != Backend::Postgres {
             return None;
         }
@@ -404,7 +414,7 @@ impl Database {
             loop {
                 let connected = async {
                     let mut listener = sqlx::postgres::PgListener::connect(&url).await?;
-                    listener.listen(CHANGES_CHANNEL).await?;
+                    listener.listen(channel).await?;
                     // Anything may have changed while we were not listening.
                     let _ = tx.try_send(());
                     loop {

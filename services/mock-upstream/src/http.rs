@@ -85,6 +85,19 @@ async fn route(server: Arc<Server>, req: Request<Incoming>) -> Response<Body> {
             jsonrpc::error_response(None, code::INVALID_REQUEST, "Forbidden: Host or Origin is not localhost", None);
         return json(StatusCode::FORBIDDEN, body);
     }
+    if server.opts.require_auth && !req.headers().contains_key(http::header::AUTHORIZATION) {
+        let body = jsonrpc::error_response(
+            None,
+            code::INVALID_REQUEST,
+            "Unauthorized: this server needs a bearer token",
+            None,
+        );
+        let mut response = json(StatusCode::UNAUTHORIZED, body);
+        response
+            .headers_mut()
+            .insert(http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"mock\""));
+        return response;
+    }
     let session_id = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
     if server.opts.modern
         && matches!(*req.method(), Method::GET | Method::DELETE)
@@ -149,6 +162,8 @@ async fn post(server: Arc<Server>, session_id: Option<String>, req: Request<Inco
             None => return unknown_session(&server),
         }
     };
+    let authorization = parts.headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    session.saw_authorization(authorization);
     let reply = server.handle(&session, body).await;
     let mut response = match reply {
         Reply::Accepted => plain(StatusCode::ACCEPTED, ""),

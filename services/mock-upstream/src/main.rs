@@ -30,6 +30,8 @@ fn main() -> Result<()> {
         match arg.as_str() {
             "--stdio" => stdio = true,
             "--allow-exit" => options.allow_exit = true,
+            "--whoami" => options.whoami = true,
+            "--require-auth" => options.require_auth = true,
             "--conformance" => {
                 options.conformance = true;
                 options.check_host = true;

@@ -78,6 +78,7 @@ const TOOLS: &[(&str, &str, &str)] = &[
     ),
     ("elicit", "Asks the client to fill a form.", r#"{"type":"object","properties":{"message":{"type":"string"}}}"#),
     ("roots", "Asks the client for its roots.", r#"{"type":"object"}"#),
+    ("whoami", "Tells this session's id and the Authorization headers it was sent.", r#"{"type":"object"}"#),
     ("fail", "Answers with a tool error.", r#"{"type":"object","properties":{"message":{"type":"string"}}}"#),
     ("big", "Answers with `bytes` bytes of text.", r#"{"type":"object","properties":{"bytes":{"type":"integer"}}}"#),
     (
@@ -405,6 +406,7 @@ impl Server {
         let mut tools: Vec<Value> = TOOLS
             .iter()
             .filter(|(name, _, _)| *name != "exit" || self.opts.allow_exit)
+            .filter(|(name, _, _)| *name != "whoami" || self.opts.whoami)
             .map(|(name, description, schema)| {
                 json!({"name": name, "description": description, "inputSchema": serde_json::from_str::<Value>(schema).expect("valid schema")})
             })
@@ -543,6 +545,11 @@ impl Server {
                 Reply::Json(text_result(&serde_json::to_string(&seen).expect("serializable")))
             }
             "reconnect" => Reply::Polled(delayed(id, "Reconnection test completed successfully.")),
+            "whoami" if self.opts.whoami => {
+                let seen = session.authorizations.lock().expect("lock").clone();
+                let result = json!({"session": session.id, "authorizations": seen});
+                Reply::Json(text_result(&result.to_string()))
+            }
             "exit" if self.opts.allow_exit => {
                 let code = args["code"].as_i64().unwrap_or(0) as i32;
                 std::process::exit(code)

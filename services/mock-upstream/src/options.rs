@@ -29,6 +29,12 @@ pub struct Options {
     pub burst_tool: bool,
     /// Offer the `exit` tool, which ends the process (restart tests).
     pub allow_exit: bool,
+    /// Offer the `whoami` tool: the session's id and every `Authorization`
+    /// header its requests carried (credential tests).
+    pub whoami: bool,
+    /// Answer 401 (`WWW-Authenticate: Bearer`) to a request without an
+    /// `Authorization` header (an upstream that needs a credential).
+    pub require_auth: bool,
     /// Wait this long before answering `tools/list` (a slow upstream).
     pub list_delay: Duration,
     /// Serve the conformance suite's fixtures instead of the usual tools,
@@ -103,6 +109,8 @@ impl Default for Options {
             duplicate_tool: false,
             burst_tool: false,
             allow_exit: false,
+            whoami: false,
+            require_auth: false,
             list_delay: Duration::ZERO,
             conformance: false,
             modern: false,

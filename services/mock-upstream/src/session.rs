@@ -39,6 +39,9 @@ pub(crate) struct Session {
     /// Events of polled streams, by stream number, for `Last-Event-ID`.
     pub(crate) polled: Mutex<HashMap<u64, Vec<Bytes>>>,
     pub(crate) next_stream: AtomicU64,
+    /// Every distinct `Authorization` header its requests carried, in the
+    /// order first seen (`""` for none).
+    pub(crate) authorizations: Mutex<Vec<String>>,
 }
 
 impl Session {
@@ -51,7 +54,17 @@ impl Session {
             subscriptions: Mutex::new(HashSet::new()),
             polled: Mutex::new(HashMap::new()),
             next_stream: AtomicU64::new(1),
+            authorizations: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Records the `Authorization` header of one of its requests.
+    pub(crate) fn saw_authorization(&self, value: Option<&str>) {
+        let value = value.unwrap_or("");
+        let mut seen = self.authorizations.lock().expect("lock");
+        if !seen.iter().any(|v| v == value) {
+            seen.push(value.to_owned());
+        }
     }
 
     /// Routes messages not tied to a request to `sink` from now on.

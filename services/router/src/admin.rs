@@ -1,11 +1,16 @@
-//! Administration: tenants, API keys and the audit log, as operations shared
-//! by the CLI (`switchboard tenants|keys|audit`) and the admin HTTP API
+//! Administration: tenants, API keys, upstream credentials and the audit
+//! log, as operations shared by the CLI (`switchboard tenants|keys|
+//! credentials|vault|audit`) and the admin HTTP API
 //! (`[admin] listen`, documented in `docs/admin-api.yaml`).
 //!
 //! Everything here writes to the database; routers pick changes up from it
 //! (notification or poll), never from this module directly. The admin API
 //! must never answer without the admin token, and never shows a key except
-//! once, in the answer that creates it.
+//! once, in the answer that creates it; a credential's values, never (its
+//! owner gave them).
+//!
+//! Credentials go through the vault: the running router's own in the admin
+//! API (its replica applies a change at once), the CLI's otherwise.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -27,8 +32,9 @@ use crate::connections::{self, Activity, Connections, Tracked};
 use switchboard_core::policy::Policy;
 use switchboard_core::time::{format_time, now_ms, parse_time};
 
-use switchboard_db::{AuditQuery, AuditRecord, Database, DbError, KeyRow, TenantRow};
+use switchboard_db::{AuditQuery, AuditRecord, CredentialRow, Database, DbError, KeyRow, TenantRow};
 use switchboard_tenancy::generate_key;
+use switchboard_vault::{NewCredential, Rotation, Vault, VaultError};
 
 /// The operations, over one database and the config file's tenants.
 #[derive(Clone)]
@@ -38,6 +44,8 @@ pub struct Admin {
     upstreams: Vec<String>,
     /// The running router's edge devices (the HTTP API only).
     edge: Option<Arc<switchboard_devices::Devices>>,
+    /// Upstream credentials.
+    vault: Vault,
 }
 
 /// What went wrong with an operation.
@@ -47,6 +55,8 @@ pub enum AdminError {
     Invalid(String),
     #[error(transparent)]
     Store(#[from] DbError),
+    #[error(transparent)]
+    Vault(#[from] VaultError),
 }
 
 impl AdminError {
@@ -56,6 +66,12 @@ impl AdminError {
             AdminError::Store(DbError::NotFound(_)) => StatusCode::NOT_FOUND,
             AdminError::Store(DbError::Exists(_)) => StatusCode::CONFLICT,
             AdminError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            AdminError::Vault(VaultError::Db(DbError::NotFound(_))) => StatusCode::NOT_FOUND,
+            AdminError::Vault(VaultError::Invalid(_)) => StatusCode::BAD_REQUEST,
+            AdminError::Vault(VaultError::Db(_)) => StatusCode::SERVICE_UNAVAILABLE,
+            // The router's configuration (no key, no database, the wrong key)
+            // or the tenant's count, not the request, stands in the way.
+            AdminError::Vault(_) => StatusCode::CONFLICT,
         }
     }
 }
@@ -83,12 +99,26 @@ pub struct NewKey {
 impl Admin {
     /// For the upstreams and `[[tenants]]` of `config`.
     pub fn new(db: Database, config: &Config) -> Admin {
+        let vault = Vault::new(
+            Some(db.clone()),
+            config.vault.keyring(),
+            config.vault.max_per_tenant,
+            &prometheus::Registry::new(),
+        );
         Admin {
             db,
             static_tenants: config.tenants.clone(),
             upstreams: config.upstreams.iter().map(|u| u.name.clone()).collect(),
             edge: None,
+            vault,
         }
+    }
+
+    /// With the running router's vault, so that a change applies on its
+    /// replica at once (others follow by notification or poll).
+    pub fn with_vault(mut self, vault: Vault) -> Admin {
+        self.vault = vault;
+        self
     }
 
     /// With the running router's edge registry, for `GET /v1/edge/devices`.
@@ -164,13 +194,58 @@ impl Admin {
             .ok_or_else(|| AdminError::Store(DbError::NotFound(format!("tenant {name:?}"))))
     }
 
+    /// Deletes a tenant of the database, its keys and its credentials.
     pub async fn delete_tenant(&self, name: &str) -> Result<(), AdminError> {
         match self.db.delete_tenant(name).await {
             Err(DbError::NotFound(_)) if self.static_tenants.iter().any(|(n, _)| n == name) => {
                 Err(AdminError::Invalid(format!("tenant {name:?} is declared in the config file; remove it there")))
             }
-            other => Ok(other?),
+            other => {
+                other?;
+                self.vault.delete_tenant(name).await?;
+                Ok(())
+            }
         }
+    }
+
+    /// Stores the credential of `user` of `tenant` (`None`: the tenant's
+    /// own) for `upstream`, replacing any; what is shown of it (never a value).
+    pub async fn set_credential(
+        &self,
+        tenant: &str,
+        user: Option<&str>,
+        upstream: &str,
+        headers: Vec<(String, String)>,
+    ) -> Result<CredentialRow, AdminError> {
+        self.tenant(tenant).await?;
+        if !self.upstreams.iter().any(|u| u == upstream) {
+            return Err(AdminError::Invalid(format!(
+                "no upstream {upstream:?} is configured (upstreams: {})",
+                self.upstreams.join(", ")
+            )));
+        }
+        let new = NewCredential {
+            tenant: tenant.to_owned(),
+            user: user.map(str::to_owned),
+            upstream: upstream.to_owned(),
+            headers,
+        };
+        Ok(self.vault.put(new, now_ms()).await?)
+    }
+
+    /// The credentials of `tenant` (all with `None`): whose, for which
+    /// upstream, the header names, the key id; never a value.
+    pub async fn credentials(&self, tenant: Option<&str>) -> Result<Vec<CredentialRow>, AdminError> {
+        Ok(self.vault.list(tenant).await?)
+    }
+
+    pub async fn delete_credential(&self, tenant: &str, user: Option<&str>, upstream: &str) -> Result<(), AdminError> {
+        Ok(self.vault.delete(tenant, user, upstream).await?)
+    }
+
+    /// Reseals every credential with the current vault key.
+    pub async fn rotate_vault(&self) -> Result<Rotation, AdminError> {
+        Ok(self.vault.rotate().await?)
     }
 
     /// Creates a key for `tenant`, valid until `expires_at_ms` if given.
@@ -424,6 +499,38 @@ async fn handle(admin: &Admin, token: &str, req: Request<Incoming>) -> Response<
         (&Method::DELETE, ["v1", "keys", prefix]) => {
             admin.revoke_key(prefix).await.map(|()| (StatusCode::NO_CONTENT, json!(null)))
         }
+        (&Method::GET, ["v1", "credentials"]) => match query_param(&query, "tenant") {
+            Ok(tenant) => {
+                admin.credentials(tenant.as_deref()).await.map(|c| (StatusCode::OK, json!({ "credentials": c })))
+            }
+            Err(e) => Err(e),
+        },
+        (&Method::GET, ["v1", "tenants", name, "credentials"]) => {
+            admin.credentials(Some(name)).await.map(|c| (StatusCode::OK, json!({ "credentials": c })))
+        }
+        (&Method::PUT, ["v1", "tenants", name, "credentials", upstream]) => {
+            match (query_param(&query, "user"), serde_json::from_slice::<CredentialBody>(&body)) {
+                (Ok(user), Ok(c)) => {
+                    let headers = c.headers.into_iter().collect();
+                    admin
+                        .set_credential(name, user.as_deref(), upstream, headers)
+                        .await
+                        .map(|row| (StatusCode::OK, json!(row)))
+                }
+                (Err(e), _) => Err(e),
+                (_, Err(e)) => {
+                    Err(AdminError::Invalid(format!("body: {e} (expected {{\"headers\": {{\"Name\": \"value\"}}}})")))
+                }
+            }
+        }
+        (&Method::DELETE, ["v1", "tenants", name, "credentials", upstream]) => match query_param(&query, "user") {
+            Ok(user) => admin
+                .delete_credential(name, user.as_deref(), upstream)
+                .await
+                .map(|()| (StatusCode::NO_CONTENT, json!(null))),
+            Err(e) => Err(e),
+        },
+        (&Method::POST, ["v1", "vault", "rotate"]) => admin.rotate_vault().await.map(|r| (StatusCode::OK, json!(r))),
         (&Method::GET, ["v1", "edge", "devices"]) => {
             let tenant = query
                 .split('&')
@@ -478,6 +585,27 @@ pub fn expiry(expires_in: Option<&str>, expires_at_ms: Option<i64>) -> Result<Op
         }
         (None, at) => Ok(at),
     }
+}
+
+/// A credential as `PUT`: header name → value.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CredentialBody {
+    headers: BTreeMap<String, String>,
+}
+
+/// The one query parameter a route takes (`name`), percent-decoded;
+/// any other is an error.
+fn query_param(query: &str, name: &str) -> Result<Option<String>, AdminError> {
+    let mut found = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if k != name {
+            return Err(AdminError::Invalid(format!("unknown query parameter {k:?}")));
+        }
+        found = Some(percent_decode(v));
+    }
+    Ok(found)
 }
 
 fn audit_query(query: &str) -> Result<AuditQuery, AdminError> {

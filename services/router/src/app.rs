@@ -69,6 +69,8 @@ pub struct App {
     /// `None` without a database or with `audit.enabled = false`.
     pub audit: Option<Audit>,
     pub database: Option<Database>,
+    /// Upstream credentials of tenants and users (opened from the database).
+    pub vault: switchboard_vault::Vault,
     /// Edge devices and their tools.
     pub edge: Arc<switchboard_devices::Devices>,
     shutting_down: AtomicBool,
@@ -116,6 +118,12 @@ impl App {
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("[oauth]: {e}")))?,
             None => Front::keys(directory.clone()),
         };
+        let vault = switchboard_vault::Vault::new(
+            database.clone(),
+            config.vault.keyring(),
+            config.vault.max_per_tenant,
+            metrics.registry(),
+        );
         let subjects = config.mtls.as_ref().map(|m| m.subjects.clone()).unwrap_or_default();
         let auth: Arc<dyn Authenticator> = Arc::new(front.with_client_certs(subjects));
         let audit = match (&database, config.audit.enabled) {
@@ -226,6 +234,7 @@ impl App {
                         idle_timeout: config.server.session_idle_timeout,
                         cache: config.sessions.cache,
                     },
+                    keychain: Some(Arc::new(vault.clone())),
                 },
                 relay,
             );
@@ -242,6 +251,7 @@ impl App {
                 limiter,
                 audit,
                 database,
+                vault,
                 edge,
                 shutting_down: AtomicBool::new(false),
                 changes: tokio::sync::broadcast::channel(256).0,
@@ -286,9 +296,11 @@ impl App {
     /// a database that cannot be reached is logged, not fatal: the router
     /// knows the tenants of its config file and retries in the background
     /// (the migrations too: a database that comes up after the router, as
-    /// in a compose file, may be empty).
-    pub async fn prepare(&self) {
-        let Some(db) = &self.database else { return };
+    /// in a compose file, may be empty). The vault too, except that
+    /// credentials the configured keys cannot open are an error: the
+    /// router does not start with the wrong vault key.
+    pub async fn prepare(&self) -> std::io::Result<()> {
+        let Some(db) = &self.database else { return Ok(()) };
         if self.config.database.migrate_on_start {
             if let Err(e) = db.migrate().await {
                 tracing::error!(error = %e, "database migrations failed; retrying in the background (`switchboard migrate` shows why)");
@@ -314,12 +326,23 @@ impl App {
                 tracing::warn!(error = %e, "cannot load tenants and keys from the database yet; retrying in the background");
             }
         }
+        match self.vault.load().await {
+            Ok(()) => {}
+            Err(e @ switchboard_vault::VaultError::Unreadable(_)) => {
+                return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot load the vault's credentials yet; retrying in the background");
+            }
+        }
+        Ok(())
     }
 
     /// Starts background work: the catalog warm-up, the session sweeper and
     /// the tenant directory refresh.
     pub fn start(self: &Arc<Self>) {
         self.directory.start(self.config.database.refresh);
+        self.vault.start(self.config.database.refresh);
         let app = self.clone();
         tokio::spawn(async move {
             app.catalog.ensure(&ListKind::ALL).await;

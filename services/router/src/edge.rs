@@ -44,6 +44,7 @@ impl Host for EdgeHost {
         let session = self.0.sessions.private(switchboard_session::Client {
             tenant: principal.tenant.name.clone(),
             key: principal.key_id.clone(),
+            user: principal.user.clone(),
             version: switchboard_protocol::ProtocolVersion::LATEST,
             capabilities: Arc::from(switchboard_upstream::empty_object()),
         });

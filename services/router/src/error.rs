@@ -18,6 +18,9 @@ use switchboard_upstream::UpstreamError;
 pub const UNAUTHENTICATED: i64 = -32011;
 /// JSON-RPC code of a request its token's scopes do not cover (HTTP 403).
 pub const INSUFFICIENT_SCOPE: i64 = -32013;
+/// JSON-RPC code of a request its upstream needs a credential for that the
+/// caller has not got (the message says how to add one).
+pub const CREDENTIAL_REQUIRED: i64 = -32012;
 /// JSON-RPC code of a request refused by a rate limit (HTTP 429).
 pub const RATE_LIMITED: i64 = -32029;
 
@@ -82,6 +85,10 @@ pub enum Error {
     UpstreamTimeout { upstream: Arc<str>, after: Duration },
     #[error("upstream {upstream:?} is unavailable: {source}")]
     Upstream { upstream: Arc<str>, source: UpstreamError },
+    /// The upstream needs a credential of the caller's (its user's or
+    /// tenant's) that the vault does not hold: nothing was sent.
+    #[error("{message}")]
+    CredentialRequired { upstream: Arc<str>, message: String },
     #[error("the router is shutting down")]
     ShuttingDown,
     #[error("{}", .0.message())]
@@ -132,7 +139,7 @@ impl From<switchboard_session::SessionError> for Error {
             S::Unknown => Error::UnknownSession,
             S::StoreDown => Error::SessionStoreDown,
             S::UnknownStream => Error::UnknownStream,
-            S::Upstream { upstream, source } => Error::Upstream { upstream, source },
+            S::Upstream { upstream, source } => Error::upstream(&upstream, source),
             S::UpstreamTimeout { upstream, after } => Error::UpstreamTimeout { upstream, after },
         }
     }
@@ -182,6 +189,7 @@ impl Error {
             Error::UnknownResource(_) => (Downstream, StatusCode::OK, code::RESOURCE_NOT_FOUND, "unknown_target"),
             Error::UpstreamTimeout { .. } => (Upstream, StatusCode::OK, code::REQUEST_TIMEOUT, "upstream_timeout"),
             Error::Upstream { .. } => (Upstream, StatusCode::OK, code::INTERNAL_ERROR, "upstream_unavailable"),
+            Error::CredentialRequired { .. } => (Downstream, StatusCode::OK, CREDENTIAL_REQUIRED, "credential_missing"),
             Error::ShuttingDown => (Internal, StatusCode::SERVICE_UNAVAILABLE, code::INTERNAL_ERROR, "shutting_down"),
             Error::Unauthenticated(AuthFailure::NotLoaded) => {
                 (Internal, StatusCode::SERVICE_UNAVAILABLE, code::INTERNAL_ERROR, "keys_not_loaded")
@@ -283,6 +291,7 @@ impl Error {
         match self {
             Error::UpstreamTimeout { upstream, .. }
             | Error::Upstream { upstream, .. }
+            | Error::CredentialRequired { upstream, .. }
             | Error::AnswerNotDelivered { upstream, .. } => Some(serde_json::json!({ "upstream": &**upstream })),
             Error::UnknownTool(name) => Some(serde_json::json!({ "tool": name })),
             Error::InvalidArguments { tool, invalid } => {
@@ -309,6 +318,7 @@ impl Error {
     pub fn upstream(upstream: &Arc<str>, source: UpstreamError) -> Self {
         match source {
             UpstreamError::Timeout(after) => Error::UpstreamTimeout { upstream: upstream.clone(), after },
+            UpstreamError::Credential(message) => Error::CredentialRequired { upstream: upstream.clone(), message },
             source => Error::Upstream { upstream: upstream.clone(), source },
         }
     }

@@ -76,7 +76,7 @@ pub async fn serve_with(
     let tls = certificates.as_ref().map(|c| c.acceptor(clients)).transpose()?;
     let app = App::new(config)?;
     crate::downstream::takeover::install(&app);
-    app.prepare().await;
+    app.prepare().await?;
     app.start();
     if let Ok(addr) = listener.local_addr() {
         let scheme = if tls.is_some() { "https" } else { "http" };
@@ -98,7 +98,7 @@ pub async fn serve_with(
         others.push(tokio::spawn(switchboard_devices::serve(app.edge.clone(), host, edge, edge_tls, stopped())));
     }
     if let Some((admin_listener, admin, token)) = extra.admin {
-        let admin = admin.with_edge(app.edge.clone());
+        let admin = admin.with_edge(app.edge.clone()).with_vault(app.vault.clone());
         let server = &app.config.server;
         let conns = Connections::new(
             connections::Limits {

@@ -68,6 +68,9 @@ pub struct Client {
     /// The hash of the API key that opened the session (empty without
     /// keys): the per-key session cap counts by it.
     pub key: Arc<str>,
+    /// The user it acts for (an OAuth token's or a client certificate's),
+    /// whose upstream credentials its channels carry; `None`: the tenant's.
+    pub user: Option<Arc<str>>,
     pub version: ProtocolVersion,
     pub capabilities: Arc<RawValue>,
 }
@@ -115,6 +118,8 @@ pub(crate) struct Context {
     shared: Option<Arc<shared_streams::SharedStreams>>,
     metrics: Arc<Metrics>,
     relay: Weak<dyn Relay>,
+    /// Where sessions' channels find their callers' upstream credentials.
+    keychain: Option<Arc<dyn switchboard_core::credential::Keychain>>,
     /// Sessions measure idleness from here.
     epoch: Instant,
 }
@@ -175,6 +180,7 @@ pub(crate) mod testing {
             shared: None,
             metrics: Arc::new(Metrics::new(&registry)),
             relay,
+            keychain: None,
             epoch,
         })
     }
@@ -196,6 +202,7 @@ pub(crate) mod testing {
             }),
             timeout: std::time::Duration::from_secs(1),
             list_timeout: std::time::Duration::from_secs(1),
+            credential_required: false,
         }
     }
 }

@@ -77,6 +77,9 @@ pub struct Setup {
     pub shared_streams: Option<Arc<SharedStreams>>,
     pub metrics: Arc<Metrics>,
     pub options: Options,
+    /// Where sessions' channels find their callers' upstream credentials
+    /// (the vault); `None`: upstreams' own headers only.
+    pub keychain: Option<Arc<dyn switchboard_core::credential::Keychain>>,
 }
 
 /// This replica's sessions.
@@ -99,8 +102,8 @@ const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
 impl Sessions {
     /// No sessions yet; `relay` takes what upstreams send sessions on their own.
     pub fn new(setup: Setup, relay: Weak<dyn Relay>) -> Sessions {
-        let Setup { upstreams, store, shared_streams, metrics, options } = setup;
-        let ctx = Context { upstreams, store, shared: shared_streams, metrics, relay, epoch: Instant::now() };
+        let Setup { upstreams, store, shared_streams, metrics, options, keychain } = setup;
+        let ctx = Context { upstreams, store, shared: shared_streams, metrics, relay, keychain, epoch: Instant::now() };
         Sessions {
             ctx: Arc::new(ctx),
             registry: Registry::default(),
@@ -237,10 +240,14 @@ impl Sessions {
     /// share (`t.` and a hash of the tenant's name): this replica's copy,
     /// the store's, or a new one. If the store cannot be reached, a copy of
     /// this replica's own serves until it can.
-    pub async fn tenant_session(&self, tenant: &Arc<str>) -> Result<Arc<Session>, SessionError> {
-        let id = crate::tenant_session_id(tenant);
+    pub async fn tenant_session(
+        &self,
+        tenant: &Arc<str>,
+        user: Option<&Arc<str>>,
+    ) -> Result<Arc<Session>, SessionError> {
+        let id = crate::tenant_session_id(tenant, user.map(|u| &**u));
         match self.find(&id).await {
-            Ok(Some(session)) if session.tenant == *tenant => return Ok(session),
+            Ok(Some(session)) if session.tenant == *tenant && session.user.as_ref() == user => return Ok(session),
             // 128 bits of SHA-256 of two tenants' names do not meet.
             Ok(Some(_)) => return Err(SessionError::Unknown),
             Ok(None) => {}
@@ -250,7 +257,7 @@ impl Sessions {
                 }
             }
         }
-        let session = Session::for_tenant(&self.ctx, id, tenant.clone());
+        let session = Session::for_tenant(&self.ctx, id, tenant.clone(), user.cloned());
         let kept = self.registry.insert_if_absent(session.clone());
         if Arc::ptr_eq(&kept, &session) {
             self.ctx.metrics.set_sessions(self.registry.len());

@@ -13,6 +13,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
+use switchboard_core::credential::Credentials;
 
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -50,6 +51,8 @@ struct Listening {
 pub(crate) struct Client<'a> {
     pub capabilities: &'a str,
     pub affinity: &'a str,
+    /// Whose upstream credentials the listen request carries.
+    pub credentials: Option<Arc<dyn Credentials>>,
 }
 
 impl Subscriptions {
@@ -84,7 +87,7 @@ impl Subscriptions {
             return Ok(());
         }
         let body = listen_request(&uris, client.capabilities);
-        let stream = open(upstream, body.clone(), client.affinity).await?;
+        let stream = open(upstream, body.clone(), client.affinity, client.credentials.as_ref()).await?;
         if self.stopped.load(std::sync::atomic::Ordering::Acquire) {
             return Err(UpstreamError::Closed);
         }
@@ -92,7 +95,8 @@ impl Subscriptions {
             task.abort();
         }
         let (upstream, affinity) = (upstream.clone(), client.affinity.to_owned());
-        listening.task = Some(tokio::spawn(keep_listening(upstream, body, affinity, stream, inbox)));
+        let credentials = client.credentials;
+        listening.task = Some(tokio::spawn(keep_listening(upstream, body, affinity, credentials, stream, inbox)));
         listening.uris = uris;
         Ok(())
     }
@@ -138,12 +142,17 @@ fn listen_request(uris: &BTreeSet<String>, capabilities: &str) -> Bytes {
 
 /// Opens a listen stream and waits for the upstream's acknowledgement
 /// (within the upstream's `timeout`, then `ACK_WAIT` for the first message).
-async fn open(upstream: &Upstream, body: Bytes, affinity: &str) -> Result<Box<dyn MessageStream>, UpstreamError> {
+async fn open(
+    upstream: &Upstream,
+    body: Bytes,
+    affinity: &str,
+    credentials: Option<&Arc<dyn Credentials>>,
+) -> Result<Box<dyn MessageStream>, UpstreamError> {
     let limit = upstream.config.timeout;
-    let answer =
-        tokio::time::timeout(limit, upstream.transport.modern(body, Method::SubscriptionsListen, Vec::new(), affinity))
-            .await
-            .map_err(|_| UpstreamError::Timeout(limit))??;
+    let credential = switchboard_upstream::credential(credentials)?;
+    let listen =
+        upstream.transport.modern(body, Method::SubscriptionsListen, Vec::new(), affinity, credential.as_deref());
+    let answer = tokio::time::timeout(limit, listen).await.map_err(|_| UpstreamError::Timeout(limit))??;
     let mut stream = match answer {
         ModernAnswer { reply: Reply::Stream(stream), .. } => stream,
         ModernAnswer { reply: Reply::Done(message), status } => {
@@ -170,6 +179,7 @@ async fn keep_listening(
     upstream: Arc<Upstream>,
     body: Bytes,
     affinity: String,
+    credentials: Option<Arc<dyn Credentials>>,
     mut stream: Box<dyn MessageStream>,
     inbox: Arc<dyn Inbox>,
 ) {
@@ -184,7 +194,7 @@ async fn keep_listening(
         }
         loop {
             tokio::time::sleep(REOPEN).await;
-            match open(&upstream, body.clone(), &affinity).await {
+            match open(&upstream, body.clone(), &affinity, credentials.as_ref()).await {
                 Ok(reopened) => {
                     stream = reopened;
                     break;

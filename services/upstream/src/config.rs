@@ -20,6 +20,10 @@ pub struct UpstreamConfig {
     pub timeout: Duration,
     /// Longest wait for one of its lists when building the catalog.
     pub list_timeout: Duration,
+    /// `credentials = "required"`: a client's requests go only with a
+    /// vault credential of its user or tenant, never with the upstream's
+    /// own headers (which the router's own requests, the catalog's, use).
+    pub credential_required: bool,
 }
 
 /// The transport-specific part of an upstream.

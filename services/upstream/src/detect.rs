@@ -55,11 +55,12 @@ impl super::Transport for Transport {
         method: Method,
         headers: Vec<(::http::HeaderName, ::http::HeaderValue)>,
         affinity: &str,
+        credential: Option<&switchboard_core::credential::Credential>,
     ) -> Result<ModernAnswer, UpstreamError> {
         if self.legacy() {
             return Err(UpstreamError::Protocol("a legacy HTTP+SSE upstream has no stateless requests".into()));
         }
-        self.http.modern(body, method, headers, affinity).await
+        self.http.modern(body, method, headers, affinity, credential).await
     }
 
     async fn open(&self, hello: &Hello, inbox: Arc<dyn Inbox>) -> Result<Arc<dyn Channel>, UpstreamError> {

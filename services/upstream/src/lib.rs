@@ -39,6 +39,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
+use switchboard_core::credential::{Credential, Credentials};
 use switchboard_core::UpstreamId;
 use switchboard_protocol::{Method, ProtocolVersion};
 
@@ -87,6 +88,10 @@ pub enum UpstreamError {
     /// A bound the router keeps was reached (the words say which).
     #[error("a limit was reached: {0}")]
     Limit(String),
+    /// It needs a credential the caller does not have (the words say
+    /// whose is missing and how to add one); nothing was sent.
+    #[error("{0}")]
+    Credential(String),
 }
 
 /// What went wrong, in words, and the error that caused it when there is
@@ -134,7 +139,7 @@ impl From<&str> for Cause {
 }
 
 /// What the router says about itself and its client when opening a channel.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Hello {
     /// The version to ask for (the downstream client's, for its channels).
     pub protocol_version: ProtocolVersion,
@@ -143,6 +148,29 @@ pub struct Hello {
     /// What picks the replica of an upstream with several (consistent
     /// hashing): the downstream session id, or "" for the router's own.
     pub affinity: Arc<str>,
+    /// Whose credentials the channel sends, asked before each request
+    /// (the vault's, for a client's channel); `None`: the upstream's own
+    /// headers (the router's channels).
+    pub credentials: Option<Arc<dyn Credentials>>,
+}
+
+impl std::fmt::Debug for Hello {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hello")
+            .field("protocol_version", &self.protocol_version)
+            .field("affinity", &self.affinity)
+            .field("credentials", &self.credentials.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The credential to send now with `credentials` (`Ok(None)`: the
+/// upstream's own headers).
+pub fn credential(credentials: Option<&Arc<dyn Credentials>>) -> Result<Option<Arc<Credential>>, UpstreamError> {
+    match credentials {
+        None => Ok(None),
+        Some(c) => c.current().map_err(|missing| UpstreamError::Credential(missing.0)),
+    }
 }
 
 impl Hello {
@@ -184,6 +212,7 @@ impl Hello {
             protocol_version: ProtocolVersion::LATEST,
             capabilities: Arc::from(capabilities),
             affinity: Arc::from(""),
+            credentials: None,
         }
     }
 }
@@ -471,13 +500,15 @@ pub trait Transport: Send + Sync {
     /// Sends one stateless (2026-07-28) request: `body` as it is, with the
     /// era's headers (`MCP-Protocol-Version`, `Mcp-Method` for `method`) and
     /// `headers` (`Mcp-Name`, `Mcp-Param-*`); `affinity` picks the replica.
-    /// Only HTTP upstreams speak the stateless era.
+    /// Only HTTP upstreams speak the stateless era. `credential` stands in
+    /// for the upstream's own headers.
     async fn modern(
         &self,
         _body: Bytes,
         _method: Method,
         _headers: Vec<(::http::HeaderName, ::http::HeaderValue)>,
         _affinity: &str,
+        _credential: Option<&Credential>,
     ) -> Result<ModernAnswer, UpstreamError> {
         Err(UpstreamError::Protocol("this transport has no stateless (2026-07-28) requests".into()))
     }

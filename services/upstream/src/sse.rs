@@ -17,6 +17,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::Uri;
+use switchboard_core::credential::Credential;
 use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind};
 use switchboard_protocol::{sse, Method};
 use tokio::sync::mpsc;
@@ -98,12 +99,15 @@ impl super::Transport for Transport {
 }
 
 impl Shared {
-    async fn post(&self, path: &str, body: &[u8]) -> Result<(), UpstreamError> {
+    /// POSTs a message to the endpoint, with the credential of `hello`'s
+    /// caller (or the upstream's own headers).
+    async fn post(&self, path: &str, body: &[u8], hello: &Hello) -> Result<(), UpstreamError> {
+        let credential = crate::credential(hello.credentials.as_ref())?;
         let request = h1::Request {
             method: "POST",
             path,
             headers: &[("Content-Type", b"application/json")],
-            extra: &self.raw_headers,
+            extra: credential.as_deref().map_or(&self.raw_headers[..], Credential::raw),
             body,
         };
         let response =
@@ -128,11 +132,12 @@ async fn connect(
     inbox: &Arc<dyn Inbox>,
 ) -> Result<Arc<Connection>, UpstreamError> {
     let work = async {
+        let credential = crate::credential(hello.credentials.as_ref())?;
         let request = h1::Request {
             method: "GET",
             path: &shared.path,
             headers: &[("Accept", b"text/event-stream")],
-            extra: &shared.raw_headers,
+            extra: credential.as_deref().map_or(&shared.raw_headers[..], Credential::raw),
             body: b"",
         };
         let response =
@@ -174,7 +179,7 @@ async fn connect(
         let (tx, mut rx) = mpsc::unbounded_channel();
         connection.pending.lock().expect("lock").insert("0".into(), Pending { token: None, sink: tx });
         let init = jsonrpc::request(Some(b"0"), "initialize", Some(&hello.params()));
-        shared.post(&connection.endpoint, &init).await?;
+        shared.post(&connection.endpoint, &init, hello).await?;
         let answer = loop {
             match rx.recv().await {
                 Some((true, message)) => break message,
@@ -185,7 +190,7 @@ async fn connect(
         let handshake = Handshake::from_response(&answer)?;
         *connection.handshake.lock().expect("lock") = Arc::new(handshake);
         let note = jsonrpc::request(None, "notifications/initialized", None);
-        shared.post(&connection.endpoint, &note).await?;
+        shared.post(&connection.endpoint, &note, hello).await?;
         Ok(connection)
     };
     match tokio::time::timeout(shared.handshake_timeout, work).await {
@@ -353,7 +358,7 @@ impl super::Channel for Channel {
             pending.insert(id.clone(), Pending { token, sink: tx });
         }
         let guard = PendingGuard { connection: Arc::downgrade(&connection), id };
-        self.shared.post(&connection.endpoint, &out.body).await?;
+        self.shared.post(&connection.endpoint, &out.body, &self.hello).await?;
         match rx.recv().await {
             None => Err(UpstreamError::Closed),
             Some((true, response)) => Ok(Reply::Done(response)),
@@ -365,7 +370,7 @@ impl super::Channel for Channel {
         let limit = self.shared.handshake_timeout;
         let work = async {
             let connection = self.live().await?;
-            self.shared.post(&connection.endpoint, &message).await
+            self.shared.post(&connection.endpoint, &message, &self.hello).await
         };
         tokio::time::timeout(limit, work).await.unwrap_or(Err(UpstreamError::Timeout(limit)))
     }

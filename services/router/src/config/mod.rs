@@ -14,10 +14,12 @@ use std::time::Duration;
 pub mod mtls;
 pub mod oauth;
 mod raw;
+pub mod vault;
 
 pub use self::mtls::MtlsConfig;
 pub use self::oauth::{OAuthConfig, Permission, TenantFrom};
 pub use self::raw::RawConfig;
+pub use self::vault::VaultConfig;
 pub use switchboard_catalog::CatalogConfig;
 pub use switchboard_devices::EdgeConfig;
 pub use switchboard_upstream::config::{HttpConfig, StdioConfig, TransportConfig, UpstreamConfig};
@@ -45,6 +47,8 @@ pub struct Config {
     /// `[egress] allow`: the addresses beyond public ones that upstreams and
     /// authorization servers may be at.
     pub egress: switchboard_core::egress::Egress,
+    /// `[vault]`: the key that seals upstream credentials.
+    pub vault: VaultConfig,
 }
 
 /// `[auth]`.

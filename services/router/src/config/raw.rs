@@ -50,6 +50,8 @@ pub struct RawConfig {
     pub mtls: super::mtls::RawMtls,
     #[serde(default)]
     pub egress: RawEgress,
+    #[serde(default)]
+    pub vault: super::vault::RawVault,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -199,6 +201,8 @@ pub struct RawUpstream {
     pub ca: Option<String>,
     pub tls_client_cert: Option<String>,
     pub tls_client_key: Option<String>,
+    /// `"optional"` (default) or `"required"`: see [`UpstreamConfig::credential_required`].
+    pub credentials: Option<String>,
     // stdio
     pub command: Option<String>,
     pub args: Option<Vec<String>>,
@@ -443,28 +447,9 @@ impl RawConfig {
                     let tls = upstream_tls(&u, &replicas, &key, &mut bad);
                     let mut headers = Vec::new();
                     for (k, v) in u.headers.unwrap_or_default() {
-                        match (http::HeaderName::from_bytes(k.as_bytes()), http::HeaderValue::from_str(&v)) {
-                            (Ok(name), Ok(mut value)) => {
-                                if [
-                                    "host",
-                                    "content-length",
-                                    "content-type",
-                                    "mcp-session-id",
-                                    "mcp-protocol-version",
-                                    "transfer-encoding",
-                                    "connection",
-                                ]
-                                .contains(&name.as_str())
-                                {
-                                    bad(
-                                        key(&format!("headers.{k}")),
-                                        "is set by the router and cannot be configured".into(),
-                                    );
-                                }
-                                value.set_sensitive(true);
-                                headers.push((name, value));
-                            }
-                            _ => bad(key(&format!("headers.{k}")), "is not a valid HTTP header".into()),
+                        match switchboard_core::credential::header(&k, &v) {
+                            Ok(header) => headers.push(header),
+                            Err(problem) => bad(key(&format!("headers.{k}")), problem),
                         }
                     }
                     let http = HttpConfig {
@@ -496,6 +481,7 @@ impl RawConfig {
                         "ca",
                         "tls_client_cert",
                         "tls_client_key",
+                        "credentials",
                     ] {
                         if u.has(field) {
                             bad(key(field), "only applies to transport = \"http\" or \"sse\"".into());
@@ -553,7 +539,15 @@ impl RawConfig {
                     continue;
                 }
             };
-            upstreams.push(UpstreamConfig { name, prefix, transport, timeout, list_timeout });
+            let credential_required = match u.credentials.as_deref() {
+                None | Some("optional") => false,
+                Some("required") => true,
+                Some(other) => {
+                    bad(key("credentials"), format!("{other:?} is not \"optional\" or \"required\""));
+                    false
+                }
+            };
+            upstreams.push(UpstreamConfig { name, prefix, transport, timeout, list_timeout, credential_required });
         }
 
         // [auth], [database], [redis], [audit], [admin]
@@ -729,6 +723,12 @@ impl RawConfig {
             bad("mtls".into(), "client certificates need authentication on: remove auth.mode = \"none\"".into());
         }
 
+        // [vault]
+        let vault = super::vault::validate(self.vault, &mut bad);
+        if vault.has_key() && database.url.is_none() {
+            bad("vault.key".into(), "the vault keeps credentials in the database: set database.url".into());
+        }
+
         if problems.is_empty() {
             Ok(Config {
                 server,
@@ -746,6 +746,7 @@ impl RawConfig {
                 oauth,
                 mtls,
                 egress,
+                vault,
             })
         } else {
             Err(ConfigError { problems })
@@ -766,6 +767,7 @@ impl RawUpstream {
             "ca" => self.ca.is_some(),
             "tls_client_cert" => self.tls_client_cert.is_some(),
             "tls_client_key" => self.tls_client_key.is_some(),
+            "credentials" => self.credentials.is_some(),
             "command" => self.command.is_some(),
             "args" => self.args.is_some(),
             "env" => self.env.is_some(),

@@ -95,7 +95,13 @@ pub async fn open_session(
     if let Some(instructions) = &merged.instructions {
         result["instructions"] = Value::String(instructions.clone());
     }
-    let client = Client { tenant: who.tenant.name.clone(), key: who.key_id.clone(), version, capabilities };
+    let client = Client {
+        tenant: who.tenant.name.clone(),
+        key: who.key_id.clone(),
+        user: who.user.clone(),
+        version,
+        capabilities,
+    };
     let limits = &who.tenant.limits;
     let quota = Quota { router: app.config.server.max_sessions, tenant: limits.sessions, key: limits.key_sessions };
     let opened = match legacy_id {

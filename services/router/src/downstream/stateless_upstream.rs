@@ -228,14 +228,23 @@ impl Call {
         let result: Result<Bytes, (Error, Outcome)> = async {
             loop {
                 let body = Bytes::from(serde_json::to_vec(&request).expect("serializable"));
-                let work = upstream.transport.modern(body, self.method, self.headers.clone(), &self.session.id);
+                let credentials = self.session.credentials(self.upstream);
+                let work = async {
+                    let credential = switchboard_upstream::credential(credentials.as_ref())?;
+                    let headers = self.headers.clone();
+                    upstream.transport.modern(body, self.method, headers, &self.session.id, credential.as_deref()).await
+                };
                 let answer = match tokio::time::timeout_at(deadline, work).await {
                     Err(_) => {
                         let e =
                             Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout };
                         return Err((e, Outcome::Timeout));
                     }
-                    Ok(Err(e)) => return Err((Error::upstream(&upstream.name, e), Outcome::UpstreamFailed)),
+                    Ok(Err(e)) => {
+                        let e = Error::upstream(&upstream.name, e);
+                        let outcome = e.outcome();
+                        return Err((e, outcome));
+                    }
                     Ok(Ok(answer)) => answer,
                 };
                 let message = match answer {

@@ -216,14 +216,17 @@ async fn revocation_arrives_by_notification_not_by_the_refresh() {
 /// through its admin API, as a bearer token, as `X-API-Key`, on a GET
 /// stream, in an edge device's registration, unknown, revoked), and none
 /// of them appears in its logs, its metrics, or a dump of its database
-/// (audit records included).
+/// (audit records included). Nor does a vault credential given through
+/// the admin API and sent upstream, nor the vault key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_never_appear_in_logs_metrics_or_the_database() {
     use switchboard_test_support::peers::Process;
     let pg = TempDatabase::create().await;
     let token = "an-admin-token-for-this-test";
+    let vault_key = switchboard_vault::Key::generate();
     let extra = format!(
-        "[log]\nlevel = \"trace\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n[edge]\nlisten = \"127.0.0.1:0\"\n"
+        "[log]\nlevel = \"trace\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n[edge]\nlisten = \"127.0.0.1:0\"\n\
+         [vault]\nkey = \"{vault_key}\"\n"
     );
     let (_alpha, _beta, config, admin) = setup_with_admin(&pg.url, &extra).await;
     let mut p = policy(&["alpha"]);
@@ -274,6 +277,20 @@ async fn keys_never_appear_in_logs_metrics_or_the_database() {
         .await,
         "the new key is known within seconds"
     );
+    // A credential for the tenant's calls to alpha, through the admin API:
+    // stored (never shown back, listed by header name), then sent upstream.
+    let credential = "Bearer vault-credential-0123456789abcdef";
+    let at = format!("http://{admin_addr}/v1/tenants/secretive/credentials/alpha");
+    let (status, stored) = http.send("PUT", &at, json!({"headers": {"Authorization": credential}})).await;
+    assert_eq!(status, StatusCode::OK, "{stored}");
+    assert_eq!((stored["names"].as_str(), stored["user"].as_str()), (Some("authorization"), Some("")), "{stored}");
+    let (status, refused) = http.send("PUT", &at, json!({"headers": {"Host": "evil.example"}})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    let (_, listed) =
+        http.send("GET", &format!("http://{admin_addr}/v1/credentials?tenant=secretive"), Value::Null).await;
+    assert_eq!(listed["credentials"].as_array().map(Vec::len), Some(1), "{listed}");
+    let (status, rotated) = http.send("POST", &format!("http://{admin_addr}/v1/vault/rotate"), Value::Null).await;
+    assert_eq!((status, &rotated["current"]), (StatusCode::OK, &json!(1)), "{rotated}");
     c.initialize().await;
     let stream = c.open_stream().await;
     c.tool_names().await;
@@ -335,9 +352,16 @@ async fn keys_never_appear_in_logs_metrics_or_the_database() {
         "the router logged at debug level and below ({} lines):\n{logs}",
         logs.lines().count()
     );
-    // Not one key, nor the secret part after its prefix, anywhere.
-    for secret in [&key, &revoked, &unknown] {
-        let body = &secret[PREFIX_LEN..];
+    // Not one key, nor the secret part after its prefix, anywhere; nor
+    // the credential or the vault key.
+    let secrets = [
+        &key[PREFIX_LEN..],
+        &revoked[PREFIX_LEN..],
+        &unknown[PREFIX_LEN..],
+        "vault-credential-0123456789abcdef",
+        &vault_key[..24],
+    ];
+    for body in secrets {
         for (what, text) in [("logs", &logs), ("metrics", &metrics), ("database", &dump)] {
             let line = text.lines().find(|l| l.contains(body));
             assert!(line.is_none(), "a key appears in the {what}: {line:?}");

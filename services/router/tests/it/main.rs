@@ -28,6 +28,7 @@ mod audit;
 mod bad_input;
 mod balanced;
 mod catalog;
+mod credentials;
 mod degraded;
 mod edge;
 mod eras;

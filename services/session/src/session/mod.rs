@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::value::RawValue;
+use switchboard_core::credential::Credentials;
 use switchboard_core::hash::fnv1a64;
 use switchboard_core::ids::random_id;
 use switchboard_core::UpstreamId;
@@ -39,15 +40,26 @@ use crate::{Client, Context, SessionError};
 mod upstreams;
 use self::upstreams::SessionInbox;
 
+/// A session's credentials for one upstream, made on first use (`None`
+/// inside: no vault).
+type CredentialsSlot = std::sync::OnceLock<Option<Arc<dyn Credentials>>>;
+
 /// The prefix of tenant sessions' ids (see [`Session::for_tenant`]).
 pub const TENANT_PREFIX: &str = "t.";
 
-/// The id of `tenant`'s shared session: the prefix and 128 bits of a
-/// SHA-256 of the name.
-pub fn tenant_session_id(tenant: &str) -> String {
+/// The id of the session `tenant`'s stateless calls share, one per user
+/// (whose upstream credentials it carries; `None`: the tenant's, as API
+/// keys call): the prefix and 128 bits of a SHA-256 of the names.
+pub fn tenant_session_id(tenant: &str, user: Option<&str>) -> String {
     use sha2::Digest;
-    let digest = sha2::Sha256::digest(tenant.as_bytes());
-    format!("{TENANT_PREFIX}{}", hex::encode(&digest[..16]))
+    let mut digest = sha2::Sha256::new();
+    digest.update(tenant.as_bytes());
+    if let Some(user) = user {
+        // A tenant's name has no NUL: no (tenant, user) pair meets another.
+        digest.update(b"\0");
+        digest.update(user.as_bytes());
+    }
+    format!("{TENANT_PREFIX}{}", hex::encode(&digest.finalize()[..16]))
 }
 
 /// Events buffered between a stream's log and its HTTP response.
@@ -65,6 +77,11 @@ pub struct Session {
     pub tenant: Arc<str>,
     /// The hash of the API key that opened it (empty without keys).
     pub key: Arc<str>,
+    /// The user it acts for, whose upstream credentials its channels
+    /// carry; `None`: the tenant's.
+    pub user: Option<Arc<str>>,
+    /// The credentials of its channels, by upstream, made on first use.
+    credentials: Box<[CredentialsSlot]>,
     /// The negotiated protocol version.
     pub version: ProtocolVersion,
     /// What the client declared in `initialize`.
@@ -154,6 +171,7 @@ impl Session {
         let client = Client {
             tenant: Arc::from(record.tenant.as_str()),
             key: Arc::from(record.key.as_str()),
+            user: record.user.as_deref().map(Arc::from),
             version,
             capabilities,
         };
@@ -166,13 +184,14 @@ impl Session {
     /// share, named `id` ([`tenant_session_id`]), kept in the store. It
     /// declares sampling, elicitation and roots: each call's round checks
     /// what its own client declared.
-    pub(crate) fn for_tenant(ctx: &Arc<Context>, id: String, tenant: Arc<str>) -> Arc<Self> {
+    pub(crate) fn for_tenant(ctx: &Arc<Context>, id: String, tenant: Arc<str>, user: Option<Arc<str>>) -> Arc<Self> {
         let capabilities =
             RawValue::from_string(r#"{"sampling":{},"elicitation":{"form":{},"url":{}},"roots":{}}"#.into())
                 .expect("valid JSON");
         let client = Client {
             tenant,
             key: Arc::from(""),
+            user,
             version: ProtocolVersion::LATEST,
             capabilities: Arc::from(capabilities),
         };
@@ -191,7 +210,7 @@ impl Session {
         ctx: &Arc<Context>,
         shared: Option<Arc<SharedStreams>>,
     ) -> Arc<Self> {
-        let Client { tenant, key, version, capabilities } = client;
+        let Client { tenant, key, user, version, capabilities } = client;
         let now_ms = ctx.epoch.elapsed().as_millis() as u64;
         // Stream numbers are unique in the session across replicas: each
         // replica's copy counts from its own random start.
@@ -205,6 +224,8 @@ impl Session {
         Arc::new_cyclic(|me| Session {
             tenant,
             key,
+            user,
+            credentials: (0..ctx.upstreams.len()).map(|_| std::sync::OnceLock::new()).collect(),
             legacy: kind == Kind::Legacy,
             stored: kind == Kind::Stored,
             for_tenant: id.starts_with(TENANT_PREFIX),
@@ -250,6 +271,24 @@ impl Session {
     /// Whether the client declared `capability` (`sampling`, `roots`, ...)
     /// in `initialize`.
     pub fn declares(&self, capability: &str) -> bool {
+        self.declares_capability(capability)
+    }
+
+    /// Whose credentials requests to upstream `u` on this session's behalf
+    /// carry (its user's, else its tenant's, as the vault has them when
+    /// each request goes); `None` without a vault.
+    pub fn credentials(&self, u: UpstreamId) -> Option<Arc<dyn Credentials>> {
+        self.credentials[u.index()]
+            .get_or_init(|| {
+                let keychain = self.ctx.keychain.as_ref()?;
+                let upstream = &self.ctx.upstreams[u];
+                let required = upstream.config.credential_required;
+                Some(keychain.credentials(&self.tenant, self.user.as_deref(), &upstream.name, required))
+            })
+            .clone()
+    }
+
+    fn declares_capability(&self, capability: &str) -> bool {
         serde_json::from_str::<HashMap<std::borrow::Cow<'_, str>, &RawValue>>(self.capabilities.get())
             .is_ok_and(|c| c.get(capability).is_some_and(|v| v.get() != "null"))
     }
@@ -296,6 +335,7 @@ impl Session {
             record: Record {
                 tenant: self.tenant.to_string(),
                 key: self.key.to_string(),
+                user: self.user.as_deref().map(str::to_owned),
                 version: self.version.as_str().to_owned(),
                 capabilities: self.capabilities.get().to_owned(),
             },
@@ -576,7 +616,11 @@ impl Session {
     pub async fn subscribe_stateless(&self, u: UpstreamId, uri: &str, on: bool) -> Result<(), SessionError> {
         let upstream = &self.ctx.upstreams[u];
         let inbox: Arc<dyn Inbox> = Arc::new(SessionInbox { session: self.me.clone(), upstream: u });
-        let client = crate::subscriptions::Client { capabilities: self.capabilities.get(), affinity: &self.id };
+        let client = crate::subscriptions::Client {
+            capabilities: self.capabilities.get(),
+            affinity: &self.id,
+            credentials: self.credentials(upstream.id),
+        };
         self.subscriptions
             .change(upstream, uri, on, client, inbox)
             .await
@@ -640,6 +684,7 @@ mod tests {
         Client {
             tenant: Arc::from("t"),
             key: Arc::from(""),
+            user: None,
             version: ProtocolVersion::LATEST,
             capabilities: Arc::from(empty_object()),
         }
@@ -730,6 +775,7 @@ mod tests {
             let client = Client {
                 tenant: Arc::from(tenant),
                 key: Arc::from(key),
+                user: None,
                 version: ProtocolVersion::LATEST,
                 capabilities: Arc::from(empty_object()),
             };

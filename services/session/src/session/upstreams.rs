@@ -58,6 +58,7 @@ impl Session {
                 protocol_version: self.version,
                 capabilities: self.capabilities.clone(),
                 affinity: self.id.clone(),
+                credentials: self.credentials(u),
             };
             let inbox: Arc<dyn Inbox> = Arc::new(SessionInbox { session: self.me.clone(), upstream: u });
             let known = self.known_upstream(u).await;

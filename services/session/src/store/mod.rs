@@ -55,6 +55,10 @@ pub struct Record {
     /// records written before it was kept).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub key: String,
+    /// The user it acts for, whose upstream credentials its channels
+    /// carry (absent: the tenant's, and in records written before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     /// The negotiated protocol version.
     pub version: String,
     /// The client's capabilities, as JSON.
@@ -209,6 +213,7 @@ mod tests {
             record: Record {
                 tenant: tenant.into(),
                 key: String::new(),
+                user: None,
                 version: "2025-11-25".into(),
                 capabilities: "{}".into(),
             },

@@ -75,7 +75,7 @@ impl Channel {
         }
         let stale_at = stale.upstream_session();
         if let Some(agreed) = self.inbox.agreed(stale_at.as_ref()).await {
-            if let Some(state) = self.replicas.state_for(&agreed) {
+            if let Some(state) = self.replicas.state_for(&agreed, &self.hello) {
                 tracing::info!(upstream = %state.shared.name, "upstream session re-initialised by another router replica; following it");
                 self.switch(state, stale.epoch + 1);
                 return Ok(());
@@ -89,7 +89,7 @@ impl Channel {
         let mut fresh = shared.handshake(&self.hello).await?;
         if let Some(fresh_at) = fresh.upstream_session() {
             if let Claimed::Theirs(theirs) = self.inbox.claim(stale_at.as_ref(), &fresh_at).await {
-                if let Some(state) = self.replicas.state_for(&theirs) {
+                if let Some(state) = self.replicas.state_for(&theirs, &self.hello) {
                     // Ours is not used by anyone: ended, off this path.
                     let ours = fresh;
                     tokio::spawn(async move { ours.end().await });
@@ -135,7 +135,7 @@ impl crate::Channel for Channel {
             let may_retry = (state.sid.is_some() && !retried) || !moved;
             let send = if may_retry { body.clone() } else { body.take() };
             let send = send.expect("the body is kept while a retry is possible");
-            let resp = match state.shared.post(send, Some(&state)).await {
+            let resp = match state.shared.post(send, &state).await {
                 Ok(resp) => resp,
                 // The replica is gone (it refuses connections now, not just
                 // this once): the session moves to another, and the request
@@ -172,7 +172,7 @@ impl crate::Channel for Channel {
         let state = self.state();
         let limit = state.shared.handshake_timeout;
         let work = async {
-            let resp = state.shared.post(message, Some(&state)).await?;
+            let resp = state.shared.post(message, &state).await?;
             if resp.status.is_success() {
                 drain(resp).await;
                 Ok(())

@@ -45,6 +45,7 @@ use crate::config::HttpConfig;
 use crate::Metrics;
 use crate::{collect_response, h1, Handshake, Hello, Inbox, Reply, UpstreamError};
 use switchboard_core::body::CollectError;
+use switchboard_core::credential::{Credential, Credentials};
 
 /// Largest message accepted from an upstream.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
@@ -245,7 +246,9 @@ impl super::Transport for Transport {
             let shared = &replicas.members[i];
             if shared.statefulness.load(Ordering::Relaxed) == STATELESS {
                 if let Some((version, handshake)) = shared.stateless_handshake.lock().expect("lock").clone() {
-                    let state = SessionState { shared: shared.clone(), sid: None, version, handshake, epoch: 0 };
+                    let credentials = hello.credentials.clone();
+                    let state =
+                        SessionState { shared: shared.clone(), sid: None, version, handshake, epoch: 0, credentials };
                     return Ok(Channel::open(replicas.clone(), hello.clone(), state, inbox));
                 }
             }
@@ -278,6 +281,7 @@ impl super::Transport for Transport {
         method: switchboard_protocol::Method,
         headers: Vec<(HeaderName, HeaderValue)>,
         affinity: &str,
+        credential: Option<&Credential>,
     ) -> Result<super::ModernAnswer, UpstreamError> {
         let mut all = Vec::with_capacity(headers.len() + 2);
         all.push((PROTOCOL_VERSION.clone(), HeaderValue::from_static("2026-07-28")));
@@ -287,7 +291,7 @@ impl super::Transport for Transport {
         let mut avoid = None;
         let resp = loop {
             let i = replicas.pick(affinity, avoid);
-            match replicas.members[i].send(Method::POST, body.clone(), None, None, false, &all).await {
+            match replicas.members[i].send(Method::POST, body.clone(), None, None, false, &all, credential).await {
                 Ok(resp) => break resp,
                 Err(e @ UpstreamError::Connect(_)) if replicas.several() && avoid.is_none() => {
                     if replicas.probe(i).await {
@@ -344,7 +348,7 @@ impl super::Transport for Transport {
         inbox: Arc<dyn Inbox>,
         at: &super::UpstreamSession,
     ) -> Option<Arc<dyn super::Channel>> {
-        let state = self.replicas.state_for(at)?;
+        let state = self.replicas.state_for(at, hello)?;
         Some(Channel::open(self.replicas.clone(), hello.clone(), state, inbox))
     }
 
@@ -365,6 +369,8 @@ struct SessionState {
     handshake: Arc<Handshake>,
     /// Bumped on every re-initialisation.
     epoch: u64,
+    /// Whose credential its requests carry (the hello's).
+    credentials: Option<Arc<dyn Credentials>>,
 }
 
 impl SessionState {
@@ -378,14 +384,23 @@ impl SessionState {
         })
     }
 
+    /// The credential its requests carry now (`None`: the upstream's own
+    /// headers).
+    fn credential(&self) -> Result<Option<Arc<Credential>>, UpstreamError> {
+        crate::credential(self.credentials.as_ref())
+    }
+
     /// Ends the upstream session (DELETE, bounded; a failure is harmless:
     /// the upstream expires it).
     async fn end(&self) {
         if self.sid.is_none() {
             return;
         }
+        let Ok(credential) = self.credential() else { return };
         let delete = async {
-            if let Ok(resp) = self.shared.send(Method::DELETE, Bytes::new(), Some(self), None, false, &[]).await {
+            let sent =
+                self.shared.send(Method::DELETE, Bytes::new(), Some(self), None, false, &[], credential.as_deref());
+            if let Ok(resp) = sent.await {
                 drain(resp).await;
             }
         };
@@ -398,7 +413,7 @@ impl Replicas {
     /// (maybe by another router replica); `None` if its replica is gone
     /// from the configuration or down (the session is then opened afresh
     /// on a live one).
-    fn state_for(&self, at: &super::UpstreamSession) -> Option<SessionState> {
+    fn state_for(&self, at: &super::UpstreamSession, hello: &Hello) -> Option<SessionState> {
         let i = self.members.iter().position(|m| m.replica == at.replica)?;
         if !self.is_up(i) {
             return None;
@@ -408,13 +423,16 @@ impl Replicas {
         let version = HeaderValue::from_str(&at.version).ok()?;
         let handshake = shared.last_handshake.lock().expect("lock").clone().unwrap_or_default();
         let _ = shared.statefulness.compare_exchange(UNKNOWN, STATEFUL, Ordering::Relaxed, Ordering::Relaxed);
-        Some(SessionState { shared, sid: Some(sid), version, handshake, epoch: 0 })
+        let credentials = hello.credentials.clone();
+        Some(SessionState { shared, sid: Some(sid), version, handshake, epoch: 0, credentials })
     }
 }
 
 impl Shared {
     /// Sends one request: a POST with `body`, or (empty `body` and
-    /// `Method::GET`) the GET stream, or a DELETE.
+    /// `Method::GET`) the GET stream, or a DELETE; with `credential`'s
+    /// headers in place of the upstream's own, if there is one.
+    #[allow(clippy::too_many_arguments)]
     async fn send(
         &self,
         method: Method,
@@ -423,6 +441,7 @@ impl Shared {
         last_event_id: Option<&str>,
         want_session_id: bool,
         extra: &[(HeaderName, HeaderValue)],
+        credential: Option<&Credential>,
     ) -> Result<Answer, UpstreamError> {
         let last_event_id = last_event_id.and_then(|id| HeaderValue::from_str(id).ok());
         match &self.client {
@@ -474,7 +493,7 @@ impl Shared {
                     },
                     path: &self.path,
                     headers,
-                    extra: &self.raw_headers,
+                    extra: credential.map_or(&self.raw_headers[..], Credential::raw),
                     body: &body,
                 };
                 let response = pool
@@ -513,7 +532,7 @@ impl Shared {
                 if let Some(id) = last_event_id {
                     h.insert(LAST_EVENT_ID.clone(), id);
                 }
-                for (name, value) in &self.headers {
+                for (name, value) in credential.map_or(&self.headers[..], Credential::headers) {
                     h.insert(name.clone(), value.clone());
                 }
                 for (name, value) in extra {
@@ -538,13 +557,15 @@ impl Shared {
     }
 
     /// POSTs one message on the session `state`.
-    async fn post(&self, body: Bytes, state: Option<&SessionState>) -> Result<Answer, UpstreamError> {
-        self.send(Method::POST, body, state, None, state.is_none(), &[]).await
+    async fn post(&self, body: Bytes, state: &SessionState) -> Result<Answer, UpstreamError> {
+        let credential = state.credential()?;
+        self.send(Method::POST, body, Some(state), None, false, &[], credential.as_deref()).await
     }
 
     /// GETs the session's stream, optionally resuming after `last_event_id`.
     async fn get(&self, state: &SessionState, last_event_id: Option<&str>) -> Result<Answer, UpstreamError> {
-        self.send(Method::GET, Bytes::new(), Some(state), last_event_id, false, &[]).await
+        let credential = state.credential()?;
+        self.send(Method::GET, Bytes::new(), Some(state), last_event_id, false, &[], credential.as_deref()).await
     }
 
     /// `initialize`, then `notifications/initialized`.
@@ -559,7 +580,8 @@ impl Shared {
                 (MCP_METHOD.clone(), HeaderValue::from_static("initialize")),
                 (PROTOCOL_VERSION.clone(), HeaderValue::from_static(hello.protocol_version.as_str())),
             ];
-            let mut resp = self.send(Method::POST, body, None, None, true, &named).await?;
+            let credential = crate::credential(hello.credentials.as_ref())?;
+            let mut resp = self.send(Method::POST, body, None, None, true, &named, credential.as_deref()).await?;
             if !resp.status.is_success() || resp.status == StatusCode::ACCEPTED {
                 let status = resp.status;
                 let error = status_error(resp).await;
@@ -583,11 +605,13 @@ impl Shared {
                 .unwrap_or_else(|_| HeaderValue::from_static(hello.protocol_version.as_str()));
             let handshake = Arc::new(handshake);
             *self.last_handshake.lock().expect("lock") = Some(handshake.clone());
-            let mut state = SessionState { shared: self.clone(), sid, version, handshake, epoch: 0 };
+            let credentials = hello.credentials.clone();
+            let mut state = SessionState { shared: self.clone(), sid, version, handshake, epoch: 0, credentials };
             let meta = format!(r#"{{"_meta":{}}}"#, hello.meta(&agreed));
             let note = jsonrpc::request(None, "notifications/initialized", Some(meta.as_bytes()));
             let named = [(MCP_METHOD.clone(), HeaderValue::from_static("notifications/initialized"))];
-            let resp = self.send(Method::POST, note, Some(&state), None, false, &named).await?;
+            let sent = self.send(Method::POST, note, Some(&state), None, false, &named, credential.as_deref());
+            let resp = sent.await?;
             if !resp.status.is_success() {
                 return Err(UpstreamError::Initialize(
                     format!("notifications/initialized: {}", status_error(resp).await).into(),

@@ -38,6 +38,7 @@ use http::{HeaderMap, HeaderName, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
+use switchboard_core::credential::Keychain;
 use switchboard_core::policy::Principal;
 use switchboard_core::Outcome;
 use switchboard_protocol::jsonrpc::{self, span, Envelope, MessageKind, Target};
@@ -437,7 +438,13 @@ async fn passthrough(
     let extra = upstream_headers(method, &resolved.body, Some(headers));
     let sent: Box<RawValue> =
         serde_json::from_slice::<&RawValue>(&resolved.body[resolved.id.clone()]).expect("the id is JSON").to_owned();
-    let work = upstream.transport.modern(resolved.body, method, extra, &who.tenant.name);
+    // The caller's credential (its user's, else its tenant's), asked now.
+    let required = upstream.config.credential_required;
+    let credentials = app.vault.credentials(&who.tenant.name, who.user.as_deref(), &upstream.name, required);
+    let work = async {
+        let credential = switchboard_upstream::credential(Some(&credentials))?;
+        upstream.transport.modern(resolved.body, method, extra, &who.tenant.name, credential.as_deref()).await
+    };
     let answer = match tokio::time::timeout(upstream.config.timeout, work).await {
         Err(_) => Err(Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout }),
         Ok(Err(e)) => Err(Error::upstream(&upstream.name, e)),
@@ -445,8 +452,7 @@ async fn passthrough(
     };
     match answer {
         Err(e) => {
-            let outcome =
-                if matches!(e, Error::UpstreamTimeout { .. }) { Outcome::Timeout } else { Outcome::UpstreamFailed };
+            let outcome = e.outcome();
             x.fail_as(Some(id), &e, outcome)
         }
         Ok(ModernAnswer { status, reply: Reply::Done(message) }) => {

@@ -28,6 +28,7 @@ fn sample(tenant: &str) -> Stored {
     Stored {
         record: Record {
             key: String::new(),
+            user: None,
             tenant: tenant.into(),
             version: "2025-11-25".into(),
             capabilities: r#"{"sampling":{}}"#.into(),

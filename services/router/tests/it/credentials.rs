@@ -1,0 +1,272 @@
+//! The credential vault end to end: two users of one tenant, each with
+//! their own credential for one upstream, through two router replicas
+//! sharing PostgreSQL and Redis, with OAuth tokens from a real
+//! authorization server naming the users; the upstream (the mock, which
+//! needs a bearer token and tells each session which ones it was sent)
+//! sees each user's credential only on that user's upstream session. And
+//! the vault's key: records unreadable without it, a rotation through the
+//! CLI, the router refusing to start with the wrong key.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use switchboard_db::Database;
+use switchboard_oauth::fetch::Fetcher;
+use switchboard_test_support::peers::authorization_server;
+use switchboard_test_support::services::{redis_url, unique, TempDatabase};
+use switchboard_test_support::{
+    eventually, http_upstream, mock_named, router_binary, Client, MockServer, Router, Stateless,
+};
+
+use super::tenancy::{admin_for, with_own_spool};
+
+/// A client-credentials token of the test server's client `client` (its
+/// user, as the router names it, is the client id).
+async fn token_of(issuer: &str, client: &str, resource: &str) -> String {
+    let fetcher = Fetcher::new(None, Duration::from_secs(10), switchboard_core::egress::Egress::anywhere()).unwrap();
+    let form = [("grant_type", "client_credentials"), ("scope", "mcp:list mcp:call"), ("resource", resource)];
+    let body = fetcher.post_form(&format!("{issuer}/token"), &form, Some((client, "machine-secret"))).await.unwrap();
+    let answer: Value = serde_json::from_slice(&body).unwrap();
+    answer["access_token"].as_str().unwrap_or_else(|| panic!("no token: {answer}")).to_owned()
+}
+
+/// What `whoami` says: the upstream session and the Authorization headers
+/// it was sent; or the error.
+fn whoami(response: &Value) -> Result<(String, Vec<String>), Value> {
+    let Some(text) = response["result"]["content"][0]["text"].as_str() else {
+        return Err(response["error"].clone());
+    };
+    let v: Value = serde_json::from_str(text).unwrap();
+    let seen = v["authorizations"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
+    Ok((v["session"].as_str().unwrap().to_owned(), seen))
+}
+
+/// The same client (same session) at another replica.
+fn at(client: &Client, url: &str) -> Client {
+    let mut other = client.clone();
+    other.url = url.to_owned();
+    other
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_user_carries_their_own_credential_on_their_own_upstream_session_across_replicas() {
+    let (_as, issuer) = authorization_server(&[]).await;
+    let mut options = mock_named("gh");
+    options.whoami = true;
+    options.require_auth = true;
+    let gh = MockServer::start(options).await;
+    let db = TempDatabase::create().await;
+    let key = switchboard_vault::Key::generate();
+    let spool = std::env::temp_dir().join(unique("sb-spool-")).join("audit.spool");
+    // The upstream's own header is for the catalog (the router's own
+    // requests); a client's requests need a vault credential.
+    let config = format!(
+        "[auth]\nmode = \"keys\"\n[egress]\nallow = [\"loopback\"]\n\
+         [database]\nurl = \"{db}\"\nrefresh = \"200ms\"\n[audit]\nspool = \"{spool}\"\n\
+         [sessions]\nstore = \"redis\"\ncache = \"100ms\"\n[redis]\nurl = \"{redis}\"\nkey_prefix = \"{prefix}\"\n\
+         [vault]\nkey = \"{key}\"\n\
+         [[tenants]]\nname = \"acme\"\nupstreams = [\"gh\"]\naccept = [\"oauth\", \"api_keys\"]\n\
+         [oauth]\nresource = \"http://127.0.0.1:9/mcp\"\n\
+         [oauth.servers.test]\nissuer = \"{issuer}\"\ntenant_claim = \"org\"\n{upstream}\
+         [upstreams.headers]\nAuthorization = \"Bearer router-own\"\n",
+        db = db.url,
+        spool = spool.display(),
+        redis = redis_url(),
+        prefix = unique("sbtest:"),
+        upstream = http_upstream("gh", &gh.url, "credentials = \"required\""),
+    );
+    let admin = admin_for(&config).await;
+    admin
+        .set_credential("acme", Some("machine"), "gh", vec![("Authorization".into(), "Bearer alice-token".into())])
+        .await
+        .unwrap();
+    admin
+        .set_credential("acme", Some("machine2"), "gh", vec![("Authorization".into(), "Bearer bob-token".into())])
+        .await
+        .unwrap();
+    let key = admin.create_key("acme", None).await.unwrap().key;
+    let (a, b) = (Router::start(&config).await, Router::start(&with_own_spool(&config)).await);
+    // Both replicas are one resource (the test server takes 127.0.0.1 ones).
+    let resource = "http://127.0.0.1:9/mcp";
+    let (alice, bob) = (token_of(&issuer, "machine", resource).await, token_of(&issuer, "machine2", resource).await);
+
+    // Alice opens a session on A; her calls, on A and then on B, reach one
+    // upstream session that has only ever been sent her credential.
+    let mut alice_a = Client::with_key(&a.url, &alice);
+    alice_a.initialize().await;
+    let (alice_session, seen) = whoami(&alice_a.call_tool("gh__whoami", json!({})).await).unwrap();
+    assert_eq!(seen, ["Bearer alice-token"]);
+    let alice_b = at(&alice_a, &b.url);
+    let (on_b, seen) = whoami(&alice_b.call_tool("gh__whoami", json!({})).await).unwrap();
+    assert_eq!((on_b.as_str(), seen.as_slice()), (alice_session.as_str(), &["Bearer alice-token".to_owned()][..]));
+
+    // Bob, on B: his own upstream session, his own credential.
+    let mut bob_b = Client::with_key(&b.url, &bob);
+    bob_b.initialize().await;
+    let (bob_session, seen) = whoami(&bob_b.call_tool("gh__whoami", json!({})).await).unwrap();
+    assert_ne!(bob_session, alice_session);
+    assert_eq!(seen, ["Bearer bob-token"]);
+    // Bob's token does not reach Alice's session on either replica.
+    for url in [&a.url, &b.url] {
+        let mut bob_on_alice = at(&alice_a, url);
+        bob_on_alice.api_key = Some(bob.clone());
+        let reply = bob_on_alice.post(json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list"})).await;
+        assert_eq!(reply.status, http::StatusCode::NOT_FOUND, "{url}");
+    }
+
+    // Stateless (2026-07-28) clients share a bridged session per user, not
+    // per tenant: each carries its own user's credential.
+    for (token, expected) in [(&alice, "Bearer alice-token"), (&bob, "Bearer bob-token")] {
+        let mut stateless = Stateless::new(&a.url, json!({}));
+        stateless.client.api_key = Some(token.clone());
+        let answer = stateless.call("tools/call", json!({"name": "gh__whoami", "arguments": {}})).await;
+        let (session, seen) = whoami(&answer).unwrap();
+        assert_eq!(seen, [expected], "{answer}");
+        assert!(session != alice_session && session != bob_session);
+    }
+
+    // A key of the tenant has no user: the tenant's credential, and there
+    // is none yet: a clear error, naming what to do; nothing reached the upstream.
+    let mut keyed = Client::with_key(&a.url, &key);
+    keyed.initialize().await;
+    let error = whoami(&keyed.call_tool("gh__whoami", json!({})).await).unwrap_err();
+    assert_eq!(error["code"], -32012, "{error}");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("switchboard credentials set --tenant acme --upstream gh"), "{message}");
+    assert_eq!(error["data"]["upstream"], "gh");
+    assert!(a.metric("switchboard_vault_refused_total", &["upstream=\"gh\"", "reason=\"missing\""]).await >= 1.0);
+    // Bob's credential deleted: his open session does not fall back to the
+    // upstream's own; with no tenant credential either, his next call is
+    // refused, naming him.
+    admin.delete_credential("acme", Some("machine2"), "gh").await.unwrap();
+    let refused = eventually(Duration::from_secs(10), || async {
+        let answer = bob_b.call_tool("gh__whoami", json!({})).await;
+        let answer = whoami(&answer);
+        match answer {
+            Err(error) => error["message"].as_str().unwrap_or("").contains("--user machine2"),
+            // Until B has reloaded: still his own.
+            Ok((_, seen)) => {
+                assert_eq!(seen, ["Bearer bob-token"]);
+                false
+            }
+        }
+    })
+    .await;
+    assert!(refused, "bob's call was not refused once his credential was gone");
+    // The tenant's credential, once set (through the admin CLI's path, so
+    // A learns it by notification), serves keys and users without their own.
+    admin.set_credential("acme", None, "gh", vec![("Authorization".into(), "Bearer acme-token".into())]).await.unwrap();
+    let tenant_used = eventually(Duration::from_secs(10), || async {
+        whoami(&keyed.call_tool("gh__whoami", json!({})).await).is_ok_and(|(_, seen)| seen == ["Bearer acme-token"])
+    })
+    .await;
+    assert!(tenant_used, "the tenant's credential was not used");
+    // Bob, who has none of his own now, gets the tenant's: user, else tenant.
+    let (session, seen) = whoami(&bob_b.call_tool("gh__whoami", json!({})).await).unwrap();
+    assert_eq!(
+        (session.as_str(), seen.as_slice()),
+        (bob_session.as_str(), &["Bearer bob-token".to_owned(), "Bearer acme-token".to_owned()][..])
+    );
+
+    // The upstream's own header went only with the router's own requests.
+    let (_, seen) = whoami(&alice_b.call_tool("gh__whoami", json!({})).await).unwrap();
+    assert_eq!(seen, ["Bearer alice-token"]);
+
+    // Nothing readable in the database.
+    let raw = Database::connect(&db.url, Duration::from_secs(3)).unwrap();
+    for row in raw.credentials(None).await.unwrap() {
+        assert!(!row.sealed.contains("token") && !row.names.contains("token"), "{row:?}");
+    }
+    drop((a, b));
+    db.drop_now().await;
+}
+
+/// Runs the `switchboard` binary with `args`; its exit status and output.
+async fn switchboard(args: &[&str], stdin: Option<&str>) -> (bool, String) {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(router_binary())
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the switchboard binary (cargo build --workspace --bins)");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).await.unwrap();
+    drop(input);
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output()).await.expect("it ends").unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotation_reseals_with_the_new_key_and_the_wrong_key_stops_the_router_at_start() {
+    let mut options = mock_named("gh");
+    options.whoami = true;
+    options.require_auth = true;
+    let gh = MockServer::start(options).await;
+    let dir = std::env::temp_dir().join(unique("sb-vault-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = format!("sqlite:{}", dir.join("switchboard.db").display());
+    let config_with = |keys: &str| {
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[auth]\nmode = \"keys\"\n[egress]\nallow = [\"loopback\"]\n\
+             [database]\nurl = \"{db}\"\n[audit]\nspool = \"{spool}\"\n[vault]\n{keys}\n\
+             [[tenants]]\nname = \"acme\"\nupstreams = [\"gh\"]\n{upstream}\
+             [upstreams.headers]\nAuthorization = \"Bearer catalog-only\"\n",
+            spool = dir.join("audit.spool").display(),
+            upstream = http_upstream("gh", &gh.url, "credentials = \"required\""),
+        )
+    };
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let (old, new) = (switchboard_vault::Key::generate(), switchboard_vault::Key::generate());
+    let old_config = write("old.toml", config_with(&format!("key = \"{old}\"")));
+
+    // Set through the CLI, the value on standard input; listed without it.
+    let (ok, out) = switchboard(
+        &["credentials", "set", "-c", &old_config, "--tenant", "acme", "--upstream", "gh", "--stdin"],
+        Some("Authorization: Bearer tenant-s3cret\n"),
+    )
+    .await;
+    assert!(ok, "{out}");
+    assert!(!out.contains("s3cret"), "{out}");
+    let (ok, listed) = switchboard(&["credentials", "list", "-c", &old_config, "--json"], None).await;
+    assert!(ok && listed.contains("authorization") && !listed.contains("s3cret"), "{listed}");
+    let old_id = switchboard_vault::Key::parse(&old).unwrap().id().to_owned();
+    assert!(listed.contains(&old_id), "{listed}");
+    let file = std::fs::read(dir.join("switchboard.db")).unwrap();
+    assert!(!file.windows(6).any(|w| w == b"s3cret"));
+
+    // The router started with another key refuses, saying which key it needs.
+    let wrong_config = write("wrong.toml", config_with(&format!("key = \"{new}\"")));
+    let (ok, out) = switchboard(&["serve", "-c", &wrong_config], None).await;
+    assert!(!ok, "it started with the wrong key: {out}");
+    assert!(out.contains("wrong vault key") && out.contains(&old_id), "{out}");
+
+    // Rotation: the new key current, the old one kept to open; resealed.
+    let rotating = write("rotating.toml", config_with(&format!("key = \"{new}\"\nprevious_keys = \"{old}\"")));
+    let (ok, out) = switchboard(&["vault", "rotate", "-c", &rotating], None).await;
+    assert!(ok && out.contains("1 credentials resealed"), "{out}");
+    let (_, listed) = switchboard(&["credentials", "list", "-c", &rotating, "--json"], None).await;
+    let new_id = switchboard_vault::Key::parse(&new).unwrap().id().to_owned();
+    assert!(listed.contains(&new_id) && !listed.contains(&old_id), "{listed}");
+
+    // Now the new key alone serves: the credential goes upstream.
+    let (ok, key) = switchboard(&["keys", "create", "-c", &wrong_config, "--tenant", "acme"], None).await;
+    assert!(ok, "{key}");
+    let router = Router::start(&std::fs::read_to_string(&wrong_config).unwrap()).await;
+    let key = key.lines().find(|l| l.starts_with("sb_")).expect("the key");
+    let mut client = Client::with_key(&router.url, key);
+    client.initialize().await;
+    let (_, seen) = whoami(&client.call_tool("gh__whoami", json!({})).await).unwrap();
+    assert_eq!(seen, ["Bearer tenant-s3cret"]);
+    // And the old key alone no longer opens anything.
+    let (ok, out) = switchboard(&["serve", "-c", &old_config], None).await;
+    assert!(!ok && out.contains(&new_id), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
