@@ -96,6 +96,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         // The URL the user typed: wherever it is.
         egress: switchboard_core::egress::Egress::anywhere(),
         connect_timeout: Duration::from_secs(5),
+        own: None,
         pool_max_idle: 16,
     };
     let transport = upstream::http::Transport::new(
@@ -439,6 +440,7 @@ pub async fn call_tool(
         // The URL the user typed: wherever it is.
         egress: switchboard_core::egress::Egress::anywhere(),
         connect_timeout: Duration::from_secs(5),
+        own: None,
         pool_max_idle: 1,
     };
     let transport = upstream::http::Transport::new(

@@ -433,7 +433,7 @@ async fn open_admin(db: &DbArgs, migrate: bool) -> Result<(switchboard_router::a
     let mut config = if db.config.exists() {
         Config::load(&db.config).map_err(|e| anyhow::anyhow!("{}: {e}", db.config.display()))?
     } else {
-        Config::from_toml("").map_err(|e| anyhow::anyhow!("{e}"))?
+        Config::from_env().map_err(|e| anyhow::anyhow!("{e}"))?
     };
     if let Some(url) = &db.database_url {
         config.database.url = Some(url.clone());

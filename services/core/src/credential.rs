@@ -42,8 +42,13 @@ pub fn header(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), Stri
     if RESERVED_HEADERS.contains(&name.as_str()) {
         return Err(format!("{name} is set by the router and cannot be configured"));
     }
+    let value = value.trim();
+    // Visible ASCII and spaces only: what every server reads the same way.
+    if !value.bytes().all(|b| b == b' ' || b == b'\t' || (0x21..0x7f).contains(&b)) {
+        return Err(format!("the value of {name} is not a valid header value (visible ASCII only)"));
+    }
     let mut value =
-        HeaderValue::from_str(value.trim()).map_err(|_| format!("the value of {name} is not a valid header value"))?;
+        HeaderValue::from_str(value).map_err(|_| format!("the value of {name} is not a valid header value"))?;
     value.set_sensitive(true);
     Ok((name, value))
 }
@@ -135,6 +140,7 @@ mod tests {
         }
         assert!(header("Bad Name", "x").is_err());
         assert!(header("X-A", "a\r\nInjected: yes").is_err());
+        assert!(header("Authorization", "Bearer tökén").is_err());
     }
 
     #[test]

@@ -79,45 +79,29 @@ impl Database {
     }
 
     /// Stores a credential, replacing the one of the same (tenant, user,
-    /// upstream) and keeping its creation time. Returns whether it replaced one.
-    pub async fn put_credential(&self, row: &CredentialRow) -> Result<bool, DbError> {
+    /// upstream) and keeping its creation time: one statement, so two
+    /// writers of a new one do not lose either's write silently (the last wins).
+    pub async fn put_credential(&self, row: &CredentialRow) -> Result<(), DbError> {
         let mut tx = self.pool.begin().await?;
-        let replaced = sqlx::query(
-            "UPDATE credentials SET kind = $1, key_id = $2, sealed = $3, names = $4, updated_at_ms = $5 \
-             WHERE tenant = $6 AND user_id = $7 AND upstream = $8",
-        )
+        sqlx::query(&format!(
+            "INSERT INTO credentials ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT (tenant, user_id, upstream) DO UPDATE SET kind = excluded.kind, key_id = excluded.key_id, \
+             sealed = excluded.sealed, names = excluded.names, updated_at_ms = excluded.updated_at_ms"
+        ))
+        .bind(&row.tenant)
+        .bind(&row.user_id)
+        .bind(&row.upstream)
         .bind(&row.kind)
         .bind(&row.key_id)
         .bind(&row.sealed)
         .bind(&row.names)
+        .bind(row.created_at_ms)
         .bind(row.updated_at_ms)
-        .bind(&row.tenant)
-        .bind(&row.user_id)
-        .bind(&row.upstream)
         .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            > 0;
-        if !replaced {
-            sqlx::query(&format!(
-                "INSERT INTO credentials ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-                 ON CONFLICT (tenant, user_id, upstream) DO NOTHING"
-            ))
-            .bind(&row.tenant)
-            .bind(&row.user_id)
-            .bind(&row.upstream)
-            .bind(&row.kind)
-            .bind(&row.key_id)
-            .bind(&row.sealed)
-            .bind(&row.names)
-            .bind(row.created_at_ms)
-            .bind(row.updated_at_ms)
-            .execute(&mut *tx)
-            .await?;
-        }
+        .await?;
         self.bump_vault(&mut tx).await?;
         tx.commit().await?;
-        Ok(replaced)
+        Ok(())
     }
 
     /// Deletes the credential of (tenant, user, upstream); `NotFound` if
@@ -139,15 +123,6 @@ impl Database {
         self.bump_vault(&mut tx).await?;
         tx.commit().await?;
         Ok(())
-    }
-
-    /// Deletes every credential of `tenant` (its users' too); how many.
-    pub async fn delete_tenant_credentials(&self, tenant: &str) -> Result<u64, DbError> {
-        let mut tx = self.pool.begin().await?;
-        let n = sqlx::query("DELETE FROM credentials WHERE tenant = $1").bind(tenant).execute(&mut *tx).await?;
-        self.bump_vault(&mut tx).await?;
-        tx.commit().await?;
-        Ok(n.rows_affected())
     }
 
     /// Replaces the sealed value and key id of credentials (a key rotation),
@@ -176,7 +151,7 @@ impl Database {
         Ok(n)
     }
 
-    async fn bump_vault(&self, tx: &mut sqlx::Transaction<'_, sqlx::Any>) -> Result<(), DbError> {
+    pub(crate) async fn bump_vault(&self, tx: &mut sqlx::Transaction<'_, sqlx::Any>) -> Result<(), DbError> {
         sqlx::query("UPDATE vault_version SET version = version + 1 WHERE id = 1").execute(&mut **tx).await?;
         if self.backend == Backend::Postgres {
             sqlx::query("SELECT pg_notify($1, '')").bind(VAULT_CHANNEL).execute(&mut **tx).await?;

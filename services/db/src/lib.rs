@@ -236,13 +236,19 @@ impl Database {
         Ok(())
     }
 
-    /// Deletes a tenant and its keys (audit records stay).
+    /// Deletes a tenant, its keys and its credentials (audit records stay).
     pub async fn delete_tenant(&self, name: &str) -> Result<(), DbError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("DELETE FROM api_keys WHERE tenant = $1").bind(name).execute(&mut *tx).await?;
         let n = sqlx::query("DELETE FROM tenants WHERE name = $1").bind(name).execute(&mut *tx).await?.rows_affected();
         if n == 0 {
             return Err(DbError::NotFound(format!("tenant {name:?}")));
+        }
+        // Its credentials (its users' too) go with it: a tenant created
+        // later under the name inherits none.
+        let gone = sqlx::query("DELETE FROM credentials WHERE tenant = $1").bind(name).execute(&mut *tx).await?;
+        if gone.rows_affected() > 0 {
+            self.bump_vault(&mut tx).await?;
         }
         self.bump(&mut tx).await?;
         tx.commit().await?;

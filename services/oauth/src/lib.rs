@@ -12,7 +12,10 @@
 //! - `server`: one authorization server: discovery, cached keys,
 //!   introspection with its cache.
 //! - `fetch`: the bounded HTTP(S) requests to authorization servers.
+//! - `client`: the router as an OAuth client of upstreams (client
+//!   credentials).
 
+pub mod client;
 pub mod fetch;
 pub mod keys;
 pub mod server;

@@ -202,7 +202,10 @@ impl Admin {
             }
             other => {
                 other?;
-                self.vault.delete_tenant(name).await?;
+                // Its credentials went in the same transaction.
+                if let Err(e) = self.vault.refresh().await {
+                    tracing::warn!(error = %e, "vault: tenant deleted but not reloaded; the next refresh will");
+                }
                 Ok(())
             }
         }

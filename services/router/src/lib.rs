@@ -34,6 +34,7 @@ pub mod edge;
 pub mod error;
 mod exchange;
 mod metrics;
+mod own_token;
 mod server;
 pub mod subject;
 pub mod tls;

@@ -244,10 +244,21 @@ impl Sessions {
         &self,
         tenant: &Arc<str>,
         user: Option<&Arc<str>>,
+        caller: &Arc<str>,
     ) -> Result<Arc<Session>, SessionError> {
-        let id = crate::tenant_session_id(tenant, user.map(|u| &**u));
+        // A user's is theirs alone: named by the caller's identity (its
+        // authorization server and user, or its certificate), which two
+        // users of one name from two sources do not share.
+        let owner = user.map(|_| caller.clone());
+        let id = crate::tenant_session_id(tenant, owner.as_deref());
         match self.find(&id).await {
-            Ok(Some(session)) if session.tenant == *tenant && session.user.as_ref() == user => return Ok(session),
+            Ok(Some(session))
+                if session.tenant == *tenant
+                    && session.user.as_ref() == user
+                    && owner.as_ref().is_none_or(|o| *o == session.key) =>
+            {
+                return Ok(session)
+            }
             // 128 bits of SHA-256 of two tenants' names do not meet.
             Ok(Some(_)) => return Err(SessionError::Unknown),
             Ok(None) => {}
@@ -257,7 +268,7 @@ impl Sessions {
                 }
             }
         }
-        let session = Session::for_tenant(&self.ctx, id, tenant.clone(), user.cloned());
+        let session = Session::for_tenant(&self.ctx, id, tenant.clone(), user.cloned(), owner);
         let kept = self.registry.insert_if_absent(session.clone());
         if Arc::ptr_eq(&kept, &session) {
             self.ctx.metrics.set_sessions(self.registry.len());
@@ -666,7 +677,13 @@ async fn end(ctx: &Context, id: &str, local: Option<Arc<Session>>, stored: Optio
             continue;
         }
         let discard: Arc<dyn Inbox> = Arc::new(switchboard_upstream::Discard);
-        let hello = switchboard_upstream::Hello::router();
+        // The DELETE goes with the session's caller's credential, as its
+        // requests did.
+        let mut hello = switchboard_upstream::Hello::router();
+        if let (Some(keychain), Some(record)) = (&ctx.keychain, stored.as_ref().map(|s| &s.record)) {
+            let required = upstreams[u].config.credential_required;
+            hello.credentials = Some(keychain.credentials(&record.tenant, record.user.as_deref(), name, required));
+        }
         if let Some(channel) = upstreams[u].transport.resume(&hello, discard, at) {
             channel.close().await;
         }

@@ -59,6 +59,19 @@ pub struct HttpConfig {
     pub connect_timeout: Duration,
     /// Idle pooled connections kept per upstream.
     pub pool_max_idle: usize,
+    /// The router's own credential obtained when needed (an OAuth client
+    /// credentials token), sent where `headers` would be.
+    pub own: Option<Own>,
+}
+
+/// The router's own credential for an upstream, obtained when needed.
+#[derive(Clone)]
+pub struct Own(pub std::sync::Arc<dyn crate::OwnCredential>);
+
+impl std::fmt::Debug for Own {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Own(..)")
+    }
 }
 
 /// `transport = "stdio"`.

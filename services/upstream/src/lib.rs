@@ -92,6 +92,9 @@ pub enum UpstreamError {
     /// whose is missing and how to add one); nothing was sent.
     #[error("{0}")]
     Credential(String),
+    /// The router could not get its own access token for it.
+    #[error("no access token for it: {0}")]
+    Token(String),
 }
 
 /// What went wrong, in words, and the error that caused it when there is
@@ -162,6 +165,17 @@ impl std::fmt::Debug for Hello {
             .field("credentials", &self.credentials.is_some())
             .finish_non_exhaustive()
     }
+}
+
+/// The router's own credential for an upstream that is not a fixed set of
+/// headers: an OAuth access token, obtained (and renewed) when needed.
+#[async_trait]
+pub trait OwnCredential: Send + Sync {
+    /// The credential to send now (fetched if there is none good).
+    async fn current(&self) -> Result<Arc<Credential>, UpstreamError>;
+
+    /// The upstream refused `used` (401): it is not sent again.
+    async fn refused(&self, used: &Arc<Credential>);
 }
 
 /// The credential to send now with `credentials` (`Ok(None)`: the

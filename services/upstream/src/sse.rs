@@ -40,6 +40,8 @@ struct Shared {
     /// The SSE endpoint's path and query.
     path: String,
     raw_headers: Vec<u8>,
+    /// The router's own credential, obtained when needed (in place of `raw_headers`).
+    own: Option<Arc<dyn super::OwnCredential>>,
     handshake_timeout: Duration,
     metrics: Arc<Metrics>,
 }
@@ -74,6 +76,7 @@ impl Transport {
                 pool: h1::Pool::new(connect, authority, config.pool_max_idle),
                 path: config.url.path_and_query().map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
                 raw_headers,
+                own: config.own.as_ref().map(|o| o.0.clone()),
                 handshake_timeout: timeout.min(Duration::from_secs(30)),
                 metrics,
             }),
@@ -99,10 +102,20 @@ impl super::Transport for Transport {
 }
 
 impl Shared {
+    /// What a request of `hello`'s caller carries: its credential, else the
+    /// router's own obtained one, else (`None`) the configured headers.
+    async fn credential(&self, hello: &Hello) -> Result<Option<Arc<Credential>>, UpstreamError> {
+        match (crate::credential(hello.credentials.as_ref())?, &self.own) {
+            (Some(credential), _) => Ok(Some(credential)),
+            (None, Some(own)) => own.current().await.map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+
     /// POSTs a message to the endpoint, with the credential of `hello`'s
     /// caller (or the upstream's own headers).
     async fn post(&self, path: &str, body: &[u8], hello: &Hello) -> Result<(), UpstreamError> {
-        let credential = crate::credential(hello.credentials.as_ref())?;
+        let credential = self.credential(hello).await?;
         let request = h1::Request {
             method: "POST",
             path,
@@ -132,7 +145,7 @@ async fn connect(
     inbox: &Arc<dyn Inbox>,
 ) -> Result<Arc<Connection>, UpstreamError> {
     let work = async {
-        let credential = crate::credential(hello.credentials.as_ref())?;
+        let credential = shared.credential(hello).await?;
         let request = h1::Request {
             method: "GET",
             path: &shared.path,

@@ -66,13 +66,25 @@ struct Secret {
 
 /// A credential to store: the headers of `user` of `tenant` (`None`: the
 /// tenant's own) for `upstream`.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct NewCredential {
     pub tenant: String,
     pub user: Option<String>,
     pub upstream: String,
     /// Names and values; shown nowhere once stored.
     pub headers: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for NewCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("NewCredential")
+            .field("tenant", &self.tenant)
+            .field("user", &self.user)
+            .field("upstream", &self.upstream)
+            .field("headers", &names)
+            .finish()
+    }
 }
 
 /// What [`Vault::rotate`] did.
@@ -87,12 +99,15 @@ pub struct Rotation {
 /// A credential in the snapshot.
 enum Entry {
     Ready(Arc<Credential>),
-    /// Stored, but not openable here: why, in words.
-    Unreadable(String),
+    /// Stored, but not openable here (why is logged, not told the client).
+    Unreadable,
 }
 
 #[derive(Default)]
 struct Snapshot {
+    /// Whether it was loaded from the database (else: empty because the
+    /// database has not answered yet).
+    loaded: bool,
     version: i64,
     /// By [`entry_key`].
     entries: HashMap<Box<str>, Entry>,
@@ -103,6 +118,8 @@ struct Inner {
     keyring: Option<Keyring>,
     max_per_tenant: u32,
     snapshot: ArcSwap<Snapshot>,
+    /// One reload at a time, so that an older snapshot never replaces a newer one.
+    reloading: tokio::sync::Mutex<()>,
     metrics: Metrics,
 }
 
@@ -118,8 +135,12 @@ impl Vault {
     /// `keyring` (none: none can be stored), at most `max_per_tenant`
     /// credentials per tenant (its users' included). Empty until loaded.
     pub fn new(db: Option<Database>, keyring: Option<Keyring>, max_per_tenant: u32, registry: &Registry) -> Vault {
-        let inner =
-            Inner { db, keyring, max_per_tenant, snapshot: ArcSwap::default(), metrics: Metrics::new(registry) };
+        // Without a database or a key none can be stored or opened: loaded,
+        // and empty (stored ones, with no key, are refused at start).
+        let loaded = db.is_none() || keyring.is_none();
+        let snapshot = ArcSwap::from_pointee(Snapshot { loaded, ..Snapshot::default() });
+        let reloading = tokio::sync::Mutex::new(());
+        let inner = Inner { db, keyring, max_per_tenant, snapshot, reloading, metrics: Metrics::new(registry) };
         Vault { inner: Arc::new(inner) }
     }
 
@@ -144,7 +165,9 @@ impl Vault {
     /// returned as (label, key id).
     async fn reload(&self) -> Result<Vec<(String, String)>, VaultError> {
         let Some(db) = &self.inner.db else { return Ok(Vec::new()) };
-        let (version, rows) = db.load_credentials().await?;
+        let _one_at_a_time = self.inner.reloading.lock().await;
+        let (version, rows) = db.load_credentials().await.inspect_err(|_| self.inner.metrics.db_up.set(0))?;
+        self.inner.metrics.db_up.set(1);
         let mut entries = HashMap::with_capacity(rows.len());
         let mut unreadable = Vec::new();
         for row in &rows {
@@ -152,8 +175,9 @@ impl Vault {
             let entry = match self.open(row) {
                 Ok(credential) => Entry::Ready(Arc::new(credential)),
                 Err(why) => {
+                    tracing::error!(credential = %label, "{why}");
                     unreadable.push((label.clone(), row.key_id.clone()));
-                    Entry::Unreadable(why)
+                    Entry::Unreadable
                 }
             };
             entries.insert(entry_key(&row.tenant, &row.user_id, &row.upstream), entry);
@@ -168,7 +192,7 @@ impl Vault {
                 "vault credentials that this replica's keys cannot open; their requests fail until the key that sealed them is configured"
             );
         }
-        self.inner.snapshot.store(Arc::new(Snapshot { version, entries }));
+        self.inner.snapshot.store(Arc::new(Snapshot { loaded: true, version, entries }));
         Ok(unreadable)
     }
 
@@ -358,12 +382,10 @@ impl Vault {
         Ok(())
     }
 
-    /// Deletes every credential of `tenant` (a deleted tenant's).
-    pub async fn delete_tenant(&self, tenant: &str) -> Result<u64, VaultError> {
-        let Some(db) = &self.inner.db else { return Ok(0) };
-        let n = db.delete_tenant_credentials(tenant).await?;
-        let _ = self.reload().await;
-        Ok(n)
+    /// Reloads this replica's snapshot now (after a change made outside
+    /// the vault, such as a tenant deleted with its credentials).
+    pub async fn refresh(&self) -> Result<(), VaultError> {
+        self.reload().await.map(drop)
     }
 
     /// What is stored for `tenant` (every tenant with `None`): names,
@@ -448,15 +470,27 @@ struct Bound {
 impl Credentials for Bound {
     fn current(&self) -> Result<Option<Arc<Credential>>, Missing> {
         let snapshot = self.inner.snapshot.load();
+        if !snapshot.loaded {
+            // The caller may well have a credential: never the upstream's
+            // own headers in its place.
+            self.inner.metrics.refused(&self.upstream, "not_loaded");
+            return Err(Missing(format!(
+                "the router has not loaded its credentials for upstream {:?} yet (its database has not answered since it started); retry shortly",
+                self.upstream
+            )));
+        }
         if snapshot.entries.is_empty() && !self.required {
             return Ok(None);
         }
         for key in self.user_key.iter().chain(std::iter::once(&self.tenant_key)) {
             match snapshot.entries.get(key) {
                 Some(Entry::Ready(credential)) => return Ok(Some(credential.clone())),
-                Some(Entry::Unreadable(why)) => {
+                Some(Entry::Unreadable) => {
                     self.inner.metrics.refused(&self.upstream, "unreadable");
-                    return Err(Missing(why.clone()));
+                    return Err(Missing(format!(
+                        "the credential for upstream {:?} cannot be read by this router (an operator must check its vault key; its log says why)",
+                        self.upstream
+                    )));
                 }
                 None => {}
             }
@@ -508,7 +542,6 @@ impl Metrics {
             "switchboard_vault_db_up",
             "1 if the last refresh of the vault reached the database, else 0.",
         );
-        db_up.set(1);
         Metrics {
             credentials: gauge(registry, "switchboard_vault_credentials", "Credentials in the vault this replica can open."),
             unreadable: gauge(
@@ -520,7 +553,7 @@ impl Metrics {
             refused: counter_vec(
                 registry,
                 "switchboard_vault_refused_total",
-                "Requests to upstreams not sent for want of a credential, by upstream and reason (missing, unreadable).",
+                "Requests to upstreams not sent for want of a credential, by upstream and reason (missing, unreadable, not_loaded).",
                 &["upstream", "reason"],
             ),
         }

@@ -133,7 +133,7 @@ async fn records_do_not_open_without_their_key_and_a_wrong_key_is_refused_at_loa
     assert!(refusal.contains("wrong vault key") && refusal.contains(&right_id), "{refusal}");
     // Its requests fail rather than fall back to the tenant's or none.
     let why = sent(&wrong, "acme", Some("alice"), "github", false).unwrap_err();
-    assert!(why.contains("does not have") && why.contains(&right_id), "{why}");
+    assert!(why.contains("cannot be read") && !why.contains(&right_id), "the client is not told key ids: {why}");
 
     let keyless = Vault::new(Some(t.db.clone()), None, 100, &Registry::new());
     let refusal = keyless.load().await.unwrap_err().to_string();
@@ -141,6 +141,20 @@ async fn records_do_not_open_without_their_key_and_a_wrong_key_is_refused_at_loa
     assert!(matches!(keyless.put(bearer("acme", None, "github", "x"), 1).await, Err(VaultError::NoKey)));
 
     vault(&t.db, &right, &[]).load().await.unwrap();
+}
+
+#[tokio::test]
+async fn until_loaded_no_request_goes_with_the_upstreams_own_headers() {
+    let t = temp_db("unloaded").await;
+    let v = vault(&t.db, &Key::generate(), &[]);
+    // As if the database had not answered yet: nothing known, nothing sent.
+    let why = sent(&v, "acme", Some("alice"), "github", false).unwrap_err();
+    assert!(why.contains("not loaded"), "{why}");
+    v.load().await.unwrap();
+    assert_eq!(sent(&v, "acme", Some("alice"), "github", false).unwrap(), None);
+    // With neither a database nor a key, there is nothing to wait for.
+    let none = Vault::new(None, None, 1, &Registry::new());
+    assert_eq!(sent(&none, "acme", None, "github", false).unwrap(), None);
 }
 
 #[tokio::test]

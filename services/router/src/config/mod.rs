@@ -279,6 +279,22 @@ impl Config {
         raw.validate()
     }
 
+    /// The defaults with `SWITCHBOARD__SECTION__KEY` environment overrides
+    /// only (a command run without a configuration file).
+    pub fn from_env() -> Result<Config, ConfigError> {
+        let built = config::Config::builder()
+            .add_source(
+                config::Environment::with_prefix("SWITCHBOARD")
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true),
+            )
+            .build()
+            .map_err(|e| ConfigError::one("environment", e.to_string()))?;
+        let raw: RawConfig = built.try_deserialize().map_err(|e| ConfigError::one("environment", e.to_string()))?;
+        raw.validate()
+    }
+
     /// Parses and validates TOML text, without environment overrides (for tests and tools).
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
         let built = config::Config::builder()

@@ -203,6 +203,8 @@ pub struct RawUpstream {
     pub tls_client_key: Option<String>,
     /// `"optional"` (default) or `"required"`: see [`UpstreamConfig::credential_required`].
     pub credentials: Option<String>,
+    /// The router's own OAuth client of this upstream.
+    pub oauth: Option<RawUpstreamOAuth>,
     // stdio
     pub command: Option<String>,
     pub args: Option<Vec<String>>,
@@ -214,6 +216,137 @@ pub struct RawUpstream {
     pub per_session: Option<bool>,
     pub max_processes: Option<u64>,
     pub idle_timeout: Option<RawDuration>,
+}
+
+/// `[upstreams.oauth]`: the client credentials grant.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstreamOAuth {
+    pub grant: Option<String>,
+    pub issuer: Option<String>,
+    pub token_url: Option<String>,
+    pub client_id: Option<String>,
+    pub client_secret: Option<String>,
+    pub client_secret_file: Option<String>,
+    pub scope: Option<String>,
+    pub resource: Option<String>,
+    pub auth_method: Option<String>,
+    pub ca: Option<String>,
+}
+
+impl std::fmt::Debug for RawUpstreamOAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawUpstreamOAuth")
+            .field("issuer", &self.issuer)
+            .field("client_id", &self.client_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `[upstreams.oauth]` validated into the router's own token source for
+/// upstream `name` at `url` (its default `resource`), sent with `headers`.
+fn upstream_oauth(
+    raw: RawUpstreamOAuth,
+    name: &str,
+    url: &str,
+    headers: &[(http::HeaderName, http::HeaderValue)],
+    egress: &switchboard_core::egress::Egress,
+    key: &dyn Fn(&str) -> String,
+    bad: &mut impl FnMut(String, String),
+) -> Option<switchboard_upstream::config::Own> {
+    use switchboard_oauth::client::{AuthMethod, ClientCredentials, ClientSettings};
+    let mut ok = true;
+    let mut fail = |field: &str, problem: &str| {
+        bad(key(&format!("oauth.{field}")), problem.to_owned());
+        ok = false;
+    };
+    match raw.grant.as_deref() {
+        Some("client_credentials") => {}
+        Some(other) => fail("grant", &format!("{other:?} is not supported (\"client_credentials\")")),
+        None => fail("grant", "is required: \"client_credentials\""),
+    }
+    let is_url = |u: &str| u.starts_with("https://") || u.starts_with("http://");
+    match (raw.issuer.as_deref(), raw.token_url.as_deref()) {
+        (Some(_), Some(_)) => {
+            fail("token_url", "give issuer (its metadata names the token endpoint) or token_url, not both")
+        }
+        (None, None) => fail("issuer", "is required (or token_url)"),
+        (Some(u), None) | (None, Some(u)) if !is_url(u) => fail("issuer", &format!("{u:?} is not an http(s) URL")),
+        _ => {}
+    }
+    let client_id = raw.client_id.clone().filter(|c| !c.is_empty());
+    if client_id.is_none() {
+        fail("client_id", "is required");
+    }
+    let secret = match (raw.client_secret.clone(), raw.client_secret_file.as_deref()) {
+        (Some(s), None) if !s.is_empty() => Some(s),
+        (None, Some(file)) => match std::fs::read_to_string(file) {
+            Ok(s) if !s.trim().is_empty() => Some(s.trim().to_owned()),
+            Ok(_) => {
+                fail("client_secret_file", "is empty");
+                None
+            }
+            Err(e) => {
+                fail("client_secret_file", &format!("cannot read {file:?}: {e}"));
+                None
+            }
+        },
+        (Some(_), Some(_)) => {
+            fail("client_secret_file", "give client_secret or client_secret_file, not both");
+            None
+        }
+        _ => {
+            fail("client_secret", "is required (or client_secret_file)");
+            None
+        }
+    };
+    let auth_method = match raw.auth_method.as_deref() {
+        None | Some("client_secret_basic") => AuthMethod::Basic,
+        Some("client_secret_post") => AuthMethod::Post,
+        Some(other) => {
+            fail("auth_method", &format!("{other:?} is not \"client_secret_basic\" or \"client_secret_post\""));
+            AuthMethod::Basic
+        }
+    };
+    if headers.iter().any(|(n, _)| n == http::header::AUTHORIZATION) {
+        bad(
+            key("headers.Authorization"),
+            "the OAuth token goes in Authorization: remove it, or [upstreams.oauth]".into(),
+        );
+        ok = false;
+    }
+    let ca = match raw.ca.as_deref() {
+        Some(path) => match std::fs::read(path) {
+            Ok(pem) => Some(pem),
+            Err(e) => {
+                bad(key("oauth.ca"), format!("cannot read {path:?}: {e}"));
+                ok = false;
+                None
+            }
+        },
+        None => None,
+    };
+    let fetcher = match switchboard_oauth::fetch::Fetcher::new(ca.as_deref(), Duration::from_secs(10), egress.clone()) {
+        Ok(f) => f,
+        Err(e) => {
+            bad(key("oauth.ca"), e);
+            return None;
+        }
+    };
+    if !ok {
+        return None;
+    }
+    let settings = ClientSettings {
+        issuer: raw.issuer,
+        token_url: raw.token_url,
+        client_id: client_id?,
+        client_secret: secret?,
+        scope: raw.scope.filter(|s| !s.is_empty()),
+        resource: raw.resource.unwrap_or_else(|| url.to_owned()),
+        auth_method,
+    };
+    let token = crate::own_token::ClientToken::new(name, ClientCredentials::new(settings, fetcher), headers.to_vec());
+    Some(switchboard_upstream::config::Own(std::sync::Arc::new(token)))
 }
 
 const NAME_CHARS: &str = "letters, digits, '_' and '-'";
@@ -452,6 +585,14 @@ impl RawConfig {
                             Err(problem) => bad(key(&format!("headers.{k}")), problem),
                         }
                     }
+                    let own = match u.oauth {
+                        Some(raw) => {
+                            let written = u.url.clone().or_else(|| u.urls.as_ref().and_then(|v| v.first().cloned()));
+                            let resource = written.unwrap_or_default();
+                            upstream_oauth(raw, &name, &resource, &headers, &egress, &key, &mut bad)
+                        }
+                        None => None,
+                    };
                     let http = HttpConfig {
                         url,
                         replicas,
@@ -462,6 +603,7 @@ impl RawConfig {
                         egress: egress.clone(),
                         connect_timeout: duration!(u.connect_timeout, key("connect_timeout"), Duration::from_secs(3)),
                         pool_max_idle: u.pool_max_idle.unwrap_or(256) as usize,
+                        own,
                     };
                     if sse {
                         TransportConfig::Sse(http)
@@ -482,6 +624,7 @@ impl RawConfig {
                         "tls_client_cert",
                         "tls_client_key",
                         "credentials",
+                        "oauth",
                     ] {
                         if u.has(field) {
                             bad(key(field), "only applies to transport = \"http\" or \"sse\"".into());
@@ -768,6 +911,7 @@ impl RawUpstream {
             "tls_client_cert" => self.tls_client_cert.is_some(),
             "tls_client_key" => self.tls_client_key.is_some(),
             "credentials" => self.credentials.is_some(),
+            "oauth" => self.oauth.is_some(),
             "command" => self.command.is_some(),
             "args" => self.args.is_some(),
             "env" => self.env.is_some(),

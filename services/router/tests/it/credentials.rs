@@ -270,3 +270,51 @@ async fn a_rotation_reseals_with_the_new_key_and_the_wrong_key_stops_the_router_
     assert!(!ok && out.contains(&new_id), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The claims of a JWT (its payload, not checked).
+fn claims(jwt: &str) -> Value {
+    use base64::Engine;
+    let payload = jwt.split('.').nth(1).unwrap_or_else(|| panic!("not a JWT: {jwt}"));
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_to_machine_upstream_gets_the_routers_own_client_credentials_token_renewed_before_it_expires() {
+    // Tokens that live 3 s: renewed after 2.7 s.
+    let (_as, issuer) = authorization_server(&[("TOKEN_TTL", "3")]).await;
+    let mut options = mock_named("m2m");
+    options.whoami = true;
+    options.require_auth = true;
+    let m2m = MockServer::start(options).await;
+    let config = format!(
+        "{upstream}[upstreams.oauth]\ngrant = \"client_credentials\"\nissuer = \"{issuer}\"\n\
+         client_id = \"machine\"\nclient_secret = \"machine-secret\"\nscope = \"mcp:list mcp:call\"\n\
+         [upstreams.headers]\nX-Tenant-Hint = \"switchboard\"\n",
+        upstream = http_upstream("m2m", &m2m.url, ""),
+    );
+    let router = Router::start(&config).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    // The catalog's own requests got through with the token too.
+    assert!(client.tool_names().await.contains(&"m2m__whoami".to_owned()));
+    let (_, seen) = whoami(&client.call_tool("m2m__whoami", json!({})).await).unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let first = seen[0].strip_prefix("Bearer ").unwrap_or_else(|| panic!("not a bearer token: {seen:?}"));
+    let token = claims(first);
+    // A token for this upstream (RFC 8707), of the router's client.
+    assert_eq!(
+        (token["aud"].as_str(), token["client_id"].as_str()),
+        (Some(m2m.url.as_str()), Some("machine")),
+        "{token}"
+    );
+    // Kept while good: the next call carries the same one.
+    let (_, seen) = whoami(&client.call_tool("m2m__whoami", json!({})).await).unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    // Renewed before it expires.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let (_, seen) = whoami(&client.call_tool("m2m__whoami", json!({})).await).unwrap();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let second = claims(seen[1].strip_prefix("Bearer ").unwrap());
+    assert!(second["exp"].as_i64() > token["exp"].as_i64(), "{second} after {token}");
+}

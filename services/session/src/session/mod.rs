@@ -48,16 +48,17 @@ type CredentialsSlot = std::sync::OnceLock<Option<Arc<dyn Credentials>>>;
 pub const TENANT_PREFIX: &str = "t.";
 
 /// The id of the session `tenant`'s stateless calls share, one per user
-/// (whose upstream credentials it carries; `None`: the tenant's, as API
-/// keys call): the prefix and 128 bits of a SHA-256 of the names.
-pub fn tenant_session_id(tenant: &str, user: Option<&str>) -> String {
+/// (`owner`: the caller id of a user, whose upstream credentials it
+/// carries; `None`: the tenant's, as API keys call): the prefix and 128
+/// bits of a SHA-256 of the names.
+pub fn tenant_session_id(tenant: &str, owner: Option<&str>) -> String {
     use sha2::Digest;
     let mut digest = sha2::Sha256::new();
     digest.update(tenant.as_bytes());
-    if let Some(user) = user {
-        // A tenant's name has no NUL: no (tenant, user) pair meets another.
+    if let Some(owner) = owner {
+        // A tenant's name has no NUL: no (tenant, owner) pair meets another.
         digest.update(b"\0");
-        digest.update(user.as_bytes());
+        digest.update(owner.as_bytes());
     }
     format!("{TENANT_PREFIX}{}", hex::encode(&digest.finalize()[..16]))
 }
@@ -181,16 +182,23 @@ impl Session {
     }
 
     /// The session `tenant`'s stateless calls to session-based upstreams
-    /// share, named `id` ([`tenant_session_id`]), kept in the store. It
+    /// share, named `id` ([`tenant_session_id`]), kept in the store: one
+    /// per user (`owner` their caller id, kept as the session's key). It
     /// declares sampling, elicitation and roots: each call's round checks
     /// what its own client declared.
-    pub(crate) fn for_tenant(ctx: &Arc<Context>, id: String, tenant: Arc<str>, user: Option<Arc<str>>) -> Arc<Self> {
+    pub(crate) fn for_tenant(
+        ctx: &Arc<Context>,
+        id: String,
+        tenant: Arc<str>,
+        user: Option<Arc<str>>,
+        owner: Option<Arc<str>>,
+    ) -> Arc<Self> {
         let capabilities =
             RawValue::from_string(r#"{"sampling":{},"elicitation":{"form":{},"url":{}},"roots":{}}"#.into())
                 .expect("valid JSON");
         let client = Client {
             tenant,
-            key: Arc::from(""),
+            key: owner.unwrap_or_else(|| Arc::from("")),
             user,
             version: ProtocolVersion::LATEST,
             capabilities: Arc::from(capabilities),

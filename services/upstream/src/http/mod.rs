@@ -43,7 +43,7 @@ use self::replicas::{health_loop, Replicas};
 use self::stream::{JsonValues, SseStream};
 use crate::config::HttpConfig;
 use crate::Metrics;
-use crate::{collect_response, h1, Handshake, Hello, Inbox, Reply, UpstreamError};
+use crate::{collect_response, h1, Handshake, Hello, Inbox, OwnCredential, Reply, UpstreamError};
 use switchboard_core::body::CollectError;
 use switchboard_core::credential::{Credential, Credentials};
 
@@ -87,6 +87,8 @@ struct Shared {
     headers: Vec<(HeaderName, HeaderValue)>,
     /// The configured headers as raw `\r\nName: value` lines, for HTTP/1.1.
     raw_headers: Vec<u8>,
+    /// The router's own credential, obtained when needed (in place of `headers`).
+    own: Option<Arc<dyn OwnCredential>>,
     client: Client,
     handshake_timeout: Duration,
     metrics: Arc<Metrics>,
@@ -158,6 +160,7 @@ impl Shared {
             last_handshake: Mutex::new(None),
             headers: config.headers.clone(),
             raw_headers: h1::raw_headers(&config.headers),
+            own: config.own.as_ref().map(|o| o.0.clone()),
             client,
             handshake_timeout: timeout.min(Duration::from_secs(30)),
             metrics,
@@ -431,9 +434,40 @@ impl Replicas {
 impl Shared {
     /// Sends one request: a POST with `body`, or (empty `body` and
     /// `Method::GET`) the GET stream, or a DELETE; with `credential`'s
-    /// headers in place of the upstream's own, if there is one.
+    /// headers in place of the upstream's own, if there is one. The
+    /// router's own credential, when it has one obtained on demand, goes
+    /// in their place otherwise; refused (401), it is dropped and the
+    /// request sent once more with a fresh one.
     #[allow(clippy::too_many_arguments)]
     async fn send(
+        &self,
+        method: Method,
+        body: Bytes,
+        state: Option<&SessionState>,
+        last_event_id: Option<&str>,
+        want_session_id: bool,
+        extra: &[(HeaderName, HeaderValue)],
+        credential: Option<&Credential>,
+    ) -> Result<Answer, UpstreamError> {
+        let own = match (&self.own, credential) {
+            (Some(own), None) => own,
+            _ => return self.send_once(method, body, state, last_event_id, want_session_id, extra, credential).await,
+        };
+        let used = own.current().await?;
+        let (m, b) = (method.clone(), body.clone());
+        let answer = self.send_once(m, b, state, last_event_id, want_session_id, extra, Some(&used)).await?;
+        if answer.status != StatusCode::UNAUTHORIZED {
+            return Ok(answer);
+        }
+        drop(answer);
+        own.refused(&used).await;
+        let fresh = own.current().await?;
+        self.send_once(method, body, state, last_event_id, want_session_id, extra, Some(&fresh)).await
+    }
+
+    /// [`Shared::send`], once, with exactly these headers.
+    #[allow(clippy::too_many_arguments)]
+    async fn send_once(
         &self,
         method: Method,
         body: Bytes,

@@ -201,7 +201,7 @@ pub(super) async fn bridged(
     let resolved = without_era_meta(resolved);
     let u = resolved.upstream;
     let upstream = &app.upstreams[u];
-    let session = match app.sessions.tenant_session(&who.tenant.name, who.user.as_ref()).await {
+    let session = match app.sessions.tenant_session(&who.tenant.name, who.user.as_ref(), &who.key_id).await {
         Ok(session) => session,
         Err(e) => return x.fail_as(Some(id), &e.into(), Outcome::Error),
     };
