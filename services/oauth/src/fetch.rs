@@ -32,6 +32,15 @@ pub enum FetchError {
     TooLarge(String),
 }
 
+/// An answer as it came, whatever its status (a redirect's `Location`
+/// kept).
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub location: Option<String>,
+    pub body: Bytes,
+}
+
 /// Makes requests to authorization servers.
 #[derive(Clone)]
 pub struct Fetcher {
@@ -58,6 +67,41 @@ impl Fetcher {
         self.send(Method::GET, url, None, None).await
     }
 
+    /// `method url` with `body` of `content_type` (if any) and an
+    /// `Authorization` value: the answer whatever its status, redirects
+    /// not followed.
+    pub async fn fetch(
+        &self,
+        method: Method,
+        url: &str,
+        body: Option<(&'static str, Bytes)>,
+        auth: Option<String>,
+    ) -> Result<Answer, FetchError> {
+        match tokio::time::timeout(self.timeout, self.exchange(method, url, body, auth)).await {
+            Ok(result) => result,
+            Err(_) => Err(FetchError::Timeout(url.to_owned(), self.timeout)),
+        }
+    }
+
+    /// `POST url` with a JSON body: the answer whatever its status.
+    pub async fn post_json(&self, url: &str, body: &serde_json::Value) -> Result<Answer, FetchError> {
+        let body = Bytes::from(serde_json::to_vec(body).expect("serializable"));
+        self.fetch(Method::POST, url, Some(("application/json", body)), None).await
+    }
+
+    /// `POST url` with a form body and HTTP Basic client authentication if
+    /// given: the answer whatever its status (a token endpoint's errors
+    /// are JSON bodies).
+    pub async fn post_form_answer(
+        &self,
+        url: &str,
+        form: &[(&str, &str)],
+        basic: Option<(&str, &str)>,
+    ) -> Result<Answer, FetchError> {
+        let (body, auth) = form_request(form, basic);
+        self.fetch(Method::POST, url, Some(("application/x-www-form-urlencoded", body)), auth).await
+    }
+
     /// `POST url` with a form body, optionally with HTTP Basic client
     /// authentication (RFC 6749, section 2.3.1).
     pub async fn post_form(
@@ -66,36 +110,31 @@ impl Fetcher {
         form: &[(&str, &str)],
         basic: Option<(&str, &str)>,
     ) -> Result<Bytes, FetchError> {
-        let body: String =
-            form.iter().map(|(k, v)| format!("{}={}", form_encode(k), form_encode(v))).collect::<Vec<_>>().join("&");
-        let auth = basic.map(|(id, secret)| {
-            use base64::Engine as _;
-            let pair = format!("{}:{}", form_encode(id), form_encode(secret));
-            format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(pair))
-        });
-        self.send(Method::POST, url, Some(Bytes::from(body)), auth).await
+        let (body, auth) = form_request(form, basic);
+        self.send(Method::POST, url, Some(("application/x-www-form-urlencoded", body)), auth).await
     }
 
     async fn send(
         &self,
         method: Method,
         url: &str,
-        form: Option<Bytes>,
+        body: Option<(&'static str, Bytes)>,
         auth: Option<String>,
     ) -> Result<Bytes, FetchError> {
-        match tokio::time::timeout(self.timeout, self.exchange(method, url, form, auth)).await {
-            Ok(result) => result,
-            Err(_) => Err(FetchError::Timeout(url.to_owned(), self.timeout)),
+        let answer = self.fetch(method, url, body, auth).await?;
+        if !answer.status.is_success() {
+            return Err(FetchError::Status(url.to_owned(), answer.status));
         }
+        Ok(answer.body)
     }
 
     async fn exchange(
         &self,
         method: Method,
         url: &str,
-        form: Option<Bytes>,
+        body: Option<(&'static str, Bytes)>,
         auth: Option<String>,
-    ) -> Result<Bytes, FetchError> {
+    ) -> Result<Answer, FetchError> {
         let uri: Uri = url.parse().map_err(|_| FetchError::Url(url.to_owned()))?;
         let https = match uri.scheme_str() {
             Some("https") => true,
@@ -116,15 +155,14 @@ impl Fetcher {
             .header(http::header::HOST, uri.authority().map_or(host.as_str(), |a| a.as_str()))
             .header(http::header::ACCEPT, "application/json")
             .header(http::header::USER_AGENT, concat!("switchboard/", env!("CARGO_PKG_VERSION")));
-        if form.is_some() {
-            request = request.header(http::header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+        let (content_type, body) = body.unwrap_or(("", Bytes::new()));
+        if !content_type.is_empty() {
+            request = request.header(http::header::CONTENT_TYPE, content_type);
         }
         if let Some(auth) = auth {
             request = request.header(http::header::AUTHORIZATION, auth);
         }
-        let request = request
-            .body(Full::new(form.unwrap_or_default()))
-            .map_err(|e| FetchError::Http(url.to_owned(), e.to_string()))?;
+        let request = request.body(Full::new(body)).map_err(|e| FetchError::Http(url.to_owned(), e.to_string()))?;
         let http = |e: hyper::Error| FetchError::Http(url.to_owned(), e.to_string());
         let response = if https {
             let name = ServerName::try_from(bare).map_err(|_| FetchError::Url(url.to_owned()))?;
@@ -135,16 +173,27 @@ impl Fetcher {
             send_over(tcp, request).await.map_err(http)?
         };
         let status = response.status();
+        let location = response.headers().get(http::header::LOCATION).and_then(|v| v.to_str().ok()).map(str::to_owned);
         let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
             .collect()
             .await
             .map_err(|_| FetchError::TooLarge(url.to_owned()))?
             .to_bytes();
-        if !status.is_success() {
-            return Err(FetchError::Status(url.to_owned(), status));
-        }
-        Ok(body)
+        Ok(Answer { status, location, body })
     }
+}
+
+/// A form body, and the HTTP Basic client authentication (RFC 6749,
+/// section 2.3.1: each part form-encoded) if given.
+fn form_request(form: &[(&str, &str)], basic: Option<(&str, &str)>) -> (Bytes, Option<String>) {
+    let body: String =
+        form.iter().map(|(k, v)| format!("{}={}", form_encode(k), form_encode(v))).collect::<Vec<_>>().join("&");
+    let auth = basic.map(|(id, secret)| {
+        use base64::Engine as _;
+        let pair = format!("{}:{}", form_encode(id), form_encode(secret));
+        format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(pair))
+    });
+    (Bytes::from(body), auth)
 }
 
 /// One HTTP/1.1 request on a connection of its own.
@@ -161,7 +210,7 @@ where
 }
 
 /// `application/x-www-form-urlencoded` encoding of one name or value.
-fn form_encode(text: &str) -> String {
+pub fn form_encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for b in text.bytes() {
         match b {

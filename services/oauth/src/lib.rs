@@ -14,8 +14,12 @@
 //! - `fetch`: the bounded HTTP(S) requests to authorization servers.
 //! - `client`: the router as an OAuth client of upstreams (client
 //!   credentials).
+//! - `delegated`: the router as an OAuth client acting for a user:
+//!   challenges, discovery, registration, scope, PKCE, the redirect's
+//!   checks, token requests.
 
 pub mod client;
+pub mod delegated;
 pub mod fetch;
 pub mod keys;
 pub mod server;

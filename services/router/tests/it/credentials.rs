@@ -318,3 +318,104 @@ async fn a_machine_to_machine_upstream_gets_the_routers_own_client_credentials_t
     let second = claims(seen[1].strip_prefix("Bearer ").unwrap());
     assert!(second["exp"].as_i64() > token["exp"].as_i64(), "{second} after {token}");
 }
+
+/// A browser, for the test authorization server's redirects: one GET
+/// (`Connection: close`) with cookies; the status, `Location` and the
+/// cookies it sets.
+async fn browse(url: &str, cookies: &mut Vec<String>) -> (u16, Option<String>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").expect("http");
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let mut tcp = tokio::net::TcpStream::connect(authority).await.unwrap();
+    let cookie = if cookies.is_empty() { String::new() } else { format!("Cookie: {}\r\n", cookies.join("; ")) };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\n{cookie}Connection: close\r\n\r\n");
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tcp.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    let head = text.split("\r\n\r\n").next().unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let mut location = None;
+    for line in head.lines().skip(1) {
+        let Some((name, value)) = line.split_once(':') else { continue };
+        match name.to_ascii_lowercase().as_str() {
+            "location" => location = Some(value.trim().to_owned()),
+            "set-cookie" => {
+                let pair = value.trim().split(';').next().unwrap().to_owned();
+                let name = pair.split('=').next().unwrap().to_owned();
+                cookies.retain(|c| !c.starts_with(&format!("{name}=")));
+                cookies.push(pair);
+            }
+            _ => {}
+        }
+    }
+    let location = location.map(|l| if l.starts_with('/') { format!("http://{authority}{l}") } else { l });
+    (status, location)
+}
+
+/// The router's OAuth client acting for a user, step by step against a real
+/// authorization server: metadata (issuer checked), dynamic registration,
+/// the authorization request with PKCE, the user's consent, the redirect
+/// checked, the code exchanged for tokens of the upstream's audience, and
+/// a refresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_delegated_client_registers_authorizes_for_a_user_and_refreshes() {
+    use switchboard_oauth::delegated::{self, Pkce};
+    let (_as, issuer) = authorization_server(&[]).await;
+    let fetcher = Fetcher::new(None, Duration::from_secs(10), switchboard_core::egress::Egress::anywhere()).unwrap();
+    let server = delegated::server_metadata(&fetcher, &issuer).await.unwrap();
+    assert_eq!(server.issuer, issuer);
+    // Another issuer's name in the metadata is refused.
+    assert!(delegated::server_metadata(&fetcher, &format!("{issuer}/")).await.is_err());
+
+    let redirect = "http://127.0.0.1:9/oauth/callback";
+    let client = delegated::register(&fetcher, &server, redirect, "switchboard test").await.unwrap();
+    assert!(client.client_secret.is_some(), "{client:?}");
+    let resource = "http://127.0.0.1:9/mcp";
+    let scope = delegated::choose_scope(Some("mcp:list mcp:call"), &[], &server.scopes_supported, None);
+    assert_eq!(scope.as_deref(), Some("mcp:list mcp:call offline_access"));
+    let pkce = Pkce::new();
+    let url =
+        delegated::authorization_url(&server, &client.client_id, redirect, "st-1", &pkce, scope.as_deref(), resource)
+            .unwrap();
+    // The user (bob) signs in and consents; the server redirects to the router.
+    let mut cookies = Vec::new();
+    let mut at = format!("{url}&login_hint=bob");
+    let query = loop {
+        let (status, location) = browse(&at, &mut cookies).await;
+        let location = location.unwrap_or_else(|| panic!("{status} without a Location at {at}"));
+        if let Some(query) = location.strip_prefix(&format!("{redirect}?")) {
+            break query.to_owned();
+        }
+        at = location;
+    };
+    assert!(delegated::authorization_code(&query, "st-other", &server).is_err(), "another state");
+    let code = delegated::authorization_code(&query, "st-1", &server).unwrap();
+    // A wrong verifier gets nothing.
+    let wrong = Pkce::new();
+    assert!(delegated::exchange_code(&fetcher, &server, &client, &code, &wrong, redirect, resource).await.is_err());
+    // The right verifier, on a fresh authorization (a code is tried once):
+    // tokens for bob, of the upstream's audience.
+    let pkce = Pkce::new();
+    let url =
+        delegated::authorization_url(&server, &client.client_id, redirect, "st-2", &pkce, scope.as_deref(), resource)
+            .unwrap();
+    let mut at = format!("{url}&login_hint=bob");
+    let query = loop {
+        let (_, location) = browse(&at, &mut cookies).await;
+        let location = location.expect("a redirect");
+        if let Some(query) = location.strip_prefix(&format!("{redirect}?")) {
+            break query.to_owned();
+        }
+        at = location;
+    };
+    let code = delegated::authorization_code(&query, "st-2", &server).unwrap();
+    let tokens = delegated::exchange_code(&fetcher, &server, &client, &code, &pkce, redirect, resource).await.unwrap();
+    let access = claims(&tokens.access_token);
+    assert_eq!((access["sub"].as_str(), access["aud"].as_str()), (Some("bob"), Some(resource)), "{access}");
+    let refresh_token = tokens.refresh_token.clone().expect("offline_access gives a refresh token");
+    let renewed = delegated::refresh(&fetcher, &server, &client, &refresh_token, resource).await.unwrap();
+    assert_ne!(renewed.access_token, tokens.access_token);
+    assert_eq!(claims(&renewed.access_token)["sub"], "bob");
+    assert!(!format!("{tokens:?}").contains(&tokens.access_token), "tokens never shown");
+}
