@@ -401,16 +401,18 @@ impl Database {
         Ok(row.try_get::<i64, _>(0)?)
     }
 
-    /// On PostgreSQL, a channel that receives `()` on every change to tenants
-    /// or keys, and also when the listening connection was lost and restored
-    /// (changes may have been missed). `None` on SQLite: poll [`Self::version`].
-    pub fn watch(&self) -> Option<mpsc::Receiver<()>> {
-        self.watch_channel(CHANGES_CHANNEL)
+    /// What wakes a replica to look for changes: a notification on
+    /// `channel` ([`CHANGES_CHANNEL`] for tenants and keys,
+    /// [`VAULT_CHANNEL`] for credentials; PostgreSQL only), and every
+    /// `refresh` in any case.
+    pub fn wakeups(&self, channel: &'static str, refresh: Duration) -> Wakeups {
+        Wakeups { notified: self.watch(channel), refresh }
     }
 
-    /// [`Self::watch`] for another notification channel
-    /// ([`credentials::VAULT_CHANNEL`]).
-    pub fn watch_channel(&self, channel: &'static str) -> Option<mpsc::Receiver<()>> {
+    /// On PostgreSQL, a channel that receives `()` on every notification on
+    /// `channel`, and also when the listening connection was lost and
+    /// restored (changes may have been missed). `None` on SQLite: poll.
+    fn watch(&self, channel: &'static str) -> Option<mpsc::Receiver<()>> {
         if self.backend != Backend::Postgres {
             return None;
         }
@@ -445,6 +447,35 @@ impl Database {
             }
         });
         Some(rx)
+    }
+}
+
+/// See [`Database::wakeups`].
+pub struct Wakeups {
+    notified: Option<mpsc::Receiver<()>>,
+    refresh: Duration,
+}
+
+impl Wakeups {
+    /// Waits for the next: `true` when notified of a change, `false` when
+    /// `refresh` passed (check whether something changed).
+    pub async fn next(&mut self) -> bool {
+        match self.notified.as_mut() {
+            Some(rx) => match tokio::time::timeout(self.refresh, rx.recv()).await {
+                Ok(Some(())) => true,
+                Ok(None) => {
+                    // The listener is gone: poll, and never spin.
+                    tracing::warn!("database change listener ended; polling every refresh instead");
+                    self.notified = None;
+                    false
+                }
+                Err(_) => false,
+            },
+            None => {
+                tokio::time::sleep(self.refresh).await;
+                false
+            }
+        }
     }
 }
 

@@ -503,15 +503,13 @@ fn oauth_error(v: &Value) -> String {
     }
 }
 
-/// A token request with `client`'s authentication.
-async fn token_request(
+/// A token request at `endpoint` with `client`'s authentication.
+pub(crate) async fn token_request(
     fetcher: &Fetcher,
-    server: &ServerMetadata,
+    endpoint: &str,
     client: &Client,
     mut form: Vec<(&str, &str)>,
 ) -> Result<Tokens, String> {
-    let endpoint =
-        server.token_endpoint.as_deref().ok_or_else(|| format!("{} has no token_endpoint", server.issuer))?;
     let basic = match client.auth {
         TokenAuth::Basic => Some((client.client_id.as_str(), client.client_secret.as_deref().unwrap_or(""))),
         TokenAuth::Post => {
@@ -557,7 +555,7 @@ pub async fn exchange_code(
         ("code_verifier", pkce.verifier.as_str()),
         ("resource", resource),
     ];
-    token_request(fetcher, server, client, form).await
+    token_request(fetcher, token_endpoint(server)?, client, form).await
 }
 
 /// New tokens for a refresh token.
@@ -569,7 +567,12 @@ pub async fn refresh(
     resource: &str,
 ) -> Result<Tokens, String> {
     let form = vec![("grant_type", "refresh_token"), ("refresh_token", refresh_token), ("resource", resource)];
-    token_request(fetcher, server, client, form).await
+    token_request(fetcher, token_endpoint(server)?, client, form).await
+}
+
+/// Where `server` issues tokens.
+pub fn token_endpoint(server: &ServerMetadata) -> Result<&str, String> {
+    server.token_endpoint.as_deref().ok_or_else(|| format!("{} has no token_endpoint", server.issuer))
 }
 
 /// How long to use a token that lives `expires_in` seconds before
@@ -717,6 +720,9 @@ mod tests {
         assert_eq!(TokenAuth::choose(&m(&["client_secret_post"]), true), TokenAuth::Post);
         assert_eq!(TokenAuth::choose(&m(&["none", "client_secret_basic"]), true), TokenAuth::Basic);
         assert_eq!(TokenAuth::choose(&m(&["client_secret_basic"]), false), TokenAuth::None);
+        assert_eq!(use_for(Some(3600)), Duration::from_secs(3540));
         assert_eq!(use_for(Some(100)), Duration::from_secs(90));
+        assert_eq!(use_for(Some(0)), Duration::ZERO);
+        assert_eq!(use_for(None), Duration::from_secs(3540));
     }
 }

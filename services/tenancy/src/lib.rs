@@ -188,28 +188,10 @@ impl Directory {
         let Some(db) = self.db.clone() else { return };
         let directory = Arc::downgrade(self);
         tokio::spawn(async move {
-            let mut notified = db.watch();
+            let mut wakeups = db.wakeups(switchboard_db::CHANGES_CHANNEL, refresh);
             let mut healthy = true;
             loop {
-                let wake = async {
-                    match notified.as_mut() {
-                        Some(rx) => match tokio::time::timeout(refresh, rx.recv()).await {
-                            Ok(Some(())) => true,
-                            Ok(None) => {
-                                // The listener is gone: poll, and never spin.
-                                tracing::warn!("database change listener ended; polling every refresh instead");
-                                notified = None;
-                                false
-                            }
-                            Err(_) => false,
-                        },
-                        None => {
-                            tokio::time::sleep(refresh).await;
-                            false
-                        }
-                    }
-                };
-                let by_notification = wake.await;
+                let by_notification = wakeups.next().await;
                 let Some(directory) = directory.upgrade() else { return };
                 let current = directory.snapshot.load().version;
                 let outcome = if by_notification {

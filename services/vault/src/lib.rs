@@ -263,23 +263,10 @@ impl Vault {
         let Some(db) = self.inner.db.clone() else { return };
         let vault: Weak<Inner> = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
-            let mut notified = db.watch_channel(VAULT_CHANNEL);
+            let mut wakeups = db.wakeups(VAULT_CHANNEL, refresh);
             let mut healthy = true;
             loop {
-                let by_notification = match notified.as_mut() {
-                    Some(rx) => match tokio::time::timeout(refresh, rx.recv()).await {
-                        Ok(Some(())) => true,
-                        Ok(None) => {
-                            notified = None;
-                            false
-                        }
-                        Err(_) => false,
-                    },
-                    None => {
-                        tokio::time::sleep(refresh).await;
-                        false
-                    }
-                };
+                let by_notification = wakeups.next().await;
                 let Some(inner) = vault.upgrade() else { return };
                 let vault = Vault { inner };
                 let current = vault.inner.snapshot.load().version;
@@ -438,6 +425,25 @@ impl Vault {
             "vault credentials resealed with the current key"
         );
         Ok(Rotation { resealed: done, current })
+    }
+}
+
+impl Vault {
+    /// What a request of `user` of `tenant` to `upstream` carries now (as
+    /// [`Keychain::credentials`]' `current`), without building anything
+    /// when the vault holds no credential and none is required.
+    pub fn current(
+        &self,
+        tenant: &str,
+        user: Option<&str>,
+        upstream: &str,
+        required: bool,
+    ) -> Result<Option<Arc<Credential>>, Missing> {
+        let snapshot = self.inner.snapshot.load();
+        if snapshot.loaded && snapshot.entries.is_empty() && !required {
+            return Ok(None);
+        }
+        self.credentials(tenant, user, upstream, required).current()
     }
 }
 

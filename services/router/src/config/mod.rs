@@ -261,18 +261,18 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(value * scale))
 }
 
+/// The `SWITCHBOARD__SECTION__KEY` environment overrides.
+fn environment() -> config::Environment {
+    config::Environment::with_prefix("SWITCHBOARD").prefix_separator("__").separator("__").try_parsing(true)
+}
+
 impl Config {
     /// Reads `path` (TOML), applies `SWITCHBOARD__SECTION__KEY` environment
     /// overrides, and validates.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let built = config::Config::builder()
             .add_source(config::File::from(path).format(config::FileFormat::Toml))
-            .add_source(
-                config::Environment::with_prefix("SWITCHBOARD")
-                    .prefix_separator("__")
-                    .separator("__")
-                    .try_parsing(true),
-            )
+            .add_source(environment())
             .build()
             .map_err(|e| ConfigError::one(path.display().to_string(), e.to_string()))?;
         let raw: RawConfig = built.try_deserialize().map_err(|e| ConfigError::one("config", e.to_string()))?;
@@ -283,12 +283,7 @@ impl Config {
     /// only (a command run without a configuration file).
     pub fn from_env() -> Result<Config, ConfigError> {
         let built = config::Config::builder()
-            .add_source(
-                config::Environment::with_prefix("SWITCHBOARD")
-                    .prefix_separator("__")
-                    .separator("__")
-                    .try_parsing(true),
-            )
+            .add_source(environment())
             .build()
             .map_err(|e| ConfigError::one("environment", e.to_string()))?;
         let raw: RawConfig = built.try_deserialize().map_err(|e| ConfigError::one("environment", e.to_string()))?;

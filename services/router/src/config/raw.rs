@@ -254,7 +254,8 @@ fn upstream_oauth(
     key: &dyn Fn(&str) -> String,
     bad: &mut impl FnMut(String, String),
 ) -> Option<switchboard_upstream::config::Own> {
-    use switchboard_oauth::client::{AuthMethod, ClientCredentials, ClientSettings};
+    use switchboard_oauth::client::{ClientCredentials, ClientSettings};
+    use switchboard_oauth::delegated::TokenAuth;
     let mut ok = true;
     let mut fail = |field: &str, problem: &str| {
         bad(key(&format!("oauth.{field}")), problem.to_owned());
@@ -301,11 +302,11 @@ fn upstream_oauth(
         }
     };
     let auth_method = match raw.auth_method.as_deref() {
-        None | Some("client_secret_basic") => AuthMethod::Basic,
-        Some("client_secret_post") => AuthMethod::Post,
+        None | Some("client_secret_basic") => TokenAuth::Basic,
+        Some("client_secret_post") => TokenAuth::Post,
         Some(other) => {
             fail("auth_method", &format!("{other:?} is not \"client_secret_basic\" or \"client_secret_post\""));
-            AuthMethod::Basic
+            TokenAuth::Basic
         }
     };
     if headers.iter().any(|(n, _)| n == http::header::AUTHORIZATION) {
@@ -343,7 +344,7 @@ fn upstream_oauth(
         client_secret: secret?,
         scope: raw.scope.filter(|s| !s.is_empty()),
         resource: raw.resource.unwrap_or_else(|| url.to_owned()),
-        auth_method,
+        auth: auth_method,
     };
     let token = crate::own_token::ClientToken::new(name, ClientCredentials::new(settings, fetcher), headers.to_vec());
     Some(switchboard_upstream::config::Own(std::sync::Arc::new(token)))

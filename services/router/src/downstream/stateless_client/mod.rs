@@ -38,7 +38,6 @@ use http::{HeaderMap, HeaderName, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
-use switchboard_core::credential::Keychain;
 use switchboard_core::policy::Principal;
 use switchboard_core::Outcome;
 use switchboard_protocol::jsonrpc::{self, span, Envelope, MessageKind, Target};
@@ -56,7 +55,7 @@ use crate::app::{App, Change};
 use crate::body::Body;
 use crate::error::Error;
 use crate::exchange::Exchange;
-use switchboard_upstream::{ModernAnswer, Reply};
+use switchboard_upstream::{ModernAnswer, Reply, UpstreamError};
 
 pub(crate) static MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
 
@@ -440,9 +439,9 @@ async fn passthrough(
         serde_json::from_slice::<&RawValue>(&resolved.body[resolved.id.clone()]).expect("the id is JSON").to_owned();
     // The caller's credential (its user's, else its tenant's), asked now.
     let required = upstream.config.credential_required;
-    let credentials = app.vault.credentials(&who.tenant.name, who.user.as_deref(), &upstream.name, required);
+    let credential = app.vault.current(&who.tenant.name, who.user.as_deref(), &upstream.name, required);
     let work = async {
-        let credential = switchboard_upstream::credential(Some(&credentials))?;
+        let credential = credential.map_err(|missing| UpstreamError::Credential(missing.0))?;
         upstream.transport.modern(resolved.body, method, extra, &who.tenant.name, credential.as_deref()).await
     };
     let answer = match tokio::time::timeout(upstream.config.timeout, work).await {
