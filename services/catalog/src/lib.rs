@@ -17,13 +17,14 @@
 //! the collision is logged and counted.
 
 pub mod cursor;
-mod metrics;
+pub mod metrics;
 pub mod naming;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use switchboard_core::credential::{Credential, Credentials};
 use switchboard_core::UpstreamId;
 
 use arc_swap::ArcSwap;
@@ -211,6 +212,9 @@ struct UpstreamState {
     stateless_only: bool,
     /// A stateless upstream's `subscriptions/listen` stream (list changes).
     listener: Option<tokio::task::JoinHandle<()>>,
+    /// How it last refused a list for want of authorization: the status
+    /// and its challenge.
+    refusal: Option<(u16, String)>,
 }
 
 /// Builds the inbox for an upstream's control channel.
@@ -218,6 +222,10 @@ pub type InboxFactory = Box<dyn Fn(UpstreamId) -> Arc<dyn Inbox> + Send + Sync>;
 
 /// Tells clients that a list changed (an upstream was left out or came back).
 pub type Announce = Box<dyn Fn(ListKind) + Send + Sync>;
+
+/// Whose credential the catalog's requests to an upstream carry (a user's
+/// catalog of the upstreams that act for each user).
+pub type Acting = Box<dyn Fn(UpstreamId) -> Arc<dyn Credentials> + Send + Sync>;
 
 /// The catalog of every upstream.
 pub struct Catalog {
@@ -243,6 +251,11 @@ pub struct Catalog {
     unprefixed: Vec<UpstreamId>,
     inbox: InboxFactory,
     announce: Announce,
+    /// The upstreams it lists (the others are some user's catalog's, or
+    /// the router's).
+    covers: Vec<bool>,
+    /// A user's catalog: whose credentials its requests carry.
+    acting: Option<Acting>,
 }
 
 impl Catalog {
@@ -274,6 +287,58 @@ impl Catalog {
             unprefixed,
             inbox,
             announce,
+            covers: Vec::new(),
+            acting: None,
+        }
+    }
+
+    /// The catalog of only the upstreams `covers` picks.
+    pub fn covering(mut self, covers: impl Fn(&switchboard_upstream::Upstream) -> bool) -> Self {
+        self.covers = self.upstreams.iter().map(|u| covers(u)).collect();
+        self
+    }
+
+    /// A caller's own catalog: its requests carry `acting`'s credentials,
+    /// and it follows no upstream's list changes (it is fetched again when
+    /// stale).
+    pub fn acting_for(mut self, acting: Acting) -> Self {
+        self.acting = Some(acting);
+        self
+    }
+
+    /// Whether it holds a list of `kind` from upstream `u` (fetched once,
+    /// and not failing since).
+    pub fn listed(&self, u: UpstreamId, kind: ListKind) -> bool {
+        let state = self.states[u.index()].lock().expect("lock");
+        let list = &state.lists[kind as usize];
+        list.items.is_some() && list.failed_at.is_none()
+    }
+
+    /// How upstream `u` last refused one of its lists for want of
+    /// authorization (its status and `WWW-Authenticate`), if it did since
+    /// it last listed.
+    pub fn refusal(&self, u: UpstreamId) -> Option<(u16, String)> {
+        self.states[u.index()].lock().expect("lock").refusal.clone()
+    }
+
+    /// Whether it lists upstream `u`.
+    fn covers(&self, u: UpstreamId) -> bool {
+        self.covers.get(u.index()).copied().unwrap_or(true)
+    }
+
+    /// The hello of its channels to `u`.
+    fn hello(&self, u: UpstreamId) -> Hello {
+        let mut hello = Hello::router();
+        hello.credentials = self.acting.as_ref().map(|acting| acting(u));
+        hello
+    }
+
+    /// The credential its stateless requests to `u` carry (`None`: the
+    /// upstream's own headers).
+    fn credential(&self, u: UpstreamId) -> Result<Option<Arc<Credential>>, UpstreamError> {
+        match &self.acting {
+            None => Ok(None),
+            Some(acting) => switchboard_upstream::credential(Some(&acting(u))),
         }
     }
 
@@ -353,7 +418,7 @@ impl Catalog {
     /// caller is fetching already.
     fn claim_lists(&self, lists: &[(UpstreamId, ListKind)]) -> Claims {
         let (mut mine, mut theirs) = (Vec::new(), Vec::new());
-        for &(u, kind) in lists {
+        for &(u, kind) in lists.iter().filter(|&&(u, _)| self.covers(u)) {
             let mut state = self.states[u.index()].lock().expect("lock");
             let list = &mut state.lists[kind as usize];
             let backing_off = list.failed_at.is_some_and(|t| t.elapsed() < self.config.retry_after);
@@ -412,6 +477,7 @@ impl Catalog {
                         membership_changed.push(kind);
                     }
                     list.items = Some(Arc::new(items));
+                    state.refusal = None;
                     settled.push((u, kind, changes, true));
                     self.upstreams.metrics().set_up(&upstream.name, true);
                 }
@@ -420,6 +486,9 @@ impl Catalog {
                         membership_changed.push(kind);
                     }
                     list.items = None;
+                    if let FetchError::Refused(status, challenge) = &e {
+                        state.refusal = Some((*status, challenge.clone()));
+                    }
                     settled.push((u, kind, changes, false));
                     self.metrics.failed(&upstream.name, kind);
                     if let FetchError::TooLarge(_) = e {
@@ -477,7 +546,7 @@ impl Catalog {
         if let Some(channel) = self.states[u.index()].lock().expect("lock").control.clone() {
             return Ok(channel);
         }
-        let channel = self.upstreams[u].transport.open(&Hello::router(), (self.inbox)(u)).await?;
+        let channel = self.upstreams[u].transport.open(&self.hello(u), (self.inbox)(u)).await?;
         channel.listen();
         let existing = {
             let mut state = self.states[u.index()].lock().expect("lock");
@@ -535,14 +604,15 @@ impl Catalog {
     /// Probes upstream `u`'s era once (`server/discover`): a 2026-07-28
     /// upstream is served statelessly, its handshake taken from the
     /// discovery; anything else (no answer, an error, only older versions)
-    /// is a session-based upstream, reached with `initialize`.
-    async fn era(&self, u: UpstreamId) -> bool {
+    /// is a session-based upstream, reached with `initialize`. A refusal
+    /// of the request's authorization decides nothing: it is the answer.
+    async fn era(&self, u: UpstreamId) -> Result<bool, FetchError> {
         if let Some(modern) = self.states[u.index()].lock().expect("lock").modern {
-            return modern;
+            return Ok(modern);
         }
         let _opening = self.opening[u.index()].lock().await;
         if let Some(modern) = self.states[u.index()].lock().expect("lock").modern {
-            return modern;
+            return Ok(modern);
         }
         let upstream = &self.upstreams[u];
         let body = jsonrpc::request(
@@ -555,12 +625,13 @@ impl Catalog {
         // asked for, yet lists it (or another 2026 one) as supported: how
         // the era's version negotiation goes (error -32022).
         for _ in 0..2 {
+            let credential = self.credential(u).ok().flatten();
             let probe = upstream.transport.modern(
                 body.clone(),
                 switchboard_protocol::Method::ServerDiscover,
                 Vec::new(),
                 "",
-                None,
+                credential.as_deref(),
             );
             let answer = match tokio::time::timeout(upstream.config.list_timeout, probe).await {
                 Ok(Ok(switchboard_upstream::ModernAnswer { status, reply: switchboard_upstream::Reply::Done(m) })) => {
@@ -568,7 +639,8 @@ impl Catalog {
                 }
                 // No answer at all (down, or not listening yet): ask again next
                 // time rather than take it for a session-era server for good.
-                Err(_) | Ok(Err(UpstreamError::Connect(_) | UpstreamError::Timeout(_))) => return false,
+                Err(_) | Ok(Err(UpstreamError::Connect(_) | UpstreamError::Timeout(_))) => return Ok(false),
+                Ok(Err(refused @ UpstreamError::Unauthorized { .. })) => return Err(refused.into()),
                 _ => None,
             };
             match answer {
@@ -603,7 +675,7 @@ impl Catalog {
         }
         let mut state = self.states[u.index()].lock().expect("lock");
         if state.modern.is_some() {
-            return state.modern == Some(true);
+            return Ok(state.modern == Some(true));
         }
         state.modern = Some(modern);
         state.stateless_only = modern && !sessions_too;
@@ -625,12 +697,14 @@ impl Catalog {
                     .unwrap_or(Value::Null),
             }));
             tracing::info!(upstream = %upstream.name, sessions_too, "upstream speaks MCP 2026-07-28: stateless clients reach it statelessly");
-            let transport = upstream.transport.clone();
-            let inbox = (self.inbox)(u);
-            let name = upstream.name.clone();
-            state.listener = Some(tokio::spawn(listen_upstream(transport, inbox, name)));
+            if self.acting.is_none() {
+                let transport = upstream.transport.clone();
+                let inbox = (self.inbox)(u);
+                let name = upstream.name.clone();
+                state.listener = Some(tokio::spawn(listen_upstream(transport, inbox, name)));
+            }
         }
-        modern
+        Ok(modern)
     }
 
     /// Whether a stateless upstream also serves sessions: an `initialize`
@@ -638,7 +712,7 @@ impl Catalog {
     async fn takes_sessions(&self, u: UpstreamId) -> bool {
         let upstream = &self.upstreams[u];
         let inbox: Arc<dyn Inbox> = Arc::new(switchboard_upstream::Discard);
-        let hello = Hello::router();
+        let hello = self.hello(u);
         match tokio::time::timeout(upstream.config.list_timeout, upstream.transport.open(&hello, inbox)).await {
             Ok(Ok(channel)) => {
                 channel.close().await;
@@ -669,7 +743,8 @@ impl Catalog {
         };
         let body = jsonrpc::request(Some(b"\"switchboard-list\""), kind.method(), Some(params.as_bytes()));
         let method = switchboard_protocol::Method::from_name(kind.method());
-        let answer = self.upstreams[u].transport.modern(body, method, Vec::new(), "", None).await?;
+        let credential = self.credential(u)?;
+        let answer = self.upstreams[u].transport.modern(body, method, Vec::new(), "", credential.as_deref()).await?;
         let message = match answer.reply {
             switchboard_upstream::Reply::Done(message) => message,
             reply => collect_response(reply, "\"switchboard-list\"").await?,
@@ -688,7 +763,7 @@ impl Catalog {
         let late = || FetchError::Failed(format!("no complete answer within {deadline:?} (list_timeout)"));
         let max_bytes = self.config.max_upstream_bytes;
         let mut budget = Budget { items: self.config.max_upstream_items, bytes: max_bytes, max_bytes };
-        if self.era(u).await {
+        if self.era(u).await? {
             return tokio::time::timeout(deadline, self.fetch_modern(u, kind, &mut budget))
                 .await
                 .unwrap_or_else(|_| Err(late()));
@@ -951,19 +1026,25 @@ enum FetchError {
     Failed(String),
     /// Its list is larger than the bounds on one upstream's list.
     TooLarge(String),
+    /// It refused the request's authorization, with this challenge.
+    Refused(u16, String),
 }
 
 impl std::fmt::Display for FetchError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             FetchError::Failed(why) | FetchError::TooLarge(why) => f.write_str(why),
+            FetchError::Refused(status, _) => write!(f, "it refused the request's authorization (HTTP {status})"),
         }
     }
 }
 
 impl From<UpstreamError> for FetchError {
     fn from(e: UpstreamError) -> Self {
-        FetchError::Failed(e.to_string())
+        match e {
+            UpstreamError::Unauthorized { status, challenge } => FetchError::Refused(status, challenge),
+            e => FetchError::Failed(e.to_string()),
+        }
     }
 }
 

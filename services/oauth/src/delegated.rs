@@ -91,7 +91,7 @@ pub struct ProtectedResource {
 }
 
 /// An authorization server's metadata (RFC 8414).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 pub struct ServerMetadata {
     pub issuer: String,
     pub authorization_endpoint: Option<String>,
@@ -229,7 +229,7 @@ pub async fn server_metadata(fetcher: &Fetcher, issuer: &str) -> Result<ServerMe
 }
 
 /// How the client authenticates at the token endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 pub enum TokenAuth {
     Basic,
     Post,
@@ -264,7 +264,7 @@ impl TokenAuth {
 }
 
 /// The router's client at one authorization server.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
 pub struct Client {
     pub client_id: String,
     pub client_secret: Option<String>,

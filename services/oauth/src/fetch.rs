@@ -38,6 +38,8 @@ pub enum FetchError {
 pub struct Answer {
     pub status: StatusCode,
     pub location: Option<String>,
+    /// `WWW-Authenticate`, if it sent one.
+    pub challenge: Option<String>,
     pub body: Bytes,
 }
 
@@ -174,12 +176,14 @@ impl Fetcher {
         };
         let status = response.status();
         let location = response.headers().get(http::header::LOCATION).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let challenge =
+            response.headers().get(http::header::WWW_AUTHENTICATE).and_then(|v| v.to_str().ok()).map(str::to_owned);
         let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
             .collect()
             .await
             .map_err(|_| FetchError::TooLarge(url.to_owned()))?
             .to_bytes();
-        Ok(Answer { status, location, body })
+        Ok(Answer { status, location, challenge, body })
     }
 }
 

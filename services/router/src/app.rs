@@ -71,6 +71,9 @@ pub struct App {
     pub database: Option<Database>,
     /// Upstream credentials of tenants and users (opened from the database).
     pub vault: switchboard_vault::Vault,
+    /// The upstreams that act for each user, and their users' tokens
+    /// (`None` if there are none).
+    pub delegation: Option<Arc<crate::delegation::Delegation>>,
     /// Edge devices and their tools.
     pub edge: Arc<switchboard_devices::Devices>,
     shutting_down: AtomicBool,
@@ -215,13 +218,15 @@ impl App {
                     app.announce(kind);
                 }
             });
-            let catalog = Arc::new(Catalog::new(
-                upstreams.clone(),
-                config.catalog.clone(),
-                metrics.catalog.clone(),
-                inbox,
-                announce,
-            ));
+            let catalog = Arc::new(
+                Catalog::new(upstreams.clone(), config.catalog.clone(), metrics.catalog.clone(), inbox, announce)
+                    .covering(|u| !u.config.per_user),
+            );
+            let delegation = (!config.delegated.is_empty()).then(|| {
+                let base =
+                    config.server.public_url.clone().unwrap_or_else(|| format!("http://{}", config.server.listen));
+                Arc::new(crate::delegation::Delegation::new(vault.clone(), base, &config.delegated))
+            });
             let catalog_tools = Arc::new(CatalogTools { catalog: catalog.clone(), upstreams: upstreams.clone() });
             let relay: Weak<dyn Relay> = me.clone();
             let sessions = Sessions::new(
@@ -252,6 +257,7 @@ impl App {
                 audit,
                 database,
                 vault,
+                delegation,
                 edge,
                 shutting_down: AtomicBool::new(false),
                 changes: tokio::sync::broadcast::channel(256).0,
@@ -343,6 +349,9 @@ impl App {
     pub fn start(self: &Arc<Self>) {
         self.directory.start(self.config.database.refresh);
         self.vault.start(self.config.database.refresh);
+        if let Some(delegation) = &self.delegation {
+            delegation.start_renewing();
+        }
         let app = self.clone();
         tokio::spawn(async move {
             app.catalog.ensure(&ListKind::ALL).await;

@@ -21,6 +21,9 @@ pub const INSUFFICIENT_SCOPE: i64 = -32013;
 /// JSON-RPC code of a request its upstream needs a credential for that the
 /// caller has not got (the message says how to add one).
 pub const CREDENTIAL_REQUIRED: i64 = -32012;
+/// JSON-RPC code of a request that needs the user to open a URL first
+/// (URL-mode elicitation, MCP 2025-11-25).
+pub const URL_ELICITATION_REQUIRED: i64 = -32042;
 /// JSON-RPC code of a request refused by a rate limit (HTTP 429).
 pub const RATE_LIMITED: i64 = -32029;
 
@@ -89,6 +92,10 @@ pub enum Error {
     /// tenant's) that the vault does not hold: nothing was sent.
     #[error("{message}")]
     CredentialRequired { upstream: Arc<str>, message: String },
+    /// The upstream acts for each user and needs this one's consent: the
+    /// link to open (as URL-mode elicitation to a client that takes it).
+    #[error("upstream {upstream:?} acts for you and needs your consent: open {url} to authorize the router there, then retry")]
+    AuthorizationRequired { upstream: Arc<str>, url: String, elicitation: bool },
     #[error("the router is shutting down")]
     ShuttingDown,
     #[error("{}", .0.message())]
@@ -190,6 +197,12 @@ impl Error {
             Error::UpstreamTimeout { .. } => (Upstream, StatusCode::OK, code::REQUEST_TIMEOUT, "upstream_timeout"),
             Error::Upstream { .. } => (Upstream, StatusCode::OK, code::INTERNAL_ERROR, "upstream_unavailable"),
             Error::CredentialRequired { .. } => (Downstream, StatusCode::OK, CREDENTIAL_REQUIRED, "credential_missing"),
+            Error::AuthorizationRequired { elicitation: true, .. } => {
+                (Downstream, StatusCode::OK, URL_ELICITATION_REQUIRED, "authorization_required")
+            }
+            Error::AuthorizationRequired { .. } => {
+                (Downstream, StatusCode::OK, CREDENTIAL_REQUIRED, "authorization_required")
+            }
             Error::ShuttingDown => (Internal, StatusCode::SERVICE_UNAVAILABLE, code::INTERNAL_ERROR, "shutting_down"),
             Error::Unauthenticated(AuthFailure::NotLoaded) => {
                 (Internal, StatusCode::SERVICE_UNAVAILABLE, code::INTERNAL_ERROR, "keys_not_loaded")
@@ -293,6 +306,18 @@ impl Error {
             | Error::Upstream { upstream, .. }
             | Error::CredentialRequired { upstream, .. }
             | Error::AnswerNotDelivered { upstream, .. } => Some(serde_json::json!({ "upstream": &**upstream })),
+            Error::AuthorizationRequired { upstream, url, elicitation: true } => Some(serde_json::json!({
+                "elicitations": [{
+                    "mode": "url",
+                    "elicitationId": format!("{:016x}", switchboard_core::hash::fnv1a64(url.as_bytes())),
+                    "url": url,
+                    "message": format!("Authorize Switchboard to reach {upstream} for you"),
+                }],
+                "upstream": &**upstream,
+            })),
+            Error::AuthorizationRequired { upstream, url, .. } => {
+                Some(serde_json::json!({ "upstream": &**upstream, "url": url }))
+            }
             Error::UnknownTool(name) => Some(serde_json::json!({ "tool": name })),
             Error::InvalidArguments { tool, invalid } => {
                 Some(serde_json::json!({ "tool": tool, "path": invalid.path, "problem": invalid.message }))

@@ -263,6 +263,9 @@ impl Exchange {
 
     /// Finishes with `err` as the answer, as `outcome`.
     pub fn fail_as(self, id: Option<&RawValue>, err: &Error, outcome: Outcome) -> Response<Body> {
+        let translated =
+            crate::downstream::authorize::translate(&self.app, self.principal.as_ref(), self.session.as_deref(), err);
+        let err = translated.as_ref().unwrap_or(err);
         let response = error_response(&self.app, id, err);
         self.finish(outcome, Some(err.code()));
         response

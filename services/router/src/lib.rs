@@ -29,6 +29,7 @@ mod auth;
 mod body;
 pub mod config;
 mod connections;
+mod delegation;
 mod downstream;
 pub mod edge;
 pub mod error;

@@ -311,6 +311,11 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
             response
         }
         "/healthz" => respond::text(StatusCode::OK, "ok\n"),
+        "/oauth/start" | "/oauth/callback" | "/oauth/client-metadata.json"
+            if app.delegation.is_some() && req.method() == http::Method::GET =>
+        {
+            crate::downstream::authorize::page(app, path, req.uri().query().unwrap_or("")).await
+        }
         "/readyz" => {
             if app.shutting_down() {
                 respond::text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")

@@ -203,6 +203,7 @@ pub(crate) mod testing {
             timeout: std::time::Duration::from_secs(1),
             list_timeout: std::time::Duration::from_secs(1),
             credential_required: false,
+            per_user: false,
         }
     }
 }

@@ -24,6 +24,10 @@ pub struct UpstreamConfig {
     /// vault credential of its user or tenant, never with the upstream's
     /// own headers (which the router's own requests, the catalog's, use).
     pub credential_required: bool,
+    /// It acts for each user (`[upstreams.oauth] grant =
+    /// "authorization_code"`): only a user's own credential lists or calls
+    /// it, so the router's catalog leaves it to each user's.
+    pub per_user: bool,
 }
 
 /// The transport-specific part of an upstream.

@@ -223,6 +223,8 @@ pub struct Response {
     pub event_stream: bool,
     /// `Mcp-Session-Id`, when asked for.
     pub session_id: Option<Bytes>,
+    /// `WWW-Authenticate` of a 401 or 403 (an OAuth challenge).
+    pub challenge: Option<Bytes>,
     pub body: Body,
 }
 
@@ -317,6 +319,7 @@ impl Pool {
                         status: head.status,
                         event_stream: head.event_stream,
                         session_id: head.session_id,
+                        challenge: head.challenge,
                         body,
                     });
                 }
@@ -336,6 +339,7 @@ struct Head {
     status: u16,
     event_stream: bool,
     session_id: Option<Bytes>,
+    challenge: Option<Bytes>,
     framing: Framing,
     keep_alive: bool,
 }
@@ -474,6 +478,7 @@ fn interpret(parsed: &httparse::Response<'_, '_>, status: u16, want_session_id: 
     let mut keep_alive = parsed.version == Some(1);
     let mut event_stream = false;
     let mut session_id = None;
+    let mut challenge = None;
     for h in parsed.headers.iter() {
         let name = h.name;
         if name.eq_ignore_ascii_case("content-length") {
@@ -499,6 +504,8 @@ fn interpret(parsed: &httparse::Response<'_, '_>, status: u16, want_session_id: 
                 h.value.trim_ascii_start().get(..17).is_some_and(|t| t.eq_ignore_ascii_case(b"text/event-stream"));
         } else if want_session_id && name.eq_ignore_ascii_case("mcp-session-id") {
             session_id = Some(Bytes::copy_from_slice(h.value));
+        } else if (status == 401 || status == 403) && name.eq_ignore_ascii_case("www-authenticate") {
+            challenge = Some(Bytes::copy_from_slice(h.value));
         }
     }
     let framing = if status == 204 || status == 304 {
@@ -511,7 +518,7 @@ fn interpret(parsed: &httparse::Response<'_, '_>, status: u16, want_session_id: 
         keep_alive = false;
         Framing::UntilClose
     };
-    Ok(Head { status, event_stream, session_id, framing, keep_alive })
+    Ok(Head { status, event_stream, session_id, challenge, framing, keep_alive })
 }
 
 fn invalid(message: &str) -> io::Error {

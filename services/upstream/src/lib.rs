@@ -95,7 +95,16 @@ pub enum UpstreamError {
     /// The router could not get its own access token for it.
     #[error("no access token for it: {0}")]
     Token(String),
+    /// It refused the request's credential, or its lack of one (401), or
+    /// found its scope short (403), with an OAuth challenge
+    /// (`WWW-Authenticate`, at most [`MAX_CHALLENGE`] characters): what
+    /// the caller's authorization starts from.
+    #[error("it refused the request's authorization (HTTP {status})")]
+    Unauthorized { status: u16, challenge: String },
 }
+
+/// The longest `WWW-Authenticate` challenge kept from an upstream.
+pub const MAX_CHALLENGE: usize = 4096;
 
 /// What went wrong, in words, and the error that caused it when there is
 /// one (an I/O error, a parse error), kept as the source of the error chain.

@@ -62,7 +62,33 @@ pub enum VaultError {
 #[derive(Serialize, Deserialize)]
 struct Secret {
     headers: Vec<(String, String)>,
+    /// An OAuth grant's particulars (kind `oauth`): what renews it, as the
+    /// router's upstream OAuth client reads them; opaque here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    grant: Option<serde_json::Value>,
 }
+
+/// An OAuth grant the vault holds for a caller (kind `oauth`).
+#[derive(Clone)]
+pub struct Grant {
+    pub tenant: String,
+    /// `""`: the tenant's own.
+    pub user: String,
+    pub upstream: String,
+    /// What the router's OAuth client keeps with its tokens.
+    pub particulars: Arc<serde_json::Value>,
+    /// The sealed record, for a compare-and-set replacement.
+    pub sealed: String,
+}
+
+impl std::fmt::Debug for Grant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grant").field("label", &label(&self.tenant, &self.user, &self.upstream)).finish_non_exhaustive()
+    }
+}
+
+/// What an OAuth state sealed by [`Vault::seal_state`] is bound to.
+const STATE_AAD: &[u8] = b"switchboard-oauth-state";
 
 /// A credential to store: the headers of `user` of `tenant` (`None`: the
 /// tenant's own) for `upstream`.
@@ -111,6 +137,8 @@ struct Snapshot {
     version: i64,
     /// By [`entry_key`].
     entries: HashMap<Box<str>, Entry>,
+    /// The OAuth grants among them, by [`entry_key`].
+    grants: HashMap<Box<str>, Grant>,
 }
 
 struct Inner {
@@ -169,11 +197,24 @@ impl Vault {
         let (version, rows) = db.load_credentials().await.inspect_err(|_| self.inner.metrics.db_up.set(0))?;
         self.inner.metrics.db_up.set(1);
         let mut entries = HashMap::with_capacity(rows.len());
+        let mut grants = HashMap::new();
         let mut unreadable = Vec::new();
         for row in &rows {
             let label = label(&row.tenant, &row.user_id, &row.upstream);
             let entry = match self.open(row) {
-                Ok(credential) => Entry::Ready(Arc::new(credential)),
+                Ok((credential, grant)) => {
+                    if let Some(particulars) = grant {
+                        let grant = Grant {
+                            tenant: row.tenant.clone(),
+                            user: row.user_id.clone(),
+                            upstream: row.upstream.clone(),
+                            particulars: Arc::new(particulars),
+                            sealed: row.sealed.clone(),
+                        };
+                        grants.insert(entry_key(&row.tenant, &row.user_id, &row.upstream), grant);
+                    }
+                    Entry::Ready(Arc::new(credential))
+                }
                 Err(why) => {
                     tracing::error!(credential = %label, "{why}");
                     unreadable.push((label.clone(), row.key_id.clone()));
@@ -192,7 +233,7 @@ impl Vault {
                 "vault credentials that this replica's keys cannot open; their requests fail until the key that sealed them is configured"
             );
         }
-        self.inner.snapshot.store(Arc::new(Snapshot { loaded: true, version, entries }));
+        self.inner.snapshot.store(Arc::new(Snapshot { loaded: true, version, entries, grants }));
         Ok(unreadable)
     }
 
@@ -229,8 +270,9 @@ impl Vault {
         }
     }
 
-    /// Opens one record.
-    fn open(&self, row: &CredentialRow) -> Result<Credential, String> {
+    /// Opens one record: its credential, and its grant's particulars if
+    /// it is an OAuth grant.
+    fn open(&self, row: &CredentialRow) -> Result<(Credential, Option<serde_json::Value>), String> {
         let whose = label(&row.tenant, &row.user_id, &row.upstream);
         let Some(keyring) = &self.inner.keyring else {
             return Err(format!("the credential {whose} cannot be read: no vault key is configured on this replica"));
@@ -253,7 +295,7 @@ impl Vault {
                     .map_err(|problem| format!("the credential {whose}: {problem}; set it again"))?,
             );
         }
-        Ok(Credential::new(whose, headers))
+        Ok((Credential::new(whose, headers), secret.grant))
     }
 
     /// Keeps the snapshot current: reloads on every vault notification
@@ -350,13 +392,121 @@ impl Vault {
             created_at_ms: now_ms,
             updated_at_ms: now_ms,
         };
-        let plain = serde_json::to_vec(&Secret { headers }).expect("serializable");
+        let plain = serde_json::to_vec(&Secret { headers, grant: None }).expect("serializable");
         row.sealed = keyring.current().seal(aad(&row).as_bytes(), &plain);
         db.put_credential(&row).await?;
         if let Err(e) = self.reload().await {
             tracing::warn!(error = %e, "vault: stored a credential but could not reload; the next refresh will");
         }
         Ok(row)
+    }
+
+    /// Stores the OAuth grant of `user` of `tenant` (`None`: the tenant's
+    /// own) for `upstream`: its access token, sent as `Authorization:
+    /// Bearer`, and `particulars`, which renew it. With `replacing` (the
+    /// sealed record a renewal read), only if that record is still the one
+    /// stored: `Ok(false)` when another replica replaced it first.
+    pub async fn put_grant(
+        &self,
+        new: NewCredential,
+        particulars: serde_json::Value,
+        replacing: Option<&str>,
+        now_ms: i64,
+    ) -> Result<bool, VaultError> {
+        let db = self.db()?;
+        let keyring = self.inner.keyring.as_ref().ok_or(VaultError::NoKey)?;
+        let user = new.user.clone().unwrap_or_default();
+        let mut headers = Vec::with_capacity(new.headers.len());
+        for (name, value) in &new.headers {
+            let (name, value) = switchboard_core::credential::header(name, value).map_err(VaultError::Invalid)?;
+            headers.push((name.as_str().to_owned(), value.to_str().unwrap_or_default().to_owned()));
+        }
+        if replacing.is_none() {
+            let existing = db.credentials(Some(&new.tenant)).await?;
+            let replaces = existing.iter().any(|r| r.user_id == user && r.upstream == new.upstream);
+            if !replaces && existing.len() as u64 >= u64::from(self.inner.max_per_tenant) {
+                return Err(VaultError::TooMany { tenant: new.tenant, max: self.inner.max_per_tenant });
+            }
+        }
+        let mut row = CredentialRow {
+            tenant: new.tenant,
+            user_id: user,
+            upstream: new.upstream,
+            kind: "oauth".into(),
+            key_id: keyring.current().id().to_owned(),
+            sealed: String::new(),
+            names: headers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(","),
+            created_at_ms: now_ms,
+            updated_at_ms: now_ms,
+        };
+        let plain = serde_json::to_vec(&Secret { headers, grant: Some(particulars) }).expect("serializable");
+        row.sealed = keyring.current().seal(aad(&row).as_bytes(), &plain);
+        let stored = match replacing {
+            None => {
+                db.put_credential(&row).await?;
+                true
+            }
+            Some(was) => db.reseal_credentials(&[(row, was.to_owned())]).await? == 1,
+        };
+        if let Err(e) = self.reload().await {
+            tracing::warn!(error = %e, "vault: stored a grant but could not reload; the next refresh will");
+        }
+        Ok(stored)
+    }
+
+    /// The OAuth grant stored for exactly `user` of `tenant` (`None`: the
+    /// tenant's own) and `upstream`, as this replica last loaded it.
+    pub fn grant(&self, tenant: &str, user: Option<&str>, upstream: &str) -> Option<Grant> {
+        self.inner.snapshot.load().grants.get(&entry_key(tenant, user.unwrap_or(""), upstream)).cloned()
+    }
+
+    /// Every OAuth grant, as this replica last loaded them.
+    pub fn grants(&self) -> Vec<Grant> {
+        self.inner.snapshot.load().grants.values().cloned().collect()
+    }
+
+    /// Seals `plain` (an authorization in progress) under the current
+    /// vault key, as URL-safe text any replica with the key opens; `None`
+    /// without a key.
+    pub fn seal_state(&self, plain: &[u8]) -> Option<String> {
+        let key = self.inner.keyring.as_ref()?.current();
+        let sealed = key.seal(STATE_AAD, plain);
+        // URL-safe: nothing in it a query needs to escape.
+        let safe: String = sealed
+            .chars()
+            .filter(|&c| c != '=')
+            .map(|c| {
+                if c == '+' {
+                    '-'
+                } else if c == '/' {
+                    '_'
+                } else {
+                    c
+                }
+            })
+            .collect();
+        Some(format!("{}.{safe}", key.id()))
+    }
+
+    /// Opens what [`Vault::seal_state`] sealed (with any configured key).
+    pub fn open_state(&self, sealed: &str) -> Option<Vec<u8>> {
+        let (id, safe) = sealed.split_once('.')?;
+        let mut sealed: String = safe
+            .chars()
+            .map(|c| {
+                if c == '-' {
+                    '+'
+                } else if c == '_' {
+                    '/'
+                } else {
+                    c
+                }
+            })
+            .collect();
+        while !sealed.len().is_multiple_of(4) {
+            sealed.push('=');
+        }
+        self.inner.keyring.as_ref()?.get(id)?.open(STATE_AAD, &sealed)
     }
 
     /// Deletes the credential of `user` of `tenant` (`None`: the tenant's

@@ -241,3 +241,23 @@ async fn bad_credentials_and_too_many_are_refused() {
     v.put(bearer("beta", Some("c"), "github", "x"), 1).await.unwrap();
     assert_eq!(v.list(Some("acme")).await.unwrap().len(), 2);
 }
+
+#[test]
+fn an_authorization_state_opens_only_as_sealed_and_only_with_a_configured_key() {
+    let key = keys::Key::generate();
+    let keyring = keys::Keyring::new(keys::Key::parse(&key).unwrap(), Vec::new());
+    let vault = Vault::new(None, Some(keyring), 10, &Registry::new());
+    let sealed = vault.seal_state(b"{\"t\":\"acme\"}").expect("a key is configured");
+    assert!(sealed.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)), "URL-safe: {sealed}");
+    assert_eq!(vault.open_state(&sealed).as_deref(), Some(&b"{\"t\":\"acme\"}"[..]));
+    // One character changed: refused.
+    let mut tampered = sealed.clone().into_bytes();
+    let last = tampered.len() - 2;
+    tampered[last] = if tampered[last] == b'A' { b'B' } else { b'A' };
+    assert_eq!(vault.open_state(std::str::from_utf8(&tampered).unwrap()), None);
+    // Another vault's key: refused.
+    let other = keys::Keyring::new(keys::Key::parse(&keys::Key::generate()).unwrap(), Vec::new());
+    assert_eq!(Vault::new(None, Some(other), 10, &Registry::new()).open_state(&sealed), None);
+    // No key: nothing sealed.
+    assert_eq!(Vault::new(None, None, 10, &Registry::new()).seal_state(b"x"), None);
+}

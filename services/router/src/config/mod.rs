@@ -49,6 +49,41 @@ pub struct Config {
     pub egress: switchboard_core::egress::Egress,
     /// `[vault]`: the key that seals upstream credentials.
     pub vault: VaultConfig,
+    /// The upstreams that act for each user (`[upstreams.oauth] grant =
+    /// "authorization_code"`), and how the router gets their tokens.
+    pub delegated: Vec<DelegatedConfig>,
+}
+
+/// `[upstreams.oauth] grant = "authorization_code"`: the router, an OAuth
+/// client of the upstream, gets each user's token with their consent.
+#[derive(Clone)]
+pub struct DelegatedConfig {
+    pub upstream: String,
+    /// The upstream's URL as written (discovery starts from it; its
+    /// resource metadata must name it).
+    pub server_url: String,
+    /// The RFC 8707 resource asked for (default: the one the upstream's
+    /// protected resource metadata names).
+    pub resource: Option<String>,
+    /// A pre-registered client (else the client ID metadata document, else
+    /// dynamic registration).
+    pub client_id: Option<String>,
+    pub client_secret: Option<String>,
+    pub auth: Option<switchboard_oauth::delegated::TokenAuth>,
+    pub client_metadata_url: Option<String>,
+    /// The scope asked for when neither the challenge nor the resource
+    /// metadata names one.
+    pub scope: Option<String>,
+    pub fetcher: switchboard_oauth::fetch::Fetcher,
+}
+
+impl std::fmt::Debug for DelegatedConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DelegatedConfig")
+            .field("upstream", &self.upstream)
+            .field("client_id", &self.client_id)
+            .finish_non_exhaustive()
+    }
 }
 
 /// `[auth]`.
@@ -151,6 +186,9 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
     /// Connections open at once, at most; beyond, 503 and closed.
     pub max_connections: usize,
+    /// The router's address as its users reach it (`https://host`): where
+    /// authorization links and callbacks point. Default: `http://` + listen.
+    pub public_url: Option<String>,
     /// Connections open at once from one client address (0: no bound).
     pub max_connections_per_address: usize,
 }

@@ -162,6 +162,7 @@ pub struct RawServer {
     pub idle_timeout: Option<RawDuration>,
     pub max_connections: Option<u64>,
     pub max_connections_per_address: Option<u64>,
+    pub public_url: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -232,6 +233,9 @@ pub struct RawUpstreamOAuth {
     pub resource: Option<String>,
     pub auth_method: Option<String>,
     pub ca: Option<String>,
+    /// `grant = "authorization_code"`: the URL of the client ID metadata
+    /// document the router offers as its client id.
+    pub client_metadata_url: Option<String>,
 }
 
 impl std::fmt::Debug for RawUpstreamOAuth {
@@ -243,8 +247,17 @@ impl std::fmt::Debug for RawUpstreamOAuth {
     }
 }
 
-/// `[upstreams.oauth]` validated into the router's own token source for
-/// upstream `name` at `url` (its default `resource`), sent with `headers`.
+/// What `[upstreams.oauth]` makes of an upstream.
+enum UpstreamOAuth {
+    /// The router's own token (client credentials).
+    Own(switchboard_upstream::config::Own),
+    /// Each user's, with their consent (authorization code).
+    Delegated(Box<super::DelegatedConfig>),
+}
+
+/// `[upstreams.oauth]` validated: the router's own token source for
+/// upstream `name` at `url` (its default `resource`), sent with `headers`,
+/// or how it gets its users' tokens.
 fn upstream_oauth(
     raw: RawUpstreamOAuth,
     name: &str,
@@ -253,9 +266,13 @@ fn upstream_oauth(
     egress: &switchboard_core::egress::Egress,
     key: &dyn Fn(&str) -> String,
     bad: &mut impl FnMut(String, String),
-) -> Option<switchboard_upstream::config::Own> {
+) -> Option<UpstreamOAuth> {
     use switchboard_oauth::client::{ClientCredentials, ClientSettings};
     use switchboard_oauth::delegated::TokenAuth;
+    if raw.grant.as_deref() == Some("authorization_code") {
+        return delegated_oauth(raw, name, url, headers, egress, key, bad)
+            .map(|d| UpstreamOAuth::Delegated(Box::new(d)));
+    }
     let mut ok = true;
     let mut fail = |field: &str, problem: &str| {
         bad(key(&format!("oauth.{field}")), problem.to_owned());
@@ -263,8 +280,13 @@ fn upstream_oauth(
     };
     match raw.grant.as_deref() {
         Some("client_credentials") => {}
-        Some(other) => fail("grant", &format!("{other:?} is not supported (\"client_credentials\")")),
-        None => fail("grant", "is required: \"client_credentials\""),
+        Some(other) => {
+            fail("grant", &format!("{other:?} is not supported (\"client_credentials\" or \"authorization_code\")"))
+        }
+        None => fail("grant", "is required: \"client_credentials\" or \"authorization_code\""),
+    }
+    if raw.client_metadata_url.is_some() {
+        fail("client_metadata_url", "only applies to grant = \"authorization_code\"");
     }
     let is_url = |u: &str| u.starts_with("https://") || u.starts_with("http://");
     match (raw.issuer.as_deref(), raw.token_url.as_deref()) {
@@ -347,7 +369,101 @@ fn upstream_oauth(
         auth: auth_method,
     };
     let token = crate::own_token::ClientToken::new(name, ClientCredentials::new(settings, fetcher), headers.to_vec());
-    Some(switchboard_upstream::config::Own(std::sync::Arc::new(token)))
+    Some(UpstreamOAuth::Own(switchboard_upstream::config::Own(std::sync::Arc::new(token))))
+}
+
+/// `[upstreams.oauth] grant = "authorization_code"` validated.
+fn delegated_oauth(
+    raw: RawUpstreamOAuth,
+    name: &str,
+    url: &str,
+    headers: &[(http::HeaderName, http::HeaderValue)],
+    egress: &switchboard_core::egress::Egress,
+    key: &dyn Fn(&str) -> String,
+    bad: &mut impl FnMut(String, String),
+) -> Option<super::DelegatedConfig> {
+    use switchboard_oauth::delegated::TokenAuth;
+    let mut ok = true;
+    let mut fail = |field: &str, problem: &str| {
+        bad(key(&format!("oauth.{field}")), problem.to_owned());
+        ok = false;
+    };
+    for (field, given) in [("issuer", raw.issuer.is_some()), ("token_url", raw.token_url.is_some())] {
+        if given {
+            fail(field, "does not apply to grant = \"authorization_code\": the upstream's metadata names its authorization server");
+        }
+    }
+    let client_id = raw.client_id.clone().filter(|c| !c.is_empty());
+    let secret = match (raw.client_secret.clone(), raw.client_secret_file.as_deref()) {
+        (Some(s), None) if !s.is_empty() => Some(s),
+        (None, Some(file)) => match std::fs::read_to_string(file) {
+            Ok(s) if !s.trim().is_empty() => Some(s.trim().to_owned()),
+            _ => {
+                fail("client_secret_file", &format!("cannot read {file:?}, or it is empty"));
+                None
+            }
+        },
+        (None, None) => None,
+        _ => {
+            fail("client_secret", "give one of client_secret and client_secret_file, not empty");
+            None
+        }
+    };
+    if secret.is_some() && client_id.is_none() {
+        fail("client_secret", "needs client_id");
+    }
+    let auth = match raw.auth_method.as_deref() {
+        None => None,
+        Some("client_secret_basic") => Some(TokenAuth::Basic),
+        Some("client_secret_post") => Some(TokenAuth::Post),
+        Some("none") => Some(TokenAuth::None),
+        Some(other) => {
+            fail(
+                "auth_method",
+                &format!("{other:?} is not \"client_secret_basic\", \"client_secret_post\" or \"none\""),
+            );
+            None
+        }
+    };
+    if let Some(metadata) = raw.client_metadata_url.as_deref() {
+        if !metadata.starts_with("https://") || metadata.len() <= "https://".len() {
+            fail("client_metadata_url", "must be an https URL (a client ID metadata document's)");
+        }
+    }
+    if headers.iter().any(|(n, _)| n == http::header::AUTHORIZATION) {
+        fail("headers.Authorization", "each user's OAuth token goes in Authorization: remove it");
+    }
+    let ca = match raw.ca.as_deref() {
+        Some(path) => match std::fs::read(path) {
+            Ok(pem) => Some(pem),
+            Err(e) => {
+                fail("ca", &format!("cannot read {path:?}: {e}"));
+                None
+            }
+        },
+        None => None,
+    };
+    let fetcher = match switchboard_oauth::fetch::Fetcher::new(ca.as_deref(), Duration::from_secs(10), egress.clone()) {
+        Ok(f) => f,
+        Err(e) => {
+            fail("ca", &e);
+            return None;
+        }
+    };
+    if !ok {
+        return None;
+    }
+    Some(super::DelegatedConfig {
+        upstream: name.to_owned(),
+        server_url: url.to_owned(),
+        resource: raw.resource.filter(|r| !r.is_empty()),
+        client_id,
+        client_secret: secret,
+        auth,
+        client_metadata_url: raw.client_metadata_url,
+        scope: raw.scope.filter(|s| !s.is_empty()),
+        fetcher,
+    })
 }
 
 const NAME_CHARS: &str = "letters, digits, '_' and '-'";
@@ -427,6 +543,16 @@ impl RawConfig {
                 n => n as usize,
             },
             max_connections_per_address: s.max_connections_per_address.unwrap_or(1_000) as usize,
+            public_url: match s.public_url.map(|u| u.trim_end_matches('/').to_owned()) {
+                Some(u) if (u.starts_with("https://") || u.starts_with("http://")) && u.parse::<Uri>().is_ok() => {
+                    Some(u)
+                }
+                Some(u) => {
+                    bad("server.public_url".into(), format!("{u:?} is not an http(s) URL"));
+                    None
+                }
+                None => None,
+            },
             response_mode: match s.response_mode.as_deref().unwrap_or("json") {
                 "json" => ResponseMode::Json,
                 "sse" => ResponseMode::Sse,
@@ -479,11 +605,13 @@ impl RawConfig {
 
         // [[upstreams]]
         let mut upstreams = Vec::new();
+        let mut delegated = Vec::new();
         let mut names = HashSet::new();
         let mut prefixes = HashSet::new();
         for (i, u) in self.upstreams.into_iter().enumerate() {
             let key = |field: &str| format!("upstreams[{i}].{field}");
             let name = u.name.clone().unwrap_or_default();
+            let mut per_user = false;
             if !switchboard_core::ids::valid_name(&name) {
                 bad(key("name"), format!("must be 1 to 48 of {NAME_CHARS}"));
             } else if !names.insert(name.clone()) {
@@ -590,7 +718,15 @@ impl RawConfig {
                         Some(raw) => {
                             let written = u.url.clone().or_else(|| u.urls.as_ref().and_then(|v| v.first().cloned()));
                             let resource = written.unwrap_or_default();
-                            upstream_oauth(raw, &name, &resource, &headers, &egress, &key, &mut bad)
+                            match upstream_oauth(raw, &name, &resource, &headers, &egress, &key, &mut bad) {
+                                Some(UpstreamOAuth::Own(own)) => Some(own),
+                                Some(UpstreamOAuth::Delegated(d)) => {
+                                    per_user = true;
+                                    delegated.push(*d);
+                                    None
+                                }
+                                None => None,
+                            }
                         }
                         None => None,
                     };
@@ -691,7 +827,16 @@ impl RawConfig {
                     false
                 }
             };
-            upstreams.push(UpstreamConfig { name, prefix, transport, timeout, list_timeout, credential_required });
+            upstreams.push(UpstreamConfig {
+                name,
+                prefix,
+                transport,
+                timeout,
+                list_timeout,
+                // A user's token or none: never the upstream's own headers.
+                credential_required: credential_required || per_user,
+                per_user,
+            });
         }
 
         // [auth], [database], [redis], [audit], [admin]
@@ -869,6 +1014,18 @@ impl RawConfig {
 
         // [vault]
         let vault = super::vault::validate(self.vault, &mut bad);
+        if !delegated.is_empty() && !vault.has_key() {
+            bad(
+                format!("upstreams.{}.oauth", delegated[0].upstream),
+                "grant = \"authorization_code\" keeps each user's tokens in the vault: set vault.key (and database.url)".into(),
+            );
+        }
+        if !delegated.is_empty() && server.public_url.is_none() && server.listen.port() == 0 {
+            bad(
+                "server.public_url".into(),
+                "is required for grant = \"authorization_code\" when listening on port 0: the authorization callback's address".into(),
+            );
+        }
         if vault.has_key() && database.url.is_none() {
             bad("vault.key".into(), "the vault keeps credentials in the database: set database.url".into());
         }
@@ -891,6 +1048,7 @@ impl RawConfig {
                 mtls,
                 egress,
                 vault,
+                delegated,
             })
         } else {
             Err(ConfigError { problems })

@@ -45,8 +45,8 @@ pub async fn forward(
     accepts_sse: bool,
 ) -> Response<Body> {
     let id = env.id.expect("a request has an id");
-    let tenant = x.principal().expect("authenticated").tenant.clone();
-    let resolved = match resolve(x.app(), &tenant, method, env, body).await {
+    let who = x.principal().expect("authenticated").clone();
+    let resolved = match resolve(x.app(), &who, method, env, body).await {
         Ok(Resolution::Upstream(resolved)) => resolved,
         Ok(Resolution::Local(tool)) => return respond::json(call_local(x, tool, id).await),
         Err(e) => {
@@ -61,7 +61,7 @@ pub async fn forward(
     let u = resolved.upstream;
     x.served_by(u);
     let app = x.app().clone();
-    if app.catalog.is_stateless_only(u) {
+    if super::authorize::era_catalog(&app, &who, u).is_stateless_only(u) {
         if matches!(method, Method::ResourcesSubscribe | Method::ResourcesUnsubscribe) {
             return super::stateless_upstream::subscribe(x, session, method, id, resolved).await;
         }

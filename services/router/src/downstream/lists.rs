@@ -18,7 +18,7 @@ use crate::body::Body;
 use crate::error::Error;
 use crate::exchange::Exchange;
 use crate::tools::{list_catalog, Page};
-use switchboard_core::policy::{Principal, Tenant};
+use switchboard_core::policy::Principal;
 use switchboard_session::{Client, Full, Quota, Session};
 use switchboard_upstream::empty_object;
 
@@ -151,7 +151,7 @@ struct ListParams {
 /// `tail` goes at the end of the result (members a 2026-07-28 result has).
 pub async fn list(
     app: &Arc<App>,
-    tenant: &Tenant,
+    who: &Principal,
     kind: ListKind,
     id: &RawValue,
     params: Option<&RawValue>,
@@ -163,6 +163,7 @@ pub async fn list(
         }
         None => ListParams::default(),
     };
+    let tenant = &*who.tenant;
     app.catalog.ensure_for(&[kind], |u| tenant.sees_upstream(u)).await;
     let mut page = Page::new(params.cursor.as_deref(), app.config.catalog.page_size)?;
     if kind == ListKind::Tools {
@@ -173,6 +174,7 @@ pub async fn list(
         let snapshot = app.catalog.current();
         list_catalog(&app.upstreams, snapshot.list(kind), tenant, kind, &mut page)?;
     }
+    super::authorize::list_own(app, who, kind, &mut page).await;
     Ok(respond::json_parts(page.into_parts(head(id, kind), tail)))
 }
 

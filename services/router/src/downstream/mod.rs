@@ -19,6 +19,7 @@
 //! Errors are values of [`Error`] until [`respond::error`] turns them into a
 //! response; this module never builds an error body by hand.
 
+pub mod authorize;
 pub mod forward;
 pub mod legacy;
 mod lists;
@@ -154,7 +155,7 @@ pub(crate) async fn request(
         Method::Ping => x.answer(id, Ok(respond::json(jsonrpc::result_response(id, b"{}")))),
         Method::ToolsList | Method::PromptsList | Method::ResourcesList | Method::ResourcesTemplatesList => {
             let who = x.principal().expect("authenticated").clone();
-            let result = lists::list(x.app(), &who.tenant, lists::kind_of(method), id, env.params, b"").await;
+            let result = lists::list(x.app(), &who, lists::kind_of(method), id, env.params, b"").await;
             x.answer(id, result)
         }
         Method::LoggingSetLevel => {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::Value;
-use switchboard_core::policy::Tenant;
+use switchboard_core::policy::{Principal, Tenant};
 use switchboard_core::{Outcome, UpstreamId};
 use switchboard_protocol::jsonrpc::{self, as_str, span, Envelope, MessageKind, Target};
 use switchboard_protocol::methods::ListKind;
@@ -45,17 +45,21 @@ pub(crate) enum Resolution {
 /// not exist.
 pub(crate) async fn resolve(
     app: &Arc<App>,
-    tenant: &Tenant,
+    who: &Principal,
     method: Method,
     env: &Envelope<'_>,
     body: &Bytes,
 ) -> Result<Resolution, Error> {
+    let tenant = &*who.tenant;
     let params = env.params.ok_or_else(|| Error::InvalidParams(format!("{} needs params", method.as_str())))?;
     let target = Target::parse(params).map_err(|e| Error::InvalidParams(e.to_string()))?;
     let (upstream, field, replacement): (UpstreamId, &RawValue, Vec<u8>) = match method {
         Method::ToolsCall => {
             let raw = target.name.ok_or_else(|| Error::InvalidParams("params.name is required".into()))?;
             let name = as_str(raw).ok_or_else(|| Error::InvalidParams("params.name must be a string".into()))?;
+            if let Some((upstream, original)) = super::authorize::resolve_own(app, who, &name).await? {
+                return Ok(Resolution::Upstream(rewrite(upstream, body, env, &target, raw, &original)));
+            }
             match crate::tools::resolve(&app.tools, tenant, &name, params).await? {
                 Tool::Local(tool) => return Ok(Resolution::Local(tool)),
                 Tool::Upstream { upstream, original } => {

@@ -92,6 +92,11 @@ pub fn text(status: StatusCode, text: &'static str) -> Response<Body> {
     )
 }
 
+/// A plain status with a text body made for this response.
+pub fn owned_text(status: StatusCode, text: String) -> Response<Body> {
+    with_type(status, Body::full(Bytes::from(text)), HeaderValue::from_static("text/plain; charset=utf-8"))
+}
+
 fn with_type(status: StatusCode, body: Body, content_type: HeaderValue) -> Response<Body> {
     let mut response = Response::new(body);
     *response.status_mut() = status;

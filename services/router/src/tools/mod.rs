@@ -24,7 +24,7 @@ use switchboard_core::policy::Tenant;
 use switchboard_core::UpstreamId;
 use switchboard_protocol::jsonrpc;
 
-pub use self::catalog::{list_catalog, CatalogTools};
+pub use self::catalog::{list_catalog, sees, CatalogTools};
 pub use self::devices::DeviceTools;
 use crate::error::Error;
 

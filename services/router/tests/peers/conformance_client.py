@@ -6,17 +6,28 @@ scenario's client request through it with the official Python SDK, and
 stops the router. The router is what the scenario server sees as its
 client.
 
+For the `auth/*` scenarios the upstream acts for its user
+(`[upstreams.oauth] grant = "authorization_code"`, the scenario context's
+client, else the suite's client ID metadata document URL, else dynamic
+registration): the router answers with an authorization link, which this
+script follows as the user's browser would (the scenario's authorization
+server approves at once), at most three times, and makes the request again.
+
 Environment: MCP_CONFORMANCE_SCENARIO (set by the suite), SWITCHBOARD_BIN
 (the router binary).
 """
 
 import asyncio
+import base64
 import json
 import os
 import re
+import secrets
+import socket
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 from mcp import Client, types
@@ -25,14 +36,43 @@ SCENARIO = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
 UPSTREAM = sys.argv[-1]
 
 
+AUTH = SCENARIO.startswith("auth/")
+# The client ID metadata document URL the suite's authorization servers take.
+CIMD = "https://conformance-test.local/client-metadata.json"
+# A link the router hands out: its own /oauth/start.
+LINK = re.compile(r"(https?://[^\s\"']+/oauth/start\?s=[A-Za-z0-9_.\-]+)")
+
+
+def toml_string(s):
+    return json.dumps(s)
+
+
 def start_router():
     work = Path(tempfile.mkdtemp(prefix="sb-confclient-"))
     config = work / "router.toml"
-    config.write_text(
-        '[server]\nlisten = "127.0.0.1:0"\n[auth]\nmode = "none"\n[database]\nurl = ""\n'
+    text = (
+        '[auth]\nmode = "none"\n'
         f'[log]\nlevel = "{os.environ.get("SWITCHBOARD_LOG", "info")}"\n[egress]\nallow = ["loopback"]\n'
-        f'[[upstreams]]\nname = "scenario"\ntransport = "http"\nprefix = ""\nurl = "{UPSTREAM}"\n'
     )
+    if AUTH:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        text = (
+            f'[server]\nlisten = "127.0.0.1:{port}"\npublic_url = "http://127.0.0.1:{port}"\n'
+            f'[database]\nurl = "sqlite://{work}/router.db"\n[vault]\nkey = "{base64.b64encode(secrets.token_bytes(32)).decode()}"\n' + text
+        )
+    else:
+        text = '[server]\nlisten = "127.0.0.1:0"\n[database]\nurl = ""\n' + text
+    text += f'[[upstreams]]\nname = "scenario"\ntransport = "http"\nprefix = ""\nurl = "{UPSTREAM}"\n'
+    if AUTH:
+        context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
+        text += f'[upstreams.oauth]\ngrant = "authorization_code"\nclient_metadata_url = "{CIMD}"\n'
+        if context.get("client_id"):
+            text += f'client_id = {toml_string(context["client_id"])}\n'
+        if context.get("client_secret"):
+            text += f'client_secret = {toml_string(context["client_secret"])}\n'
+    config.write_text(text)
     log = open(work / "router.log", "w+")
     router = subprocess.Popen([os.environ["SWITCHBOARD_BIN"], "serve", "--config", str(config)],
                               stdout=log, stderr=subprocess.STDOUT)
@@ -83,13 +123,55 @@ def calls(names):
     return [(names[0], {})]
 
 
+# Authorizations followed in this run, at most.
+MAX_AUTHORIZATIONS = 3
+followed = 0
+
+
+def follow(error):
+    """Opens the authorization link in `error` as the user's browser would
+    (redirects followed: to the authorization server, which approves, and
+    back to the router's callback); whether there was one to follow."""
+    global followed
+    text = f"{error} {getattr(getattr(error, 'error', None), 'data', '')}"
+    found = LINK.search(text)
+    if not found or followed >= MAX_AUTHORIZATIONS:
+        return False
+    followed += 1
+    try:
+        with urllib.request.urlopen(found.group(1), timeout=30) as page:
+            print(f"conformance_client: authorized: {page.read().decode(errors='replace').strip()}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001
+        detail = e.read().decode(errors="replace") if hasattr(e, "read") else ""
+        print(f"conformance_client: the authorization failed: {e} {detail}", file=sys.stderr)
+    return True
+
+
+async def with_authorization(request):
+    """`request()`, again after following each authorization link it is
+    answered with."""
+    while True:
+        try:
+            return await request()
+        except Exception as e:  # noqa: BLE001
+            if not follow(e):
+                raise
+
+
 async def drive(url):
     era = "2026-07-28" if os.environ.get("MCP_CONFORMANCE_PROTOCOL_VERSION", "") >= "2026" else "legacy"
     async with Client(url, mode=era, cache=None, elicitation_callback=defaults) as client:
         names = [t.name for t in (await client.list_tools()).tools]
+        if AUTH and names == ["authorize"]:
+            # The upstream lists nothing until its user authorizes the router.
+            try:
+                await with_authorization(lambda: client.call_tool("authorize", {}))
+            except Exception as e:  # noqa: BLE001
+                print(f"conformance_client: authorize: {e}", file=sys.stderr)
+            names = [t.name for t in (await client.list_tools()).tools]
         for name, arguments in calls(names):
             try:
-                await client.call_tool(name, arguments)
+                await with_authorization(lambda: client.call_tool(name, arguments))
             except Exception as e:  # noqa: BLE001
                 # What the scenario checks is what its server saw of the
                 # router; a result this SDK will not take is reported, and

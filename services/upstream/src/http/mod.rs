@@ -184,6 +184,8 @@ struct Answer {
     status: StatusCode,
     event_stream: bool,
     session_id: Option<HeaderValue>,
+    /// `WWW-Authenticate` of a 401 or 403.
+    challenge: Option<String>,
     body: AnswerBody,
 }
 
@@ -306,6 +308,9 @@ impl super::Transport for Transport {
             }
         };
         let status = resp.status.as_u16();
+        if matches!(status, 401 | 403) && resp.challenge.is_some() {
+            return Err(status_error(resp).await);
+        }
         if resp.status.is_success() && resp.event_stream {
             return Ok(super::ModernAnswer { status, reply: Reply::Stream(Box::new(SseStream::new(resp.body, None))) });
         }
@@ -539,6 +544,7 @@ impl Shared {
                         .map_err(|_| UpstreamError::Protocol(format!("invalid status {}", response.status).into()))?,
                     event_stream: response.event_stream,
                     session_id: response.session_id.and_then(|b| HeaderValue::from_maybe_shared(b).ok()),
+                    challenge: response.challenge.map(|b| String::from_utf8_lossy(&b).into_owned()),
                     body: AnswerBody::Http1(response.body),
                 })
             }
@@ -580,10 +586,15 @@ impl Shared {
                     ct.trim_start().get(..17).is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
                 });
                 let session_id = resp.headers().get(&SESSION_ID).cloned();
+                let challenge = matches!(resp.status().as_u16(), 401 | 403)
+                    .then(|| resp.headers().get(http::header::WWW_AUTHENTICATE))
+                    .flatten()
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
                 Ok(Answer {
                     status: resp.status(),
                     event_stream,
                     session_id,
+                    challenge,
                     body: AnswerBody::Http2(resp.into_body()),
                 })
             }
@@ -620,8 +631,9 @@ impl Shared {
                 let status = resp.status;
                 let error = status_error(resp).await;
                 // Kept as a status for these: what a legacy HTTP+SSE
-                // server answers (see `detect.rs`).
-                if matches!(status.as_u16(), 400 | 404 | 405) {
+                // server answers (see `detect.rs`); kept as a refusal
+                // for the caller to authorize.
+                if matches!(status.as_u16(), 400 | 404 | 405) || matches!(error, UpstreamError::Unauthorized { .. }) {
                     return Err(error);
                 }
                 return Err(UpstreamError::Initialize(error.to_string().into()));
@@ -688,6 +700,11 @@ async fn drain(resp: Answer) {
 /// An error for a non-success status, with the upstream's own message if it sent one.
 async fn status_error(resp: Answer) -> UpstreamError {
     let status = resp.status.as_u16();
+    if let (401 | 403, Some(challenge)) = (status, &resp.challenge) {
+        let challenge = challenge.chars().take(crate::MAX_CHALLENGE).collect();
+        drain(resp).await;
+        return UpstreamError::Unauthorized { status, challenge };
+    }
     let body = resp.body.collect(64 << 10).await.unwrap_or_default();
     let detail = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()

@@ -216,7 +216,7 @@ pub async fn post(mut x: Exchange, headers: &HeaderMap, env: &Envelope<'_>, body
             // Fetched first, so that the cache hint counts from this fetch.
             app.catalog.ensure_for(&[kind], |u| who.tenant.sees_upstream(u)).await;
             let tail = result_tail(&app, &who, true);
-            let result = lists::list(&app, &who.tenant, kind, id, env.params, &tail).await;
+            let result = lists::list(&app, &who, kind, id, env.params, &tail).await;
             x.answer(id, result)
         }
         Method::SubscriptionsListen => {
@@ -387,8 +387,8 @@ async fn call(
 ) -> Response<Body> {
     let id = env.id.expect("a request has an id");
     let app = x.app().clone();
-    let tenant = x.principal().expect("authenticated").tenant.clone();
-    let resolved = match resolve::resolve(&app, &tenant, method, env, body).await {
+    let who = x.principal().expect("authenticated").clone();
+    let resolved = match resolve::resolve(&app, &who, method, env, body).await {
         Ok(Resolution::Upstream(resolved)) => resolved,
         Ok(Resolution::Local(tool)) => return respond::json(stamp_complete(resolve::call_local(x, tool, id).await)),
         Err(e) => {
@@ -398,7 +398,7 @@ async fn call(
         }
     };
     let u = resolved.upstream;
-    if app.catalog.is_modern(u) {
+    if super::authorize::era_catalog(&app, &who, u).is_modern(u) {
         x.served_by(u);
         return passthrough(x, headers, method, env, resolved).await;
     }

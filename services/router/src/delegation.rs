@@ -1,0 +1,485 @@
+//! Upstreams that act for each user (`[upstreams.oauth] grant =
+//! "authorization_code"`): the router, an OAuth 2.1 client of the
+//! upstream, gets each user's own token with their consent and keeps it in
+//! the vault.
+//!
+//! The flow, from any replica to any other (all state travels sealed
+//! under the vault key, so no replica remembers a flow):
+//!
+//! 1. A request of the user's is refused by the upstream (401, or 403 for
+//!    a scope it lacks) with a Bearer challenge, or the user calls the
+//!    upstream's `authorize` tool. The router answers with a link to its
+//!    own `/oauth/start` carrying the sealed (tenant, user, upstream,
+//!    challenge): as URL-mode elicitation (-32042) to a client that
+//!    declared it, else as an error carrying the link (-32012).
+//! 2. `/oauth/start` discovers the upstream's protected resource metadata
+//!    and its authorization server's (asking the upstream for a challenge
+//!    first if it has none), picks the client (configured, else the client
+//!    ID metadata document, else dynamic registration), the scope and a
+//!    PKCE verifier, and redirects to the authorization endpoint with all
+//!    of that sealed as the `state`.
+//! 3. `/oauth/callback` checks the response (state, `iss`), trades the code
+//!    for tokens and stores them for that user in the vault, where every
+//!    replica's requests find them.
+//! 4. A background task renews grants before they expire (a refresh
+//!    token's renewal is stored with a compare-and-set: one replica's
+//!    renewal wins).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use switchboard_core::credential::Keychain;
+use switchboard_core::policy::Principal;
+use switchboard_core::UpstreamId;
+use switchboard_oauth::delegated::{self, Challenge, Client, Pkce, ServerMetadata, TokenAuth};
+use switchboard_vault::{NewCredential, Vault};
+
+use crate::config::DelegatedConfig;
+
+/// How long an authorization link, and a flow once started, stay valid.
+const LINK_LIFE_MS: i64 = 10 * 60 * 1000;
+/// How often grants are looked at for renewal.
+const RENEW_EVERY: Duration = Duration::from_secs(15);
+/// Dynamic registrations kept (one per authorization server).
+const MAX_REGISTRATIONS: usize = 256;
+/// Users' catalogs kept on a replica.
+const MAX_USER_CATALOGS: usize = 1024;
+
+/// The sealed content of an authorization link.
+#[derive(Serialize, Deserialize)]
+struct Start {
+    t: String,
+    u: Option<String>,
+    up: String,
+    /// The upstream's challenge (`WWW-Authenticate`), if a request got one.
+    c: Option<String>,
+    /// Until when the link works (ms since the epoch).
+    x: i64,
+}
+
+/// The sealed `state` of an authorization in progress.
+#[derive(Serialize, Deserialize)]
+struct Pending {
+    t: String,
+    u: Option<String>,
+    up: String,
+    verifier: String,
+    server: ServerMetadata,
+    client: Client,
+    resource: String,
+    scope: Option<String>,
+    x: i64,
+}
+
+/// What the vault keeps with a user's tokens (the grant's particulars).
+#[derive(Serialize, Deserialize)]
+struct Particulars {
+    issuer: String,
+    token_endpoint: String,
+    client: Client,
+    resource: String,
+    scope: Option<String>,
+    refresh_token: Option<String>,
+    /// When to renew (ms since the epoch), if the token expires.
+    renew_at_ms: Option<i64>,
+}
+
+/// A caller: tenant, and user if any.
+type Whose = (Arc<str>, Option<Arc<str>>);
+
+/// A page for the browser: status and text.
+pub type Page = (http::StatusCode, String);
+
+pub struct Delegation {
+    vault: Vault,
+    /// The router's address as users reach it.
+    base: String,
+    upstreams: HashMap<String, DelegatedConfig>,
+    /// Clients registered dynamically, by issuer.
+    registered: Mutex<HashMap<String, Client>>,
+    /// Users' catalogs of these upstreams, by (tenant, user).
+    catalogs: Mutex<HashMap<Whose, Arc<switchboard_catalog::Catalog>>>,
+}
+
+impl Delegation {
+    pub fn new(vault: Vault, base: String, configs: &[DelegatedConfig]) -> Delegation {
+        Delegation {
+            vault,
+            base,
+            upstreams: configs.iter().map(|c| (c.upstream.clone(), c.clone())).collect(),
+            registered: Mutex::default(),
+            catalogs: Mutex::default(),
+        }
+    }
+
+    /// Whether `upstream` acts for each user.
+    pub fn covers(&self, upstream: &str) -> bool {
+        self.upstreams.contains_key(upstream)
+    }
+
+    fn redirect_uri(&self) -> String {
+        format!("{}/oauth/callback", self.base)
+    }
+
+    /// The authorization link for `who` and `upstream`, which refused a
+    /// request with `challenge` (if any); `None` without a vault key.
+    pub fn link(&self, who: &Principal, upstream: &str, challenge: Option<&str>) -> Option<String> {
+        let start = Start {
+            t: who.tenant.name.to_string(),
+            u: who.user.as_deref().map(str::to_owned),
+            up: upstream.to_owned(),
+            c: challenge.map(str::to_owned),
+            x: now_ms() + LINK_LIFE_MS,
+        };
+        let sealed = self.vault.seal_state(&serde_json::to_vec(&start).expect("serializable"))?;
+        Some(format!("{}/oauth/start?s={sealed}", self.base))
+    }
+
+    /// A user's token was refused outright (401): it is dropped, so that
+    /// the user is asked again rather than the upstream sent it again.
+    pub fn refused(&self, who: &Principal, upstream: &str) {
+        let user = who.user.as_deref();
+        if self.vault.grant(&who.tenant.name, user, upstream).is_none() {
+            return;
+        }
+        let (vault, tenant, user, upstream) =
+            (self.vault.clone(), who.tenant.name.to_string(), user.map(str::to_owned), upstream.to_owned());
+        tracing::info!(upstream = %upstream, tenant = %tenant, "the upstream refused a user's token; dropped, the user is asked to authorize again");
+        tokio::spawn(async move {
+            if let Err(e) = vault.delete(&tenant, user.as_deref(), &upstream).await {
+                tracing::warn!(upstream = %upstream, error = %e, "cannot drop a refused token");
+            }
+        });
+    }
+
+    /// `GET /oauth/start?s=…`: where the link leads. Redirects to the
+    /// authorization server, or says in a page why it cannot.
+    pub async fn start(&self, query: &str) -> Result<String, Page> {
+        let sealed = param(query, "s").ok_or_else(|| bad("this link is incomplete"))?;
+        let start: Start = self
+            .vault
+            .open_state(&sealed)
+            .and_then(|plain| serde_json::from_slice(&plain).ok())
+            .ok_or_else(|| bad("this link is not one of this router's (or its key changed)"))?;
+        if start.x < now_ms() {
+            return Err(bad("this link has expired: make the request again for a new one"));
+        }
+        let config = self.upstreams.get(&start.up).ok_or_else(|| bad("this upstream no longer acts for users"))?;
+        let name = start.up.clone();
+        let failed = |why: String| {
+            tracing::warn!(upstream = %name, error = %why, "cannot start an upstream authorization");
+            (http::StatusCode::BAD_GATEWAY, format!("Cannot authorize {name}: {why}"))
+        };
+        let challenge = match &start.c {
+            Some(c) => delegated::parse_challenge(c).unwrap_or_default(),
+            None => self.probe(config).await,
+        };
+        let found = delegated::discover(&config.fetcher, &config.server_url, &challenge).await.map_err(failed)?;
+        let client = self.client(config, &found.server).await.map_err(failed)?;
+        let granted = self
+            .vault
+            .grant(&start.t, start.u.as_deref(), &start.up)
+            .and_then(|g| serde_json::from_value::<Particulars>((*g.particulars).clone()).ok())
+            .and_then(|p| p.scope);
+        // A step-up (403, insufficient scope) asks for what was granted too.
+        let step_up = challenge.error.as_deref() == Some("insufficient_scope");
+        let scope = delegated::choose_scope(
+            challenge.scope.as_deref(),
+            &found.resource.scopes_supported,
+            &found.server.scopes_supported,
+            if step_up { granted.as_deref() } else { None },
+        )
+        .or_else(|| config.scope.clone());
+        let resource = config.resource.clone().unwrap_or_else(|| found.resource.resource.clone());
+        let pkce = Pkce::new();
+        let pending = Pending {
+            t: start.t,
+            u: start.u,
+            up: start.up,
+            verifier: pkce.verifier.clone(),
+            server: found.server,
+            client,
+            resource,
+            scope,
+            x: now_ms() + LINK_LIFE_MS,
+        };
+        let state = self
+            .vault
+            .seal_state(&serde_json::to_vec(&pending).expect("serializable"))
+            .ok_or_else(|| failed("no vault key".into()))?;
+        delegated::authorization_url(
+            &pending.server,
+            &pending.client.client_id,
+            &self.redirect_uri(),
+            &state,
+            &pkce,
+            pending.scope.as_deref(),
+            &pending.resource,
+        )
+        .map_err(failed)
+    }
+
+    /// The upstream's challenge to a request without a token.
+    async fn probe(&self, config: &DelegatedConfig) -> Challenge {
+        let body = bytes::Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"switchboard","version":"0"}}}"#,
+        );
+        let answer =
+            config.fetcher.fetch(http::Method::POST, &config.server_url, Some(("application/json", body)), None).await;
+        answer.ok().and_then(|a| a.challenge).and_then(|c| delegated::parse_challenge(&c)).unwrap_or_default()
+    }
+
+    /// The router's client at `server`: the configured one, else its client
+    /// ID metadata document's URL where the server takes those, else one
+    /// registered dynamically (once per server).
+    async fn client(&self, config: &DelegatedConfig, server: &ServerMetadata) -> Result<Client, String> {
+        if let Some(id) = &config.client_id {
+            let auth = config.auth.unwrap_or_else(|| {
+                TokenAuth::choose(&server.token_endpoint_auth_methods_supported, config.client_secret.is_some())
+            });
+            return Ok(Client { client_id: id.clone(), client_secret: config.client_secret.clone(), auth });
+        }
+        let document = config
+            .client_metadata_url
+            .clone()
+            .or_else(|| self.base.starts_with("https://").then(|| format!("{}/oauth/client-metadata.json", self.base)));
+        if let (true, Some(url)) = (server.client_id_metadata_document_supported, document) {
+            return Ok(Client { client_id: url, client_secret: None, auth: TokenAuth::None });
+        }
+        if let Some(client) = self.registered.lock().expect("lock").get(&server.issuer) {
+            return Ok(client.clone());
+        }
+        let client = delegated::register(&config.fetcher, server, &self.redirect_uri(), "Switchboard").await?;
+        let mut registered = self.registered.lock().expect("lock");
+        if registered.len() >= MAX_REGISTRATIONS {
+            registered.clear();
+        }
+        registered.insert(server.issuer.clone(), client.clone());
+        Ok(client)
+    }
+
+    /// The router's client ID metadata document.
+    pub fn client_metadata(&self) -> Value {
+        json!({
+            "client_id": format!("{}/oauth/client-metadata.json", self.base),
+            "client_name": "Switchboard",
+            "redirect_uris": [self.redirect_uri()],
+            "grant_types": ["authorization_code", "refresh_token"],
+            "response_types": ["code"],
+            "token_endpoint_auth_method": "none",
+        })
+    }
+
+    /// `GET /oauth/callback?…`: the authorization server's answer. Stores
+    /// the user's tokens; a page says what happened.
+    pub async fn callback(&self, query: &str) -> Page {
+        match self.complete(query).await {
+            Ok((upstream, user)) => (
+                http::StatusCode::OK,
+                format!(
+                    "Switchboard can now reach {upstream} for {}. You can close this page and return to your client.",
+                    user.as_deref().unwrap_or("your tenant")
+                ),
+            ),
+            Err(page) => page,
+        }
+    }
+
+    async fn complete(&self, query: &str) -> Result<(String, Option<String>), Page> {
+        let state = param(query, "state").ok_or_else(|| bad("the authorization response has no state"))?;
+        let pending: Pending = self
+            .vault
+            .open_state(&state)
+            .and_then(|plain| serde_json::from_slice(&plain).ok())
+            .ok_or_else(|| bad("the authorization response's state is not one of this router's"))?;
+        if pending.x < now_ms() {
+            return Err(bad("this authorization took too long: make the request again"));
+        }
+        let config = self.upstreams.get(&pending.up).ok_or_else(|| bad("this upstream no longer acts for users"))?;
+        let refused = |why: String| {
+            tracing::warn!(upstream = %pending.up, error = %why, "an upstream authorization failed");
+            (http::StatusCode::BAD_GATEWAY, format!("Cannot authorize {}: {why}", pending.up))
+        };
+        let code = delegated::authorization_code(query, &state, &pending.server).map_err(refused)?;
+        let pkce = Pkce::of(pending.verifier.clone());
+        let tokens = delegated::exchange_code(
+            &config.fetcher,
+            &pending.server,
+            &pending.client,
+            &code,
+            &pkce,
+            &self.redirect_uri(),
+            &pending.resource,
+        )
+        .await
+        .map_err(refused)?;
+        let particulars = Particulars {
+            issuer: pending.server.issuer.clone(),
+            token_endpoint: delegated::token_endpoint(&pending.server).map_err(refused)?.to_owned(),
+            client: pending.client.clone(),
+            resource: pending.resource.clone(),
+            scope: tokens.scope.clone().or_else(|| pending.scope.clone()),
+            refresh_token: tokens.refresh_token.clone(),
+            renew_at_ms: tokens.expires_in.map(|s| now_ms() + delegated::use_for(Some(s)).as_millis() as i64),
+        };
+        self.store(&pending.t, pending.u.as_deref(), &pending.up, &tokens.access_token, &particulars, None)
+            .await
+            .map_err(|e| refused(e.to_string()))?;
+        tracing::info!(upstream = %pending.up, tenant = %pending.t, "a user authorized the router at an upstream");
+        self.forget_catalog(&pending.t, pending.u.as_deref());
+        Ok((pending.up, pending.u))
+    }
+
+    async fn store(
+        &self,
+        tenant: &str,
+        user: Option<&str>,
+        upstream: &str,
+        access_token: &str,
+        particulars: &Particulars,
+        replacing: Option<&str>,
+    ) -> Result<bool, switchboard_vault::VaultError> {
+        let new = NewCredential {
+            tenant: tenant.to_owned(),
+            user: user.map(str::to_owned),
+            upstream: upstream.to_owned(),
+            headers: vec![("Authorization".into(), format!("Bearer {access_token}"))],
+        };
+        let particulars = serde_json::to_value(particulars).expect("serializable");
+        self.vault.put_grant(new, particulars, replacing, now_ms()).await
+    }
+
+    /// Renews, now, every grant due (its refresh token traded for new
+    /// tokens). A renewal another replica stored first wins.
+    pub async fn renew_due(&self) {
+        let now = now_ms();
+        for grant in self.vault.grants() {
+            let Ok(p) = serde_json::from_value::<Particulars>((*grant.particulars).clone()) else { continue };
+            let (Some(at), Some(refresh_token)) = (p.renew_at_ms, p.refresh_token.as_deref()) else { continue };
+            if at > now {
+                continue;
+            }
+            let Some(config) = self.upstreams.get(&grant.upstream) else { continue };
+            let server: ServerMetadata = match serde_json::from_value(json!({
+                "issuer": p.issuer, "token_endpoint": p.token_endpoint
+            })) {
+                Ok(s) => s,
+                Err(_) => continue,
+            };
+            match delegated::refresh(&config.fetcher, &server, &p.client, refresh_token, &p.resource).await {
+                Ok(tokens) => {
+                    let renewed = Particulars {
+                        refresh_token: tokens.refresh_token.clone().or(p.refresh_token.clone()),
+                        scope: tokens.scope.clone().or(p.scope.clone()),
+                        renew_at_ms: tokens
+                            .expires_in
+                            .map(|s| now_ms() + delegated::use_for(Some(s)).as_millis() as i64),
+                        ..p
+                    };
+                    let user = Some(grant.user.as_str()).filter(|u| !u.is_empty());
+                    let stored = self
+                        .store(
+                            &grant.tenant,
+                            user,
+                            &grant.upstream,
+                            &tokens.access_token,
+                            &renewed,
+                            Some(&grant.sealed),
+                        )
+                        .await;
+                    match stored {
+                        Ok(true) => tracing::debug!(upstream = %grant.upstream, "renewed a user's upstream token"),
+                        Ok(false) => tracing::debug!(upstream = %grant.upstream, "another replica renewed it first"),
+                        Err(e) => {
+                            tracing::warn!(upstream = %grant.upstream, error = %e, "cannot store a renewed token")
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(upstream = %grant.upstream, tenant = %grant.tenant, error = %e, "cannot renew a user's upstream token; the user will be asked to authorize again when it is refused")
+                }
+            }
+        }
+    }
+
+    /// Renews grants in the background, until the router stops.
+    pub fn start_renewing(self: &Arc<Self>) {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(RENEW_EVERY).await;
+                let Some(me) = me.upgrade() else { return };
+                me.renew_due().await;
+            }
+        });
+    }
+
+    /// The catalog of these upstreams as `who` sees them (its requests
+    /// carry their tokens), made on first use.
+    pub fn catalog(
+        &self,
+        who: &Principal,
+        upstreams: &switchboard_upstream::Upstreams,
+        config: &switchboard_catalog::CatalogConfig,
+    ) -> Arc<switchboard_catalog::Catalog> {
+        let key = (who.tenant.name.clone(), who.user.clone());
+        let mut catalogs = self.catalogs.lock().expect("lock");
+        if let Some(catalog) = catalogs.get(&key) {
+            return catalog.clone();
+        }
+        if catalogs.len() >= MAX_USER_CATALOGS {
+            // Dropped, not closed: their channels end with their last user.
+            catalogs.clear();
+        }
+        let vault = self.vault.clone();
+        let (tenant, user) = (who.tenant.name.clone(), who.user.clone());
+        let names: Vec<Arc<str>> = upstreams.iter().map(|u| u.name.clone()).collect();
+        // Without a token the lists are asked for all the same (with the
+        // upstream's other headers): its refusal's challenge says what to
+        // ask the user for.
+        let acting: switchboard_catalog::Acting =
+            Box::new(move |u: UpstreamId| vault.credentials(&tenant, user.as_deref(), &names[u.index()], false));
+        let metrics = Arc::new(switchboard_catalog::metrics::Metrics::new(&prometheus::Registry::new()));
+        let covered: Vec<String> = self.upstreams.keys().cloned().collect();
+        let catalog = switchboard_catalog::Catalog::new(
+            upstreams.clone(),
+            config.clone(),
+            metrics,
+            Box::new(|_| Arc::new(switchboard_upstream::Discard)),
+            Box::new(|_| {}),
+        )
+        .covering(move |u| covered.iter().any(|c| **c == *u.name))
+        .acting_for(acting);
+        let catalog = Arc::new(catalog);
+        catalogs.insert(key, catalog.clone());
+        catalog
+    }
+
+    /// Drops a user's catalog (their grants changed): the next list makes
+    /// it afresh.
+    fn forget_catalog(&self, tenant: &str, user: Option<&str>) {
+        let key = (Arc::from(tenant), user.map(Arc::from));
+        self.catalogs.lock().expect("lock").remove(&key);
+    }
+
+    /// Whether `who` holds a grant for `upstream`.
+    pub fn holds(&self, who: &Principal, upstream: &str) -> bool {
+        self.vault.grant(&who.tenant.name, who.user.as_deref(), upstream).is_some()
+    }
+}
+
+fn now_ms() -> i64 {
+    switchboard_core::time::now_ms()
+}
+
+fn bad(why: &str) -> Page {
+    (http::StatusCode::BAD_REQUEST, why.to_owned())
+}
+
+/// The value of `name` in a URL query, decoded.
+fn param(query: &str, name: &str) -> Option<String> {
+    delegated::query_pairs(query).into_iter().find(|(k, _)| k == name).map(|(_, v)| v)
+}
