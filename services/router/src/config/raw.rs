@@ -301,25 +301,14 @@ fn upstream_oauth(
     if client_id.is_none() {
         fail("client_id", "is required");
     }
-    let secret = match (raw.client_secret.clone(), raw.client_secret_file.as_deref()) {
-        (Some(s), None) if !s.is_empty() => Some(s),
-        (None, Some(file)) => match std::fs::read_to_string(file) {
-            Ok(s) if !s.trim().is_empty() => Some(s.trim().to_owned()),
-            Ok(_) => {
-                fail("client_secret_file", "is empty");
-                None
-            }
-            Err(e) => {
-                fail("client_secret_file", &format!("cannot read {file:?}: {e}"));
-                None
-            }
-        },
-        (Some(_), Some(_)) => {
-            fail("client_secret_file", "give client_secret or client_secret_file, not both");
+    let secret = match oauth_secret(&raw) {
+        Ok(Some(secret)) => Some(secret),
+        Ok(None) => {
+            fail("client_secret", "is required (or client_secret_file)");
             None
         }
-        _ => {
-            fail("client_secret", "is required (or client_secret_file)");
+        Err((field, problem)) => {
+            fail(field, &problem);
             None
         }
     };
@@ -338,18 +327,7 @@ fn upstream_oauth(
         );
         ok = false;
     }
-    let ca = match raw.ca.as_deref() {
-        Some(path) => match std::fs::read(path) {
-            Ok(pem) => Some(pem),
-            Err(e) => {
-                bad(key("oauth.ca"), format!("cannot read {path:?}: {e}"));
-                ok = false;
-                None
-            }
-        },
-        None => None,
-    };
-    let fetcher = match switchboard_oauth::fetch::Fetcher::new(ca.as_deref(), Duration::from_secs(10), egress.clone()) {
+    let fetcher = match oauth_fetcher(raw.ca.as_deref(), egress) {
         Ok(f) => f,
         Err(e) => {
             bad(key("oauth.ca"), e);
@@ -370,6 +348,33 @@ fn upstream_oauth(
     };
     let token = crate::own_token::ClientToken::new(name, ClientCredentials::new(settings, fetcher), headers.to_vec());
     Some(UpstreamOAuth::Own(switchboard_upstream::config::Own(std::sync::Arc::new(token))))
+}
+
+/// The client secret of `[upstreams.oauth]`: `client_secret`, or the
+/// contents of `client_secret_file`; `None` if neither is given; else the
+/// field at fault and why.
+fn oauth_secret(raw: &RawUpstreamOAuth) -> Result<Option<String>, (&'static str, String)> {
+    match (raw.client_secret.as_deref(), raw.client_secret_file.as_deref()) {
+        (None, None) => Ok(None),
+        (Some(s), None) if !s.is_empty() => Ok(Some(s.to_owned())),
+        (Some(_), None) => Err(("client_secret", "is empty".into())),
+        (None, Some(file)) => match std::fs::read_to_string(file) {
+            Ok(s) if !s.trim().is_empty() => Ok(Some(s.trim().to_owned())),
+            Ok(_) => Err(("client_secret_file", "is empty".into())),
+            Err(e) => Err(("client_secret_file", format!("cannot read {file:?}: {e}"))),
+        },
+        (Some(_), Some(_)) => Err(("client_secret_file", "give client_secret or client_secret_file, not both".into())),
+    }
+}
+
+/// The fetcher of `[upstreams.oauth]`: through the egress guard, trusting
+/// the PEM file `ca` too if given.
+fn oauth_fetcher(
+    ca: Option<&str>,
+    egress: &switchboard_core::egress::Egress,
+) -> Result<switchboard_oauth::fetch::Fetcher, String> {
+    let pem = ca.map(|path| std::fs::read(path).map_err(|e| format!("cannot read {path:?}: {e}"))).transpose()?;
+    switchboard_oauth::fetch::Fetcher::new(pem.as_deref(), Duration::from_secs(10), egress.clone())
 }
 
 /// `[upstreams.oauth] grant = "authorization_code"` validated.
@@ -394,21 +399,10 @@ fn delegated_oauth(
         }
     }
     let client_id = raw.client_id.clone().filter(|c| !c.is_empty());
-    let secret = match (raw.client_secret.clone(), raw.client_secret_file.as_deref()) {
-        (Some(s), None) if !s.is_empty() => Some(s),
-        (None, Some(file)) => match std::fs::read_to_string(file) {
-            Ok(s) if !s.trim().is_empty() => Some(s.trim().to_owned()),
-            _ => {
-                fail("client_secret_file", &format!("cannot read {file:?}, or it is empty"));
-                None
-            }
-        },
-        (None, None) => None,
-        _ => {
-            fail("client_secret", "give one of client_secret and client_secret_file, not empty");
-            None
-        }
-    };
+    let secret = oauth_secret(&raw).unwrap_or_else(|(field, problem)| {
+        fail(field, &problem);
+        None
+    });
     if secret.is_some() && client_id.is_none() {
         fail("client_secret", "needs client_id");
     }
@@ -433,17 +427,7 @@ fn delegated_oauth(
     if headers.iter().any(|(n, _)| n == http::header::AUTHORIZATION) {
         fail("headers.Authorization", "each user's OAuth token goes in Authorization: remove it");
     }
-    let ca = match raw.ca.as_deref() {
-        Some(path) => match std::fs::read(path) {
-            Ok(pem) => Some(pem),
-            Err(e) => {
-                fail("ca", &format!("cannot read {path:?}: {e}"));
-                None
-            }
-        },
-        None => None,
-    };
-    let fetcher = match switchboard_oauth::fetch::Fetcher::new(ca.as_deref(), Duration::from_secs(10), egress.clone()) {
+    let fetcher = match oauth_fetcher(raw.ca.as_deref(), egress) {
         Ok(f) => f,
         Err(e) => {
             fail("ca", &e);
