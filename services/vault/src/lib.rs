@@ -348,6 +348,19 @@ impl Vault {
     /// and upstream), and reloads this replica's snapshot at once. The
     /// caller checks that the tenant and upstream exist.
     pub async fn put(&self, new: NewCredential, now_ms: i64) -> Result<CredentialRow, VaultError> {
+        Ok(self.store(new, None, None, now_ms).await?.expect("stored without a compare-and-set"))
+    }
+
+    /// Stores a credential (an OAuth grant's, with its `grant`
+    /// particulars); with `replacing`, only if that sealed record is still
+    /// the one stored (`Ok(None)` if not). Reloads this replica's snapshot.
+    async fn store(
+        &self,
+        new: NewCredential,
+        grant: Option<serde_json::Value>,
+        replacing: Option<&str>,
+        now_ms: i64,
+    ) -> Result<Option<CredentialRow>, VaultError> {
         let db = self.db()?;
         let keyring = self.inner.keyring.as_ref().ok_or(VaultError::NoKey)?;
         let user = new.user.clone().unwrap_or_default();
@@ -376,29 +389,37 @@ impl Vault {
             headers.push((name.as_str().to_owned(), value.to_str().unwrap_or_default().to_owned()));
             names.push(name);
         }
-        let existing = db.credentials(Some(&new.tenant)).await?;
-        let replaces = existing.iter().any(|r| r.user_id == user && r.upstream == new.upstream);
-        if !replaces && existing.len() as u64 >= u64::from(self.inner.max_per_tenant) {
-            return Err(VaultError::TooMany { tenant: new.tenant, max: self.inner.max_per_tenant });
+        if replacing.is_none() {
+            let existing = db.credentials(Some(&new.tenant)).await?;
+            let replaces = existing.iter().any(|r| r.user_id == user && r.upstream == new.upstream);
+            if !replaces && existing.len() as u64 >= u64::from(self.inner.max_per_tenant) {
+                return Err(VaultError::TooMany { tenant: new.tenant, max: self.inner.max_per_tenant });
+            }
         }
         let mut row = CredentialRow {
             tenant: new.tenant,
             user_id: user,
             upstream: new.upstream,
-            kind: "headers".into(),
+            kind: if grant.is_some() { "oauth" } else { "headers" }.into(),
             key_id: keyring.current().id().to_owned(),
             sealed: String::new(),
             names: names.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(","),
             created_at_ms: now_ms,
             updated_at_ms: now_ms,
         };
-        let plain = serde_json::to_vec(&Secret { headers, grant: None }).expect("serializable");
+        let plain = serde_json::to_vec(&Secret { headers, grant }).expect("serializable");
         row.sealed = keyring.current().seal(aad(&row).as_bytes(), &plain);
-        db.put_credential(&row).await?;
+        let stored = match replacing {
+            None => {
+                db.put_credential(&row).await?;
+                true
+            }
+            Some(was) => db.reseal_credentials(&[(row.clone(), was.to_owned())]).await? == 1,
+        };
         if let Err(e) = self.reload().await {
             tracing::warn!(error = %e, "vault: stored a credential but could not reload; the next refresh will");
         }
-        Ok(row)
+        Ok(stored.then_some(row))
     }
 
     /// Stores the OAuth grant of `user` of `tenant` (`None`: the tenant's
@@ -413,45 +434,7 @@ impl Vault {
         replacing: Option<&str>,
         now_ms: i64,
     ) -> Result<bool, VaultError> {
-        let db = self.db()?;
-        let keyring = self.inner.keyring.as_ref().ok_or(VaultError::NoKey)?;
-        let user = new.user.clone().unwrap_or_default();
-        let mut headers = Vec::with_capacity(new.headers.len());
-        for (name, value) in &new.headers {
-            let (name, value) = switchboard_core::credential::header(name, value).map_err(VaultError::Invalid)?;
-            headers.push((name.as_str().to_owned(), value.to_str().unwrap_or_default().to_owned()));
-        }
-        if replacing.is_none() {
-            let existing = db.credentials(Some(&new.tenant)).await?;
-            let replaces = existing.iter().any(|r| r.user_id == user && r.upstream == new.upstream);
-            if !replaces && existing.len() as u64 >= u64::from(self.inner.max_per_tenant) {
-                return Err(VaultError::TooMany { tenant: new.tenant, max: self.inner.max_per_tenant });
-            }
-        }
-        let mut row = CredentialRow {
-            tenant: new.tenant,
-            user_id: user,
-            upstream: new.upstream,
-            kind: "oauth".into(),
-            key_id: keyring.current().id().to_owned(),
-            sealed: String::new(),
-            names: headers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(","),
-            created_at_ms: now_ms,
-            updated_at_ms: now_ms,
-        };
-        let plain = serde_json::to_vec(&Secret { headers, grant: Some(particulars) }).expect("serializable");
-        row.sealed = keyring.current().seal(aad(&row).as_bytes(), &plain);
-        let stored = match replacing {
-            None => {
-                db.put_credential(&row).await?;
-                true
-            }
-            Some(was) => db.reseal_credentials(&[(row, was.to_owned())]).await? == 1,
-        };
-        if let Err(e) = self.reload().await {
-            tracing::warn!(error = %e, "vault: stored a grant but could not reload; the next refresh will");
-        }
-        Ok(stored)
+        Ok(self.store(new, Some(particulars), replacing, now_ms).await?.is_some())
     }
 
     /// The OAuth grant stored for exactly `user` of `tenant` (`None`: the
