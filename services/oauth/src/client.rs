@@ -1,5 +1,6 @@
 //! The router as an OAuth 2.1 client of an upstream: the client credentials
-//! grant (RFC 6749, section 4.4) for machine-to-machine upstreams, with the
+//! grant (RFC 6749, section 4.4) for machine-to-machine upstreams, and token
+//! exchange (RFC 8693) of a caller's own access token, each with the
 //! upstream as the token's resource (RFC 8707).
 //!
 //! The token endpoint is configured, or found in the issuer's metadata
@@ -55,13 +56,49 @@ impl std::fmt::Debug for Token {
     }
 }
 
+impl Token {
+    /// Whether it is still good to send (not due for renewal).
+    pub fn fresh(&self) -> bool {
+        Instant::now() < self.renew_at
+    }
+
+    /// When to stop sending it.
+    pub fn renew_at(&self) -> Instant {
+        self.renew_at
+    }
+}
+
+/// Where a client's token endpoint is: configured, or found once in its
+/// issuer's metadata.
+struct Endpoint {
+    issuer: Option<String>,
+    token_url: Option<String>,
+    found: tokio::sync::OnceCell<String>,
+}
+
+impl Endpoint {
+    async fn url(&self, fetcher: &Fetcher) -> Result<&str, String> {
+        let endpoint = self
+            .found
+            .get_or_try_init(|| async {
+                if let Some(url) = &self.token_url {
+                    return Ok(url.clone());
+                }
+                let issuer = self.issuer.as_deref().ok_or("neither token_url nor issuer is configured")?;
+                let server = delegated::server_metadata(fetcher, issuer).await?;
+                delegated::token_endpoint(&server).map(str::to_owned)
+            })
+            .await?;
+        Ok(endpoint)
+    }
+}
+
 /// Gets and keeps the tokens of one client.
 pub struct ClientCredentials {
     settings: ClientSettings,
     client: delegated::Client,
     fetcher: Fetcher,
-    /// The token endpoint, once found.
-    endpoint: tokio::sync::OnceCell<String>,
+    endpoint: Endpoint,
     /// The token held; the lock also makes fetches one at a time.
     token: tokio::sync::Mutex<Option<Token>>,
 }
@@ -73,13 +110,12 @@ impl ClientCredentials {
             client_secret: Some(settings.client_secret.clone()),
             auth: settings.auth,
         };
-        ClientCredentials {
-            settings,
-            client,
-            fetcher,
-            endpoint: tokio::sync::OnceCell::new(),
-            token: tokio::sync::Mutex::new(None),
-        }
+        let endpoint = Endpoint {
+            issuer: settings.issuer.clone(),
+            token_url: settings.token_url.clone(),
+            found: tokio::sync::OnceCell::new(),
+        };
+        ClientCredentials { settings, client, fetcher, endpoint, token: tokio::sync::Mutex::new(None) }
     }
 
     /// A token good for now: the one held, or a new one.
@@ -101,23 +137,8 @@ impl ClientCredentials {
         }
     }
 
-    async fn token_endpoint(&self) -> Result<&str, String> {
-        let endpoint = self
-            .endpoint
-            .get_or_try_init(|| async {
-                if let Some(url) = &self.settings.token_url {
-                    return Ok(url.clone());
-                }
-                let issuer = self.settings.issuer.as_deref().ok_or("neither token_url nor issuer is configured")?;
-                let server = delegated::server_metadata(&self.fetcher, issuer).await?;
-                delegated::token_endpoint(&server).map(str::to_owned)
-            })
-            .await?;
-        Ok(endpoint)
-    }
-
     async fn fetch(&self) -> Result<Token, String> {
-        let endpoint = self.token_endpoint().await?;
+        let endpoint = self.endpoint.url(&self.fetcher).await?;
         let s = &self.settings;
         let mut form = vec![("grant_type", "client_credentials"), ("resource", s.resource.as_str())];
         if let Some(scope) = &s.scope {
@@ -125,6 +146,66 @@ impl ClientCredentials {
         }
         let started = Instant::now();
         let tokens = delegated::token_request(&self.fetcher, endpoint, &self.client, form).await?;
+        Ok(Token { value: Arc::from(tokens.access_token), renew_at: started + delegated::use_for(tokens.expires_in) })
+    }
+}
+
+/// The token type of an access token (RFC 8693, section 3).
+pub const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
+/// The token exchange grant type (RFC 8693, section 2.1).
+pub const TOKEN_EXCHANGE_GRANT: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+
+/// Token exchange (RFC 8693): a caller's access token, the subject token,
+/// traded at the authorization server for a token of the upstream (its
+/// `resource`, and `audience` if configured) acting for the same user.
+pub struct TokenExchanger {
+    settings: ClientSettings,
+    audience: Option<String>,
+    client: delegated::Client,
+    fetcher: Fetcher,
+    endpoint: Endpoint,
+}
+
+impl TokenExchanger {
+    pub fn new(settings: ClientSettings, audience: Option<String>, fetcher: Fetcher) -> TokenExchanger {
+        let client = delegated::Client {
+            client_id: settings.client_id.clone(),
+            client_secret: Some(settings.client_secret.clone()),
+            auth: settings.auth,
+        };
+        let endpoint = Endpoint {
+            issuer: settings.issuer.clone(),
+            token_url: settings.token_url.clone(),
+            found: tokio::sync::OnceCell::new(),
+        };
+        TokenExchanger { settings, audience, client, fetcher, endpoint }
+    }
+
+    /// A token of the upstream for the user of `subject_token`.
+    pub async fn exchange(&self, subject_token: &str) -> Result<Token, String> {
+        let endpoint = self.endpoint.url(&self.fetcher).await?;
+        let s = &self.settings;
+        let mut form = vec![
+            ("grant_type", TOKEN_EXCHANGE_GRANT),
+            ("subject_token", subject_token),
+            ("subject_token_type", ACCESS_TOKEN_TYPE),
+            ("requested_token_type", ACCESS_TOKEN_TYPE),
+            ("resource", s.resource.as_str()),
+        ];
+        if let Some(audience) = &self.audience {
+            form.push(("audience", audience));
+        }
+        if let Some(scope) = &s.scope {
+            form.push(("scope", scope));
+        }
+        let started = Instant::now();
+        let tokens = delegated::token_request(&self.fetcher, endpoint, &self.client, form).await?;
+        if tokens.issued_token_type.as_deref().is_some_and(|t| t != ACCESS_TOKEN_TYPE) {
+            return Err(format!(
+                "the authorization server issued a {:?}, not an access token",
+                tokens.issued_token_type
+            ));
+        }
         Ok(Token { value: Arc::from(tokens.access_token), renew_at: started + delegated::use_for(tokens.expires_in) })
     }
 }

@@ -482,6 +482,9 @@ pub struct Tokens {
     pub refresh_token: Option<String>,
     #[serde(default)]
     pub scope: Option<String>,
+    /// What a token exchange issued (RFC 8693, section 2.2.1).
+    #[serde(default)]
+    pub issued_token_type: Option<String>,
 }
 
 impl std::fmt::Debug for Tokens {

@@ -71,9 +71,17 @@ pub struct App {
     pub database: Option<Database>,
     /// Upstream credentials of tenants and users (opened from the database).
     pub vault: switchboard_vault::Vault,
-    /// The upstreams that act for each user, and their users' tokens
-    /// (`None` if there are none).
+    /// Whose credentials requests carry: the vault's, and exchanged tokens.
+    pub keychain: Arc<crate::keychain::RouterKeychain>,
+    /// The upstreams that act for each user with their consent, and their
+    /// users' tokens (`None` if there are none).
     pub delegation: Option<Arc<crate::delegation::Delegation>>,
+    /// The upstreams that take each caller's own token, exchanged (`None`
+    /// if there are none).
+    pub exchange: Option<Arc<crate::token_exchange::TokenExchange>>,
+    /// Each user's catalog of the upstreams acting for each user (`None`
+    /// if there are none).
+    pub user_catalogs: Option<Arc<crate::user_catalogs::UserCatalogs>>,
     /// Edge devices and their tools.
     pub edge: Arc<switchboard_devices::Devices>,
     shutting_down: AtomicBool,
@@ -222,11 +230,28 @@ impl App {
                 Catalog::new(upstreams.clone(), config.catalog.clone(), metrics.catalog.clone(), inbox, announce)
                     .covering(|u| !u.config.per_user),
             );
-            let delegation = (!config.delegated.is_empty()).then(|| {
-                let base =
-                    config.server.public_url.clone().unwrap_or_else(|| format!("http://{}", config.server.listen));
-                Arc::new(crate::delegation::Delegation::new(vault.clone(), base, &config.delegated))
-            });
+            let exchange = (!config.exchanged.is_empty())
+                .then(|| Arc::new(crate::token_exchange::TokenExchange::new(&config.exchanged, metrics.registry())));
+            let keychain =
+                Arc::new(crate::keychain::RouterKeychain { vault: vault.clone(), exchange: exchange.clone() });
+            let user_catalogs = config
+                .upstreams
+                .iter()
+                .any(|u| u.per_user)
+                .then(|| Arc::new(crate::user_catalogs::UserCatalogs::new(keychain.clone())));
+            let delegation = match (&user_catalogs, config.delegated.is_empty()) {
+                (Some(catalogs), false) => {
+                    let base =
+                        config.server.public_url.clone().unwrap_or_else(|| format!("http://{}", config.server.listen));
+                    Some(Arc::new(crate::delegation::Delegation::new(
+                        vault.clone(),
+                        base,
+                        &config.delegated,
+                        catalogs.clone(),
+                    )))
+                }
+                _ => None,
+            };
             let catalog_tools = Arc::new(CatalogTools { catalog: catalog.clone(), upstreams: upstreams.clone() });
             let relay: Weak<dyn Relay> = me.clone();
             let sessions = Sessions::new(
@@ -239,7 +264,7 @@ impl App {
                         idle_timeout: config.server.session_idle_timeout,
                         cache: config.sessions.cache,
                     },
-                    keychain: Some(Arc::new(vault.clone())),
+                    keychain: Some(keychain.clone()),
                 },
                 relay,
             );
@@ -257,7 +282,10 @@ impl App {
                 audit,
                 database,
                 vault,
+                keychain,
                 delegation,
+                exchange,
+                user_catalogs,
                 edge,
                 shutting_down: AtomicBool::new(false),
                 changes: tokio::sync::broadcast::channel(256).0,

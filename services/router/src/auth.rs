@@ -188,7 +188,7 @@ impl Front {
 
 /// The bearer token of `Authorization`, if that is how the caller
 /// presented its credential.
-fn bearer(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?.trim();
     if !value.get(..7)?.eq_ignore_ascii_case("bearer ") {
         return None;

@@ -31,13 +31,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use switchboard_core::credential::Keychain;
 use switchboard_core::policy::Principal;
-use switchboard_core::UpstreamId;
 use switchboard_oauth::delegated::{self, Challenge, Client, Pkce, ServerMetadata, TokenAuth};
 use switchboard_vault::{NewCredential, Vault};
 
 use crate::config::DelegatedConfig;
+use crate::user_catalogs::UserCatalogs;
 
 /// How long an authorization link, and a flow once started, stay valid.
 const LINK_LIFE_MS: i64 = 10 * 60 * 1000;
@@ -45,8 +44,6 @@ const LINK_LIFE_MS: i64 = 10 * 60 * 1000;
 const RENEW_EVERY: Duration = Duration::from_secs(15);
 /// Dynamic registrations kept (one per authorization server).
 const MAX_REGISTRATIONS: usize = 256;
-/// Users' catalogs kept on a replica.
-const MAX_USER_CATALOGS: usize = 1024;
 
 /// The sealed content of an authorization link.
 #[derive(Serialize, Deserialize)]
@@ -87,9 +84,6 @@ struct Particulars {
     renew_at_ms: Option<i64>,
 }
 
-/// A caller: tenant, and user if any.
-type Whose = (Arc<str>, Option<Arc<str>>);
-
 /// A page for the browser: status and text.
 pub type Page = (http::StatusCode, String);
 
@@ -100,18 +94,18 @@ pub struct Delegation {
     upstreams: HashMap<String, DelegatedConfig>,
     /// Clients registered dynamically, by issuer.
     registered: Mutex<HashMap<String, Client>>,
-    /// Users' catalogs of these upstreams, by (tenant, user).
-    catalogs: Mutex<HashMap<Whose, Arc<switchboard_catalog::Catalog>>>,
+    /// Users' catalogs (one is made afresh when its user's grant changes).
+    catalogs: Arc<UserCatalogs>,
 }
 
 impl Delegation {
-    pub fn new(vault: Vault, base: String, configs: &[DelegatedConfig]) -> Delegation {
+    pub fn new(vault: Vault, base: String, configs: &[DelegatedConfig], catalogs: Arc<UserCatalogs>) -> Delegation {
         Delegation {
             vault,
             base,
             upstreams: configs.iter().map(|c| (c.upstream.clone(), c.clone())).collect(),
             registered: Mutex::default(),
-            catalogs: Mutex::default(),
+            catalogs,
         }
     }
 
@@ -329,7 +323,7 @@ impl Delegation {
             .await
             .map_err(|e| refused(e.to_string()))?;
         tracing::info!(upstream = %pending.up, tenant = %pending.t, "a user authorized the router at an upstream");
-        self.forget_catalog(&pending.t, pending.u.as_deref());
+        self.catalogs.forget(&pending.t, pending.u.as_deref());
         Ok((pending.up, pending.u))
     }
 
@@ -415,54 +409,6 @@ impl Delegation {
                 me.renew_due().await;
             }
         });
-    }
-
-    /// The catalog of these upstreams as `who` sees them (its requests
-    /// carry their tokens), made on first use.
-    pub fn catalog(
-        &self,
-        who: &Principal,
-        upstreams: &switchboard_upstream::Upstreams,
-        config: &switchboard_catalog::CatalogConfig,
-    ) -> Arc<switchboard_catalog::Catalog> {
-        let key = (who.tenant.name.clone(), who.user.clone());
-        let mut catalogs = self.catalogs.lock().expect("lock");
-        if let Some(catalog) = catalogs.get(&key) {
-            return catalog.clone();
-        }
-        if catalogs.len() >= MAX_USER_CATALOGS {
-            // Dropped, not closed: their channels end with their last user.
-            catalogs.clear();
-        }
-        let vault = self.vault.clone();
-        let (tenant, user) = (who.tenant.name.clone(), who.user.clone());
-        let names: Vec<Arc<str>> = upstreams.iter().map(|u| u.name.clone()).collect();
-        // Without a token the lists are asked for all the same (with the
-        // upstream's other headers): its refusal's challenge says what to
-        // ask the user for.
-        let acting: switchboard_catalog::Acting =
-            Box::new(move |u: UpstreamId| vault.credentials(&tenant, user.as_deref(), &names[u.index()], false));
-        let metrics = Arc::new(switchboard_catalog::metrics::Metrics::new(&prometheus::Registry::new()));
-        let covered: Vec<String> = self.upstreams.keys().cloned().collect();
-        let catalog = switchboard_catalog::Catalog::new(
-            upstreams.clone(),
-            config.clone(),
-            metrics,
-            Box::new(|_| Arc::new(switchboard_upstream::Discard)),
-            Box::new(|_| {}),
-        )
-        .covering(move |u| covered.iter().any(|c| **c == *u.name))
-        .acting_for(acting);
-        let catalog = Arc::new(catalog);
-        catalogs.insert(key, catalog.clone());
-        catalog
-    }
-
-    /// Drops a user's catalog (their grants changed): the next list makes
-    /// it afresh.
-    fn forget_catalog(&self, tenant: &str, user: Option<&str>) {
-        let key = (Arc::from(tenant), user.map(Arc::from));
-        self.catalogs.lock().expect("lock").remove(&key);
     }
 
     /// Whether `who` holds a grant for `upstream`.

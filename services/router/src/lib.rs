@@ -34,12 +34,15 @@ mod downstream;
 pub mod edge;
 pub mod error;
 mod exchange;
+mod keychain;
 mod metrics;
 mod own_token;
 mod server;
 pub mod subject;
 pub mod tls;
+mod token_exchange;
 mod tools;
+mod user_catalogs;
 
 pub use config::Config;
 pub use error::Error;

@@ -52,6 +52,25 @@ pub struct Config {
     /// The upstreams that act for each user (`[upstreams.oauth] grant =
     /// "authorization_code"`), and how the router gets their tokens.
     pub delegated: Vec<DelegatedConfig>,
+    /// The upstreams that take each caller's own OAuth token, exchanged
+    /// (`[upstreams.oauth] grant = "token_exchange"`).
+    pub exchanged: Vec<ExchangedConfig>,
+}
+
+/// `[upstreams.oauth] grant = "token_exchange"`: each caller's OAuth access
+/// token traded (RFC 8693) for one of the upstream.
+#[derive(Clone)]
+pub struct ExchangedConfig {
+    pub upstream: String,
+    pub exchanger: std::sync::Arc<switchboard_oauth::client::TokenExchanger>,
+    /// The upstream's other configured headers, sent beside the token.
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+}
+
+impl std::fmt::Debug for ExchangedConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExchangedConfig").field("upstream", &self.upstream).finish_non_exhaustive()
+    }
 }
 
 /// `[upstreams.oauth] grant = "authorization_code"`: the router, an OAuth
@@ -448,6 +467,40 @@ mod tests {
         ] {
             assert!(keys.contains(&expected), "{expected} missing from {p:?}");
         }
+    }
+
+    #[test]
+    fn token_exchange_needs_the_front_doors_oauth() {
+        let upstream = r#"
+            [[upstreams]]
+            name = "docs"
+            transport = "http"
+            url = "https://docs.example/mcp"
+            [upstreams.oauth]
+            grant = "token_exchange"
+            issuer = "https://as.example"
+            client_id = "router"
+            client_secret = "s"
+            audience = "docs"
+            "#;
+        let p = problems(upstream);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].0, "upstreams.docs.oauth");
+        assert!(p[0].1.contains("configure [oauth]"), "{p:?}");
+        let front = r#"
+            [oauth]
+            resource = "https://router.example/mcp"
+            [oauth.servers.a]
+            issuer = "https://as.example"
+            tenant = "acme"
+            "#;
+        let config = Config::from_toml(&format!("{front}{upstream}")).unwrap();
+        assert_eq!(config.exchanged.len(), 1);
+        // Only that user's token lists or calls it.
+        assert!(config.upstreams[0].per_user && config.upstreams[0].credential_required);
+        // `audience` is the exchange's alone.
+        let p = problems(&upstream.replace("token_exchange", "client_credentials"));
+        assert!(p.iter().any(|(k, _)| k == "upstreams[0].oauth.audience"), "{p:?}");
     }
 
     #[test]

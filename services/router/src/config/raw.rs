@@ -219,7 +219,7 @@ pub struct RawUpstream {
     pub idle_timeout: Option<RawDuration>,
 }
 
-/// `[upstreams.oauth]`: the client credentials grant.
+/// `[upstreams.oauth]`: the router as an OAuth client of an upstream.
 #[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstreamOAuth {
@@ -236,6 +236,9 @@ pub struct RawUpstreamOAuth {
     /// `grant = "authorization_code"`: the URL of the client ID metadata
     /// document the router offers as its client id.
     pub client_metadata_url: Option<String>,
+    /// `grant = "token_exchange"`: the `audience` asked for, beside the
+    /// resource.
+    pub audience: Option<String>,
 }
 
 impl std::fmt::Debug for RawUpstreamOAuth {
@@ -253,6 +256,8 @@ enum UpstreamOAuth {
     Own(switchboard_upstream::config::Own),
     /// Each user's, with their consent (authorization code).
     Delegated(Box<super::DelegatedConfig>),
+    /// Each caller's own token, exchanged (token exchange).
+    Exchanged(Box<super::ExchangedConfig>),
 }
 
 /// `[upstreams.oauth]` validated: the router's own token source for
@@ -267,7 +272,7 @@ fn upstream_oauth(
     key: &dyn Fn(&str) -> String,
     bad: &mut impl FnMut(String, String),
 ) -> Option<UpstreamOAuth> {
-    use switchboard_oauth::client::{ClientCredentials, ClientSettings};
+    use switchboard_oauth::client::{ClientCredentials, ClientSettings, TokenExchanger};
     use switchboard_oauth::delegated::TokenAuth;
     if raw.grant.as_deref() == Some("authorization_code") {
         return delegated_oauth(raw, name, url, headers, egress, key, bad)
@@ -278,15 +283,18 @@ fn upstream_oauth(
         bad(key(&format!("oauth.{field}")), problem.to_owned());
         ok = false;
     };
+    const GRANTS: &str = "\"client_credentials\", \"authorization_code\" or \"token_exchange\"";
+    let exchange = raw.grant.as_deref() == Some("token_exchange");
     match raw.grant.as_deref() {
-        Some("client_credentials") => {}
-        Some(other) => {
-            fail("grant", &format!("{other:?} is not supported (\"client_credentials\" or \"authorization_code\")"))
-        }
-        None => fail("grant", "is required: \"client_credentials\" or \"authorization_code\""),
+        Some("client_credentials" | "token_exchange") => {}
+        Some(other) => fail("grant", &format!("{other:?} is not supported ({GRANTS})")),
+        None => fail("grant", &format!("is required: {GRANTS}")),
     }
     if raw.client_metadata_url.is_some() {
         fail("client_metadata_url", "only applies to grant = \"authorization_code\"");
+    }
+    if raw.audience.is_some() && !exchange {
+        fail("audience", "only applies to grant = \"token_exchange\"");
     }
     let is_url = |u: &str| u.starts_with("https://") || u.starts_with("http://");
     match (raw.issuer.as_deref(), raw.token_url.as_deref()) {
@@ -346,6 +354,14 @@ fn upstream_oauth(
         resource: raw.resource.unwrap_or_else(|| url.to_owned()),
         auth: auth_method,
     };
+    if exchange {
+        let audience = raw.audience.filter(|a| !a.is_empty());
+        return Some(UpstreamOAuth::Exchanged(Box::new(super::ExchangedConfig {
+            upstream: name.to_owned(),
+            exchanger: std::sync::Arc::new(TokenExchanger::new(settings, audience, fetcher)),
+            headers: headers.to_vec(),
+        })));
+    }
     let token = crate::own_token::ClientToken::new(name, ClientCredentials::new(settings, fetcher), headers.to_vec());
     Some(UpstreamOAuth::Own(switchboard_upstream::config::Own(std::sync::Arc::new(token))))
 }
@@ -590,6 +606,7 @@ impl RawConfig {
         // [[upstreams]]
         let mut upstreams = Vec::new();
         let mut delegated = Vec::new();
+        let mut exchanged = Vec::new();
         let mut names = HashSet::new();
         let mut prefixes = HashSet::new();
         for (i, u) in self.upstreams.into_iter().enumerate() {
@@ -707,6 +724,11 @@ impl RawConfig {
                                 Some(UpstreamOAuth::Delegated(d)) => {
                                     per_user = true;
                                     delegated.push(*d);
+                                    None
+                                }
+                                Some(UpstreamOAuth::Exchanged(x)) => {
+                                    per_user = true;
+                                    exchanged.push(*x);
                                     None
                                 }
                                 None => None,
@@ -989,6 +1011,12 @@ impl RawConfig {
         if oauth.is_some() && !auth.required {
             bad("oauth".into(), "OAuth needs authentication on: remove auth.mode = \"none\"".into());
         }
+        if let (Some(first), None) = (exchanged.first(), &oauth) {
+            bad(
+                format!("upstreams.{}.oauth", first.upstream),
+                "grant = \"token_exchange\" trades each caller's OAuth access token: configure [oauth]".into(),
+            );
+        }
 
         // [mtls]
         let mtls = super::mtls::validate(self.mtls, server.tls.is_some(), &mut bad);
@@ -1033,6 +1061,7 @@ impl RawConfig {
                 egress,
                 vault,
                 delegated,
+                exchanged,
             })
         } else {
             Err(ConfigError { problems })

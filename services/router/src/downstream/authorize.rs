@@ -1,7 +1,8 @@
 //! The downstream side of upstreams that act for each user: the pages of
 //! an authorization (`/oauth/start`, `/oauth/callback`, the client ID
-//! metadata document), and an upstream's refusal turned into the link the
-//! user opens.
+//! metadata document), an upstream's refusal turned into the link the
+//! user opens, and each user's own lists of those upstreams (whether their
+//! tokens come from an authorization or a token exchange).
 
 use std::sync::Arc;
 
@@ -49,6 +50,16 @@ fn no_store(mut response: Response<Body>) -> Response<Body> {
 /// refusing the caller's authorization becomes the link that gets it
 /// (`None`: as it is).
 pub fn translate(app: &App, who: Option<&Principal>, session: Option<&Session>, err: &Error) -> Option<Error> {
+    if let (
+        Some(exchange),
+        Some(who),
+        Error::Upstream { upstream, source: UpstreamError::Unauthorized { status: 401, .. } },
+    ) = (&app.exchange, who, err)
+    {
+        if exchange.covers(upstream) {
+            exchange.refused(who, upstream);
+        }
+    }
     let delegation = app.delegation.as_ref()?;
     let (upstream, status, challenge) = match err {
         Error::Upstream { upstream, source: UpstreamError::Unauthorized { status, challenge } } => {
@@ -73,12 +84,18 @@ pub fn translate(app: &App, who: Option<&Principal>, session: Option<&Session>, 
 /// upstream acting for each user (only their token reaches it), else the
 /// router's.
 pub fn era_catalog(app: &App, who: &Principal, u: switchboard_core::UpstreamId) -> Arc<switchboard_catalog::Catalog> {
-    match &app.delegation {
-        Some(delegation) if app.upstreams[u].config.per_user => {
-            delegation.catalog(who, &app.upstreams, &app.config.catalog)
+    match &app.user_catalogs {
+        Some(catalogs) if app.upstreams[u].config.per_user => {
+            catalogs.catalog(who, &app.upstreams, &app.config.catalog)
         }
         _ => app.catalog.clone(),
     }
+}
+
+/// Whether upstream `u` asks its users for their consent (and so offers
+/// an `authorize` tool until it is given).
+fn asks_consent(app: &App, u: switchboard_core::UpstreamId) -> bool {
+    app.delegation.as_ref().is_some_and(|d| d.covers(&app.upstreams[u].name))
 }
 
 /// Whether the client declared URL-mode elicitation.
@@ -104,13 +121,13 @@ fn own_upstreams<'a>(app: &'a App, who: &'a Principal) -> impl Iterator<Item = s
 /// Adds to `page` the items of `kind` that the upstreams acting for each
 /// user list for `who` (fetched with their tokens, and kept as a catalog
 /// of theirs), and, for tools, the `authorize` tool of each such upstream
-/// that lists nothing for them yet. On the last page only.
+/// asking for consent that lists nothing for them yet. On the last page only.
 pub async fn list_own(app: &App, who: &Principal, kind: ListKind, page: &mut Page) {
-    let Some(delegation) = &app.delegation else { return };
+    let Some(catalogs) = &app.user_catalogs else { return };
     if page.is_cut() || own_upstreams(app, who).next().is_none() {
         return;
     }
-    let catalog = delegation.catalog(who, &app.upstreams, &app.config.catalog);
+    let catalog = catalogs.catalog(who, &app.upstreams, &app.config.catalog);
     let mine: Vec<_> = own_upstreams(app, who).collect();
     let snapshot = catalog.ensure_for(&[kind], |u| mine.contains(&u)).await;
     for item in &snapshot.list(kind).items {
@@ -122,7 +139,7 @@ pub async fn list_own(app: &App, who: &Principal, kind: ListKind, page: &mut Pag
         return;
     }
     for u in mine {
-        if catalog.listed(u, ListKind::Tools) {
+        if catalog.listed(u, ListKind::Tools) || !asks_consent(app, u) {
             continue;
         }
         let name = &app.upstreams[u].name;
@@ -145,11 +162,11 @@ pub async fn resolve_own(
     who: &Principal,
     name: &str,
 ) -> Result<Option<(switchboard_core::UpstreamId, Arc<[u8]>)>, Error> {
-    let Some(delegation) = &app.delegation else { return Ok(None) };
+    let Some(catalogs) = &app.user_catalogs else { return Ok(None) };
     if own_upstreams(app, who).next().is_none() {
         return Ok(None);
     }
-    let catalog = delegation.catalog(who, &app.upstreams, &app.config.catalog);
+    let catalog = catalogs.catalog(who, &app.upstreams, &app.config.catalog);
     let mine: Vec<_> = own_upstreams(app, who).collect();
     let found = |snapshot: &switchboard_catalog::Snapshot| {
         snapshot
@@ -165,7 +182,7 @@ pub async fn resolve_own(
         return Ok(Some(hit));
     }
     for &u in &mine {
-        if !catalog.listed(u, ListKind::Tools) && authorize_name(app, u) == name {
+        if !catalog.listed(u, ListKind::Tools) && asks_consent(app, u) && authorize_name(app, u) == name {
             let upstream = app.upstreams[u].name.clone();
             // As the upstream refused its list, if it did (its challenge
             // says what to ask for); else no token yet.
@@ -178,6 +195,20 @@ pub async fn resolve_own(
                     Error::CredentialRequired { upstream, message }
                 }
             });
+        }
+        // A tool of an upstream taking exchanged tokens that lists nothing
+        // for this caller: why (no token to exchange, or the exchange failed).
+        let upstream = &app.upstreams[u];
+        let exchanging = app.exchange.as_ref().is_some_and(|x| x.covers(&upstream.name));
+        let prefix = format!("{}{}", upstream.config.prefix, app.config.catalog.separator);
+        if exchanging
+            && !catalog.listed(u, ListKind::Tools)
+            && !upstream.config.prefix.is_empty()
+            && name.starts_with(&prefix)
+        {
+            if let Err(missing) = app.keychain.current(&who.tenant.name, who.user.as_deref(), &upstream.name, true) {
+                return Err(Error::CredentialRequired { upstream: upstream.name.clone(), message: missing.0 });
+            }
         }
     }
     Ok(None)

@@ -419,3 +419,117 @@ async fn the_delegated_client_registers_authorizes_for_a_user_and_refreshes() {
     assert_eq!(claims(&renewed.access_token)["sub"], "bob");
     assert!(!format!("{tokens:?}").contains(&tokens.access_token), "tokens never shown");
 }
+
+/// Token exchange (RFC 8693) against a real authorization server: each
+/// caller's own access token (the front door's) is traded for a token of
+/// the upstream, naming the same user; the caller's token never reaches the
+/// upstream. Each user's lists of the upstream come with their token; a
+/// caller with an API key (no token to exchange) gets a clear error; an
+/// exchange the server refuses leaves that upstream out of the lists and
+/// the router healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_callers_own_token_is_exchanged_for_one_of_the_upstream() {
+    let (_as, issuer) = authorization_server(&[]).await;
+    let mut options = mock_named("docs");
+    options.whoami = true;
+    options.require_auth = true;
+    let docs = MockServer::start(options).await;
+    let mut options = mock_named("wide");
+    options.require_auth = true;
+    let wide = MockServer::start(options).await;
+    let db = TempDatabase::create().await;
+    let spool = std::env::temp_dir().join(unique("sb-spool-")).join("audit.spool");
+    let exchange = |scope: &str| {
+        format!(
+            "[upstreams.oauth]\ngrant = \"token_exchange\"\nissuer = \"{issuer}\"\n\
+             client_id = \"exchanger\"\nclient_secret = \"exchanger-secret\"\nscope = \"{scope}\"\n"
+        )
+    };
+    let config = format!(
+        "[auth]\nmode = \"keys\"\n[egress]\nallow = [\"loopback\"]\n\
+         [database]\nurl = \"{db}\"\nrefresh = \"200ms\"\n[audit]\nspool = \"{spool}\"\n\
+         [[tenants]]\nname = \"acme\"\nupstreams = [\"docs\", \"wide\"]\naccept = [\"oauth\", \"api_keys\"]\n\
+         [oauth]\nresource = \"http://127.0.0.1:9/mcp\"\n\
+         [oauth.servers.test]\nissuer = \"{issuer}\"\ntenant_claim = \"org\"\n\
+         {docs}{docs_oauth}[upstreams.headers]\nX-Tenant-Hint = \"switchboard\"\n\
+         {wide}{wide_oauth}",
+        db = db.url,
+        spool = spool.display(),
+        docs = http_upstream("docs", &docs.url, ""),
+        docs_oauth = exchange("mcp:list mcp:call"),
+        wide = http_upstream("wide", &wide.url, ""),
+        // Wider than the callers' tokens: the server refuses to exchange.
+        wide_oauth = exchange("mcp:list mcp:call mcp:read"),
+    );
+    let admin = admin_for(&config).await;
+    let key = admin.create_key("acme", None).await.unwrap().key;
+    let router = Router::start(&config).await;
+    let resource = "http://127.0.0.1:9/mcp";
+    let (alice, bob) = (token_of(&issuer, "machine", resource).await, token_of(&issuer, "machine2", resource).await);
+
+    let mut alice_client = Client::with_key(&router.url, &alice);
+    alice_client.initialize().await;
+    // Her list of docs came with her exchanged token; wide's exchange was
+    // refused, so wide lists nothing for her (and offers no authorize tool).
+    let names = alice_client.tool_names().await;
+    assert!(names.contains(&"docs__whoami".to_owned()), "{names:?}");
+    assert!(!names.iter().any(|n| n.starts_with("wide__")), "{names:?}");
+    let (alice_session, seen) = whoami(&alice_client.call_tool("docs__whoami", json!({})).await).unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let exchanged = seen[0].strip_prefix("Bearer ").unwrap_or_else(|| panic!("not a bearer token: {seen:?}"));
+    assert_ne!(exchanged, alice, "the caller's own token went upstream");
+    let token = claims(exchanged);
+    // Her user, the upstream's audience, issued to the router's client.
+    assert_eq!(
+        (token["sub"].as_str(), token["aud"].as_str(), token["client_id"].as_str()),
+        (Some("machine"), Some(docs.url.as_str()), Some("exchanger")),
+        "{token}"
+    );
+    // Kept while good: the next call carries the same one, exchanged once.
+    let (_, seen) = whoami(&alice_client.call_tool("docs__whoami", json!({})).await).unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+
+    // Bob: his own upstream session, his own exchanged token.
+    let mut bob_client = Client::with_key(&router.url, &bob);
+    bob_client.initialize().await;
+    let (bob_session, seen) = whoami(&bob_client.call_tool("docs__whoami", json!({})).await).unwrap();
+    assert_ne!(bob_session, alice_session);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let bobs = seen[0].strip_prefix("Bearer ").unwrap();
+    assert_ne!(bobs, bob);
+    assert_eq!(claims(bobs)["sub"], "machine2");
+    assert_eq!(
+        router.metric("switchboard_token_exchanges_total", &["upstream=\"docs\"", "outcome=\"ok\""]).await,
+        2.0,
+        "one exchange per user"
+    );
+
+    // A stateless (2026-07-28) client's call carries its user's exchanged token too.
+    let mut stateless = Stateless::new(&router.url, json!({}));
+    stateless.client.api_key = Some(alice.clone());
+    let (_, seen) = whoami(&stateless.call("tools/call", json!({"name": "docs__whoami", "arguments": {}})).await)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(claims(seen[0].strip_prefix("Bearer ").unwrap())["sub"], "machine");
+
+    // An API key has no token to exchange: a clear error, nothing sent.
+    let mut keyed = Client::with_key(&router.url, &key);
+    keyed.initialize().await;
+    assert!(!keyed.tool_names().await.iter().any(|n| n.starts_with("docs__")));
+    let error = whoami(&keyed.call_tool("docs__whoami", json!({})).await).unwrap_err();
+    assert_eq!((error["code"].as_i64(), error["data"]["upstream"].as_str()), (Some(-32012), Some("docs")), "{error}");
+    assert!(error["message"].as_str().unwrap().contains("OAuth access token"), "{error}");
+
+    // The refused exchange: its reason is the error, counted, and the
+    // router answers as before.
+    let error = whoami(&alice_client.call_tool("wide__echo", json!({"text": "x"})).await).unwrap_err();
+    assert_eq!(error["code"], -32012, "{error}");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("did not exchange") && message.contains("invalid_scope"), "{message}");
+    assert!(
+        router.metric("switchboard_token_exchanges_total", &["upstream=\"wide\"", "outcome=\"failed\""]).await >= 1.0
+    );
+    let (session, _) = whoami(&alice_client.call_tool("docs__whoami", json!({})).await).unwrap();
+    assert_eq!(session, alice_session);
+    drop(router);
+    db.drop_now().await;
+}

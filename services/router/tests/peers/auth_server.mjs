@@ -14,17 +14,24 @@
 //   - no login page: GET /interaction/:uid logs in the user named by the
 //     authorization request's `login_hint` (else TEST_USER, default "alice")
 //     and consents to exactly the scopes asked for;
-//   - every access token carries an `org` claim (ORG, default "acme").
-// Confidential clients: `router` / `router-secret` (introspection), and
+//   - every access token carries an `org` claim (ORG, default "acme");
+//   - token exchange (RFC 8693), registered as an extension grant: a JWT
+//     access token of this server (the subject token) traded by client
+//     `exchanger` for one of another resource, for the same user (`sub`),
+//     with at most the subject token's scopes.
+// Confidential clients: `router` / `router-secret` (introspection),
 // `machine`, `machine2` and `machine-opaque` (opaque tokens), each with
-// secret `machine-secret` (client credentials).
+// secret `machine-secret` (client credentials), and `exchanger` /
+// `exchanger-secret` (token exchange).
 import http from 'node:http';
-import { generateKeyPairSync } from 'node:crypto';
+import { createPublicKey, generateKeyPairSync, verify } from 'node:crypto';
 import Provider, { errors } from 'oidc-provider';
 
 const RESOURCE = /^http:\/\/127\.0\.0\.1:\d+\/mcp$/;
 const SCOPES = ['mcp:list', 'mcp:call', 'mcp:read'];
 const ORG = process.env.ORG || 'acme';
+const EXCHANGE = 'urn:ietf:params:oauth:grant-type:token-exchange';
+const ACCESS_TOKEN = 'urn:ietf:params:oauth:token-type:access_token';
 
 let generation = 0;
 function signingKey() {
@@ -45,6 +52,10 @@ function configuration(keys) {
         client_id: id, client_name: id, client_secret: 'machine-secret', grant_types: ['client_credentials'],
         response_types: [], redirect_uris: [],
       })),
+      {
+        client_id: 'exchanger', client_secret: 'exchanger-secret', grant_types: [EXCHANGE],
+        response_types: [], redirect_uris: [],
+      },
     ],
     jwks: { keys },
     cookies: { keys: ['test-only-cookie-key'] },
@@ -97,8 +108,59 @@ function configuration(keys) {
 let keys = [signingKey()];
 let provider = build(keys);
 
+// The claims of `jwt` if this server signed it (any of its keys), for this
+// issuer, and it has not expired; else null.
+function verified(jwt) {
+  const [head, body, signature] = String(jwt || '').split('.');
+  if (!signature) return null;
+  try {
+    const header = JSON.parse(Buffer.from(head, 'base64url'));
+    const key = keys.find((k) => k.kid === header.kid);
+    if (!key || header.alg !== 'RS256') return null;
+    const good = verify('RSA-SHA256', Buffer.from(`${head}.${body}`),
+      createPublicKey({ key, format: 'jwk' }), Buffer.from(signature, 'base64url'));
+    const claims = JSON.parse(Buffer.from(body, 'base64url'));
+    if (!good || claims.iss !== issuer || !(claims.exp * 1000 > Date.now())) return null;
+    return claims;
+  } catch {
+    return null;
+  }
+}
+
+// The token exchange grant: the subject token's user, a token of the
+// requested resource, no wider scope than the subject token's.
+async function tokenExchange(ctx) {
+  const { client, params, provider: p } = ctx.oidc;
+  if (params.subject_token_type !== ACCESS_TOKEN) {
+    throw new errors.InvalidRequest(`subject_token_type must be ${ACCESS_TOKEN}`);
+  }
+  if (params.requested_token_type && params.requested_token_type !== ACCESS_TOKEN) {
+    throw new errors.InvalidRequest('only access tokens are issued');
+  }
+  const subject = verified(params.subject_token);
+  if (!subject) throw new errors.InvalidGrant('the subject token is not a valid token of this server');
+  if (!RESOURCE.test(params.resource || '')) throw new errors.InvalidTarget();
+  const held = String(subject.scope || '').split(' ').filter(Boolean);
+  const asked = params.scope ? params.scope.split(' ') : held;
+  if (asked.some((s) => !held.includes(s))) throw new errors.InvalidScope('wider than the subject token', params.scope);
+  const token = new p.AccessToken({ accountId: subject.sub, client, scope: asked.join(' '), gty: 'token_exchange' });
+  token.resourceServer = new p.ResourceServer(params.resource, {
+    scope: SCOPES.join(' '), audience: params.resource, accessTokenTTL: Number(process.env.TOKEN_TTL || 3600),
+    accessTokenFormat: 'jwt', jwt: { sign: { alg: 'RS256' } },
+  });
+  const value = await token.save();
+  ctx.body = {
+    access_token: value, issued_token_type: ACCESS_TOKEN, token_type: 'Bearer',
+    expires_in: token.expiration, scope: token.scope,
+  };
+}
+
 function build(keys) {
   const p = new Provider(issuer, configuration(keys));
+  p.registerGrantType(EXCHANGE, tokenExchange, [
+    'subject_token', 'subject_token_type', 'requested_token_type', 'resource', 'audience', 'scope',
+    'actor_token', 'actor_token_type',
+  ]);
   // An authorization request without a scope would be denied: ask for listing.
   p.use(async (ctx, next) => {
     if (ctx.path === '/auth' && ctx.method === 'GET' && !ctx.query.scope) {

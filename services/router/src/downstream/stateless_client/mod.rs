@@ -439,7 +439,7 @@ async fn passthrough(
         serde_json::from_slice::<&RawValue>(&resolved.body[resolved.id.clone()]).expect("the id is JSON").to_owned();
     // The caller's credential (its user's, else its tenant's), asked now.
     let required = upstream.config.credential_required;
-    let credential = app.vault.current(&who.tenant.name, who.user.as_deref(), &upstream.name, required);
+    let credential = app.keychain.current(&who.tenant.name, who.user.as_deref(), &upstream.name, required);
     let work = async {
         let credential = credential.map_err(|missing| UpstreamError::Credential(missing.0))?;
         upstream.transport.modern(resolved.body, method, extra, &who.tenant.name, credential.as_deref()).await
