@@ -77,6 +77,17 @@ pub(crate) async fn serve(
 async fn route(server: Arc<Server>, req: Request<Incoming>) -> Response<Body> {
     let version = if req.version() == http::Version::HTTP_2 { &server.stats.http2 } else { &server.stats.http1 };
     version.fetch_add(1, Ordering::Relaxed);
+    let host = req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("").to_owned();
+    if let Some(issuer) = &server.opts.authorization_server {
+        if req.uri().path().starts_with("/.well-known/oauth-protected-resource") {
+            let metadata = serde_json::json!({
+                "resource": format!("http://{host}/mcp"),
+                "authorization_servers": [issuer],
+                "scopes_supported": ["mcp:list", "mcp:call"],
+            });
+            return json(StatusCode::OK, Bytes::from(metadata.to_string()));
+        }
+    }
     if req.uri().path() != "/mcp" {
         return plain(StatusCode::NOT_FOUND, "not found");
     }
@@ -93,9 +104,14 @@ async fn route(server: Arc<Server>, req: Request<Incoming>) -> Response<Body> {
             None,
         );
         let mut response = json(StatusCode::UNAUTHORIZED, body);
-        response
-            .headers_mut()
-            .insert(http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"mock\""));
+        let challenge = match &server.opts.authorization_server {
+            Some(_) => HeaderValue::from_str(&format!(
+                "Bearer resource_metadata=\"http://{host}/.well-known/oauth-protected-resource/mcp\""
+            ))
+            .unwrap_or_else(|_| HeaderValue::from_static("Bearer")),
+            None => HeaderValue::from_static("Bearer realm=\"mock\""),
+        };
+        response.headers_mut().insert(http::header::WWW_AUTHENTICATE, challenge);
         return response;
     }
     let session_id = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);

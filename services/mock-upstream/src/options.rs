@@ -35,6 +35,10 @@ pub struct Options {
     /// Answer 401 (`WWW-Authenticate: Bearer`) to a request without an
     /// `Authorization` header (an upstream that needs a credential).
     pub require_auth: bool,
+    /// With `require_auth`: the authorization server its protected resource
+    /// metadata (RFC 9728, at `/.well-known/oauth-protected-resource/mcp`,
+    /// named by the 401's challenge) names; the token itself is not checked.
+    pub authorization_server: Option<String>,
     /// Wait this long before answering `tools/list` (a slow upstream).
     pub list_delay: Duration,
     /// Serve the conformance suite's fixtures instead of the usual tools,
@@ -111,6 +115,7 @@ impl Default for Options {
             allow_exit: false,
             whoami: false,
             require_auth: false,
+            authorization_server: None,
             list_delay: Duration::ZERO,
             conformance: false,
             modern: false,

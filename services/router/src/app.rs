@@ -248,6 +248,7 @@ impl App {
                         base,
                         &config.delegated,
                         catalogs.clone(),
+                        metrics.registry(),
                     )))
                 }
                 _ => None,

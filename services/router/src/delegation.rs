@@ -40,8 +40,11 @@ use crate::user_catalogs::UserCatalogs;
 
 /// How long an authorization link, and a flow once started, stay valid.
 const LINK_LIFE_MS: i64 = 10 * 60 * 1000;
-/// How often grants are looked at for renewal.
+/// How often, at most, grants are looked at for renewal.
 const RENEW_EVERY: Duration = Duration::from_secs(15);
+/// How long a replica renewing a grant holds it (a failed renewal is tried
+/// again after that).
+const LEASE_MS: i64 = 60 * 1000;
 /// Dynamic registrations kept (one per authorization server).
 const MAX_REGISTRATIONS: usize = 256;
 
@@ -72,7 +75,7 @@ struct Pending {
 }
 
 /// What the vault keeps with a user's tokens (the grant's particulars).
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 struct Particulars {
     issuer: String,
     token_endpoint: String,
@@ -82,6 +85,9 @@ struct Particulars {
     refresh_token: Option<String>,
     /// When to renew (ms since the epoch), if the token expires.
     renew_at_ms: Option<i64>,
+    /// Until when a replica is renewing it (ms since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_until_ms: Option<i64>,
 }
 
 /// A page for the browser: status and text.
@@ -96,16 +102,28 @@ pub struct Delegation {
     registered: Mutex<HashMap<String, Client>>,
     /// Users' catalogs (one is made afresh when its user's grant changes).
     catalogs: Arc<UserCatalogs>,
+    metrics: Metrics,
+    /// Told when this replica stores a new grant (the renewal loop looks
+    /// again when it is due).
+    stored: Arc<tokio::sync::Notify>,
 }
 
 impl Delegation {
-    pub fn new(vault: Vault, base: String, configs: &[DelegatedConfig], catalogs: Arc<UserCatalogs>) -> Delegation {
+    pub fn new(
+        vault: Vault,
+        base: String,
+        configs: &[DelegatedConfig],
+        catalogs: Arc<UserCatalogs>,
+        registry: &prometheus::Registry,
+    ) -> Delegation {
         Delegation {
             vault,
             base,
             upstreams: configs.iter().map(|c| (c.upstream.clone(), c.clone())).collect(),
             registered: Mutex::default(),
             catalogs,
+            metrics: Metrics::new(registry),
+            stored: Arc::default(),
         }
     }
 
@@ -129,6 +147,7 @@ impl Delegation {
             x: now_ms() + LINK_LIFE_MS,
         };
         let sealed = self.vault.seal_state(&serde_json::to_vec(&start).expect("serializable"))?;
+        self.metrics.authorized(upstream, "link");
         Some(format!("{}/oauth/start?s={sealed}", self.base))
     }
 
@@ -164,6 +183,7 @@ impl Delegation {
         let config = self.upstreams.get(&start.up).ok_or_else(|| bad("this upstream no longer acts for users"))?;
         let name = start.up.clone();
         let failed = |why: String| {
+            self.metrics.authorized(&name, "failed");
             tracing::warn!(upstream = %name, error = %why, "cannot start an upstream authorization");
             (http::StatusCode::BAD_GATEWAY, format!("Cannot authorize {name}: {why}"))
         };
@@ -213,6 +233,7 @@ impl Delegation {
             pending.scope.as_deref(),
             &pending.resource,
         )
+        .inspect(|_| self.metrics.authorized(&pending.up, "started"))
         .map_err(failed)
     }
 
@@ -294,6 +315,7 @@ impl Delegation {
         }
         let config = self.upstreams.get(&pending.up).ok_or_else(|| bad("this upstream no longer acts for users"))?;
         let refused = |why: String| {
+            self.metrics.authorized(&pending.up, "failed");
             tracing::warn!(upstream = %pending.up, error = %why, "an upstream authorization failed");
             (http::StatusCode::BAD_GATEWAY, format!("Cannot authorize {}: {why}", pending.up))
         };
@@ -318,10 +340,13 @@ impl Delegation {
             scope: tokens.scope.clone().or_else(|| pending.scope.clone()),
             refresh_token: tokens.refresh_token.clone(),
             renew_at_ms: tokens.expires_in.map(|s| now_ms() + delegated::use_for(Some(s)).as_millis() as i64),
+            lease_until_ms: None,
         };
         self.store(&pending.t, pending.u.as_deref(), &pending.up, &tokens.access_token, &particulars, None)
             .await
             .map_err(|e| refused(e.to_string()))?;
+        self.metrics.authorized(&pending.up, "authorized");
+        self.stored.notify_one();
         tracing::info!(upstream = %pending.up, tenant = %pending.t, "a user authorized the router at an upstream");
         self.catalogs.forget(&pending.t, pending.u.as_deref());
         Ok((pending.up, pending.u))
@@ -335,7 +360,7 @@ impl Delegation {
         access_token: &str,
         particulars: &Particulars,
         replacing: Option<&str>,
-    ) -> Result<bool, switchboard_vault::VaultError> {
+    ) -> Result<Option<String>, switchboard_vault::VaultError> {
         let new = NewCredential {
             tenant: tenant.to_owned(),
             user: user.map(str::to_owned),
@@ -347,53 +372,77 @@ impl Delegation {
     }
 
     /// Renews, now, every grant due (its refresh token traded for new
-    /// tokens). A renewal another replica stored first wins.
+    /// tokens). A replica first takes the grant's lease (a compare-and-set
+    /// of the record it read, marking it as being renewed for
+    /// [`LEASE_MS`]): the replica that gets it alone presents the refresh
+    /// token, which an authorization server that detects the reuse of a
+    /// rotated refresh token would otherwise answer by revoking the grant.
     pub async fn renew_due(&self) {
         let now = now_ms();
         for grant in self.vault.grants() {
             let Ok(p) = serde_json::from_value::<Particulars>((*grant.particulars).clone()) else { continue };
-            let (Some(at), Some(refresh_token)) = (p.renew_at_ms, p.refresh_token.as_deref()) else { continue };
-            if at > now {
+            let (Some(at), Some(refresh_token)) = (p.renew_at_ms, p.refresh_token.clone()) else { continue };
+            if at > now || p.lease_until_ms.is_some_and(|until| until > now) {
                 continue;
             }
             let Some(config) = self.upstreams.get(&grant.upstream) else { continue };
+            let Some(access_token) = bearer_token(&grant.credential) else { continue };
+            let user = Some(grant.user.as_str()).filter(|u| !u.is_empty());
+            let leased = Particulars { lease_until_ms: Some(now + LEASE_MS), ..p.clone() };
+            let lease =
+                self.store(&grant.tenant, user, &grant.upstream, &access_token, &leased, Some(&grant.sealed)).await;
+            let sealed = match lease {
+                Ok(Some(sealed)) => sealed,
+                Ok(None) => {
+                    self.metrics.renewed(&grant.upstream, "elsewhere");
+                    tracing::debug!(upstream = %grant.upstream, "another replica is renewing it");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(upstream = %grant.upstream, error = %e, "cannot take a grant's lease to renew it");
+                    continue;
+                }
+            };
             let server: ServerMetadata = match serde_json::from_value(json!({
                 "issuer": p.issuer, "token_endpoint": p.token_endpoint
             })) {
                 Ok(s) => s,
                 Err(_) => continue,
             };
-            match delegated::refresh(&config.fetcher, &server, &p.client, refresh_token, &p.resource).await {
+            match delegated::refresh(&config.fetcher, &server, &p.client, &refresh_token, &p.resource).await {
                 Ok(tokens) => {
                     let renewed = Particulars {
-                        refresh_token: tokens.refresh_token.clone().or(p.refresh_token.clone()),
-                        scope: tokens.scope.clone().or(p.scope.clone()),
+                        refresh_token: tokens.refresh_token.clone().or(p.refresh_token),
+                        scope: tokens.scope.clone().or(p.scope),
                         renew_at_ms: tokens
                             .expires_in
                             .map(|s| now_ms() + delegated::use_for(Some(s)).as_millis() as i64),
+                        lease_until_ms: None,
                         ..p
                     };
-                    let user = Some(grant.user.as_str()).filter(|u| !u.is_empty());
                     let stored = self
-                        .store(
-                            &grant.tenant,
-                            user,
-                            &grant.upstream,
-                            &tokens.access_token,
-                            &renewed,
-                            Some(&grant.sealed),
-                        )
+                        .store(&grant.tenant, user, &grant.upstream, &tokens.access_token, &renewed, Some(&sealed))
                         .await;
                     match stored {
-                        Ok(true) => tracing::debug!(upstream = %grant.upstream, "renewed a user's upstream token"),
-                        Ok(false) => tracing::debug!(upstream = %grant.upstream, "another replica renewed it first"),
+                        Ok(Some(_)) => {
+                            self.metrics.renewed(&grant.upstream, "ok");
+                            tracing::debug!(upstream = %grant.upstream, "renewed a user's upstream token")
+                        }
+                        Ok(None) => {
+                            // Replaced meanwhile (the user authorized again, or it was deleted).
+                            self.metrics.renewed(&grant.upstream, "elsewhere");
+                            tracing::debug!(upstream = %grant.upstream, "the grant changed while being renewed")
+                        }
                         Err(e) => {
+                            self.metrics.renewed(&grant.upstream, "failed");
                             tracing::warn!(upstream = %grant.upstream, error = %e, "cannot store a renewed token")
                         }
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(upstream = %grant.upstream, tenant = %grant.tenant, error = %e, "cannot renew a user's upstream token; the user will be asked to authorize again when it is refused")
+                    // The lease stands: tried again when it lapses.
+                    self.metrics.renewed(&grant.upstream, "failed");
+                    tracing::warn!(upstream = %grant.upstream, tenant = %grant.tenant, error = %e, "cannot renew a user's upstream token; tried again in a minute, and the user is asked to authorize again if the upstream refuses the old one")
                 }
             }
         }
@@ -404,11 +453,39 @@ impl Delegation {
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(RENEW_EVERY).await;
+                let (wait, stored) = {
+                    let Some(me) = me.upgrade() else { return };
+                    (me.until_due(), me.stored.clone())
+                };
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = stored.notified() => continue,
+                }
                 let Some(me) = me.upgrade() else { return };
                 me.renew_due().await;
             }
         });
+    }
+
+    /// How long until the first grant this replica knows of is due (its
+    /// renewal time, or its lease's end): at least a second, at most
+    /// [`RENEW_EVERY`] (grants stored by other replicas arrive meanwhile).
+    fn until_due(&self) -> Duration {
+        let now = now_ms();
+        let due = self
+            .vault
+            .grants()
+            .iter()
+            .filter_map(|g| serde_json::from_value::<Particulars>((*g.particulars).clone()).ok())
+            .filter(|p| p.refresh_token.is_some())
+            .filter_map(|p| p.renew_at_ms.map(|at| at.max(p.lease_until_ms.unwrap_or(0))))
+            .min();
+        match due {
+            Some(at) => {
+                Duration::from_millis(at.saturating_sub(now).max(0) as u64).clamp(Duration::from_secs(1), RENEW_EVERY)
+            }
+            None => RENEW_EVERY,
+        }
     }
 
     /// Whether `who` holds a grant for `upstream`.
@@ -419,6 +496,47 @@ impl Delegation {
 
 fn now_ms() -> i64 {
     switchboard_core::time::now_ms()
+}
+
+/// The access token a grant's credential sends.
+fn bearer_token(credential: &switchboard_core::credential::Credential) -> Option<String> {
+    let (_, value) = credential.headers().iter().find(|(name, _)| name == http::header::AUTHORIZATION)?;
+    value.to_str().ok()?.strip_prefix("Bearer ").map(str::to_owned)
+}
+
+/// The metrics of users' authorizations at upstreams.
+struct Metrics {
+    authorizations: prometheus::IntCounterVec,
+    renewals: prometheus::IntCounterVec,
+}
+
+impl Metrics {
+    fn new(registry: &prometheus::Registry) -> Metrics {
+        let counter = |name: &str, help: &str| {
+            let c = prometheus::IntCounterVec::new(prometheus::Opts::new(name, help), &["upstream", "outcome"])
+                .expect("valid metric");
+            let _ = registry.register(Box::new(c.clone()));
+            c
+        };
+        Metrics {
+            authorizations: counter(
+                "switchboard_upstream_authorizations_total",
+                "Users' authorizations of the router at upstreams acting for each user, by upstream and step: link (handed to a user), started (sent to the authorization server), authorized (tokens stored), failed.",
+            ),
+            renewals: counter(
+                "switchboard_upstream_token_renewals_total",
+                "Renewals of users' upstream tokens, by upstream and outcome: ok, failed, elsewhere (another replica renewed it, or it changed meanwhile).",
+            ),
+        }
+    }
+
+    fn authorized(&self, upstream: &str, step: &str) {
+        self.authorizations.with_label_values(&[upstream, step]).inc();
+    }
+
+    fn renewed(&self, upstream: &str, outcome: &str) {
+        self.renewals.with_label_values(&[upstream, outcome]).inc();
+    }
 }
 
 fn bad(why: &str) -> Page {

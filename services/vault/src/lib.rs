@@ -79,6 +79,8 @@ pub struct Grant {
     pub particulars: Arc<serde_json::Value>,
     /// The sealed record, for a compare-and-set replacement.
     pub sealed: String,
+    /// What it sends (its access token as `Authorization: Bearer`).
+    pub credential: Arc<Credential>,
 }
 
 impl std::fmt::Debug for Grant {
@@ -203,6 +205,7 @@ impl Vault {
             let label = label(&row.tenant, &row.user_id, &row.upstream);
             let entry = match self.open(row) {
                 Ok((credential, grant)) => {
+                    let credential = Arc::new(credential);
                     if let Some(particulars) = grant {
                         let grant = Grant {
                             tenant: row.tenant.clone(),
@@ -210,10 +213,11 @@ impl Vault {
                             upstream: row.upstream.clone(),
                             particulars: Arc::new(particulars),
                             sealed: row.sealed.clone(),
+                            credential: credential.clone(),
                         };
                         grants.insert(entry_key(&row.tenant, &row.user_id, &row.upstream), grant);
                     }
-                    Entry::Ready(Arc::new(credential))
+                    Entry::Ready(credential)
                 }
                 Err(why) => {
                     tracing::error!(credential = %label, "{why}");
@@ -426,15 +430,16 @@ impl Vault {
     /// own) for `upstream`: its access token, sent as `Authorization:
     /// Bearer`, and `particulars`, which renew it. With `replacing` (the
     /// sealed record a renewal read), only if that record is still the one
-    /// stored: `Ok(false)` when another replica replaced it first.
+    /// stored: `Ok(None)` when another replica replaced it first. The new
+    /// sealed record, for the next compare-and-set.
     pub async fn put_grant(
         &self,
         new: NewCredential,
         particulars: serde_json::Value,
         replacing: Option<&str>,
         now_ms: i64,
-    ) -> Result<bool, VaultError> {
-        Ok(self.store(new, Some(particulars), replacing, now_ms).await?.is_some())
+    ) -> Result<Option<String>, VaultError> {
+        Ok(self.store(new, Some(particulars), replacing, now_ms).await?.map(|row| row.sealed))
     }
 
     /// The OAuth grant stored for exactly `user` of `tenant` (`None`: the

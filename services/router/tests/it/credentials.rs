@@ -533,3 +533,139 @@ async fn each_callers_own_token_is_exchanged_for_one_of_the_upstream() {
     drop(router);
     db.drop_now().await;
 }
+
+/// How many tokens the test authorization server has issued by `grant`.
+async fn issued(issuer: &str, grant: &str) -> u64 {
+    let stats: Value = get_json(&format!("{issuer}/stats")).await;
+    stats["issued"][grant].as_u64().unwrap_or(0)
+}
+
+async fn get_json(url: &str) -> Value {
+    let fetcher = Fetcher::new(None, Duration::from_secs(10), switchboard_core::egress::Egress::anywhere()).unwrap();
+    serde_json::from_slice(&fetcher.get(url).await.unwrap()).unwrap()
+}
+
+/// A user connects the router to the upstream: the upstream's `authorize`
+/// tool answers with the link, which a browser follows (the user, named
+/// to the authorization server by `login_hint`, signs in and consents) back
+/// to the router's callback. Returns the callback's page.
+async fn authorize(client: &Client, issuer: &str, login_hint: &str) -> String {
+    let names = client.tool_names().await;
+    assert!(names.contains(&"gh__authorize".to_owned()) && !names.contains(&"gh__whoami".to_owned()), "{names:?}");
+    let answer = client.call_tool("gh__authorize", json!({})).await;
+    assert_eq!(answer["error"]["code"], -32012, "{answer}");
+    let link = answer["error"]["data"]["url"].as_str().unwrap_or_else(|| panic!("no link: {answer}"));
+    let mut cookies = Vec::new();
+    let mut at = link.to_owned();
+    for _ in 0..10 {
+        let (status, location) = browse(&at, &mut cookies).await;
+        let Some(location) = location else {
+            assert_eq!(status, 200, "{at}");
+            assert!(at.contains("/oauth/callback?"), "ended at {at}");
+            return at;
+        };
+        at = match location.starts_with(&format!("{issuer}/auth?")) {
+            true => format!("{location}&login_hint={login_hint}"),
+            false => location,
+        };
+    }
+    panic!("too many redirects, at {at}");
+}
+
+/// Acting for each user end to end, through two replicas sharing
+/// PostgreSQL and Redis, against a real authorization server: each user
+/// authorizes the router at the upstream through the link it hands them
+/// (dynamic registration, PKCE, their consent); from then on their
+/// requests, on either replica, carry their own token (its `sub` theirs,
+/// its audience the upstream) on their own upstream session; tokens are
+/// renewed before they expire, and only the replica holding a grant's
+/// lease presents its refresh token (every refresh the server issued was
+/// stored: none wasted by a second replica).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_user_authorizes_the_router_and_one_replica_renews_each_grant() {
+    // Upstream tokens live 6 s: renewed after 5.4 s.
+    let (_as, issuer) = authorization_server(&[("TOKEN_TTL", "6")]).await;
+    let mut options = mock_named("gh");
+    options.whoami = true;
+    options.require_auth = true;
+    options.authorization_server = Some(issuer.clone());
+    let gh = MockServer::start(options).await;
+    let db = TempDatabase::create().await;
+    let key = switchboard_vault::Key::generate();
+    let spool = std::env::temp_dir().join(unique("sb-spool-")).join("audit.spool");
+    let config = format!(
+        "[auth]\nmode = \"keys\"\n[egress]\nallow = [\"loopback\"]\n[server]\npublic_url = \"{{router}}\"\n\
+         [database]\nurl = \"{db}\"\nrefresh = \"200ms\"\n[audit]\nspool = \"{spool}\"\n\
+         [sessions]\nstore = \"redis\"\ncache = \"100ms\"\n[redis]\nurl = \"{redis}\"\nkey_prefix = \"{prefix}\"\n\
+         [vault]\nkey = \"{key}\"\n\
+         [[tenants]]\nname = \"acme\"\nupstreams = [\"gh\"]\naccept = [\"oauth\"]\n\
+         [oauth]\nresource = \"http://127.0.0.1:9/mcp\"\n\
+         [oauth.servers.test]\nissuer = \"{issuer}\"\ntenant_claim = \"org\"\n{upstream}\
+         [upstreams.oauth]\ngrant = \"authorization_code\"\n",
+        db = db.url,
+        spool = spool.display(),
+        redis = redis_url(),
+        prefix = unique("sbtest:"),
+        upstream = http_upstream("gh", &gh.url, ""),
+    );
+    // (The database's schema, made as the admin would.)
+    admin_for(&config.replace("{router}", "http://127.0.0.1:9")).await;
+    let (a, b) = (Router::start(&config).await, Router::start(&with_own_spool(&config)).await);
+    let resource = "http://127.0.0.1:9/mcp";
+    // Front-door tokens also live 6 s: fresh ones for each step.
+    let front = |client: &'static str| token_of(&issuer, client, resource);
+
+    // Alice (client "machine" at the front door) connects on A.
+    let mut alice = Client::with_key(&a.url, &front("machine").await);
+    alice.initialize().await;
+    let page = authorize(&alice, &issuer, "alice").await;
+    assert!(page.starts_with(&a.path("/oauth/callback")), "{page}");
+    let (alice_session, seen) = whoami(&alice.call_tool("gh__whoami", json!({})).await).unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let token = claims(seen[0].strip_prefix("Bearer ").unwrap());
+    assert_eq!((token["sub"].as_str(), token["aud"].as_str()), (Some("alice"), Some(gh.url.as_str())), "{token}");
+    // Her session at B: the same upstream session, her token.
+    let mut alice_b = at(&alice, &b.url);
+    alice_b.api_key = Some(front("machine").await);
+    let (on_b, seen_b) = whoami(&alice_b.call_tool("gh__whoami", json!({})).await).unwrap();
+    assert_eq!((on_b.as_str(), &seen_b), (alice_session.as_str(), &seen));
+
+    // Bob (client "machine2") connects on B: his own token, his own session.
+    let mut bob = Client::with_key(&b.url, &front("machine2").await);
+    bob.initialize().await;
+    authorize(&bob, &issuer, "bob").await;
+    let (bob_session, seen) = whoami(&bob.call_tool("gh__whoami", json!({})).await).unwrap();
+    assert_ne!(bob_session, alice_session);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(claims(seen[0].strip_prefix("Bearer ").unwrap())["sub"], "bob");
+
+    // Renewed before they expire, each by one replica.
+    let renewed = eventually(Duration::from_secs(40), || async { issued(&issuer, "refresh_token").await >= 4 }).await;
+    assert!(renewed, "tokens were not renewed: {}", issued(&issuer, "refresh_token").await);
+    let ok = ["upstream=\"gh\"", "outcome=\"ok\""];
+    let all_stored = eventually(Duration::from_secs(10), || async {
+        let stored = a.metric("switchboard_upstream_token_renewals_total", &ok).await
+            + b.metric("switchboard_upstream_token_renewals_total", &ok).await;
+        stored as u64 == issued(&issuer, "refresh_token").await
+    })
+    .await;
+    assert!(all_stored, "a refresh token was presented by a replica that did not hold the grant's lease");
+    for r in [&a, &b] {
+        let failed = ["upstream=\"gh\"", "outcome=\"failed\""];
+        assert_eq!(r.metric("switchboard_upstream_token_renewals_total", &failed).await, 0.0);
+    }
+    // Alice's next call carries her renewed token, still hers.
+    alice.api_key = Some(front("machine").await);
+    let (session, seen) = whoami(&alice.call_tool("gh__whoami", json!({})).await).unwrap();
+    assert_eq!(session, alice_session);
+    assert!(seen.len() >= 2, "{seen:?}");
+    let last = claims(seen.last().unwrap().strip_prefix("Bearer ").unwrap());
+    assert_eq!(last["sub"], "alice");
+    assert!(last["exp"].as_i64() > token["exp"].as_i64(), "{last} after {token}");
+    assert!(
+        a.metric("switchboard_upstream_authorizations_total", &["upstream=\"gh\"", "outcome=\"authorized\""]).await
+            >= 1.0
+    );
+    drop((a, b));
+    db.drop_now().await;
+}

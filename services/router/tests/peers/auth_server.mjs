@@ -15,6 +15,7 @@
 //     authorization request's `login_hint` (else TEST_USER, default "alice")
 //     and consents to exactly the scopes asked for;
 //   - every access token carries an `org` claim (ORG, default "acme");
+//   - GET /stats: how many tokens each grant type has issued;
 //   - token exchange (RFC 8693), registered as an extension grant: a JWT
 //     access token of this server (the subject token) traded by client
 //     `exchanger` for one of another resource, for the same user (`sub`),
@@ -106,6 +107,7 @@ function configuration(keys) {
 }
 
 let keys = [signingKey()];
+const issued = {};
 let provider = build(keys);
 
 // The claims of `jwt` if this server signed it (any of its keys), for this
@@ -157,6 +159,10 @@ async function tokenExchange(ctx) {
 
 function build(keys) {
   const p = new Provider(issuer, configuration(keys));
+  p.on('grant.success', (ctx) => {
+    const type = ctx.oidc.params.grant_type;
+    issued[type] = (issued[type] || 0) + 1;
+  });
   p.registerGrantType(EXCHANGE, tokenExchange, [
     'subject_token', 'subject_token_type', 'requested_token_type', 'resource', 'audience', 'scope',
     'actor_token', 'actor_token_type',
@@ -182,6 +188,11 @@ function build(keys) {
 }
 
 server.on('request', (req, res) => {
+  if (req.method === 'GET' && req.url === '/stats') {
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.end(JSON.stringify({ issued }));
+    return;
+  }
   if (req.method === 'POST' && req.url === '/rotate') {
     // A new signing key in front; the old one stays published (tokens it
     // signed stay good). The in-memory state (clients, grants) starts over.
