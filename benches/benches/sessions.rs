@@ -61,6 +61,7 @@ fn stored() -> Stored {
             tenant: "acme".into(),
             version: "2025-11-25".into(),
             capabilities: r#"{"sampling":{},"elicitation":{"form":{}},"roots":{"listChanged":true}}"#.into(),
+            opened_ms: 1_795_000_000_000,
         },
         upstreams,
     }

@@ -391,7 +391,7 @@ fn outgoing(env: &Envelope<'_>, line: &Bytes) -> Outgoing {
     let id = span(line, env.id.expect("a request has an id").get());
     let progress_token =
         env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.progress_token).map(|t| span(line, t.get()));
-    Outgoing { body: line.clone(), method: Method::from_name(env.method_str()), id, progress_token }
+    Outgoing { body: line.clone(), method: Method::from_name(env.method_str()), id, progress_token, traceparent: None }
 }
 
 async fn forward(channel: &dyn Channel, out: Outgoing, out_tx: &mpsc::UnboundedSender<Bytes>) -> Result<(), String> {

@@ -180,6 +180,8 @@ async fn post(server: Arc<Server>, session_id: Option<String>, req: Request<Inco
     };
     let authorization = parts.headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     session.saw_authorization(authorization);
+    let traceparent = parts.headers.get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    *session.traceparent.lock().expect("lock") = traceparent;
     let reply = server.handle(&session, body).await;
     let mut response = match reply {
         Reply::Accepted => plain(StatusCode::ACCEPTED, ""),

@@ -547,7 +547,12 @@ impl Server {
             "reconnect" => Reply::Polled(delayed(id, "Reconnection test completed successfully.")),
             "whoami" if self.opts.whoami => {
                 let seen = session.authorizations.lock().expect("lock").clone();
-                let result = json!({"session": session.id, "authorizations": seen});
+                // And the trace context this call came with (header and `_meta`).
+                let header = session.traceparent.lock().expect("lock").clone();
+                let meta = serde_json::from_str::<Value>(params)
+                    .ok()
+                    .and_then(|p| p["_meta"]["traceparent"].as_str().map(str::to_owned));
+                let result = json!({"session": session.id, "authorizations": seen, "traceparent": {"header": header, "meta": meta}});
                 Reply::Json(text_result(&result.to_string()))
             }
             "exit" if self.opts.allow_exit => {

@@ -42,6 +42,8 @@ pub(crate) struct Session {
     /// Every distinct `Authorization` header its requests carried, in the
     /// order first seen (`""` for none).
     pub(crate) authorizations: Mutex<Vec<String>>,
+    /// The `traceparent` header of its last request, if any.
+    pub(crate) traceparent: Mutex<Option<String>>,
 }
 
 impl Session {
@@ -55,6 +57,7 @@ impl Session {
             polled: Mutex::new(HashMap::new()),
             next_stream: AtomicU64::new(1),
             authorizations: Mutex::new(Vec::new()),
+            traceparent: Mutex::new(None),
         })
     }
 

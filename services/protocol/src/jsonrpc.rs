@@ -218,6 +218,10 @@ pub struct Target<'a> {
     pub request_id: Option<&'a RawValue>,
     /// `params.arguments`, raw (what the audit records of a `tools/call`).
     pub arguments: Option<&'a RawValue>,
+    /// `params._meta`, raw (where trace context is put).
+    pub meta: Option<&'a RawValue>,
+    /// `params._meta.traceparent`, raw.
+    pub traceparent: Option<&'a RawValue>,
 }
 
 /// `params.ref` of a `completion/complete` request.
@@ -243,7 +247,7 @@ struct TargetWire<'a> {
     #[serde(borrow, default, rename = "ref")]
     reference: Option<Reference<'a>>,
     #[serde(borrow, default, rename = "_meta")]
-    meta: Option<MetaWire<'a>>,
+    meta: Option<&'a RawValue>,
     #[serde(borrow, default, rename = "requestId")]
     request_id: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -258,6 +262,8 @@ struct TargetWire<'a> {
 struct MetaWire<'a> {
     #[serde(borrow, default, rename = "progressToken")]
     progress_token: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    traceparent: Option<&'a RawValue>,
 }
 
 impl<'a> Target<'a> {
@@ -266,15 +272,22 @@ impl<'a> Target<'a> {
     /// appears twice is an error: the upstream would act on one value while
     /// the router routed or audited another.
     pub fn parse(params: &'a RawValue) -> Result<Self, ParseError> {
-        let wire: TargetWire<'a> =
-            serde_json::from_str(params.get()).map_err(|e| ParseError::Invalid(Cow::Owned(format!("params: {e}"))))?;
+        let invalid = |e: serde_json::Error| ParseError::Invalid(Cow::Owned(format!("params: {e}")));
+        let wire: TargetWire<'a> = serde_json::from_str(params.get()).map_err(invalid)?;
+        let meta = match wire.meta {
+            // `_meta` is an object when present (null is taken as absent).
+            Some(raw) if raw.get() != "null" => Some(serde_json::from_str::<MetaWire<'a>>(raw.get()).map_err(invalid)?),
+            _ => None,
+        };
         Ok(Target {
             name: wire.name,
             uri: wire.uri,
             reference: wire.reference,
-            progress_token: wire.meta.and_then(|m| m.progress_token),
+            progress_token: meta.as_ref().and_then(|m| m.progress_token),
             request_id: wire.request_id,
             arguments: wire.arguments,
+            meta: wire.meta.filter(|raw| raw.get() != "null"),
+            traceparent: meta.and_then(|m| m.traceparent),
         })
     }
 }

@@ -84,6 +84,11 @@ pub struct App {
     pub user_catalogs: Option<Arc<crate::user_catalogs::UserCatalogs>>,
     /// Edge devices and their tools.
     pub edge: Arc<switchboard_devices::Devices>,
+    /// Traces, and the MCP metrics of the OpenTelemetry conventions.
+    pub telemetry: switchboard_telemetry::Telemetry,
+    /// Each upstream's host, port and port as text (none for stdio), as
+    /// spans and the MCP client metrics name it.
+    addresses: Vec<Option<Address>>,
     shutting_down: AtomicBool,
     /// List changes, for stateless clients' `subscriptions/listen` streams.
     pub changes: tokio::sync::broadcast::Sender<Change>,
@@ -102,7 +107,19 @@ pub struct App {
     legacy: Mutex<HashMap<Arc<str>, LegacyConnection>>,
 }
 
+/// An upstream's address, as telemetry names it.
+pub struct Address {
+    pub host: Arc<str>,
+    pub port: u16,
+    pub port_text: Box<str>,
+}
+
 impl App {
+    /// Upstream `u`'s host and port (none for stdio).
+    pub fn upstream_address(&self, u: UpstreamId) -> Option<&Address> {
+        self.addresses[u.index()].as_ref()
+    }
+
     /// Builds the state and starts each upstream's transport (stdio children
     /// are spawned here), the audit writer and the rate limiter. Must run
     /// inside a Tokio runtime. Fails only if the audit spool cannot be opened
@@ -136,6 +153,14 @@ impl App {
             metrics.registry(),
         );
         let subjects = config.mtls.as_ref().map(|m| m.subjects.clone()).unwrap_or_default();
+        let telemetry = match &config.telemetry.export {
+            Some(settings) => {
+                switchboard_telemetry::Telemetry::exporting(settings, config.telemetry.sample_ratio, metrics.registry())
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("[telemetry]: {e}")))?
+            }
+            None => switchboard_telemetry::Telemetry::metrics_only(metrics.registry()),
+        };
+
         let auth: Arc<dyn Authenticator> = Arc::new(front.with_client_certs(subjects));
         let audit = match (&database, config.audit.enabled) {
             (Some(db), true) => Some(Audit::start(
@@ -253,6 +278,10 @@ impl App {
                 }
                 _ => None,
             };
+            let addresses = upstreams
+                .iter()
+                .map(|u| u.address().map(|(host, port)| Address { host, port, port_text: port.to_string().into() }))
+                .collect();
             let catalog_tools = Arc::new(CatalogTools { catalog: catalog.clone(), upstreams: upstreams.clone() });
             let relay: Weak<dyn Relay> = me.clone();
             let sessions = Sessions::new(
@@ -287,6 +316,8 @@ impl App {
                 delegation,
                 exchange,
                 user_catalogs,
+                telemetry,
+                addresses,
                 edge,
                 shutting_down: AtomicBool::new(false),
                 changes: tokio::sync::broadcast::channel(256).0,

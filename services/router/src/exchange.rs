@@ -13,7 +13,7 @@
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderMap, Response};
@@ -26,6 +26,8 @@ use switchboard_limits::{Decision, InflightPermit};
 use switchboard_protocol::jsonrpc::{self, Envelope, Target};
 use switchboard_protocol::Method;
 use switchboard_session::Session;
+use switchboard_telemetry::mcp::Operation;
+use switchboard_telemetry::{Finished, KeyValue, SpanId, Trace};
 
 use crate::app::App;
 use crate::auth::ClientCert;
@@ -89,6 +91,45 @@ pub struct Exchange {
     finished: bool,
     /// The connection's client certificate (mTLS), a credential.
     cert: Option<ClientCert>,
+    /// The tool or prompt name (or resource URI) the request names.
+    target: Option<Named>,
+    /// `1.1` or `2`.
+    http_version: &'static str,
+    /// When the request went upstream.
+    upstream_sent: Option<Instant>,
+    /// Its trace, when traced.
+    trace: Option<Box<Traced>>,
+}
+
+/// The tool or prompt name (or resource URI) a request names, as the client
+/// knows it (where it is in the request's body) and as the upstream does
+/// (JSON text): kept without copying, read when the request finishes.
+pub struct Named {
+    pub body: Bytes,
+    pub exposed: Range<usize>,
+    pub original: Arc<[u8]>,
+}
+
+/// The text of the JSON string `raw`, borrowed unless it has escapes.
+fn json_text(raw: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
+    serde_json::from_slice::<&RawValue>(raw).ok().and_then(jsonrpc::as_str)
+}
+
+/// The client's address, put in a request's extensions when traces are on.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub std::net::SocketAddr);
+
+/// What a traced request's spans need, gathered as it goes.
+struct Traced {
+    trace: Trace,
+    /// When the request arrived, by the clock spans carry.
+    start: SystemTime,
+    request_id: Option<Box<str>>,
+    peer: Option<std::net::SocketAddr>,
+    /// The router's span for its request upstream.
+    client_span: Option<SpanId>,
+    /// The error the client got, in words.
+    error: Option<String>,
 }
 
 impl Exchange {
@@ -108,7 +149,70 @@ impl Exchange {
             sent: 0,
             finished: false,
             cert: connection.get::<ClientCert>().cloned(),
+            target: None,
+            http_version: "1.1",
+            upstream_sent: None,
+            trace: None,
         }
+    }
+
+    /// The HTTP version the request came over.
+    pub fn set_http_version(&mut self, version: http::Version) {
+        self.http_version = if version == http::Version::HTTP_2 { "2" } else { "1.1" };
+    }
+
+    /// The request's trace begins (when traces are on): its parent from
+    /// `params._meta.traceparent`, else the `traceparent` header.
+    fn begin_trace(&mut self, headers: &HeaderMap, env: &Envelope<'_>, connection: Option<&http::Extensions>) {
+        let header = headers.get("traceparent").and_then(|v| v.to_str().ok());
+        let meta = env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.traceparent);
+        let meta = meta.and_then(jsonrpc::as_str);
+        let Some(trace) = self.app.telemetry.begin(meta.as_deref(), header) else { return };
+        let request_id = env.id.map(|id| jsonrpc::as_str(id).map_or_else(|| id.get().into(), |s| s.into()));
+        self.trace = Some(Box::new(Traced {
+            trace,
+            start: SystemTime::now() - self.started.elapsed(),
+            request_id,
+            peer: connection.and_then(|c| c.get::<Peer>()).map(|p| p.0),
+            client_span: None,
+            error: None,
+        }));
+    }
+
+    /// A `tracing` span carrying the request's trace and span ids, for the
+    /// log lines written while it is served (none when it is not traced).
+    pub fn log_span(&self) -> tracing::Span {
+        match &self.trace {
+            Some(t) => tracing::info_span!(
+                "request",
+                trace_id = %t.trace.trace_id_hex(),
+                span_id = %switchboard_telemetry::context::hex(&t.trace.span)
+            ),
+            None => tracing::Span::none(),
+        }
+    }
+
+    /// The `traceparent` of the router's request upstream, when the request
+    /// is traced: a new span, child of the request's.
+    pub fn upstream_traceparent(&mut self) -> Option<String> {
+        let traced = self.trace.as_mut()?;
+        if !traced.trace.sampled {
+            // Passed on as it came.
+            return Some(traced.trace.traceparent(&traced.trace.span));
+        }
+        let span = switchboard_telemetry::context::new_span_id();
+        traced.client_span = Some(span);
+        Some(traced.trace.traceparent(&span))
+    }
+
+    /// The tool or prompt name (or resource URI) the request names.
+    pub fn set_target(&mut self, named: Named) {
+        self.target = Some(named);
+    }
+
+    /// The request goes upstream now.
+    pub fn upstream_sent(&mut self) {
+        self.upstream_sent = Some(Instant::now());
     }
 
     pub fn app(&self) -> &Arc<App> {
@@ -277,7 +381,11 @@ impl Exchange {
             crate::downstream::authorize::translate(&self.app, self.principal.as_ref(), self.session.as_deref(), err);
         let err = translated.as_ref().unwrap_or(err);
         let response = error_response(&self.app, id, err);
-        self.finish(outcome, Some(err.code()));
+        let mut this = self;
+        if let Some(traced) = &mut this.trace {
+            traced.error = Some(err.to_string());
+        }
+        this.finish(outcome, Some(err.code()));
         response
     }
 
@@ -308,11 +416,20 @@ impl Exchange {
     }
 
     /// Phase 2: the JSON-RPC envelope, nothing deeper (400 with -32700 or
-    /// -32600 if it is not one).
-    pub fn parse<'b>(&mut self, body: &'b [u8]) -> Result<Envelope<'b>, Refusal> {
+    /// -32600 if it is not one); and its trace begins, when traces are on.
+    pub fn parse<'b>(
+        &mut self,
+        headers: &HeaderMap,
+        body: &'b [u8],
+        connection: Option<&http::Extensions>,
+    ) -> Result<Envelope<'b>, Refusal> {
         // The members of `params` are read (each once: a repeated one is
         // refused) where they are used, by `resolve` for what is forwarded.
-        Envelope::parse(body).map_err(|e| Box::new(self.reject(None, Error::Parse(e))))
+        let env = Envelope::parse(body).map_err(|e| Box::new(self.reject(None, Error::Parse(e))))?;
+        if self.app.telemetry.tracing() && env.kind == switchboard_protocol::jsonrpc::MessageKind::Request {
+            self.begin_trace(headers, &env, connection);
+        }
+        Ok(env)
     }
 
     /// Rejects the request before the MCP layer takes it (a missing
@@ -366,6 +483,14 @@ impl Exchange {
             Served::Upstream(u) => self.app.metrics.request(self.method, Some(*u)).record(outcome, elapsed),
             Served::Local(_) => self.app.metrics.edge.call(outcome, elapsed),
         }
+        tracing::debug!(
+            method = self.method.as_str(),
+            outcome = outcome.label(),
+            error_code,
+            elapsed_us = elapsed.as_micros() as u64,
+            "request finished"
+        );
+        self.observe(outcome, error_code, elapsed);
         self.permit = None;
         if let (Some(mut record), Some(audit)) = (self.record.take(), self.app.audit.as_ref()) {
             record.upstream = match &self.served {
@@ -379,6 +504,160 @@ impl Exchange {
             record.response_bytes = self.sent as i64;
             audit.record(record);
         }
+    }
+
+    /// The MCP metrics of the request, and its spans when traced.
+    fn observe(&mut self, outcome: Outcome, error_code: Option<i64>, elapsed: std::time::Duration) {
+        let error_type: Option<std::borrow::Cow<'static, str>> = match (error_code, outcome) {
+            (Some(code), _) => Some(code.to_string().into()),
+            (None, Outcome::Ok) => None,
+            (None, Outcome::Abandoned) => Some("cancelled".into()),
+            (None, Outcome::Timeout) => Some("timeout".into()),
+            (None, _) => Some("_OTHER".into()),
+        };
+        let method = match self.method {
+            Method::Other => "_OTHER",
+            m => m.as_str(),
+        };
+        let (exposed, original) = match &self.target {
+            Some(n) => (json_text(&n.body[n.exposed.clone()]), json_text(&n.original)),
+            None => (None, None),
+        };
+        let (exposed, original) = (exposed.as_deref(), original.as_deref());
+        let named = |m: Method| (self.method == m).then_some(()).and(exposed);
+        let version = self.session.as_ref().map(|s| s.version.as_str());
+        let op = Operation {
+            method,
+            error_type: error_type.as_deref(),
+            tool: named(Method::ToolsCall),
+            prompt: named(Method::PromptsGet),
+            protocol_version: version,
+            network_protocol_version: Some(self.http_version),
+        };
+        let telemetry = &self.app.telemetry;
+        telemetry.mcp.served(&op, elapsed);
+        let upstream = match &self.served {
+            Served::Upstream(u) => Some(*u),
+            _ => None,
+        };
+        let app = self.app.clone();
+        let address = upstream.and_then(|u| app.upstream_address(u));
+        // Measured against the same end as the request's.
+        let upstream_took =
+            self.upstream_sent.map(|at| (at, elapsed.saturating_sub(at.saturating_duration_since(self.started))));
+        if let (Some(_), Some((_, took))) = (upstream, upstream_took) {
+            let sent = Operation {
+                tool: (self.method == Method::ToolsCall).then_some(()).and(original),
+                prompt: (self.method == Method::PromptsGet).then_some(()).and(original),
+                network_protocol_version: None,
+                ..op
+            };
+            telemetry.mcp.sent(&sent, address.map(|a| (&*a.host, &*a.port_text)), took);
+        }
+        let Some(traced) = self.trace.take() else { return };
+        if !traced.trace.sampled {
+            return;
+        }
+        let end = traced.start + elapsed;
+        let resource =
+            matches!(self.method, Method::ResourcesRead | Method::ResourcesSubscribe | Method::ResourcesUnsubscribe);
+        let mut attributes = vec![
+            KeyValue::new("mcp.method.name", method),
+            KeyValue::new("network.transport", "tcp"),
+            KeyValue::new("network.protocol.name", "http"),
+            KeyValue::new("network.protocol.version", self.http_version),
+        ];
+        let mut common = Vec::new();
+        if let Some(e) = &error_type {
+            common.push(KeyValue::new("error.type", e.to_string()));
+        }
+        if let Some(code) = error_code {
+            common.push(KeyValue::new("rpc.response.status_code", code.to_string()));
+        }
+        if self.method == Method::ToolsCall {
+            common.push(KeyValue::new("gen_ai.operation.name", "execute_tool"));
+        }
+        if let Some(v) = version {
+            common.push(KeyValue::new("mcp.protocol.version", v));
+        }
+        let name_key = match self.method {
+            Method::ToolsCall => Some("gen_ai.tool.name"),
+            Method::PromptsGet => Some("gen_ai.prompt.name"),
+            _ if resource => Some("mcp.resource.uri"),
+            _ => None,
+        };
+        if let (Some(key), Some(exposed)) = (name_key, exposed) {
+            attributes.push(KeyValue::new(key, exposed.to_owned()));
+        }
+        if let Some(id) = &traced.request_id {
+            attributes.push(KeyValue::new("jsonrpc.request.id", id.to_string()));
+        }
+        if let Some(session) = &self.session {
+            attributes.push(KeyValue::new("mcp.session.id", session.id.to_string()));
+        }
+        if let Some(peer) = traced.peer {
+            attributes.push(KeyValue::new("client.address", peer.ip().to_string()));
+            attributes.push(KeyValue::new("client.port", i64::from(peer.port())));
+        }
+        if let Some(who) = &self.principal {
+            attributes.push(KeyValue::new("switchboard.tenant", who.tenant.name.to_string()));
+            if let Some(user) = &who.user {
+                attributes.push(KeyValue::new("enduser.id", user.to_string()));
+            }
+        }
+        attributes.push(KeyValue::new("switchboard.outcome", outcome.label()));
+        attributes.extend(common.iter().cloned());
+        // Resource URIs stay out of span names (unbounded); tool and prompt names go in.
+        let span_name = match (name_key, exposed) {
+            (Some(key), Some(target)) if key != "mcp.resource.uri" => format!("{method} {target}"),
+            _ => method.to_owned(),
+        };
+        if let (Some(u), Some(span), Some((sent_at, took))) = (upstream, traced.client_span, upstream_took) {
+            let upstream = &self.app.upstreams[u];
+            let mut client = vec![
+                KeyValue::new("mcp.method.name", method),
+                KeyValue::new("switchboard.upstream", upstream.name.to_string()),
+                KeyValue::new("network.transport", if address.is_some() { "tcp" } else { "pipe" }),
+            ];
+            if let Some(a) = address {
+                client.push(KeyValue::new("server.address", a.host.to_string()));
+                client.push(KeyValue::new("server.port", i64::from(a.port)));
+            }
+            if let (Some(key), Some(original)) = (name_key, original) {
+                client.push(KeyValue::new(key, original.to_owned()));
+            }
+            if let Some(id) = &traced.request_id {
+                client.push(KeyValue::new("jsonrpc.request.id", id.to_string()));
+            }
+            client.extend(common);
+            let start = traced.start + sent_at.saturating_duration_since(self.started);
+            let name = match (name_key, original) {
+                (Some(key), Some(target)) if key != "mcp.resource.uri" => format!("{method} {target}"),
+                _ => method.to_owned(),
+            };
+            telemetry.emit(Finished {
+                name: name.into(),
+                server: false,
+                trace: &traced.trace,
+                span,
+                parent: Some(traced.trace.span),
+                start,
+                end: start + took,
+                attributes: client,
+                error: upstream_failed(outcome).then(|| traced.error.clone().unwrap_or_default()),
+            });
+        }
+        telemetry.emit(Finished {
+            name: span_name.into(),
+            server: true,
+            trace: &traced.trace,
+            span: traced.trace.span,
+            parent: traced.trace.parent,
+            start: traced.start,
+            end,
+            attributes,
+            error: error_type.is_some().then(|| traced.error.clone().unwrap_or_default()),
+        });
     }
 
     /// The audit record of the request, before its outcome is known.
@@ -456,4 +735,9 @@ fn trace_id(headers: &HeaderMap) -> Option<String> {
     let (_version, trace) = (parts.next()?, parts.next()?);
     (trace.len() == 32 && trace.bytes().all(|b| b.is_ascii_hexdigit()) && trace != "0".repeat(32))
         .then(|| trace.to_ascii_lowercase())
+}
+
+/// Whether the upstream leg of a request failed (its span's status).
+fn upstream_failed(outcome: Outcome) -> bool {
+    matches!(outcome, Outcome::UpstreamFailed | Outcome::Timeout | Outcome::Error)
 }

@@ -223,23 +223,30 @@ impl Served {
         admitted: connections::Admitted,
     ) {
         let activity = Activity::new();
+        // The client's address, for spans (only when traces are on).
+        let peer = self.app.telemetry.tracing().then(|| stream.peer_addr().ok()).flatten();
         match tls {
-            None => self.serve(TokioIo::new(stream), activity, admitted, None).await,
+            None => self.serve(TokioIo::new(stream), activity, admitted, (None, peer)).await,
             Some(acceptor) => {
                 if let Some(stream) = connections::tls_handshake(&acceptor, stream, &self.conns).await {
                     let cert = client_cert(&stream);
-                    self.serve(TokioIo::new(stream), activity, admitted, cert).await;
+                    self.serve(TokioIo::new(stream), activity, admitted, (cert, peer)).await;
                 }
             }
         }
     }
 
-    async fn serve<I>(self, io: I, activity: Arc<Activity>, admitted: connections::Admitted, cert: Option<ClientCert>)
-    where
+    async fn serve<I>(
+        self,
+        io: I,
+        activity: Arc<Activity>,
+        admitted: connections::Admitted,
+        (cert, peer): (Option<ClientCert>, Option<std::net::SocketAddr>),
+    ) where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
         let Served { app, conns, builder, watcher } = self;
-        let conn = builder.serve_connection(io, service(&app, &activity, cert)).into_owned();
+        let conn = builder.serve_connection(io, service(&app, &activity, cert, peer)).into_owned();
         match watcher {
             Some(watcher) => connections::supervise(watcher.watch(conn), admitted, activity, conns).await,
             None => connections::supervise(conn, admitted, activity, conns).await,
@@ -264,11 +271,13 @@ fn client_cert(stream: &tokio_rustls::server::TlsStream<tokio::net::TcpStream>) 
 
 /// The HTTP service of one connection: [`route`], each request kept in
 /// flight (for the idle timeout) until its answer's body is done, and
-/// carrying the connection's client certificate.
+/// carrying the connection's client certificate (and, for spans, the
+/// client's address).
 fn service(
     app: &Arc<App>,
     activity: &Arc<Activity>,
     cert: Option<ClientCert>,
+    peer: Option<std::net::SocketAddr>,
 ) -> impl hyper::service::Service<Request<Incoming>, Response = Response<Tracked<Body>>, Error = Infallible, Future: Send>
        + Clone {
     let app = app.clone();
@@ -276,6 +285,9 @@ fn service(
     hyper::service::service_fn(move |mut req: Request<Incoming>| {
         if let Some(cert) = &cert {
             req.extensions_mut().insert(cert.clone());
+        }
+        if let Some(peer) = peer {
+            req.extensions_mut().insert(crate::exchange::Peer(peer));
         }
         let app = app.clone();
         let in_flight = activity.begin();

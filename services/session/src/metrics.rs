@@ -3,6 +3,14 @@
 
 use switchboard_core::metrics::{counter, counter_vec, gauge, IntCounter, IntCounterVec, IntGauge, Registry};
 
+/// A histogram with the OpenTelemetry MCP conventions' bucket boundaries.
+fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::HistogramVec {
+    let opts = prometheus::HistogramOpts::new(name, help).buckets(switchboard_telemetry::mcp::BUCKETS.to_vec());
+    let h = prometheus::HistogramVec::new(opts, labels).expect("valid metric");
+    let _ = registry.register(Box::new(h.clone()));
+    h
+}
+
 /// Metrics about downstream sessions and where they are kept.
 pub struct Metrics {
     sessions: IntGauge,
@@ -15,6 +23,8 @@ pub struct Metrics {
     waited_for_repair: IntCounterVec,
     taken_over: IntCounterVec,
     reclaimed: IntCounter,
+    server_session: prometheus::HistogramVec,
+    client_session: prometheus::HistogramVec,
 }
 
 impl Metrics {
@@ -69,7 +79,34 @@ impl Metrics {
                 "switchboard_sessions_reclaimed_total",
                 "Expired sessions ended the moment a session cap was reached, ahead of the sweep.",
             ),
+            server_session: histogram(
+                registry,
+                "mcp_server_session_duration_seconds",
+                "mcp.server.session.duration: how long a client's MCP session with the router lasted, measured where it ended (ended by the client or expired).",
+                &["mcp_protocol_version", "network_transport", "network_protocol_name"],
+            ),
+            client_session: histogram(
+                registry,
+                "mcp_client_session_duration_seconds",
+                "mcp.client.session.duration: how long an upstream session the router opened lasted, when it ends on the replica that opened it.",
+                &["server_address", "server_port", "network_transport"],
+            ),
         }
+    }
+
+    /// A client's session ended after `lasted`.
+    pub(crate) fn session_ended(&self, version: &str, lasted: std::time::Duration) {
+        self.server_session.with_label_values(&[version, "tcp", "http"]).observe(lasted.as_secs_f64());
+    }
+
+    /// An upstream session (at `address`, none for stdio) ended after `lasted`.
+    pub(crate) fn upstream_session_ended(&self, address: Option<(&str, u16)>, lasted: std::time::Duration) {
+        let port = address.map(|(_, p)| p.to_string()).unwrap_or_default();
+        let (host, transport) = match address {
+            Some((host, _)) => (host, "tcp"),
+            None => ("", "pipe"),
+        };
+        self.client_session.with_label_values(&[host, &port, transport]).observe(lasted.as_secs_f64());
     }
 
     pub(crate) fn reclaimed(&self, n: usize) {

@@ -298,3 +298,14 @@ pub async fn authorization_server(env: &[(&str, &str)]) -> (Process, String) {
     .await;
     (process, format!("http://{addr}"))
 }
+
+/// An OTLP trace receiver built on the official OpenTelemetry protocol
+/// definitions (`otlp_receiver.py`): OTLP/HTTP at the returned URL, OTLP/gRPC
+/// at the address its `/info` names; `/spans` lists what it received.
+pub async fn otlp_receiver() -> (Process, String) {
+    let script = scripts_dir().join("otlp_receiver.py");
+    let (process, addr) =
+        Process::spawn_announced(&python(), &[script.to_str().expect("utf-8 path")], &[], "otlp receiver listening on")
+            .await;
+    (process, format!("http://{addr}"))
+}

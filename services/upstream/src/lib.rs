@@ -292,6 +292,9 @@ pub struct Outgoing {
     pub id: Range<usize>,
     /// Where `params._meta.progressToken` sits in `body`, if present.
     pub progress_token: Option<Range<usize>>,
+    /// The W3C `traceparent` header to send with it (HTTP upstreams), when
+    /// the request is traced.
+    pub traceparent: Option<::http::HeaderValue>,
 }
 
 impl Outgoing {
@@ -304,8 +307,13 @@ impl Outgoing {
         let id = format!("\"switchboard-{tag}-{n}\"");
         let body = switchboard_protocol::jsonrpc::request(Some(id.as_bytes()), method, Some(params));
         let start = body.windows(id.len()).position(|w| w == id.as_bytes()).expect("the id is in the body");
-        let out =
-            Outgoing { body, method: Method::from_name(method), id: start..start + id.len(), progress_token: None };
+        let out = Outgoing {
+            body,
+            method: Method::from_name(method),
+            id: start..start + id.len(),
+            progress_token: None,
+            traceparent: None,
+        };
         (out, id)
     }
 }
@@ -560,6 +568,21 @@ pub struct Upstream {
     pub config: UpstreamConfig,
     /// How to reach it.
     pub transport: Arc<dyn Transport>,
+}
+
+impl Upstream {
+    /// Its host and port (of its first URL), as telemetry names a server;
+    /// none for a stdio upstream.
+    pub fn address(&self) -> Option<(Arc<str>, u16)> {
+        match &self.config.transport {
+            config::TransportConfig::Http(h) | config::TransportConfig::Sse(h) => {
+                let host = h.url.host().unwrap_or("").trim_start_matches('[').trim_end_matches(']');
+                let https = h.url.scheme_str() == Some("https");
+                Some((Arc::from(host), h.url.port_u16().unwrap_or(if https { 443 } else { 80 })))
+            }
+            config::TransportConfig::Stdio(_) => None,
+        }
+    }
 }
 
 /// Every configured upstream, in configuration order, indexed by

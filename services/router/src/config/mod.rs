@@ -14,6 +14,7 @@ use std::time::Duration;
 pub mod mtls;
 pub mod oauth;
 mod raw;
+pub mod telemetry;
 pub mod vault;
 
 pub use self::mtls::MtlsConfig;
@@ -31,6 +32,8 @@ pub struct Config {
     pub catalog: CatalogConfig,
     pub upstreams: Vec<UpstreamConfig>,
     pub log: LogConfig,
+    /// `[telemetry]`: traces.
+    pub telemetry: telemetry::TelemetryConfig,
     pub auth: AuthConfig,
     pub database: DatabaseConfig,
     pub redis: RedisConfig,

@@ -52,6 +52,8 @@ pub struct RawConfig {
     pub egress: RawEgress,
     #[serde(default)]
     pub vault: super::vault::RawVault,
+    #[serde(default)]
+    pub telemetry: super::telemetry::RawTelemetry,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -591,6 +593,7 @@ impl RawConfig {
             }
         };
         let log = LogConfig { level: self.log.level.unwrap_or_else(|| "info".into()), format };
+        let telemetry = super::telemetry::validate(self.telemetry, &mut bad);
 
         // [egress]: where upstreams and authorization servers may be.
         let egress = match switchboard_core::egress::Egress::parse(&self.egress.allow) {
@@ -1048,6 +1051,7 @@ impl RawConfig {
                 catalog,
                 upstreams,
                 log,
+                telemetry,
                 auth,
                 database,
                 redis,

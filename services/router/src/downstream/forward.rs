@@ -46,7 +46,8 @@ pub async fn forward(
 ) -> Response<Body> {
     let id = env.id.expect("a request has an id");
     let who = x.principal().expect("authenticated").clone();
-    let resolved = match resolve(x.app(), &who, method, env, body).await {
+    let traceparent = x.upstream_traceparent();
+    let resolved = match resolve(x.app(), &who, method, env, body, traceparent.as_deref()).await {
         Ok(Resolution::Upstream(resolved)) => resolved,
         Ok(Resolution::Local(tool)) => return respond::json(call_local(x, tool, id).await),
         Err(e) => {
@@ -58,8 +59,12 @@ pub async fn forward(
             return x.fail_as(Some(id), &e, outcome);
         }
     };
+    let mut resolved = resolved;
     let u = resolved.upstream;
     x.served_by(u);
+    if let Some(named) = resolved.target.take() {
+        x.set_target(named);
+    }
     let app = x.app().clone();
     if super::authorize::era_catalog(&app, &who, u).is_stateless_only(u) {
         if matches!(method, Method::ResourcesSubscribe | Method::ResourcesUnsubscribe) {
@@ -78,7 +83,14 @@ pub async fn forward(
     x.in_flight(session, u, body, span(body, id.get()));
     let sent_body = resolved.body.clone();
     let sent: &RawValue = serde_json::from_slice(&sent_body[resolved.id.clone()]).expect("the id is JSON");
-    let out = Outgoing { body: resolved.body, method, id: resolved.id, progress_token: resolved.progress_token };
+    let out = Outgoing {
+        body: resolved.body,
+        method,
+        id: resolved.id,
+        progress_token: resolved.progress_token,
+        traceparent: resolved.traceparent,
+    };
+    x.upstream_sent();
     match tokio::time::timeout_at(deadline, channel.request(out)).await {
         Err(_) => {
             cancel_upstream(&app, session, u, id.get(), "timeout");

@@ -87,19 +87,40 @@ fn stateless_only(headers: &HeaderMap) -> bool {
 /// A POST to `/mcp`.
 async fn post(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     let (parts, body) = req.into_parts();
-    let x = Exchange::new(app, Instant::now(), &parts.extensions);
-    post_phases(x, &parts.headers, body).await.unwrap_or_else(|refusal| *refusal)
+    let mut x = Exchange::new(app, Instant::now(), &parts.extensions);
+    x.set_http_version(parts.version);
+    post_phases(x, &parts.headers, body, &parts.extensions).await.unwrap_or_else(|refusal| *refusal)
 }
 
 /// The phases of a POST to `/mcp`, in order; `Err` is a refusal to send.
-async fn post_phases(mut x: Exchange, headers: &HeaderMap, body: Incoming) -> Result<Response<Body>, Refusal> {
+async fn post_phases(
+    mut x: Exchange,
+    headers: &HeaderMap,
+    body: Incoming,
+    connection: &http::Extensions,
+) -> Result<Response<Body>, Refusal> {
     // 1. Transport checks.
     let body = x.receive(headers, body).await?;
-    // 2. The envelope.
-    let env = x.parse(&body)?;
+    // 2. The envelope (and the request's trace, when traces are on).
+    let env = x.parse(headers, &body, Some(connection))?;
+    let logs = x.log_span();
+    if !logs.is_none() {
+        use tracing::Instrument;
+        return after_parse(x, headers, env, &body).instrument(logs).await;
+    }
+    after_parse(x, headers, env, &body).await
+}
+
+/// The phases after the envelope's.
+async fn after_parse(
+    mut x: Exchange,
+    headers: &HeaderMap,
+    env: Envelope<'_>,
+    body: &Bytes,
+) -> Result<Response<Body>, Refusal> {
     // A stateless (2026-07-28) request takes its own session phase.
     if stateless_client::is_stateless(headers, &env) {
-        return Ok(stateless_client::post(x, headers, &env, &body).await);
+        return Ok(stateless_client::post(x, headers, &env, body).await);
     }
     // 3. Who is calling.
     x.authenticate(headers).await.map_err(|e| x.refuse(headers, Some(&env), body.len(), e, "POST"))?;
@@ -117,18 +138,18 @@ async fn post_phases(mut x: Exchange, headers: &HeaderMap, body: Incoming) -> Re
             x.admit(&env).await.map_err(|e| x.refuse(headers, Some(&env), body.len(), e, "POST"))?;
             let accepts_sse = accepts_sse(headers);
             let sse = accepts_sse && x.app().config.server.response_mode == ResponseMode::Sse;
-            let response = request(x, headers, &session, &env, &body, accepts_sse).await;
+            let response = request(x, headers, &session, &env, body, accepts_sse).await;
             Ok(if sse { respond::as_sse(response) } else { response })
         }
         MessageKind::Notification => {
             let app = x.app().clone();
             x.discard();
-            notification(&app, &session, &env, &body).await;
+            notification(&app, &session, &env, body).await;
             Ok(respond::accepted())
         }
         MessageKind::Response | MessageKind::Error => {
             let (app, who) = (x.app().clone(), x.principal().expect("authenticated").clone());
-            match answer(&app, &who, &session, &env, &body).await {
+            match answer(&app, &who, &session, &env, body).await {
                 Ok(()) => {
                     x.discard();
                     Ok(respond::accepted())

@@ -21,7 +21,7 @@ use switchboard_protocol::Method;
 
 use crate::app::App;
 use crate::error::Error;
-use crate::exchange::Exchange;
+use crate::exchange::{Exchange, Named};
 use crate::tools::{LocalTool, Tool};
 
 /// A request rewritten for its upstream.
@@ -30,6 +30,11 @@ pub(crate) struct Resolved {
     pub body: Bytes,
     pub id: Range<usize>,
     pub progress_token: Option<Range<usize>>,
+    /// The name (or URI) the request names, as the client and as the
+    /// upstream know it.
+    pub target: Option<Named>,
+    /// The `traceparent` header to send with it, when traced.
+    pub traceparent: Option<http::HeaderValue>,
 }
 
 /// What a request resolved to.
@@ -42,28 +47,30 @@ pub(crate) enum Resolution {
 
 /// Finds who serves the request and builds the rewritten body. Only what
 /// `tenant` sees resolves; anything else is unknown, exactly as if it did
-/// not exist.
+/// not exist. With `traceparent` (the router's span for the upstream
+/// request, when traced), that is put in `params._meta.traceparent`.
 pub(crate) async fn resolve(
     app: &Arc<App>,
     who: &Principal,
     method: Method,
     env: &Envelope<'_>,
     body: &Bytes,
+    traceparent: Option<&str>,
 ) -> Result<Resolution, Error> {
     let tenant = &*who.tenant;
     let params = env.params.ok_or_else(|| Error::InvalidParams(format!("{} needs params", method.as_str())))?;
     let target = Target::parse(params).map_err(|e| Error::InvalidParams(e.to_string()))?;
-    let (upstream, field, replacement): (UpstreamId, &RawValue, Vec<u8>) = match method {
+    let (upstream, field, replacement): (UpstreamId, &RawValue, Arc<[u8]>) = match method {
         Method::ToolsCall => {
             let raw = target.name.ok_or_else(|| Error::InvalidParams("params.name is required".into()))?;
             let name = as_str(raw).ok_or_else(|| Error::InvalidParams("params.name must be a string".into()))?;
             if let Some((upstream, original)) = super::authorize::resolve_own(app, who, &name).await? {
-                return Ok(Resolution::Upstream(rewrite(upstream, body, env, &target, raw, &original)));
+                return Ok(Resolution::Upstream(rewrite(upstream, body, env, &target, raw, original, traceparent)));
             }
             match crate::tools::resolve(&app.tools, tenant, &name, params).await? {
                 Tool::Local(tool) => return Ok(Resolution::Local(tool)),
                 Tool::Upstream { upstream, original } => {
-                    return Ok(Resolution::Upstream(rewrite(upstream, body, env, &target, raw, &original)))
+                    return Ok(Resolution::Upstream(rewrite(upstream, body, env, &target, raw, original, traceparent)))
                 }
             }
         }
@@ -71,7 +78,7 @@ pub(crate) async fn resolve(
             let raw = target.name.ok_or_else(|| Error::InvalidParams("params.name is required".into()))?;
             let name = as_str(raw).ok_or_else(|| Error::InvalidParams("params.name must be a string".into()))?;
             let (u, original) = app.catalog_tools.find(tenant, ListKind::Prompts, &name).await?;
-            return Ok(Resolution::Upstream(rewrite(u, body, env, &target, raw, &original)));
+            return Ok(Resolution::Upstream(rewrite(u, body, env, &target, raw, original, traceparent)));
         }
         Method::ResourcesRead | Method::ResourcesSubscribe | Method::ResourcesUnsubscribe => {
             let raw = target.uri.ok_or_else(|| Error::InvalidParams("params.uri is required".into()))?;
@@ -88,7 +95,7 @@ pub(crate) async fn resolve(
                     let name =
                         as_str(raw).ok_or_else(|| Error::InvalidParams("params.ref.name must be a string".into()))?;
                     let (u, original) = app.catalog_tools.find(tenant, ListKind::Prompts, &name).await?;
-                    return Ok(Resolution::Upstream(rewrite(u, body, env, &target, raw, &original)));
+                    return Ok(Resolution::Upstream(rewrite(u, body, env, &target, raw, original, traceparent)));
                 }
                 Some("ref/resource") => {
                     let raw = reference.uri.ok_or_else(|| Error::InvalidParams("params.ref.uri is required".into()))?;
@@ -100,38 +107,73 @@ pub(crate) async fn resolve(
         }
         _ => unreachable!("only forwarded methods reach resolve"),
     };
-    Ok(Resolution::Upstream(rewrite(upstream, body, env, &target, field, &replacement)))
+    Ok(Resolution::Upstream(rewrite(upstream, body, env, &target, field, replacement, traceparent)))
 }
 
 /// The request with `field` (a name or URI in it) replaced by `replacement`,
 /// the upstream's own (JSON text), its id by the one the upstream is sent
-/// ([`jsonrpc::upstream_id`]), and where its id and progress token are.
+/// ([`jsonrpc::upstream_id`]), `traceparent` (if any) in `params._meta`,
+/// and where its id and progress token are.
 fn rewrite(
     upstream: UpstreamId,
     body: &Bytes,
     env: &Envelope<'_>,
     target: &Target<'_>,
     field: &RawValue,
-    replacement: &[u8],
+    original: Arc<[u8]>,
+    traceparent: Option<&str>,
 ) -> Resolved {
+    let replacement = &*original;
     let id_raw = env.id.expect("a request has an id").get();
     let id = span(body, id_raw);
     let token = target.progress_token.map(|t| span(body, t.get()));
     let sent_id = jsonrpc::upstream_id(id_raw);
     let name = (*replacement != *field.get().as_bytes()).then(|| Edit::new(span(body, field.get()), replacement));
     let mapped = matches!(sent_id, Cow::Owned(_)).then(|| Edit::new(id.clone(), sent_id.as_bytes()));
-    let apply = |edits: &mut [Edit<'_>]| {
-        let (id, token) = (moved(id.clone(), edits), token.clone().map(|t| moved(t, edits)));
-        Resolved { upstream, body: splice(body, edits), id, progress_token: token }
-    };
-    match (name, mapped) {
-        (None, None) => Resolved { upstream, body: body.clone(), id, progress_token: token },
-        (Some(edit), None) | (None, Some(edit)) => apply(&mut [edit]),
-        (Some(name), Some(mapped)) => apply(&mut [name, mapped]),
+    let traced = traceparent.and_then(|t| trace_insert(body, env, target, t));
+    let traced = traced.as_ref().map(|(range, text)| Edit::new(range.clone(), text));
+    let names = Some(Named { body: body.clone(), exposed: span(body, field.get()), original: original.clone() });
+    let header = traceparent.and_then(|t| http::HeaderValue::from_str(t).ok());
+    let mut edits: Vec<Edit<'_>> = [name, mapped, traced].into_iter().flatten().collect();
+    if edits.is_empty() {
+        return Resolved {
+            upstream,
+            body: body.clone(),
+            id,
+            progress_token: token,
+            target: names,
+            traceparent: header,
+        };
     }
+    let (id, token) = (moved(id.clone(), &edits), token.map(|t| moved(t, &edits)));
+    Resolved { upstream, body: splice(body, &mut edits), id, progress_token: token, target: names, traceparent: header }
 }
 
-fn resolve_uri(app: &App, tenant: &Tenant, raw: &RawValue) -> Result<(UpstreamId, Vec<u8>), Error> {
+/// Where and what to write so that `params._meta.traceparent` is
+/// `traceparent`: its value replaced, or the member added to `_meta`, or
+/// `_meta` added to `params`.
+fn trace_insert(
+    body: &Bytes,
+    env: &Envelope<'_>,
+    target: &Target<'_>,
+    traceparent: &str,
+) -> Option<(Range<usize>, Vec<u8>)> {
+    let quoted = jsonrpc::json_string(traceparent);
+    if let Some(raw) = target.traceparent {
+        return Some((span(body, raw.get()), quoted));
+    }
+    let (object, member): (&RawValue, Vec<u8>) = match target.meta {
+        Some(meta) => (meta, [&b"\"traceparent\":"[..], &quoted[..]].concat()),
+        None => (env.params?, [&b"\"_meta\":{\"traceparent\":"[..], &quoted[..], &b"}"[..]].concat()),
+    };
+    let at = span(body, object.get());
+    let inner = &body[at.start + 1..at.end - 1];
+    let empty = inner.iter().all(u8::is_ascii_whitespace);
+    let text = if empty { member } else { [&member[..], b","].concat() };
+    Some((at.start + 1..at.start + 1, text))
+}
+
+fn resolve_uri(app: &App, tenant: &Tenant, raw: &RawValue) -> Result<(UpstreamId, Arc<[u8]>), Error> {
     let uri = as_str(raw).ok_or_else(|| Error::InvalidParams("the uri must be a string".into()))?;
     let snapshot = app.catalog.current();
     let (u, original) = app
@@ -139,7 +181,7 @@ fn resolve_uri(app: &App, tenant: &Tenant, raw: &RawValue) -> Result<(UpstreamId
         .resolve_uri(&snapshot, &uri)
         .filter(|&(u, _)| tenant.sees_upstream(u))
         .ok_or_else(|| Error::UnknownResource(uri.to_string()))?;
-    Ok((u, jsonrpc::json_string(original)))
+    Ok((u, Arc::from(jsonrpc::json_string(original))))
 }
 
 /// Calls a tool its source answers itself, and returns the JSON-RPC answer;
@@ -266,4 +308,47 @@ pub(crate) fn error_code(message: &[u8]) -> Option<i64> {
         code: i64,
     }
     serde_json::from_str::<Code>(env.error?.get()).ok().map(|c| c.code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The request rewritten with `traceparent` in `params._meta`, as JSON.
+    fn traced(request: &str) -> Value {
+        let body = Bytes::from(request.to_owned());
+        let env = Envelope::parse(&body).unwrap();
+        let target = Target::parse(env.params.unwrap()).unwrap();
+        let name = target.name.unwrap();
+        let original: Arc<[u8]> = Arc::from(&br#""echo""#[..]);
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let resolved = rewrite(UpstreamId::new(0), &body, &env, &target, name, original, Some(tp));
+        let v: Value = serde_json::from_slice(&resolved.body).unwrap();
+        assert_eq!(v["params"]["_meta"]["traceparent"], tp, "{v}");
+        assert_eq!(v["params"]["name"], "echo", "{v}");
+        // The id and progress token are found where they moved to.
+        assert_eq!(&resolved.body[resolved.id.clone()], b"1");
+        if let Some(token) = &resolved.progress_token {
+            assert_eq!(&resolved.body[token.clone()], br#""p""#);
+        }
+        v
+    }
+
+    #[test]
+    fn the_upstream_request_carries_the_routers_span_in_meta() {
+        // No `_meta`: added.
+        traced(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a__echo","arguments":{}}}"#);
+        // An empty one: filled.
+        traced(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a__echo","_meta":{ }}}"#);
+        // One with other members: kept.
+        let v = traced(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"_meta":{"progressToken":"p"},"name":"a__echo"}}"#,
+        );
+        assert_eq!(v["params"]["_meta"]["progressToken"], "p");
+        // The caller's: replaced.
+        let v = traced(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a__echo","_meta":{"traceparent":"00-11111111111111111111111111111111-2222222222222222-01","progressToken":"p"}}}"#,
+        );
+        assert_eq!(v["params"]["_meta"].as_object().unwrap().len(), 2);
+    }
 }

@@ -55,6 +55,11 @@ pub(super) async fn forward(
         Err(e) => return x.fail_as(Some(id), &e, Outcome::Rejected),
     };
     let mut headers = upstream_headers(method, &resolved.body, None);
+    if let Some(traceparent) = resolved.traceparent.clone() {
+        headers.push((http::HeaderName::from_static("traceparent"), traceparent));
+    }
+    let mut x = x;
+    x.upstream_sent();
     if method == Method::ToolsCall {
         headers.extend(mirrored_arguments(&app, u, &request));
     }

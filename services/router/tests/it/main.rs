@@ -40,6 +40,7 @@ mod routing;
 mod scale_out;
 mod shutdown;
 mod stateless;
+mod telemetry;
 mod tenancy;
 mod tls;
 mod upstream_tls;

@@ -125,6 +125,10 @@ pub struct Session {
     log_level: Mutex<Option<String>>,
     /// Milliseconds since the router started, at the last request.
     last_used: AtomicU64,
+    /// When it was opened (ms since the epoch; 0: not known).
+    opened_ms: AtomicU64,
+    /// When each channel was opened here, by upstream (ms since the epoch).
+    channels_opened: Box<[AtomicU64]>,
     /// What every session of this replica shares: upstreams, store, relay.
     ctx: Arc<Context>,
     closed: AtomicBool,
@@ -178,6 +182,7 @@ impl Session {
         };
         let session = Self::build(id, Kind::Stored, client, ctx, ctx.shared.clone());
         *session.known.lock().expect("lock") = known;
+        session.opened_ms.store(record.opened_ms, Ordering::Relaxed);
         Some(session)
     }
 
@@ -243,6 +248,8 @@ impl Session {
             version,
             capabilities,
             channels: (0..ctx.upstreams.len()).map(|_| OnceCell::new()).collect(),
+            opened_ms: AtomicU64::new(switchboard_core::time::now_ms() as u64),
+            channels_opened: (0..ctx.upstreams.len()).map(|_| AtomicU64::new(0)).collect(),
             inflight: Mutex::new(Vec::new()),
             standalone: Log::new(0),
             listening: AtomicBool::new(false),
@@ -346,6 +353,7 @@ impl Session {
                 user: self.user.as_deref().map(str::to_owned),
                 version: self.version.as_str().to_owned(),
                 capabilities: self.capabilities.get().to_owned(),
+                opened_ms: self.opened_ms.load(Ordering::Relaxed),
             },
             upstreams,
         }
@@ -647,13 +655,27 @@ impl Session {
         }
     }
 
-    /// Ends the session: closes its stream and its upstream sessions.
+    /// Ends the session: closes its stream and its upstream sessions
+    /// (their durations, and its own, measured).
     pub async fn close(&self) {
-        self.closed.store(true, Ordering::Relaxed);
+        if self.closed.swap(true, Ordering::Relaxed) {
+            return;
+        }
         self.close_stream();
         self.subscriptions.stop();
-        for (_, channel) in self.open_channels() {
+        let now = switchboard_core::time::now_ms() as u64;
+        let since = |opened: u64| (opened > 0).then(|| std::time::Duration::from_millis(now.saturating_sub(opened)));
+        if let Some(lasted) = since(self.opened_ms.load(Ordering::Relaxed)) {
+            if !self.for_tenant {
+                self.ctx.metrics.session_ended(self.version.as_str(), lasted);
+            }
+        }
+        for (u, channel) in self.open_channels() {
             channel.close().await;
+            if let Some(lasted) = since(self.channels_opened[u.index()].load(Ordering::Relaxed)) {
+                let address = self.ctx.upstreams[u].address();
+                self.ctx.metrics.upstream_session_ended(address.as_ref().map(|(h, p)| (&**h, *p)), lasted);
+            }
         }
     }
 

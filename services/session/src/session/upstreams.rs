@@ -78,11 +78,16 @@ impl Session {
                     })
                 }
             };
+            // A new upstream session: its duration is measured from now.
+            let now = switchboard_core::time::now_ms() as u64;
+            self.channels_opened[u.index()].store(now, Ordering::Relaxed);
             let Some(fresh) = channel.upstream_session() else { return Ok(self.listening_if_asked(channel).await) };
             match self.claim_upstream(u, known.as_ref(), &fresh).await {
                 Claimed::Ours => Ok(self.listening_if_asked(channel).await),
                 Claimed::Theirs(theirs) => match upstream.transport.resume(&hello, inbox, &theirs) {
                     Some(resumed) => {
+                        // Another replica's upstream session: its start is not known here.
+                        self.channels_opened[u.index()].store(0, Ordering::Relaxed);
                         // Nobody uses ours: ended, off this request's path.
                         tokio::spawn(async move { channel.close().await });
                         self.ctx.upstreams.metrics().session_resumed(&upstream.name);

@@ -63,6 +63,13 @@ pub struct Record {
     pub version: String,
     /// The client's capabilities, as JSON.
     pub capabilities: String,
+    /// When it was opened (ms since the epoch; 0 in records written before).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub opened_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A session as stored: the record and its upstream sessions by upstream name.
@@ -216,6 +223,7 @@ mod tests {
                 user: None,
                 version: "2025-11-25".into(),
                 capabilities: "{}".into(),
+                opened_ms: 0,
             },
             upstreams: BTreeMap::new(),
         }

@@ -121,6 +121,8 @@ impl crate::Channel for Channel {
         let mut retried = false;
         let mut moved = !self.replicas.several();
         let mut body = Some(out.body);
+        let extra: Vec<(http::HeaderName, http::HeaderValue)> =
+            out.traceparent.into_iter().map(|t| (http::HeaderName::from_static("traceparent"), t)).collect();
         loop {
             let state = self.state();
             // Its replica was found down (by the health checks): move first.
@@ -135,7 +137,7 @@ impl crate::Channel for Channel {
             let may_retry = (state.sid.is_some() && !retried) || !moved;
             let send = if may_retry { body.clone() } else { body.take() };
             let send = send.expect("the body is kept while a retry is possible");
-            let resp = match state.shared.post(send, &state).await {
+            let resp = match state.shared.post(send, &state, &extra).await {
                 Ok(resp) => resp,
                 // The replica is gone (it refuses connections now, not just
                 // this once): the session moves to another, and the request
@@ -172,7 +174,7 @@ impl crate::Channel for Channel {
         let state = self.state();
         let limit = state.shared.handshake_timeout;
         let work = async {
-            let resp = state.shared.post(message, &state).await?;
+            let resp = state.shared.post(message, &state, &[]).await?;
             if resp.status.is_success() {
                 drain(resp).await;
                 Ok(())

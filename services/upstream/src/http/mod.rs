@@ -601,10 +601,15 @@ impl Shared {
         }
     }
 
-    /// POSTs one message on the session `state`.
-    async fn post(&self, body: Bytes, state: &SessionState) -> Result<Answer, UpstreamError> {
+    /// POSTs one message on the session `state`, with `extra` headers.
+    async fn post(
+        &self,
+        body: Bytes,
+        state: &SessionState,
+        extra: &[(HeaderName, HeaderValue)],
+    ) -> Result<Answer, UpstreamError> {
         let credential = state.credential()?;
-        self.send(Method::POST, body, Some(state), None, false, &[], credential.as_deref()).await
+        self.send(Method::POST, body, Some(state), None, false, extra, credential.as_deref()).await
     }
 
     /// GETs the session's stream, optionally resuming after `last_event_id`.

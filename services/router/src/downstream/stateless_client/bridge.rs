@@ -226,7 +226,8 @@ pub(super) async fn bridged(
     let call_raw: Box<RawValue> = RawValue::from_string(call_id.clone()).expect("a JSON string");
     let deadline = tokio::time::Instant::now() + upstream.config.timeout;
     x.in_flight(&session, u, &body, id_range.clone());
-    let out = Outgoing { body, method, id: id_range, progress_token };
+    let out = Outgoing { body, method, id: id_range, progress_token, traceparent: resolved.traceparent.clone() };
+    x.upstream_sent();
     match tokio::time::timeout_at(deadline, channel.request(out)).await {
         Err(_) => {
             cancel_upstream(&app, &session, u, &call_id, "timeout");
@@ -270,7 +271,7 @@ fn without_era_meta(resolved: Resolved) -> Resolved {
         let token = env.params.and_then(|p| jsonrpc::Target::parse(p).ok()).and_then(|t| t.progress_token);
         (id, token.map(|t| span(&body, t.get())))
     };
-    Resolved { upstream: resolved.upstream, body, id, progress_token }
+    Resolved { body, id, progress_token, ..resolved }
 }
 
 /// A later round of a bridged call: the client's answers go to the upstream,

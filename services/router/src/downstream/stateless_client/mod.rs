@@ -388,8 +388,14 @@ async fn call(
     let id = env.id.expect("a request has an id");
     let app = x.app().clone();
     let who = x.principal().expect("authenticated").clone();
-    let resolved = match resolve::resolve(&app, &who, method, env, body).await {
-        Ok(Resolution::Upstream(resolved)) => resolved,
+    let traceparent = x.upstream_traceparent();
+    let resolved = match resolve::resolve(&app, &who, method, env, body, traceparent.as_deref()).await {
+        Ok(Resolution::Upstream(mut resolved)) => {
+            if let Some(named) = resolved.target.take() {
+                x.set_target(named);
+            }
+            resolved
+        }
         Ok(Resolution::Local(tool)) => return respond::json(stamp_complete(resolve::call_local(x, tool, id).await)),
         Err(e) => {
             let outcome =
@@ -434,7 +440,11 @@ async fn passthrough(
     let who = x.principal().expect("authenticated").clone();
     let u = resolved.upstream;
     let upstream = &app.upstreams[u];
-    let extra = upstream_headers(method, &resolved.body, Some(headers));
+    let mut extra = upstream_headers(method, &resolved.body, Some(headers));
+    if let Some(traceparent) = resolved.traceparent.clone() {
+        extra.push((http::HeaderName::from_static("traceparent"), traceparent));
+    }
+    x.upstream_sent();
     let sent: Box<RawValue> =
         serde_json::from_slice::<&RawValue>(&resolved.body[resolved.id.clone()]).expect("the id is JSON").to_owned();
     // The caller's credential (its user's, else its tenant's), asked now.

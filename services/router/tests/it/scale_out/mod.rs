@@ -32,6 +32,7 @@ fn sample(tenant: &str) -> Stored {
             tenant: tenant.into(),
             version: "2025-11-25".into(),
             capabilities: r#"{"sampling":{}}"#.into(),
+            opened_ms: 0,
         },
         upstreams: BTreeMap::new(),
     }

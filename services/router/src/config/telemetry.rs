@@ -1,0 +1,93 @@
+//! `[telemetry]`: traces exported over OTLP.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use switchboard_telemetry::export::{Protocol, Settings};
+
+use super::RawDuration;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTelemetry {
+    pub otlp_endpoint: Option<String>,
+    pub otlp_protocol: Option<String>,
+    pub sample_ratio: Option<f64>,
+    pub service_name: Option<String>,
+    pub queue: Option<u64>,
+    pub batch: Option<u64>,
+    pub export_timeout: Option<RawDuration>,
+}
+
+/// `[telemetry]` validated.
+#[derive(Debug, Clone, Default)]
+pub struct TelemetryConfig {
+    /// Where spans go; `None`: no traces.
+    pub export: Option<Settings>,
+    /// Requests without a sampled parent traced, out of 1.
+    pub sample_ratio: f64,
+}
+
+pub fn validate(raw: RawTelemetry, bad: &mut impl FnMut(String, String)) -> TelemetryConfig {
+    let sample_ratio = match raw.sample_ratio {
+        None => 0.01,
+        Some(r) if (0.0..=1.0).contains(&r) => r,
+        Some(r) => {
+            bad("telemetry.sample_ratio".into(), format!("{r} is not between 0 and 1"));
+            0.01
+        }
+    };
+    let protocol = match raw.otlp_protocol.as_deref() {
+        None | Some("http/protobuf") => Protocol::HttpProtobuf,
+        Some("grpc") => Protocol::Grpc,
+        Some(other) => {
+            bad("telemetry.otlp_protocol".into(), format!("{other:?} is not \"http/protobuf\" or \"grpc\""));
+            Protocol::HttpProtobuf
+        }
+    };
+    let timeout = match raw.export_timeout.as_ref().map(RawDuration::parse) {
+        None => Duration::from_secs(10),
+        Some(Ok(d)) if !d.is_zero() => d,
+        Some(Ok(_)) => {
+            bad("telemetry.export_timeout".into(), "must be greater than zero".into());
+            Duration::from_secs(10)
+        }
+        Some(Err(e)) => {
+            bad("telemetry.export_timeout".into(), e);
+            Duration::from_secs(10)
+        }
+    };
+    let count = |value: Option<u64>, default: u64, key: &str, bad: &mut dyn FnMut(String, String)| match value {
+        None => default as usize,
+        Some(n) if (1..=1_000_000).contains(&n) => n as usize,
+        Some(n) => {
+            bad(format!("telemetry.{key}"), format!("{n} is not between 1 and 1000000"));
+            default as usize
+        }
+    };
+    let queue = count(raw.queue, 2048, "queue", bad);
+    let batch = count(raw.batch, 512, "batch", bad);
+    let export = match raw.otlp_endpoint.filter(|e| !e.trim().is_empty()) {
+        None => None,
+        Some(endpoint) => {
+            let plain = endpoint.starts_with("http://");
+            if !plain && !endpoint.starts_with("https://") {
+                bad("telemetry.otlp_endpoint".into(), format!("{endpoint:?} is not an http(s) URL"));
+            } else if !plain && protocol == Protocol::HttpProtobuf {
+                bad(
+                    "telemetry.otlp_endpoint".into(),
+                    "an https collector is reached over gRPC: set otlp_protocol = \"grpc\" (OTLP/HTTP is sent in the clear, to a local collector)".into(),
+                );
+            }
+            Some(Settings {
+                endpoint,
+                protocol,
+                service_name: raw.service_name.unwrap_or_else(|| "switchboard".into()),
+                queue,
+                batch,
+                timeout,
+            })
+        }
+    };
+    TelemetryConfig { export, sample_ratio }
+}

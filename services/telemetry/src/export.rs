@@ -1,0 +1,155 @@
+//! Spans out over OTLP (HTTP/protobuf or gRPC) without ever holding up a
+//! request: a finished span goes into a bounded queue (a full queue drops
+//! it, counted), and one task sends batches to the collector.
+
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter, SpanProcessor, Tracer};
+use opentelemetry_sdk::Resource;
+use prometheus::{IntCounterVec, Opts, Registry};
+use tokio::sync::mpsc;
+
+/// How spans reach the collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// OTLP/HTTP with protobuf bodies: `POST {endpoint}/v1/traces`.
+    HttpProtobuf,
+    /// OTLP/gRPC.
+    Grpc,
+}
+
+/// Where and how to export.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The collector's base URL (`http://collector:4318`, or for gRPC
+    /// `http://collector:4317`).
+    pub endpoint: String,
+    pub protocol: Protocol,
+    pub service_name: String,
+    /// Spans waiting to be sent, at most; beyond, dropped (counted).
+    pub queue: usize,
+    /// Spans sent together, at most.
+    pub batch: usize,
+    /// How long one export may take.
+    pub timeout: Duration,
+}
+
+/// The tracer, and what keeps its exports going.
+pub struct Exporting {
+    pub tracer: Tracer,
+    provider: SdkTracerProvider,
+}
+
+impl Drop for Exporting {
+    fn drop(&mut self) {
+        let _ = self.provider.shutdown();
+    }
+}
+
+/// Starts exporting (inside a Tokio runtime).
+pub fn start(settings: &Settings, registry: &Registry) -> Result<Exporting, String> {
+    let exporter = match settings.protocol {
+        Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_endpoint(format!("{}/v1/traces", settings.endpoint.trim_end_matches('/')))
+            .with_timeout(settings.timeout)
+            .build(),
+        Protocol::Grpc => {
+            let builder = opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(settings.endpoint.clone())
+                .with_timeout(settings.timeout);
+            let builder = if settings.endpoint.starts_with("https://") {
+                builder.with_tls_config(
+                    opentelemetry_otlp::tonic_types::transport::ClientTlsConfig::new().with_native_roots(),
+                )
+            } else {
+                builder
+            };
+            builder.build()
+        }
+    }
+    .map_err(|e| format!("the OTLP exporter: {e}"))?;
+    let resource = Resource::builder()
+        .with_service_name(settings.service_name.clone())
+        .with_attribute(opentelemetry::KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .build();
+    let spans = IntCounterVec::new(
+        Opts::new(
+            "switchboard_trace_spans_total",
+            "Spans finished, by what became of them: exported, dropped (the export queue was full), failed (the collector did not take them).",
+        ),
+        &["outcome"],
+    )
+    .expect("valid metric");
+    let _ = registry.register(Box::new(spans.clone()));
+    let processor = Bounded::start(exporter, resource.clone(), settings, spans);
+    let provider = SdkTracerProvider::builder().with_resource(resource).with_span_processor(processor).build();
+    Ok(Exporting { tracer: provider.tracer("switchboard"), provider })
+}
+
+/// The span processor: a bounded queue and one exporting task.
+#[derive(Debug)]
+struct Bounded {
+    queue: mpsc::Sender<SpanData>,
+    spans: IntCounterVec,
+}
+
+impl Bounded {
+    fn start<E: SpanExporter + 'static>(
+        mut exporter: E,
+        resource: Resource,
+        settings: &Settings,
+        spans: IntCounterVec,
+    ) -> Bounded {
+        exporter.set_resource(&resource);
+        let (queue, mut waiting) = mpsc::channel::<SpanData>(settings.queue.max(1));
+        let (batch, timeout) = (settings.batch.max(1), settings.timeout);
+        let counted = spans.clone();
+        tokio::spawn(async move {
+            let mut spans = Vec::with_capacity(batch);
+            let mut quiet_until = tokio::time::Instant::now();
+            while waiting.recv_many(&mut spans, batch).await > 0 {
+                let n = spans.len() as u64;
+                let sent = tokio::time::timeout(timeout, exporter.export(std::mem::take(&mut spans))).await;
+                match sent {
+                    Ok(Ok(())) => counted.with_label_values(&["exported"]).inc_by(n),
+                    failed => {
+                        counted.with_label_values(&["failed"]).inc_by(n);
+                        // One warning a minute at most while the collector is away.
+                        if tokio::time::Instant::now() >= quiet_until {
+                            let why = match failed {
+                                Ok(Err(e)) => e.to_string(),
+                                _ => format!("no answer within {timeout:?}"),
+                            };
+                            tracing::warn!(error = %why, "the OTLP collector did not take spans (dropped; counted in switchboard_trace_spans_total)");
+                            quiet_until = tokio::time::Instant::now() + Duration::from_secs(60);
+                        }
+                    }
+                }
+            }
+        });
+        Bounded { queue, spans }
+    }
+}
+
+impl SpanProcessor for Bounded {
+    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        if self.queue.try_send(span).is_err() {
+            self.spans.with_label_values(&["dropped"]).inc();
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        Ok(())
+    }
+}
