@@ -247,6 +247,9 @@ impl Writer {
             match tokio::time::timeout(self.options.write_timeout, self.db.insert_audit(batch)).await {
                 Ok(Ok(_)) => {
                     self.metrics.written(batch.len());
+                    if let Some(oldest) = batch.iter().map(|r| r.at_ms).min() {
+                        self.metrics.written_at(oldest);
+                    }
                     batch.clear();
                     return;
                 }

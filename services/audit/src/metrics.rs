@@ -9,11 +9,12 @@ pub struct Metrics {
     spool_bytes: IntGauge,
     records: IntCounterVec,
     write_failures: IntCounter,
+    lag: prometheus::Gauge,
 }
 
 impl Metrics {
     pub fn new(registry: &Registry) -> Metrics {
-        Metrics {
+        let metrics = Metrics {
             queue: gauge(registry, "switchboard_audit_queue_depth", "Audit records waiting for the writer."),
             spool_bytes: gauge(
                 registry,
@@ -32,7 +33,28 @@ impl Metrics {
                 "switchboard_audit_write_failures_total",
                 "Failed or timed-out audit writes to the database.",
             ),
+            lag: {
+                let lag = prometheus::Gauge::new(
+                    "switchboard_audit_lag_seconds",
+                    "Age of the oldest record of the last batch written to the database (since its request arrived).",
+                )
+                .expect("valid metric");
+                let _ = registry.register(Box::new(lag.clone()));
+                lag
+            },
+        };
+        // Every event from the start, so that a rate or an increase of any of
+        // them has a series to work on before it first happens.
+        for event in ["written", "spooled", "replayed", "overflow", "lost"] {
+            metrics.records.with_label_values(&[event]);
         }
+        metrics
+    }
+
+    /// The oldest record of a batch just written finished at `at_ms`.
+    pub(crate) fn written_at(&self, at_ms: i64) {
+        let lag = (switchboard_core::time::now_ms() - at_ms).max(0);
+        self.lag.set(lag as f64 / 1000.0);
     }
 
     pub(crate) fn set_queue(&self, depth: usize) {

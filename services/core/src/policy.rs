@@ -158,6 +158,8 @@ pub struct Tenant {
     pub audit_arguments: bool,
     /// What the tenant accepts (see [`Policy::accept`]).
     accept: Vec<String>,
+    /// A slot for the router's per-tenant metric handles, made on first use.
+    pub meters: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Tenant {
@@ -179,6 +181,7 @@ impl Tenant {
             limits: policy.limits.clone(),
             audit_arguments: policy.audit_arguments,
             accept: policy.accept.clone(),
+            meters: std::sync::OnceLock::new(),
         }
     }
 

@@ -483,6 +483,9 @@ impl Exchange {
             Served::Upstream(u) => self.app.metrics.request(self.method, Some(*u)).record(outcome, elapsed),
             Served::Local(_) => self.app.metrics.edge.call(outcome, elapsed),
         }
+        if let Some(who) = &self.principal {
+            self.app.metrics.tenant(&who.tenant).record(outcome, elapsed);
+        }
         tracing::debug!(
             method = self.method.as_str(),
             outcome = outcome.label(),

@@ -31,9 +31,30 @@ impl RequestHandles {
     }
 }
 
+/// Counters and a latency histogram for one tenant's requests.
+pub struct TenantHandles {
+    outcomes: [IntCounter; 6],
+    duration: Histogram,
+}
+
+impl TenantHandles {
+    /// Records one finished request.
+    pub fn record(&self, outcome: Outcome, elapsed: Duration) {
+        self.outcomes[outcome as usize].inc();
+        self.duration.observe(elapsed.as_secs_f64());
+    }
+}
+
+/// Tenants with series of their own, at most; the others share `_OTHER`.
+pub const MAX_TENANT_SERIES: usize = 1000;
+
 /// Every metric the router exports.
 pub struct Metrics {
     registry: Registry,
+    tenant_requests: IntCounterVec,
+    tenant_duration: HistogramVec,
+    /// Tenant names with series of their own.
+    tenant_names: std::sync::Mutex<std::collections::HashSet<Arc<str>>>,
     upstream_names: Vec<Arc<str>>,
     requests: IntCounterVec,
     duration: HistogramVec,
@@ -90,6 +111,19 @@ impl Metrics {
             "switchboard_requests_in_flight",
             "Requests this replica has sent upstream and not yet finished (streamed answers included).",
         );
+        let tenant_requests = counter_vec(
+            &registry,
+            "switchboard_tenant_requests_total",
+            "Requests of each tenant, by outcome (at most 1,000 tenants by name; the others as _OTHER).",
+            &["tenant", "outcome"],
+        );
+        let tenant_duration = histogram_vec(
+            &registry,
+            "switchboard_tenant_request_duration_seconds",
+            "Time from receiving a tenant's request to having its answer (at most 1,000 tenants by name; the others as _OTHER).",
+            &["tenant"],
+            &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0],
+        );
         let names: Vec<&str> = upstream_names.iter().map(|n| &**n).collect();
         let mut table = Vec::new();
         table.resize_with(METHODS * (upstream_names.len() + 1), OnceLock::new);
@@ -103,6 +137,9 @@ impl Metrics {
             audit: Arc::new(switchboard_audit::Metrics::new(&registry)),
             edge: Arc::new(switchboard_devices::Metrics::new(&registry)),
             registry,
+            tenant_requests,
+            tenant_duration,
+            tenant_names: Default::default(),
             upstream_names: upstream_names.to_vec(),
             requests,
             duration,
@@ -110,6 +147,26 @@ impl Metrics {
             rejections,
             in_flight,
         })
+    }
+
+    /// The handles for `tenant`'s requests, kept with the tenant.
+    pub fn tenant(&self, tenant: &switchboard_core::policy::Tenant) -> Arc<TenantHandles> {
+        let meters = tenant.meters.get_or_init(|| {
+            let name = {
+                let mut names = self.tenant_names.lock().expect("lock");
+                if names.contains(&tenant.name) || names.len() < MAX_TENANT_SERIES {
+                    names.insert(tenant.name.clone());
+                    &*tenant.name
+                } else {
+                    "_OTHER"
+                }
+            };
+            Arc::new(TenantHandles {
+                outcomes: Outcome::ALL.map(|o| self.tenant_requests.with_label_values(&[name, o.label()])),
+                duration: self.tenant_duration.with_label_values(&[name]),
+            })
+        });
+        meters.clone().downcast::<TenantHandles>().expect("only the router fills it")
     }
 
     /// The handles for requests of `method` to `upstream` (`None`: answered by the router).

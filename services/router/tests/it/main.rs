@@ -36,6 +36,7 @@ mod hostile;
 mod keys;
 mod oauth;
 mod peers;
+mod prometheus;
 mod routing;
 mod scale_out;
 mod shutdown;
