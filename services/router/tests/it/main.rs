@@ -30,6 +30,7 @@ mod balanced;
 mod catalog;
 mod credentials;
 mod degraded;
+mod deployments;
 mod edge;
 mod eras;
 mod hostile;
