@@ -342,12 +342,14 @@ fn main() -> Result<()> {
             );
             Ok(())
         }),
-        Command::Serve { config, listen } => {
-            let mut config = Config::load(&config).map_err(|e| anyhow::anyhow!("{}: {e}", config.display()))?;
+        Command::Serve { config: config_path, listen } => {
+            let mut config =
+                Config::load(&config_path).map_err(|e| anyhow::anyhow!("{}: {e}", config_path.display()))?;
             if let Some(listen) = listen {
                 config.server.listen = listen;
             }
-            init_logging(&config);
+            let log_level = init_logging(&config);
+            let path = config_path_for_reload(&config_path);
             for note in config.notes() {
                 tracing::warn!("{note}");
             }
@@ -369,7 +371,8 @@ fn main() -> Result<()> {
                     (Some(_), _, None) => anyhow::bail!("admin.listen needs a database (database.url)"),
                     _ => None,
                 };
-                let extra = switchboard_router::Listeners { edge: None, admin };
+                let reload = Some(switchboard_router::reload::Source { path, log_level: Some(log_level) });
+                let extra = switchboard_router::Listeners { edge: None, admin, reload };
                 switchboard_router::serve_with(listener, extra, config, shutdown_signal()).await?;
                 Ok(())
             })
@@ -390,15 +393,35 @@ fn runtime(config: &Config) -> std::io::Result<tokio::runtime::Runtime> {
     }
 }
 
-fn init_logging(config: &Config) {
+/// Sets up logging; returns what changes the level while running (a
+/// reloaded `log.level`; `RUST_LOG`, when set, wins over it as at start).
+fn init_logging(config: &Config) -> switchboard_router::reload::LogLevel {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::EnvFilter;
+    let from_env = std::env::var_os("RUST_LOG").is_some();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.log.level));
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
+    let registry = tracing_subscriber::registry().with(filter);
     match config.log.format {
-        switchboard_router::config::LogFormat::Json => builder.json().init(),
-        switchboard_router::config::LogFormat::Text => builder.init(),
+        switchboard_router::config::LogFormat::Json => registry.with(fmt.json()).init(),
+        switchboard_router::config::LogFormat::Text => registry.with(fmt).init(),
     }
+    Box::new(move |level: &str| {
+        if from_env {
+            return Err("RUST_LOG is set, and wins over log.level".into());
+        }
+        let filter = EnvFilter::try_new(level).map_err(|e| format!("log.level {level:?}: {e}"))?;
+        handle.reload(filter).map_err(|e| e.to_string())
+    })
+}
+
+/// The configuration file to reload: `path` made absolute (the working
+/// directory may change under a service manager).
+fn config_path_for_reload(path: &std::path::Path) -> std::path::PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned())
 }
 
 /// Completes on SIGINT or SIGTERM.

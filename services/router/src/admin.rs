@@ -46,6 +46,10 @@ pub struct Admin {
     edge: Option<Arc<switchboard_devices::Devices>>,
     /// Upstream credentials.
     vault: Vault,
+    /// The running router's tenant directory (its config file tenants, as
+    /// reloaded) and configuration reloads (the HTTP API only).
+    directory: Option<Arc<switchboard_tenancy::Directory>>,
+    reloads: Option<Arc<crate::reload::Reloads>>,
 }
 
 /// What went wrong with an operation.
@@ -111,7 +115,34 @@ impl Admin {
             upstreams: config.upstreams.iter().map(|u| u.name.clone()).collect(),
             edge: None,
             vault,
+            directory: None,
+            reloads: None,
         }
+    }
+
+    /// With the running router's directory and configuration reloads: the
+    /// config file's tenants as last reloaded, and `GET /v1/config`.
+    pub fn with_running(
+        mut self,
+        directory: Arc<switchboard_tenancy::Directory>,
+        reloads: Option<Arc<crate::reload::Reloads>>,
+    ) -> Admin {
+        self.directory = Some(directory);
+        self.reloads = reloads;
+        self
+    }
+
+    /// The config file's tenants: as the running router last reloaded them.
+    fn static_tenants(&self) -> Vec<(String, Policy)> {
+        match &self.directory {
+            Some(directory) => directory.static_tenants(),
+            None => self.static_tenants.clone(),
+        }
+    }
+
+    /// The configuration version running (`None`: not reloadable here).
+    pub fn config_version(&self) -> Option<crate::reload::Version> {
+        self.reloads.as_ref().map(|r| r.version())
     }
 
     /// With the running router's vault, so that a change applies on its
@@ -173,7 +204,7 @@ impl Admin {
                 created_at_ms: Some(t.created_at_ms),
             })
             .collect();
-        for (name, policy) in &self.static_tenants {
+        for (name, policy) in &self.static_tenants() {
             if !out.iter().any(|t| &t.name == name) {
                 out.push(TenantInfo {
                     name: name.clone(),
@@ -197,7 +228,7 @@ impl Admin {
     /// Deletes a tenant of the database, its keys and its credentials.
     pub async fn delete_tenant(&self, name: &str) -> Result<(), AdminError> {
         match self.db.delete_tenant(name).await {
-            Err(DbError::NotFound(_)) if self.static_tenants.iter().any(|(n, _)| n == name) => {
+            Err(DbError::NotFound(_)) if self.static_tenants().iter().any(|(n, _)| n == name) => {
                 Err(AdminError::Invalid(format!("tenant {name:?} is declared in the config file; remove it there")))
             }
             other => {
@@ -458,6 +489,12 @@ async fn handle(admin: &Admin, token: &str, req: Request<Incoming>) -> Response<
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let result = match (&method, segments.as_slice()) {
         (&Method::GET, ["v1", "tenants"]) => admin.tenants().await.map(|t| (StatusCode::OK, json!({ "tenants": t }))),
+        (&Method::GET, ["v1", "config"]) => match admin.config_version() {
+            Some(version) => Ok((StatusCode::OK, json!(version))),
+            None => Err(AdminError::Store(DbError::NotFound(
+                "the configuration version (this router was not started from a file)".into(),
+            ))),
+        },
         (&Method::POST, ["v1", "tenants"]) => match serde_json::from_slice::<PolicyBody>(&body) {
             Ok(mut p) => match p.name.take() {
                 Some(name) => admin.create_tenant(&name, p.into()).await.map(|t| {

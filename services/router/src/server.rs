@@ -39,6 +39,8 @@ pub struct Listeners {
     pub edge: Option<TcpListener>,
     /// The admin API, its operations and its token (`[admin]`).
     pub admin: Option<(TcpListener, crate::admin::Admin, String)>,
+    /// The configuration file, reloaded on SIGHUP and when it changes.
+    pub reload: Option<crate::reload::Source>,
 }
 
 /// [`serve`], with the edge listener and the admin API: all of them stop
@@ -97,8 +99,25 @@ pub async fn serve_with(
         let host = Arc::new(crate::edge::EdgeHost(app.clone()));
         others.push(tokio::spawn(switchboard_devices::serve(app.edge.clone(), host, edge, edge_tls, stopped())));
     }
+    let reloads = match extra.reload {
+        Some(source) => match crate::reload::Reloads::new(source, app.metrics.registry()) {
+            Ok(reloads) => {
+                let reloads = Arc::new(reloads);
+                reloads.start(Arc::downgrade(&app), stopped());
+                Some(reloads)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the configuration file will not be reloaded while running");
+                None
+            }
+        },
+        None => None,
+    };
     if let Some((admin_listener, admin, token)) = extra.admin {
-        let admin = admin.with_edge(app.edge.clone()).with_vault(app.vault.clone());
+        let admin = admin
+            .with_edge(app.edge.clone())
+            .with_vault(app.vault.clone())
+            .with_running(app.directory.clone(), reloads.clone());
         let server = &app.config.server;
         let conns = Connections::new(
             connections::Limits {

@@ -50,7 +50,11 @@ pub struct Directory {
     snapshot: ArcSwap<Snapshot>,
     /// `auth.mode = "none"`: every request is this tenant's.
     open: Option<Principal>,
-    static_tenants: Vec<(String, Policy)>,
+    /// The config file's tenants (replaced when the file is reloaded).
+    static_tenants: std::sync::RwLock<Vec<(String, Policy)>>,
+    /// What the database said last, to rebuild the snapshot from when the
+    /// config file's tenants change.
+    last: std::sync::Mutex<(i64, Vec<TenantRow>, Vec<KeyRow>)>,
     upstreams: Vec<Arc<str>>,
     db: Option<Database>,
     /// Whether keys were loaded from the database at least once (or there
@@ -75,8 +79,16 @@ impl Directory {
             Principal::of_key(Arc::new(Tenant::new("default", &policy, &upstreams)), Arc::from(""), Arc::from(""))
         });
         let loaded = AtomicBool::new(db.is_none());
-        let directory =
-            Directory { snapshot: ArcSwap::default(), open, static_tenants, upstreams, db, loaded, metrics };
+        let directory = Directory {
+            snapshot: ArcSwap::default(),
+            open,
+            static_tenants: std::sync::RwLock::new(static_tenants),
+            last: std::sync::Mutex::default(),
+            upstreams,
+            db,
+            loaded,
+            metrics,
+        };
         directory.install(0, Vec::new(), Vec::new());
         directory
     }
@@ -132,9 +144,19 @@ impl Directory {
         self.snapshot.load().tenants.get(name).cloned()
     }
 
-    /// Names of the tenants declared in the config file.
-    pub fn static_tenants(&self) -> &[(String, Policy)] {
-        &self.static_tenants
+    /// The tenants declared in the config file.
+    pub fn static_tenants(&self) -> Vec<(String, Policy)> {
+        self.static_tenants.read().expect("lock").clone()
+    }
+
+    /// The config file's tenants changed (it was reloaded): the snapshot is
+    /// rebuilt with them and what the database said last (whose tenants
+    /// still win on a name). Keys of a tenant that is gone stop working; a
+    /// key whose tenant appears starts.
+    pub fn set_static_tenants(&self, tenants: Vec<(String, Policy)>) {
+        *self.static_tenants.write().expect("lock") = tenants;
+        let (version, db_tenants, keys) = self.last.lock().expect("lock").clone();
+        self.install(version, db_tenants, keys);
     }
 
     /// Reads tenants and keys from the database and swaps them in.
@@ -149,8 +171,9 @@ impl Directory {
     }
 
     fn install(&self, version: i64, db_tenants: Vec<TenantRow>, keys: Vec<KeyRow>) {
+        *self.last.lock().expect("lock") = (version, db_tenants.clone(), keys.clone());
         let mut tenants: HashMap<Arc<str>, Arc<Tenant>> = HashMap::new();
-        for (name, policy) in &self.static_tenants {
+        for (name, policy) in self.static_tenants.read().expect("lock").iter() {
             tenants.insert(Arc::from(name.as_str()), Arc::new(Tenant::new(name, policy, &self.upstreams)));
         }
         for row in &db_tenants {

@@ -339,6 +339,21 @@ impl Config {
         raw.validate()
     }
 
+    /// [`Config::load`], and each top-level section as it reads (file and
+    /// environment together), to tell which sections a new version of the
+    /// file changes.
+    pub fn load_sections(path: &Path) -> Result<(Config, serde_json::Map<String, serde_json::Value>), ConfigError> {
+        let built = config::Config::builder()
+            .add_source(config::File::from(path).format(config::FileFormat::Toml))
+            .add_source(environment())
+            .build()
+            .map_err(|e| ConfigError::one(path.display().to_string(), e.to_string()))?;
+        let sections: serde_json::Map<String, serde_json::Value> =
+            built.clone().try_deserialize().map_err(|e| ConfigError::one("config", e.to_string()))?;
+        let raw: RawConfig = built.try_deserialize().map_err(|e| ConfigError::one("config", e.to_string()))?;
+        Ok((raw.validate()?, sections))
+    }
+
     /// The defaults with `SWITCHBOARD__SECTION__KEY` environment overrides
     /// only (a command run without a configuration file).
     pub fn from_env() -> Result<Config, ConfigError> {

@@ -38,6 +38,7 @@ mod keys;
 mod oauth;
 mod peers;
 mod prometheus;
+mod reload;
 mod routing;
 mod scale_out;
 mod shutdown;

@@ -1,0 +1,225 @@
+//! Hot reload of the configuration file: on SIGHUP, and when the file's
+//! contents change (looked at every [`POLL`]).
+//!
+//! A new version is read and validated whole; one that does not validate is
+//! refused (a log line naming every problem, `switchboard_config_reloads_total
+//! {result="refused"}`) and the running configuration kept. A valid one is
+//! applied without touching sessions or requests in flight: the config
+//! file's `[[tenants]]` (their upstreams, tools, limits, accepted
+//! credentials) and `log.level`. Changes to other sections (upstreams
+//! among them) are not applied yet: they are named, logged and reported
+//! as pending a restart. `GET /v1/config` on the admin API tells which
+//! version is active.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use prometheus::{IntCounterVec, IntGaugeVec, Opts};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::app::App;
+use crate::config::Config;
+
+/// How often the file is looked at.
+pub const POLL: Duration = Duration::from_secs(2);
+
+/// Sets the log filter (the process's logging is the command's).
+pub type LogLevel = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// Where the configuration came from, and how to change the log level.
+pub struct Source {
+    pub path: PathBuf,
+    pub log_level: Option<LogLevel>,
+}
+
+/// The configuration version running, as the admin API tells it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Version {
+    /// The first 12 hex digits of the file's SHA-256.
+    pub version: String,
+    /// When it was applied (ms since the epoch).
+    pub loaded_at_ms: i64,
+    pub path: String,
+    /// Sections the file changes since the router started that apply only
+    /// at a restart.
+    pub pending_restart: Vec<String>,
+    /// Why the last version of the file seen was refused, if it was.
+    pub last_refusal: Option<String>,
+}
+
+struct State {
+    /// The file's text last seen (applied or refused).
+    seen: String,
+    /// The sections the router started with, and those applied since.
+    started: Map<String, Value>,
+    applied: Map<String, Value>,
+    version: Version,
+}
+
+pub struct Reloads {
+    path: PathBuf,
+    log_level: Option<LogLevel>,
+    state: Mutex<State>,
+    reloads: IntCounterVec,
+    info: IntGaugeVec,
+}
+
+/// Sections applied while running.
+const LIVE: &[&str] = &["tenants", "log"];
+
+fn version_of(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    digest.iter().take(6).map(|b| format!("{b:02x}")).collect()
+}
+
+impl Reloads {
+    /// For the configuration the router started with (read from `source`'s file).
+    pub fn new(source: Source, registry: &prometheus::Registry) -> Result<Reloads, String> {
+        let text = std::fs::read_to_string(&source.path).map_err(|e| format!("{}: {e}", source.path.display()))?;
+        let (_, sections) = Config::load_sections(&source.path).map_err(|e| e.to_string())?;
+        let reloads = IntCounterVec::new(
+            Opts::new(
+                "switchboard_config_reloads_total",
+                "Versions of the config file read while running: applied, unchanged (nothing in it changed what runs), refused (invalid: the running configuration kept).",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
+        let info = IntGaugeVec::new(
+            Opts::new(
+                "switchboard_config_info",
+                "1 for the configuration version running (the file's SHA-256, 12 hex digits).",
+            ),
+            &["version"],
+        )
+        .expect("valid metric");
+        let _ = registry.register(Box::new(reloads.clone()));
+        let _ = registry.register(Box::new(info.clone()));
+        for result in ["applied", "unchanged", "refused"] {
+            reloads.with_label_values(&[result]);
+        }
+        let version = Version {
+            version: version_of(&text),
+            loaded_at_ms: switchboard_core::time::now_ms(),
+            path: source.path.display().to_string(),
+            pending_restart: Vec::new(),
+            last_refusal: None,
+        };
+        info.with_label_values(&[&version.version]).set(1);
+        Ok(Reloads {
+            path: source.path,
+            log_level: source.log_level,
+            state: Mutex::new(State { seen: text, started: sections.clone(), applied: sections, version }),
+            reloads,
+            info,
+        })
+    }
+
+    /// The version running.
+    pub fn version(&self) -> Version {
+        self.state.lock().expect("lock").version.clone()
+    }
+
+    /// Reads the file and applies it if it changed (`force`: even if its
+    /// text did not, as SIGHUP asks). Returns what became of it.
+    pub fn reload(&self, app: &App, force: bool) -> &'static str {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(e) => return self.refuse(None, format!("cannot read {}: {e}", self.path.display())),
+        };
+        {
+            let mut state = self.state.lock().expect("lock");
+            if state.seen == text && !force {
+                return "same";
+            }
+            state.seen = text.clone();
+        }
+        let (config, sections) = match Config::load_sections(&self.path) {
+            Ok(loaded) => loaded,
+            Err(e) => return self.refuse(Some(&text), e.to_string()),
+        };
+        let mut state = self.state.lock().expect("lock");
+        let changed = |a: &Map<String, Value>, name: &str| a.get(name) != sections.get(name);
+        let mut applied = Vec::new();
+        if changed(&state.applied, "tenants") {
+            app.directory.set_static_tenants(config.tenants.clone());
+            applied.push("tenants".to_owned());
+        }
+        let level = |s: &Map<String, Value>| s.get("log").and_then(|l| l.get("level")).cloned();
+        if level(&state.applied) != level(&sections) {
+            match &self.log_level {
+                Some(set) => match set(&config.log.level) {
+                    Ok(()) => applied.push("log.level".to_owned()),
+                    Err(e) => tracing::warn!(error = %e, "log.level not applied"),
+                },
+                None => tracing::warn!("log.level changed, but this process's logging cannot be changed while running"),
+            }
+        }
+        let mut pending: Vec<String> = sections
+            .keys()
+            .chain(state.started.keys())
+            .filter(|name| !LIVE.contains(&name.as_str()) && changed(&state.started, name))
+            .cloned()
+            .collect();
+        let format = |s: &Map<String, Value>| s.get("log").and_then(|l| l.get("format")).cloned();
+        if format(&state.started) != format(&sections) {
+            pending.push("log.format".into());
+        }
+        pending.sort();
+        pending.dedup();
+        let version = version_of(&text);
+        self.info.reset();
+        self.info.with_label_values(&[&version]).set(1);
+        let result = if applied.is_empty() { "unchanged" } else { "applied" };
+        self.reloads.with_label_values(&[result]).inc();
+        if pending.is_empty() {
+            tracing::info!(%version, applied = ?applied, "configuration reloaded");
+        } else {
+            tracing::warn!(%version, applied = ?applied, pending_restart = ?pending, "configuration reloaded; these sections changed and apply only at the next restart");
+        }
+        state.applied = sections;
+        state.version = Version {
+            version,
+            loaded_at_ms: switchboard_core::time::now_ms(),
+            path: self.path.display().to_string(),
+            pending_restart: pending,
+            last_refusal: None,
+        };
+        result
+    }
+
+    fn refuse(&self, text: Option<&str>, why: String) -> &'static str {
+        self.reloads.with_label_values(&["refused"]).inc();
+        tracing::error!(path = %self.path.display(), error = %why, "configuration file refused; the running configuration is kept");
+        let mut state = self.state.lock().expect("lock");
+        if let Some(text) = text {
+            state.seen = text.to_owned();
+        }
+        state.version.last_refusal = Some(why);
+        "refused"
+    }
+
+    /// Watches for SIGHUP and for changes to the file, until the router stops.
+    pub fn start(self: &Arc<Self>, app: Weak<App>, stopped: impl std::future::Future<Output = ()> + Send + 'static) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+            tokio::pin!(stopped);
+            loop {
+                let force = tokio::select! {
+                    () = &mut stopped => return,
+                    () = tokio::time::sleep(POLL) => false,
+                    Some(()) = async { match hangup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
+                };
+                let Some(app) = app.upgrade() else { return };
+                if force {
+                    tracing::info!("SIGHUP: reading the configuration file again");
+                }
+                me.reload(&app, force);
+            }
+        });
+    }
+}
