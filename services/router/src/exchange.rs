@@ -165,7 +165,9 @@ impl Exchange {
     /// `params._meta.traceparent`, else the `traceparent` header.
     fn begin_trace(&mut self, headers: &HeaderMap, env: &Envelope<'_>, connection: Option<&http::Extensions>) {
         let header = headers.get("traceparent").and_then(|v| v.to_str().ok());
-        let meta = env.params.and_then(|p| Target::parse(p).ok()).and_then(|t| t.traceparent);
+        // `params` read only when it can hold a trace context at all.
+        let mentioned = env.params.is_some_and(|p| contains(p.get().as_bytes(), b"traceparent"));
+        let meta = env.params.filter(|_| mentioned).and_then(|p| Target::parse(p).ok()).and_then(|t| t.traceparent);
         let meta = meta.and_then(jsonrpc::as_str);
         let Some(trace) = self.app.telemetry.begin(meta.as_deref(), header) else { return };
         let request_id = env.id.map(|id| jsonrpc::as_str(id).map_or_else(|| id.get().into(), |s| s.into()));
@@ -738,6 +740,11 @@ fn trace_id(headers: &HeaderMap) -> Option<String> {
     let (_version, trace) = (parts.next()?, parts.next()?);
     (trace.len() == 32 && trace.bytes().all(|b| b.is_ascii_hexdigit()) && trace != "0".repeat(32))
         .then(|| trace.to_ascii_lowercase())
+}
+
+/// Whether `haystack` contains `needle`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// Whether the upstream leg of a request failed (its span's status).
