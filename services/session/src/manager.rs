@@ -465,7 +465,7 @@ impl Sessions {
                 // DELETE of one is harmless).
                 if let Some(session) = self.registry.remove(&session.id) {
                     self.ctx.metrics.set_sessions(self.registry.len());
-                    session.close().await;
+                    session.close_ended_elsewhere().await;
                 }
                 false
             }

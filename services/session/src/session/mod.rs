@@ -658,6 +658,16 @@ impl Session {
     /// Ends the session: closes its stream and its upstream sessions
     /// (their durations, and its own, measured).
     pub async fn close(&self) {
+        self.end_here(true).await;
+    }
+
+    /// [`close`](Self::close) for a session another replica ended (and
+    /// measured): its channels here closed, nothing measured twice.
+    pub async fn close_ended_elsewhere(&self) {
+        self.end_here(false).await;
+    }
+
+    async fn end_here(&self, measured_here: bool) {
         if self.closed.swap(true, Ordering::Relaxed) {
             return;
         }
@@ -665,7 +675,7 @@ impl Session {
         self.subscriptions.stop();
         let now = switchboard_core::time::now_ms() as u64;
         let since = |opened: u64| (opened > 0).then(|| std::time::Duration::from_millis(now.saturating_sub(opened)));
-        if let Some(lasted) = since(self.opened_ms.load(Ordering::Relaxed)) {
+        if let Some(lasted) = since(self.opened_ms.load(Ordering::Relaxed)).filter(|_| measured_here) {
             if !self.for_tenant {
                 self.ctx.metrics.session_ended(self.version.as_str(), lasted);
             }
