@@ -103,18 +103,26 @@ pub struct ClientCredentials {
     token: tokio::sync::Mutex<Option<Token>>,
 }
 
-impl ClientCredentials {
-    pub fn new(settings: ClientSettings, fetcher: Fetcher) -> ClientCredentials {
+impl ClientSettings {
+    /// The client these settings describe, and where its token endpoint is.
+    fn client_and_endpoint(&self) -> (delegated::Client, Endpoint) {
         let client = delegated::Client {
-            client_id: settings.client_id.clone(),
-            client_secret: Some(settings.client_secret.clone()),
-            auth: settings.auth,
+            client_id: self.client_id.clone(),
+            client_secret: Some(self.client_secret.clone()),
+            auth: self.auth,
         };
         let endpoint = Endpoint {
-            issuer: settings.issuer.clone(),
-            token_url: settings.token_url.clone(),
+            issuer: self.issuer.clone(),
+            token_url: self.token_url.clone(),
             found: tokio::sync::OnceCell::new(),
         };
+        (client, endpoint)
+    }
+}
+
+impl ClientCredentials {
+    pub fn new(settings: ClientSettings, fetcher: Fetcher) -> ClientCredentials {
+        let (client, endpoint) = settings.client_and_endpoint();
         ClientCredentials { settings, client, fetcher, endpoint, token: tokio::sync::Mutex::new(None) }
     }
 
@@ -168,16 +176,7 @@ pub struct TokenExchanger {
 
 impl TokenExchanger {
     pub fn new(settings: ClientSettings, audience: Option<String>, fetcher: Fetcher) -> TokenExchanger {
-        let client = delegated::Client {
-            client_id: settings.client_id.clone(),
-            client_secret: Some(settings.client_secret.clone()),
-            auth: settings.auth,
-        };
-        let endpoint = Endpoint {
-            issuer: settings.issuer.clone(),
-            token_url: settings.token_url.clone(),
-            found: tokio::sync::OnceCell::new(),
-        };
+        let (client, endpoint) = settings.client_and_endpoint();
         TokenExchanger { settings, audience, client, fetcher, endpoint }
     }
 

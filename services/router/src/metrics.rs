@@ -17,7 +17,8 @@ use switchboard_protocol::Method;
 
 pub use switchboard_core::Outcome;
 
-/// Counters and a latency histogram for one (method, upstream) pair.
+/// Counters and a latency histogram for one (method, upstream) pair (or
+/// one tenant).
 pub struct RequestHandles {
     outcomes: [IntCounter; 6],
     duration: Histogram,
@@ -32,18 +33,7 @@ impl RequestHandles {
 }
 
 /// Counters and a latency histogram for one tenant's requests.
-pub struct TenantHandles {
-    outcomes: [IntCounter; 6],
-    duration: Histogram,
-}
-
-impl TenantHandles {
-    /// Records one finished request.
-    pub fn record(&self, outcome: Outcome, elapsed: Duration) {
-        self.outcomes[outcome as usize].inc();
-        self.duration.observe(elapsed.as_secs_f64());
-    }
-}
+pub type TenantHandles = RequestHandles;
 
 /// Tenants with series of their own, at most; the others share `_OTHER`.
 pub const MAX_TENANT_SERIES: usize = 1000;
