@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use switchboard_core::credential::{Credential, Credentials};
+use switchboard_core::slots::Slots;
 use switchboard_core::UpstreamId;
 
 use arc_swap::ArcSwap;
@@ -227,14 +228,26 @@ pub type Announce = Box<dyn Fn(ListKind) + Send + Sync>;
 /// catalog of the upstreams that act for each user).
 pub type Acting = Box<dyn Fn(UpstreamId) -> Arc<dyn Credentials> + Send + Sync>;
 
+/// Which upstreams a catalog lists.
+type Covers = Box<dyn Fn(&switchboard_upstream::Upstream) -> bool + Send + Sync>;
+
+/// Which upstream serves an exposed URI: by its scheme prefix, else the
+/// upstreams without a prefix.
+#[derive(Default)]
+struct UriRoutes {
+    scheme_index: HashMap<String, UpstreamId>,
+    unprefixed: Vec<UpstreamId>,
+}
+
 /// The catalog of every upstream.
 pub struct Catalog {
     upstreams: Upstreams,
     config: CatalogConfig,
     metrics: Arc<Metrics>,
-    states: Vec<Mutex<UpstreamState>>,
+    /// Each upstream's lists and channel, by id, made on first use.
+    states: Slots<Box<Mutex<UpstreamState>>>,
     /// One opening of a control channel (or era probe) at a time per upstream.
-    opening: Vec<tokio::sync::Mutex<()>>,
+    opening: Slots<tokio::sync::Mutex<()>>,
     snapshot: ArcSwap<Snapshot>,
     /// Held while a snapshot is built and swapped in: the last one built
     /// is built from the latest lists.
@@ -246,14 +259,15 @@ pub struct Catalog {
     /// as hashes of (upstream, list, name).
     reported: Mutex<std::collections::HashSet<u64>>,
     generation: AtomicU64,
-    scheme_prefixes: Vec<String>,
-    scheme_index: HashMap<String, UpstreamId>,
-    unprefixed: Vec<UpstreamId>,
+    /// Each upstream's URI scheme prefix, by id, made on first use.
+    scheme_prefixes: Slots<String>,
+    /// Which upstream in the set serves a URI.
+    routes: ArcSwap<UriRoutes>,
     inbox: InboxFactory,
     announce: Announce,
     /// The upstreams it lists (the others are some user's catalog's, or
-    /// the router's).
-    covers: Vec<bool>,
+    /// the router's); `None`: all.
+    covers: Option<Covers>,
     /// A user's catalog: whose credentials its requests carry.
     acting: Option<Acting>,
 }
@@ -267,13 +281,9 @@ impl Catalog {
         inbox: InboxFactory,
         announce: Announce,
     ) -> Self {
-        let scheme_prefixes: Vec<String> = upstreams.iter().map(|u| naming::scheme_prefix(&u.config.prefix)).collect();
-        let scheme_index =
-            upstreams.ids().zip(&scheme_prefixes).filter(|(_, p)| !p.is_empty()).map(|(u, p)| (p.clone(), u)).collect();
-        let unprefixed = upstreams.iter().filter(|u| u.config.prefix.is_empty()).map(|u| u.id).collect();
-        Catalog {
-            states: upstreams.iter().map(|_| Mutex::new(UpstreamState::default())).collect(),
-            opening: upstreams.iter().map(|_| tokio::sync::Mutex::new(())).collect(),
+        let catalog = Catalog {
+            states: Slots::new(),
+            opening: Slots::new(),
             upstreams,
             config,
             metrics,
@@ -282,20 +292,84 @@ impl Catalog {
             settled: tokio::sync::watch::Sender::new(0),
             reported: Mutex::default(),
             generation: AtomicU64::new(0),
-            scheme_prefixes,
-            scheme_index,
-            unprefixed,
+            scheme_prefixes: Slots::new(),
+            routes: ArcSwap::from_pointee(UriRoutes::default()),
             inbox,
             announce,
-            covers: Vec::new(),
+            covers: None,
             acting: None,
-        }
+        };
+        catalog.route_uris();
+        catalog
     }
 
     /// The catalog of only the upstreams `covers` picks.
-    pub fn covering(mut self, covers: impl Fn(&switchboard_upstream::Upstream) -> bool) -> Self {
-        self.covers = self.upstreams.iter().map(|u| covers(u)).collect();
+    pub fn covering(
+        mut self,
+        covers: impl Fn(&switchboard_upstream::Upstream) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.covers = Some(Box::new(covers));
         self
+    }
+
+    /// Upstream `u`'s lists and channel.
+    fn state(&self, u: UpstreamId) -> &Mutex<UpstreamState> {
+        self.states.get_or_init(u.index(), Box::default)
+    }
+
+    /// The lock that has one opening of `u`'s control channel at a time.
+    fn opening(&self, u: UpstreamId) -> &tokio::sync::Mutex<()> {
+        self.opening.get_or_init(u.index(), || tokio::sync::Mutex::new(()))
+    }
+
+    /// Upstream `u`'s URI scheme prefix (empty without a prefix).
+    fn scheme_prefix(&self, u: UpstreamId) -> &str {
+        self.scheme_prefixes.get_or_init(u.index(), || naming::scheme_prefix(&self.upstreams[u].config.prefix))
+    }
+
+    /// Routes URIs to the upstreams in the set.
+    fn route_uris(&self) {
+        let mut routes = UriRoutes::default();
+        for upstream in self.upstreams.iter() {
+            let prefix = self.scheme_prefix(upstream.id);
+            if prefix.is_empty() {
+                routes.unprefixed.push(upstream.id);
+            } else {
+                routes.scheme_index.insert(prefix.to_owned(), upstream.id);
+            }
+        }
+        self.routes.store(Arc::new(routes));
+    }
+
+    /// The set of upstreams changed (some added, some retired): URIs are
+    /// routed to the new set and a snapshot built from its lists; then
+    /// clients are told every list changed. The added upstreams' lists
+    /// are fetched when next asked for; the retired ones' control channels
+    /// are closed by [`close_upstream`](Self::close_upstream).
+    pub fn upstreams_changed(&self) {
+        self.route_uris();
+        self.rebuild();
+        self.settled.send_modify(|n| *n += 1);
+        for kind in ListKind::ALL {
+            (self.announce)(kind);
+        }
+    }
+
+    /// Closes retired upstream `u`'s control channel and listener, and
+    /// forgets its lists.
+    pub async fn close_upstream(&self, u: UpstreamId) {
+        let Some(state) = self.states.get(u.index()) else { return };
+        let (control, listener) = {
+            let mut state = state.lock().expect("lock");
+            state.lists = Default::default();
+            (state.control.take(), state.listener.take())
+        };
+        if let Some(listener) = listener {
+            listener.abort();
+        }
+        if let Some(channel) = control {
+            channel.close().await;
+        }
     }
 
     /// A caller's own catalog: its requests carry `acting`'s credentials,
@@ -309,7 +383,7 @@ impl Catalog {
     /// Whether it holds a list of `kind` from upstream `u` (fetched once,
     /// and not failing since).
     pub fn listed(&self, u: UpstreamId, kind: ListKind) -> bool {
-        let state = self.states[u.index()].lock().expect("lock");
+        let state = self.state(u).lock().expect("lock");
         let list = &state.lists[kind as usize];
         list.items.is_some() && list.failed_at.is_none()
     }
@@ -318,12 +392,12 @@ impl Catalog {
     /// authorization (its status and `WWW-Authenticate`), if it did since
     /// it last listed.
     pub fn refusal(&self, u: UpstreamId) -> Option<(u16, String)> {
-        self.states[u.index()].lock().expect("lock").refusal.clone()
+        self.state(u).lock().expect("lock").refusal.clone()
     }
 
     /// Whether it lists upstream `u`.
     fn covers(&self, u: UpstreamId) -> bool {
-        self.covers.get(u.index()).copied().unwrap_or(true)
+        self.covers.as_ref().is_none_or(|covers| covers(&self.upstreams[u]))
     }
 
     /// The hello of its channels to `u`.
@@ -372,7 +446,7 @@ impl Catalog {
             .filter(|&u| which(u))
             .flat_map(|u| kinds.iter().map(move |&k| (u, k)))
             .filter(|&(u, k)| {
-                let state = self.states[u.index()].lock().expect("lock");
+                let state = self.state(u).lock().expect("lock");
                 let list = &state.lists[k as usize];
                 list.items.is_none() && list.failed_at.is_none()
             })
@@ -396,10 +470,7 @@ impl Catalog {
             if theirs.is_empty() {
                 break;
             }
-            while theirs
-                .iter()
-                .any(|&(u, kind)| self.states[u.index()].lock().expect("lock").lists[kind as usize].fetching)
-            {
+            while theirs.iter().any(|&(u, kind)| self.state(u).lock().expect("lock").lists[kind as usize].fetching) {
                 if settled.changed().await.is_err() {
                     return self.snapshot.load_full();
                 }
@@ -419,7 +490,7 @@ impl Catalog {
     fn claim_lists(&self, lists: &[(UpstreamId, ListKind)]) -> Claims {
         let (mut mine, mut theirs) = (Vec::new(), Vec::new());
         for &(u, kind) in lists.iter().filter(|&&(u, _)| self.covers(u)) {
-            let mut state = self.states[u.index()].lock().expect("lock");
+            let mut state = self.state(u).lock().expect("lock");
             let list = &mut state.lists[kind as usize];
             let backing_off = list.failed_at.is_some_and(|t| t.elapsed() < self.config.retry_after);
             let expired = list.expires.is_some_and(|t| t <= Instant::now());
@@ -468,7 +539,7 @@ impl Catalog {
         for (u, kind, changes, result) in batch {
             let upstream = &self.upstreams[u];
             self.metrics.refreshed(&upstream.name, kind);
-            let mut state = self.states[u.index()].lock().expect("lock");
+            let mut state = self.state(u).lock().expect("lock");
             let list = &mut state.lists[kind as usize];
             match result {
                 Ok(items) => {
@@ -503,7 +574,7 @@ impl Catalog {
         }
         self.rebuild();
         for (u, kind, changes, ok) in settled {
-            let mut state = self.states[u.index()].lock().expect("lock");
+            let mut state = self.state(u).lock().expect("lock");
             let list = &mut state.lists[kind as usize];
             list.fetching = false;
             // A change announced during the fetch may not be in it.
@@ -538,18 +609,18 @@ impl Catalog {
 
     /// The control channel of upstream `u`, opened if needed.
     async fn control(&self, u: UpstreamId) -> Result<Arc<dyn Channel>, UpstreamError> {
-        if let Some(channel) = self.states[u.index()].lock().expect("lock").control.clone() {
+        if let Some(channel) = self.state(u).lock().expect("lock").control.clone() {
             return Ok(channel);
         }
         // Concurrent fetches open one channel, not one each.
-        let _opening = self.opening[u.index()].lock().await;
-        if let Some(channel) = self.states[u.index()].lock().expect("lock").control.clone() {
+        let _opening = self.opening(u).lock().await;
+        if let Some(channel) = self.state(u).lock().expect("lock").control.clone() {
             return Ok(channel);
         }
         let channel = self.upstreams[u].transport.open(&self.hello(u), (self.inbox)(u)).await?;
         channel.listen();
         let existing = {
-            let mut state = self.states[u.index()].lock().expect("lock");
+            let mut state = self.state(u).lock().expect("lock");
             state.handshake = Some(channel.handshake());
             match &state.control {
                 Some(existing) => Some(existing.clone()),
@@ -571,19 +642,19 @@ impl Catalog {
 
     /// The handshake of upstream `u`'s control channel, once it has one.
     pub fn handshake(&self, u: UpstreamId) -> Option<Arc<Handshake>> {
-        let state = self.states[u.index()].lock().expect("lock");
+        let state = self.state(u).lock().expect("lock");
         state.control.as_ref().map(|c| c.handshake()).or_else(|| state.handshake.clone())
     }
 
     /// Whether upstream `u` speaks 2026-07-28 (known after its first fetch).
     pub fn is_modern(&self, u: UpstreamId) -> bool {
-        self.states[u.index()].lock().expect("lock").modern == Some(true)
+        self.state(u).lock().expect("lock").modern == Some(true)
     }
 
     /// Whether upstream `u` speaks only 2026-07-28 (no sessions): session
     /// clients then reach it with stateless requests too.
     pub fn is_stateless_only(&self, u: UpstreamId) -> bool {
-        let state = self.states[u.index()].lock().expect("lock");
+        let state = self.state(u).lock().expect("lock");
         state.modern == Some(true) && state.stateless_only
     }
 
@@ -591,10 +662,10 @@ impl Catalog {
     /// upstream list hint has left, or 0 (no promise) if no upstream gave one.
     pub fn ttl_ms(&self) -> u64 {
         let now = Instant::now();
-        self.states
-            .iter()
-            .filter_map(|s| {
-                let s = s.lock().expect("lock");
+        self.upstreams
+            .ids()
+            .filter_map(|u| {
+                let s = self.states.get(u.index())?.lock().expect("lock");
                 s.lists.iter().filter_map(|l| l.expires).min()
             })
             .min()
@@ -607,11 +678,11 @@ impl Catalog {
     /// is a session-based upstream, reached with `initialize`. A refusal
     /// of the request's authorization decides nothing: it is the answer.
     async fn era(&self, u: UpstreamId) -> Result<bool, FetchError> {
-        if let Some(modern) = self.states[u.index()].lock().expect("lock").modern {
+        if let Some(modern) = self.state(u).lock().expect("lock").modern {
             return Ok(modern);
         }
-        let _opening = self.opening[u.index()].lock().await;
-        if let Some(modern) = self.states[u.index()].lock().expect("lock").modern {
+        let _opening = self.opening(u).lock().await;
+        if let Some(modern) = self.state(u).lock().expect("lock").modern {
             return Ok(modern);
         }
         let upstream = &self.upstreams[u];
@@ -673,7 +744,7 @@ impl Catalog {
             // sessions, with everything that only sessions carry.
             sessions_too = self.takes_sessions(u).await;
         }
-        let mut state = self.states[u.index()].lock().expect("lock");
+        let mut state = self.state(u).lock().expect("lock");
         if state.modern.is_some() {
             return Ok(state.modern == Some(true));
         }
@@ -771,7 +842,7 @@ impl Catalog {
         let work = async {
             let channel = self.control(u).await?;
             let handshake = channel.handshake();
-            self.states[u.index()].lock().expect("lock").handshake = Some(handshake.clone());
+            self.state(u).lock().expect("lock").handshake = Some(handshake.clone());
             if !handshake.has(kind.capability()) {
                 return Ok(Vec::new());
             }
@@ -831,7 +902,7 @@ impl Catalog {
             }
         }
         let expires = ttl.map(|ms| Instant::now() + Duration::from_millis(ms));
-        self.states[u.index()].lock().expect("lock").lists[kind as usize].expires = expires;
+        self.state(u).lock().expect("lock").lists[kind as usize].expires = expires;
         Ok(items)
     }
 
@@ -841,18 +912,20 @@ impl Catalog {
         let mut lists: [Listing; 4] = Default::default();
         let mut merged = Merged::default();
         let mut instructions = Vec::new();
-        let per_upstream: Vec<(CachedLists, Option<Arc<Handshake>>)> = self
-            .states
-            .iter()
-            .map(|s| {
-                let s = s.lock().expect("lock");
-                (
+        let per_upstream: Vec<(UpstreamId, CachedLists, Option<Arc<Handshake>>)> = self
+            .upstreams
+            .ids()
+            .filter_map(|u| {
+                let s = self.states.get(u.index())?.lock().expect("lock");
+                Some((
+                    u,
                     [0, 1, 2, 3].map(|k| s.lists[k].items.clone()),
                     s.control.as_ref().map(|c| c.handshake()).or_else(|| s.handshake.clone()),
-                )
+                ))
             })
             .collect();
-        for (u, (items, handshake)) in self.upstreams.ids().zip(&per_upstream) {
+        for (u, items, handshake) in &per_upstream {
+            let u = *u;
             let upstream = &self.upstreams[u];
             if let Some(h) = handshake {
                 merged.logging |= h.has("logging");
@@ -870,7 +943,7 @@ impl Catalog {
                         naming::expose_name(&upstream.config.prefix, &self.config.separator, original)
                     }
                     ListKind::Resources | ListKind::ResourceTemplates => {
-                        naming::expose_uri(&self.scheme_prefixes[u.index()], original)
+                        naming::expose_uri(self.scheme_prefix(u), original)
                     }
                 };
                 for (exposed, holder) in lists[kind as usize].extend(u, kind, items, expose) {
@@ -924,12 +997,13 @@ impl Catalog {
 
     /// Which upstream serves `uri` (an exposed URI), and the upstream's own URI.
     pub fn resolve_uri<'a>(&self, snapshot: &Snapshot, uri: &'a str) -> Option<(UpstreamId, &'a str)> {
+        let routes = self.routes.load();
         if let Some((prefix, original)) = naming::split_uri(uri) {
-            if let Some(&u) = self.scheme_index.get(prefix) {
+            if let Some(&u) = routes.scheme_index.get(prefix) {
                 return Some((u, original));
             }
         }
-        match self.unprefixed.as_slice() {
+        match routes.unprefixed.as_slice() {
             [] => None,
             [only] => Some((*only, uri)),
             several => {
@@ -941,7 +1015,7 @@ impl Catalog {
 
     /// The exposed form of upstream `u`'s URI.
     pub fn expose_uri(&self, u: UpstreamId, uri: &str) -> String {
-        naming::expose_uri(&self.scheme_prefixes[u.index()], uri)
+        naming::expose_uri(self.scheme_prefix(u), uri)
     }
 
     /// For a name that is not in the catalog: the upstream it would belong to
@@ -950,18 +1024,20 @@ impl Catalog {
     pub fn missing_upstream(&self, kind: ListKind, exposed: &str) -> Option<UpstreamId> {
         let (prefix, _) = exposed.split_once(self.config.separator.as_str())?;
         let u = self.upstreams.iter().find(|u| u.config.prefix == prefix)?.id;
-        let state = self.states[u.index()].lock().expect("lock");
+        let state = self.state(u).lock().expect("lock");
         state.lists[kind as usize].failed_at.is_some().then_some(u)
     }
 
     /// Closes every control channel (and stateless upstreams' listeners).
     pub async fn close(&self) {
-        for state in &self.states {
+        let states: Vec<&Mutex<UpstreamState>> =
+            (0..self.upstreams.slots()).filter_map(|i| self.states.get(i).map(|s| &**s)).collect();
+        for state in &states {
             if let Some(listener) = state.lock().expect("lock").listener.take() {
                 listener.abort();
             }
         }
-        let channels: Vec<_> = self.states.iter().filter_map(|s| s.lock().expect("lock").control.take()).collect();
+        let channels: Vec<_> = states.iter().filter_map(|s| s.lock().expect("lock").control.take()).collect();
         for channel in channels {
             channel.close().await;
         }
@@ -1100,7 +1176,7 @@ impl Drop for Claimed<'_> {
             return;
         }
         for &(u, kind) in &self.lists {
-            self.catalog.states[u.index()].lock().expect("lock").lists[kind as usize].fetching = false;
+            self.catalog.state(u).lock().expect("lock").lists[kind as usize].fetching = false;
         }
         self.catalog.settled.send_modify(|n| *n += 1);
     }

@@ -17,19 +17,21 @@ pub fn random_id() -> Arc<str> {
     Arc::from(random_hex(16))
 }
 
-/// A configured upstream, by its position in the configuration. Tables kept
-/// per upstream are indexed by it; relayed request ids carry it, so every
-/// replica must have the same `[[upstreams]]` list.
+/// An upstream, by the slot this process gave it: the configured ones in
+/// configuration order, then each one added or changed while it runs (a
+/// changed upstream gets a new slot; a removed one keeps its own, never
+/// reused). Tables kept per upstream are indexed by it. It means nothing
+/// to another replica: what crosses replicas names the upstream instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct UpstreamId(u32);
 
 impl UpstreamId {
-    /// The upstream at `index` in the configuration.
+    /// The upstream in slot `index`.
     pub fn new(index: usize) -> UpstreamId {
         UpstreamId(u32::try_from(index).expect("fewer than 2^32 upstreams"))
     }
 
-    /// Its position in the configuration.
+    /// Its slot.
     pub fn index(self) -> usize {
         self.0 as usize
     }

@@ -3,6 +3,8 @@
 //! is `switchboard-protocol`'s) or of upstreams, sessions or requests.
 //!
 //! - [`ids`]: random ids, and [`UpstreamId`], the index of a configured upstream.
+//! - [`slots`]: an append-only table read without a lock (tables kept per
+//!   upstream, which come and go while the router runs).
 //! - [`hash`]: the stable 64-bit hash used for sharding and name shortening.
 //! - [`time`]: Unix milliseconds, and their RFC 3339 form.
 //! - [`policy`]: what a tenant may use ([`Policy`]), resolved against the
@@ -27,6 +29,7 @@ pub mod metrics;
 pub mod outcome;
 pub mod policy;
 pub mod redis;
+pub mod slots;
 pub mod time;
 pub mod tls;
 

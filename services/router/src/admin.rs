@@ -50,6 +50,9 @@ pub struct Admin {
     /// reloaded) and configuration reloads (the HTTP API only).
     directory: Option<Arc<switchboard_tenancy::Directory>>,
     reloads: Option<Arc<crate::reload::Reloads>>,
+    /// The running router's upstreams (the set changes as the file is
+    /// reloaded); the HTTP API only.
+    running: Option<switchboard_upstream::Upstreams>,
 }
 
 /// What went wrong with an operation.
@@ -117,19 +120,31 @@ impl Admin {
             vault,
             directory: None,
             reloads: None,
+            running: None,
         }
     }
 
-    /// With the running router's directory and configuration reloads: the
-    /// config file's tenants as last reloaded, and `GET /v1/config`.
+    /// With the running router's directory, upstreams and configuration
+    /// reloads: the config file's tenants and upstreams as last reloaded,
+    /// and `GET /v1/config`.
     pub fn with_running(
         mut self,
         directory: Arc<switchboard_tenancy::Directory>,
+        upstreams: switchboard_upstream::Upstreams,
         reloads: Option<Arc<crate::reload::Reloads>>,
     ) -> Admin {
         self.directory = Some(directory);
+        self.running = Some(upstreams);
         self.reloads = reloads;
         self
+    }
+
+    /// The upstreams' names: the running router's, else the config file's.
+    fn upstream_names(&self) -> Vec<String> {
+        match &self.running {
+            Some(running) => running.iter().map(|u| u.name.to_string()).collect(),
+            None => self.upstreams.clone(),
+        }
     }
 
     /// The config file's tenants: as the running router last reloaded them.
@@ -181,7 +196,8 @@ impl Admin {
     }
 
     fn check_policy(&self, policy: &Policy) -> Result<(), AdminError> {
-        let names: Vec<&str> = self.upstreams.iter().map(String::as_str).collect();
+        let upstreams = self.upstream_names();
+        let names: Vec<&str> = upstreams.iter().map(String::as_str).collect();
         let problems = policy.problems(&names);
         if problems.is_empty() {
             Ok(())
@@ -252,10 +268,11 @@ impl Admin {
         headers: Vec<(String, String)>,
     ) -> Result<CredentialRow, AdminError> {
         self.tenant(tenant).await?;
-        if !self.upstreams.iter().any(|u| u == upstream) {
+        let upstreams = self.upstream_names();
+        if !upstreams.iter().any(|u| u == upstream) {
             return Err(AdminError::Invalid(format!(
                 "no upstream {upstream:?} is configured (upstreams: {})",
-                self.upstreams.join(", ")
+                upstreams.join(", ")
             )));
         }
         let new = NewCredential {

@@ -87,8 +87,8 @@ pub struct App {
     /// Traces, and the MCP metrics of the OpenTelemetry conventions.
     pub telemetry: switchboard_telemetry::Telemetry,
     /// Each upstream's host, port and port as text (none for stdio), as
-    /// spans and the MCP client metrics name it.
-    addresses: Vec<Option<Address>>,
+    /// spans and the MCP client metrics name it; by id.
+    addresses: switchboard_core::slots::Slots<Option<Address>>,
     shutting_down: AtomicBool,
     /// List changes, for stateless clients' `subscriptions/listen` streams.
     pub changes: tokio::sync::broadcast::Sender<Change>,
@@ -107,6 +107,11 @@ pub struct App {
     legacy: Mutex<HashMap<Arc<str>, LegacyConnection>>,
 }
 
+/// Upstream `u`'s address, as telemetry names it (none for stdio).
+fn address_of(u: &Upstream) -> Option<Address> {
+    u.address().map(|(host, port)| Address { host, port, port_text: port.to_string().into() })
+}
+
 /// An upstream's address, as telemetry names it.
 pub struct Address {
     pub host: Arc<str>,
@@ -117,7 +122,12 @@ pub struct Address {
 impl App {
     /// Upstream `u`'s host and port (none for stdio).
     pub fn upstream_address(&self, u: UpstreamId) -> Option<&Address> {
-        self.addresses[u.index()].as_ref()
+        self.addresses.get(u.index()).and_then(Option::as_ref)
+    }
+
+    /// Records an added upstream's address.
+    pub(crate) fn set_address(&self, upstream: &Upstream) {
+        self.addresses.set(upstream.id.index(), address_of(upstream));
     }
 
     /// Builds the state and starts each upstream's transport (stdio children
@@ -278,10 +288,10 @@ impl App {
                 }
                 _ => None,
             };
-            let addresses = upstreams
-                .iter()
-                .map(|u| u.address().map(|(host, port)| Address { host, port, port_text: port.to_string().into() }))
-                .collect();
+            let addresses = switchboard_core::slots::Slots::new();
+            for u in upstreams.iter() {
+                addresses.set(u.id.index(), address_of(u));
+            }
             let catalog_tools = Arc::new(CatalogTools { catalog: catalog.clone(), upstreams: upstreams.clone() });
             let relay: Weak<dyn Relay> = me.clone();
             let sessions = Sessions::new(

@@ -43,6 +43,7 @@ pub mod subject;
 pub mod tls;
 mod token_exchange;
 mod tools;
+mod upstream_set;
 mod user_catalogs;
 
 pub use config::Config;

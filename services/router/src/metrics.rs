@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use prometheus::{Encoder, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, TextEncoder};
 use switchboard_core::metrics::{counter_vec, gauge, histogram_vec, Registry};
+use switchboard_core::slots::Slots;
 use switchboard_core::UpstreamId;
 use switchboard_protocol::Method;
 
@@ -45,10 +46,13 @@ pub struct Metrics {
     tenant_duration: HistogramVec,
     /// Tenant names with series of their own.
     tenant_names: std::sync::Mutex<std::collections::HashSet<Arc<str>>>,
-    upstream_names: Vec<Arc<str>>,
+    /// Each upstream's name, by id.
+    upstream_names: Slots<Arc<str>>,
     requests: IntCounterVec,
     duration: HistogramVec,
-    table: Vec<OnceLock<RequestHandles>>,
+    /// The handles of each (upstream, method): column 0 for the router's
+    /// own answers, then one per upstream id.
+    table: Slots<Box<[OnceLock<RequestHandles>; METHODS]>>,
     rejections: IntCounterVec,
     in_flight: IntGauge,
     /// Upstream servers: reachability, era, re-initialisations, restarts.
@@ -115,8 +119,10 @@ impl Metrics {
             &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0],
         );
         let names: Vec<&str> = upstream_names.iter().map(|n| &**n).collect();
-        let mut table = Vec::new();
-        table.resize_with(METHODS * (upstream_names.len() + 1), OnceLock::new);
+        let named = Slots::new();
+        for (i, name) in upstream_names.iter().enumerate() {
+            named.set(i, name.clone());
+        }
         Arc::new(Metrics {
             upstreams: Arc::new(switchboard_upstream::Metrics::new(&registry, &names)),
             catalog: Arc::new(switchboard_catalog::Metrics::new(&registry)),
@@ -130,10 +136,10 @@ impl Metrics {
             tenant_requests,
             tenant_duration,
             tenant_names: Default::default(),
-            upstream_names: upstream_names.to_vec(),
+            upstream_names: named,
             requests,
             duration,
-            table,
+            table: Slots::new(),
             rejections,
             in_flight,
         })
@@ -159,12 +165,18 @@ impl Metrics {
         meters.clone().downcast::<TenantHandles>().expect("only the router fills it")
     }
 
+    /// Names upstream `u`, added while the router runs.
+    pub fn name_upstream(&self, u: UpstreamId, name: &Arc<str>) {
+        self.upstream_names.set(u.index(), name.clone());
+        self.upstreams.added(name);
+    }
+
     /// The handles for requests of `method` to `upstream` (`None`: answered by the router).
     pub fn request(&self, method: Method, upstream: Option<UpstreamId>) -> &RequestHandles {
         let column = upstream.map_or(0, |u| u.index() + 1);
-        let slot = method as usize * (self.upstream_names.len() + 1) + column;
-        self.table[slot].get_or_init(|| {
-            let upstream = upstream.map_or("", |u| &self.upstream_names[u.index()]);
+        let row = self.table.get_or_init(column, || Box::new(std::array::from_fn(|_| OnceLock::new())));
+        row[method as usize].get_or_init(|| {
+            let upstream = upstream.and_then(|u| self.upstream_names.get(u.index())).map_or("", |n| &**n);
             let label = method.label();
             RequestHandles {
                 outcomes: Outcome::ALL.map(|o| self.requests.with_label_values(&[label, upstream, o.label()])),

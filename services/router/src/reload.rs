@@ -4,12 +4,13 @@
 //! A new version is read and validated whole; one that does not validate is
 //! refused (a log line naming every problem, `switchboard_config_reloads_total
 //! {result="refused"}`) and the running configuration kept. A valid one is
-//! applied without touching sessions or requests in flight: the config
-//! file's `[[tenants]]` (their upstreams, tools, limits, accepted
-//! credentials) and `log.level`. Changes to other sections (upstreams
-//! among them) are not applied yet: they are named, logged and reported
-//! as pending a restart. `GET /v1/config` on the admin API tells which
-//! version is active.
+//! applied without touching sessions or requests in flight: the
+//! `[[upstreams]]` added, removed or changed (see `upstream_set.rs`; those
+//! acting for each user only at a restart), the config file's `[[tenants]]`
+//! (their upstreams, tools, limits, accepted credentials) and `log.level`.
+//! Changes to other sections are not applied: they are named, logged and
+//! reported as pending a restart. `GET /v1/config` on the admin API tells
+//! which version is active.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
@@ -22,6 +23,7 @@ use sha2::{Digest, Sha256};
 
 use crate::app::App;
 use crate::config::Config;
+use crate::upstream_set::Entry;
 
 /// How often the file is looked at.
 pub const POLL: Duration = Duration::from_secs(2);
@@ -56,6 +58,8 @@ struct State {
     /// The sections the router started with, and those applied since.
     started: Map<String, Value>,
     applied: Map<String, Value>,
+    /// Upstreams whose change waits for a restart.
+    pending_upstreams: std::collections::BTreeSet<String>,
     version: Version,
 }
 
@@ -68,7 +72,13 @@ pub struct Reloads {
 }
 
 /// Sections applied while running.
-const LIVE: &[&str] = &["tenants", "log"];
+const LIVE: &[&str] = &["upstreams", "tenants", "log"];
+
+/// Each `[[upstreams]]` entry of `sections`, by name.
+fn upstream_entries(sections: &Map<String, Value>) -> std::collections::BTreeMap<String, &Value> {
+    let entries = sections.get("upstreams").and_then(Value::as_array);
+    entries.into_iter().flatten().filter_map(|e| Some((e.get("name")?.as_str()?.to_owned(), e))).collect()
+}
 
 fn version_of(text: &str) -> String {
     let digest = Sha256::digest(text.as_bytes());
@@ -112,7 +122,13 @@ impl Reloads {
         Ok(Reloads {
             path: source.path,
             log_level: source.log_level,
-            state: Mutex::new(State { seen: text, started: sections.clone(), applied: sections, version }),
+            state: Mutex::new(State {
+                seen: text,
+                started: sections.clone(),
+                applied: sections,
+                pending_upstreams: Default::default(),
+                version,
+            }),
             reloads,
             info,
         })
@@ -125,7 +141,7 @@ impl Reloads {
 
     /// Reads the file and applies it if it changed (`force`: even if its
     /// text did not, as SIGHUP asks). Returns what became of it.
-    pub fn reload(&self, app: &App, force: bool) -> &'static str {
+    pub fn reload(&self, app: &Arc<App>, force: bool) -> &'static str {
         let text = match std::fs::read_to_string(&self.path) {
             Ok(text) => text,
             Err(e) => return self.refuse(None, format!("cannot read {}: {e}", self.path.display())),
@@ -144,6 +160,39 @@ impl Reloads {
         let mut state = self.state.lock().expect("lock");
         let changed = |a: &Map<String, Value>, name: &str| a.get(name) != sections.get(name);
         let mut applied = Vec::new();
+        // Upstreams first: tenants then resolve against the new set.
+        let (before, after) = (upstream_entries(&state.applied), upstream_entries(&sections));
+        let mut entries = Vec::new();
+        for config in &config.upstreams {
+            match before.get(&config.name) {
+                None => entries.push(Entry::Added(config)),
+                Some(old) if Some(old) != after.get(&config.name) => entries.push(Entry::Changed(config)),
+                Some(_) => {}
+            }
+        }
+        for name in before.keys().filter(|name| !after.contains_key(*name)) {
+            entries.push(Entry::Removed(name));
+        }
+        let exchanged: Vec<&str> = config.exchanged.iter().map(|e| e.upstream.as_str()).collect();
+        match app.change_upstreams(&entries, &exchanged) {
+            Ok(change) => {
+                applied.extend(change.added.iter().map(|n| format!("upstreams.{n} (added)")));
+                applied.extend(change.changed.iter().map(|n| format!("upstreams.{n} (changed)")));
+                applied.extend(change.removed.iter().map(|n| format!("upstreams.{n} (removed)")));
+                state.pending_upstreams.extend(change.pending);
+            }
+            Err(why) => {
+                drop(state);
+                return self.refuse(Some(&text), why);
+            }
+        }
+        // An upstream back as it was at start waits for nothing.
+        let State { started, pending_upstreams, .. } = &mut *state;
+        let started = upstream_entries(started);
+        pending_upstreams.retain(|p| {
+            let name = p.trim_start_matches("upstreams.");
+            started.get(name) != after.get(name)
+        });
         if changed(&state.applied, "tenants") {
             app.directory.set_static_tenants(config.tenants.clone());
             applied.push("tenants".to_owned());
@@ -168,6 +217,7 @@ impl Reloads {
         if format(&state.started) != format(&sections) {
             pending.push("log.format".into());
         }
+        pending.extend(state.pending_upstreams.iter().cloned());
         pending.sort();
         pending.dedup();
         let version = version_of(&text);

@@ -114,10 +114,11 @@ pub async fn serve_with(
         None => None,
     };
     if let Some((admin_listener, admin, token)) = extra.admin {
-        let admin = admin
-            .with_edge(app.edge.clone())
-            .with_vault(app.vault.clone())
-            .with_running(app.directory.clone(), reloads.clone());
+        let admin = admin.with_edge(app.edge.clone()).with_vault(app.vault.clone()).with_running(
+            app.directory.clone(),
+            app.upstreams.clone(),
+            reloads.clone(),
+        );
         let server = &app.config.server;
         let conns = Connections::new(
             connections::Limits {

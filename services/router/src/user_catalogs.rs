@@ -45,12 +45,12 @@ impl UserCatalogs {
         }
         let keychain = self.keychain.clone();
         let (tenant, user) = (who.tenant.name.clone(), who.user.clone());
-        let names: Vec<Arc<str>> = upstreams.iter().map(|u| u.name.clone()).collect();
+        let names = upstreams.clone();
         // Without a credential the lists are asked for all the same (with
         // the upstream's other headers): its refusal's challenge says what
         // to ask the user for.
         let acting: switchboard_catalog::Acting =
-            Box::new(move |u: UpstreamId| keychain.credentials(&tenant, user.as_deref(), &names[u.index()], false));
+            Box::new(move |u: UpstreamId| keychain.credentials(&tenant, user.as_deref(), &names[u].name, false));
         let metrics = Arc::new(switchboard_catalog::metrics::Metrics::new(&prometheus::Registry::new()));
         let catalog = Catalog::new(
             upstreams.clone(),

@@ -20,12 +20,13 @@
 //!   each replica's sweep asks the store for expired sessions, and the store
 //!   hands each to exactly one replica, which ends it the same way.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use switchboard_core::UpstreamId;
-use switchboard_upstream::{Inbox, Upstreams};
+use switchboard_upstream::{Inbox, UpstreamSession, Upstreams};
 
 use crate::registry::{Full, Quota, Registry};
 use crate::shared_streams::Event;
@@ -396,8 +397,9 @@ impl Sessions {
         let Some(session) = self.registry.get(id) else { return };
         match event {
             Event::Opened => {
-                if argument < self.ctx.upstreams.len() {
-                    tokio::spawn(async move { session.follow_upstream(UpstreamId::new(argument)).await });
+                let key = u32::try_from(argument).ok();
+                if let Some(u) = key.and_then(|key| self.ctx.upstreams.by_key(key)) {
+                    tokio::spawn(async move { session.follow_upstream(u).await });
                 }
             }
             Event::Repair if session.stored => {
@@ -654,6 +656,14 @@ impl Sessions {
         }
         self.ctx.metrics.set_sessions(self.registry.len());
     }
+
+    /// Upstream `u` was retired: every session here closes its channel to
+    /// it (its upstream session ends) and goes on with the others.
+    pub async fn drop_upstream(&self, u: UpstreamId) {
+        for session in self.registry.all() {
+            session.drop_upstream(u).await;
+        }
+    }
 }
 
 /// Ends a session: its channels here and every upstream session the
@@ -663,17 +673,19 @@ async fn end(ctx: &Context, id: &str, local: Option<Arc<Session>>, stored: Optio
         shared.forget(&Arc::from(id));
     }
     let upstreams = &ctx.upstreams;
-    let mut closed = vec![None; upstreams.len()];
+    let mut closed: HashMap<UpstreamId, UpstreamSession> = HashMap::new();
     if let Some(session) = &local {
         for (u, channel) in session.open_channels() {
-            closed[u.index()] = channel.upstream_session();
+            if let Some(at) = channel.upstream_session() {
+                closed.insert(u, at);
+            }
         }
         session.close().await;
     }
     for (name, at) in stored.iter().flat_map(|s| s.upstreams.iter()) {
         let Some(u): Option<UpstreamId> = upstreams.find(name) else { continue };
         // Closed just now, unless another replica moved it elsewhere.
-        if closed[u.index()].as_ref() == Some(at) {
+        if closed.get(&u) == Some(at) {
             continue;
         }
         let discard: Arc<dyn Inbox> = Arc::new(switchboard_upstream::Discard);

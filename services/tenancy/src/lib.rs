@@ -49,13 +49,14 @@ struct Snapshot {
 pub struct Directory {
     snapshot: ArcSwap<Snapshot>,
     /// `auth.mode = "none"`: every request is this tenant's.
-    open: Option<Principal>,
+    open: Option<ArcSwap<Principal>>,
     /// The config file's tenants (replaced when the file is reloaded).
     static_tenants: std::sync::RwLock<Vec<(String, Policy)>>,
     /// What the database said last, to rebuild the snapshot from when the
     /// config file's tenants change.
     last: std::sync::Mutex<(i64, Vec<TenantRow>, Vec<KeyRow>)>,
-    upstreams: Vec<Arc<str>>,
+    /// Each upstream's name, by id (retired ones too: ids are slots).
+    upstreams: std::sync::RwLock<Vec<Arc<str>>>,
     db: Option<Database>,
     /// Whether keys were loaded from the database at least once (or there
     /// is no database): until then an unknown key may be a valid one.
@@ -74,17 +75,14 @@ impl Directory {
         open: bool,
         metrics: Arc<Metrics>,
     ) -> Directory {
-        let open = open.then(|| {
-            let policy = Policy { upstreams: vec!["*".into()], ..Policy::default() };
-            Principal::of_key(Arc::new(Tenant::new("default", &policy, &upstreams)), Arc::from(""), Arc::from(""))
-        });
+        let open = open.then(|| ArcSwap::from_pointee(open_principal(&upstreams)));
         let loaded = AtomicBool::new(db.is_none());
         let directory = Directory {
             snapshot: ArcSwap::default(),
             open,
             static_tenants: std::sync::RwLock::new(static_tenants),
             last: std::sync::Mutex::default(),
-            upstreams,
+            upstreams: std::sync::RwLock::new(upstreams),
             db,
             loaded,
             metrics,
@@ -119,7 +117,7 @@ impl Directory {
 
     fn check_key(&self, key: Option<&str>, now_ms: i64) -> Result<Principal, AuthFailure> {
         if let Some(open) = &self.open {
-            return Ok(open.clone());
+            return Ok(Principal::clone(&open.load()));
         }
         let key = key.filter(|k| !k.is_empty()).ok_or(AuthFailure::Missing)?;
         let snapshot = self.snapshot.load();
@@ -159,6 +157,18 @@ impl Directory {
         self.install(version, db_tenants, keys);
     }
 
+    /// The upstreams changed (some added or retired while the router
+    /// runs): `upstreams` names every id's upstream, and each tenant is
+    /// resolved again against them.
+    pub fn set_upstreams(&self, upstreams: Vec<Arc<str>>) {
+        if let Some(open) = &self.open {
+            open.store(Arc::new(open_principal(&upstreams)));
+        }
+        *self.upstreams.write().expect("lock") = upstreams;
+        let (version, db_tenants, keys) = self.last.lock().expect("lock").clone();
+        self.install(version, db_tenants, keys);
+    }
+
     /// Reads tenants and keys from the database and swaps them in.
     /// `switchboard_tenant_directory_db_up` says whether it could.
     pub async fn reload(&self) -> Result<(), DbError> {
@@ -172,14 +182,14 @@ impl Directory {
 
     fn install(&self, version: i64, db_tenants: Vec<TenantRow>, keys: Vec<KeyRow>) {
         *self.last.lock().expect("lock") = (version, db_tenants.clone(), keys.clone());
+        let upstreams = self.upstreams.read().expect("lock").clone();
         let mut tenants: HashMap<Arc<str>, Arc<Tenant>> = HashMap::new();
         for (name, policy) in self.static_tenants.read().expect("lock").iter() {
-            tenants.insert(Arc::from(name.as_str()), Arc::new(Tenant::new(name, policy, &self.upstreams)));
+            tenants.insert(Arc::from(name.as_str()), Arc::new(Tenant::new(name, policy, &upstreams)));
         }
         for row in &db_tenants {
             // The database is the source of truth for a name in both.
-            tenants
-                .insert(Arc::from(row.name.as_str()), Arc::new(Tenant::new(&row.name, &row.policy, &self.upstreams)));
+            tenants.insert(Arc::from(row.name.as_str()), Arc::new(Tenant::new(&row.name, &row.policy, &upstreams)));
         }
         let mut live = HashMap::new();
         for key in keys {
@@ -248,6 +258,13 @@ impl Directory {
             }
         });
     }
+}
+
+/// Who every request is when authentication is off: tenant `default`,
+/// which sees every upstream.
+fn open_principal(upstreams: &[Arc<str>]) -> Principal {
+    let policy = Policy { upstreams: vec!["*".into()], ..Policy::default() };
+    Principal::of_key(Arc::new(Tenant::new("default", &policy, upstreams)), Arc::from(""), Arc::from(""))
 }
 
 /// The key a request presents, if any.

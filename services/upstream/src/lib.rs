@@ -31,6 +31,7 @@ pub mod sse;
 pub mod stdio;
 
 use std::ops::Range;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -560,7 +561,7 @@ pub trait Transport: Send + Sync {
 
 /// One configured upstream.
 pub struct Upstream {
-    /// Position in the configuration; indexes per-upstream tables.
+    /// Its slot; indexes per-upstream tables.
     pub id: UpstreamId,
     /// Its configured name.
     pub name: Arc<str>,
@@ -585,19 +586,79 @@ impl Upstream {
     }
 }
 
-/// Every configured upstream, in configuration order, indexed by
-/// [`UpstreamId`], with the metrics they record.
+/// The upstreams this process serves, indexed by [`UpstreamId`]: the
+/// configured ones, then each one added while it runs. Clones share one
+/// table, so every layer holding one sees an upstream added or retired at
+/// once. Lookups take no lock. A retired upstream leaves the set (it is no
+/// longer found, listed or iterated) but keeps its slot, so what still
+/// holds its id (a request in flight, a channel being closed) can reach it.
 #[derive(Clone)]
 pub struct Upstreams {
-    list: Arc<[Arc<Upstream>]>,
+    table: Arc<Table>,
     metrics: Arc<Metrics>,
 }
+
+struct Table {
+    slots: switchboard_core::slots::Slots<Slot>,
+    /// Slots used (ids below it are set).
+    used: std::sync::atomic::AtomicUsize,
+    /// Serialises changes.
+    changing: std::sync::Mutex<()>,
+}
+
+struct Slot {
+    upstream: Arc<Upstream>,
+    live: std::sync::atomic::AtomicBool,
+}
+
+/// Upstreams added over a process's life, at most (changes included: a
+/// changed upstream takes a new slot); beyond, a restart is needed.
+pub const MAX_SLOTS: usize = 65_536;
 
 impl Upstreams {
     /// The upstreams of `list`, whose ids must be their positions.
     pub fn new(list: Vec<Arc<Upstream>>, metrics: Arc<Metrics>) -> Upstreams {
         debug_assert!(list.iter().enumerate().all(|(i, u)| u.id.index() == i));
-        Upstreams { list: list.into(), metrics }
+        let table = Table {
+            slots: switchboard_core::slots::Slots::new(),
+            used: std::sync::atomic::AtomicUsize::new(list.len()),
+            changing: std::sync::Mutex::new(()),
+        };
+        for (i, upstream) in list.into_iter().enumerate() {
+            table.slots.set(i, Slot { upstream, live: std::sync::atomic::AtomicBool::new(true) });
+        }
+        Upstreams { table: Arc::new(table), metrics }
+    }
+
+    /// Adds an upstream made by `make` with its new id, not yet in the set
+    /// (see [`enter`](Self::enter)): every table kept per upstream can be
+    /// ready for it before any request finds it. `None` once [`MAX_SLOTS`]
+    /// are used.
+    pub fn add(&self, make: impl FnOnce(UpstreamId) -> Upstream) -> Option<Arc<Upstream>> {
+        let _changing = self.table.changing.lock().expect("lock");
+        let index = self.table.used.load(Ordering::Acquire);
+        if index >= MAX_SLOTS {
+            return None;
+        }
+        let upstream = Arc::new(make(UpstreamId::new(index)));
+        debug_assert_eq!(upstream.id.index(), index);
+        self.table.slots.set(index, Slot { upstream: upstream.clone(), live: false.into() });
+        self.table.used.store(index + 1, Ordering::Release);
+        Some(upstream)
+    }
+
+    /// Puts added upstream `u` in the set: found, listed, iterated.
+    pub fn enter(&self, u: UpstreamId) {
+        if let Some(slot) = self.table.slots.get(u.index()) {
+            slot.live.store(true, Ordering::Release);
+        }
+    }
+
+    /// Takes upstream `u` out of the set; its slot stays.
+    pub fn retire(&self, u: UpstreamId) {
+        if let Some(slot) = self.table.slots.get(u.index()) {
+            slot.live.store(false, Ordering::Release);
+        }
     }
 
     /// What the upstreams record: reachability, era, restarts, …
@@ -605,42 +666,75 @@ impl Upstreams {
         &self.metrics
     }
 
-    /// How many there are.
+    /// Slots used: every id ever given is below it.
+    pub fn slots(&self) -> usize {
+        self.table.used.load(Ordering::Acquire)
+    }
+
+    /// How many are in the set.
     pub fn len(&self) -> usize {
-        self.list.len()
+        self.iter().count()
     }
 
-    /// Whether there are none.
+    /// Whether none are.
     pub fn is_empty(&self) -> bool {
-        self.list.is_empty()
+        self.iter().next().is_none()
     }
 
-    /// Each upstream, in configuration order.
+    /// Each upstream in the set, in the order of their ids (configured
+    /// ones in configuration order, then the ones added since).
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Upstream>> {
-        self.list.iter()
+        (0..self.slots())
+            .filter_map(|i| self.table.slots.get(i))
+            .filter(|slot| slot.live.load(Ordering::Acquire))
+            .map(|slot| &slot.upstream)
     }
 
-    /// Each upstream's id, in configuration order.
-    pub fn ids(&self) -> impl Iterator<Item = UpstreamId> {
-        UpstreamId::all(self.list.len())
+    /// Each id in the set, in order.
+    pub fn ids(&self) -> impl Iterator<Item = UpstreamId> + '_ {
+        self.iter().map(|u| u.id)
     }
 
-    /// The upstream named `name`.
+    /// The upstream in the set named `name`.
     pub fn find(&self, name: &str) -> Option<UpstreamId> {
-        self.list.iter().find(|u| &*u.name == name).map(|u| u.id)
+        self.iter().find(|u| &*u.name == name).map(|u| u.id)
     }
 
-    /// The upstream `id`, if there is one (an id read from a client's message).
+    /// The upstream `id`, if it is in the set (an id read from a client's
+    /// message, or kept since before a change).
     pub fn get(&self, id: UpstreamId) -> Option<&Arc<Upstream>> {
-        self.list.get(id.index())
+        self.table.slots.get(id.index()).filter(|slot| slot.live.load(Ordering::Acquire)).map(|slot| &slot.upstream)
     }
+
+    /// Whether `id` is in the set.
+    pub fn is_live(&self, id: UpstreamId) -> bool {
+        self.get(id).is_some()
+    }
+
+    /// The name of upstream `id` as other replicas know it: a stable hash of
+    /// its name (slots differ between replicas; names do not).
+    pub fn key(&self, id: UpstreamId) -> u32 {
+        key_of(&self[id].name)
+    }
+
+    /// The upstream in the set whose [`key`](Self::key) is `key`.
+    pub fn by_key(&self, key: u32) -> Option<UpstreamId> {
+        self.iter().find(|u| key_of(&u.name) == key).map(|u| u.id)
+    }
+}
+
+/// [`Upstreams::key`] of a name: its FNV-1a hash, folded to 32 bits.
+pub fn key_of(name: &str) -> u32 {
+    let h = switchboard_core::hash::fnv1a64(name.as_bytes());
+    (h ^ (h >> 32)) as u32
 }
 
 impl std::ops::Index<UpstreamId> for Upstreams {
     type Output = Arc<Upstream>;
 
+    /// Upstream `id`, in the set or retired (ids come from this table).
     fn index(&self, id: UpstreamId) -> &Arc<Upstream> {
-        &self.list[id.index()]
+        &self.table.slots.get(id.index()).expect("an id this table gave").upstream
     }
 }
 

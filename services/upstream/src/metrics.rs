@@ -90,6 +90,22 @@ impl Metrics {
         metrics
     }
 
+    /// An upstream added while the router runs: it starts down.
+    pub fn added(&self, upstream: &str) {
+        self.set_up(upstream, false);
+    }
+
+    /// An upstream retired while the router runs: its gauges leave the
+    /// exposition (an "upstream down" alert must not fire for it forever);
+    /// its counters stay, as counters do.
+    pub fn retired(&self, upstream: &str) {
+        let _ = self.up.remove_label_values(&[upstream]);
+        for e in Era::ALL {
+            let _ = self.era.remove_label_values(&[upstream, e.label()]);
+        }
+        let _ = self.processes.remove_label_values(&[upstream]);
+    }
+
     /// Whether the upstream answered its last handshake or list.
     pub fn set_up(&self, upstream: &str, up: bool) {
         self.up.with_label_values(&[upstream]).set(up as i64);

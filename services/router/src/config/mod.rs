@@ -426,6 +426,23 @@ mod tests {
     }
 
     #[test]
+    fn two_upstream_names_with_one_key_are_refused() {
+        // Two names whose 32-bit keys collide (found by search: about 2^16 names).
+        let mut seen = std::collections::HashMap::new();
+        let (a, b) = (0..)
+            .map(|i| format!("u{i}"))
+            .find_map(|name| seen.insert(switchboard_upstream::key_of(&name), name.clone()).map(|other| (other, name)))
+            .unwrap();
+        let entry = |name: &str| {
+            format!("[[upstreams]]\nname = \"{name}\"\ntransport = \"http\"\nurl = \"http://127.0.0.1:1/mcp\"\n")
+        };
+        let p = problems(&format!("{}{}", entry(&a), entry(&b)));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].0, "upstreams[1].name");
+        assert!(p[0].1.contains("same key") && p[0].1.contains(&a), "{p:?}");
+    }
+
+    #[test]
     fn the_issue_example_is_valid() {
         let config = Config::from_toml(
             r#"

@@ -611,6 +611,7 @@ impl RawConfig {
         let mut delegated = Vec::new();
         let mut exchanged = Vec::new();
         let mut names = HashSet::new();
+        let mut keys = std::collections::HashMap::new();
         let mut prefixes = HashSet::new();
         for (i, u) in self.upstreams.into_iter().enumerate() {
             let key = |field: &str| format!("upstreams[{i}].{field}");
@@ -620,6 +621,9 @@ impl RawConfig {
                 bad(key("name"), format!("must be 1 to 48 of {NAME_CHARS}"));
             } else if !names.insert(name.clone()) {
                 bad(key("name"), format!("{name:?} is used by another upstream"));
+            } else if let Some(other) = keys.insert(switchboard_upstream::key_of(&name), name.clone()) {
+                // Relayed request ids name upstreams by this 32-bit key.
+                bad(key("name"), format!("{name:?} hashes to the same key as {other:?}: rename one"));
             }
             let prefix = u.prefix.clone().unwrap_or_else(|| name.clone());
             if !prefix.is_empty() {

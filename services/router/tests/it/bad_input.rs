@@ -218,7 +218,8 @@ async fn answers_the_router_cannot_deliver_are_refused_and_counted_never_acknowl
     assert!(reply.json()["error"]["message"].as_str().unwrap().contains("awaits an answer"), "{}", reply.json());
     assert_eq!(dropped("unknown_answer").await, 1.0);
     // A relayed id for an upstream the session has no upstream session with.
-    let reply = client.post(answer(json!("0.n1"))).await;
+    let web_id = format!("{:08x}.n1", switchboard_upstream::key_of("web"));
+    let reply = client.post(answer(json!(web_id))).await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST);
     assert_eq!(dropped("unknown_answer").await, 2.0);
 
@@ -226,7 +227,7 @@ async fn answers_the_router_cannot_deliver_are_refused_and_counted_never_acknowl
     // (it forgot the session): 502, counted.
     client.call_tool("web__echo", json!({})).await;
     web.mock.forget_sessions();
-    let reply = client.post(answer(json!("0.n1"))).await;
+    let reply = client.post(answer(json!(web_id))).await;
     assert_eq!(reply.status, StatusCode::BAD_GATEWAY, "{}", String::from_utf8_lossy(&reply.body));
     assert_eq!(reply.json()["error"]["data"]["upstream"], "web");
     assert_eq!(dropped("answer_not_delivered").await, 1.0);

@@ -161,7 +161,13 @@ async fn each_user_carries_their_own_credential_on_their_own_upstream_session_ac
     })
     .await;
     assert!(tenant_used, "the tenant's credential was not used");
-    // Bob, who has none of his own now, gets the tenant's: user, else tenant.
+    // Bob, who has none of his own now, gets the tenant's: user, else tenant
+    // (on B, once B has heard of it: A was asked above).
+    let b_knows = eventually(Duration::from_secs(10), || async {
+        whoami(&bob_b.call_tool("gh__whoami", json!({})).await).is_ok()
+    })
+    .await;
+    assert!(b_knows, "replica B did not learn of the tenant's credential");
     let (session, seen) = whoami(&bob_b.call_tool("gh__whoami", json!({})).await).unwrap();
     assert_eq!(
         (session.as_str(), seen.as_slice()),

@@ -1,9 +1,11 @@
 //! Hot reload of the configuration file, on the router process: a tenant
 //! removed and added back (its key stops, then works again), a broken file
 //! refused with the running configuration kept, SIGHUP reading the file
-//! again, `log.level` applied, a section that needs a restart (upstreams)
-//! reported as pending; a session and a call in flight across all of it;
-//! the admin API telling which version runs.
+//! again, `log.level` applied, a section that needs a restart reported as
+//! pending; a session and a call in flight across all of it; the admin API
+//! telling which version runs. And upstreams added, removed and changed
+//! while a session holds and calls are in flight, its client told with
+//! `list_changed`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -105,15 +107,21 @@ async fn the_config_file_reloads_tenants_and_log_level_and_refuses_a_broken_one_
         "no log line says why"
     );
 
-    // Fixed, with beta back, debug logs, and an upstream added (which only
-    // a restart applies): beta's key works again, the level is applied, the
-    // upstreams are reported pending.
-    let more = http_upstream("more", &good.url, "");
-    write(config(&dir, admin_port, &good.url, true, "warn,switchboard_router=debug", &more));
+    // Fixed, with beta back, debug logs, and a change only a restart
+    // applies: beta's key works again, the level is applied, the section
+    // is reported pending.
+    write(config(
+        &dir,
+        admin_port,
+        &good.url,
+        true,
+        "warn,switchboard_router=debug",
+        "[server]\nmax_sessions = 5000\n",
+    ));
     let back = eventually(Duration::from_secs(10), || async { status_of(&beta).await == 200 }).await;
     assert!(back, "beta's key does not work again");
     let fourth = version().await;
-    assert_eq!(fourth["pending_restart"], json!(["upstreams"]), "{fourth}");
+    assert_eq!(fourth["pending_restart"], json!(["server"]), "{fourth}");
     assert!(fourth["last_refusal"].is_null(), "{fourth}");
     acme.post(json!({"jsonrpc": "2.0", "id": 5, "method": "ping"})).await;
     let debug = eventually(Duration::from_secs(5), || async {
@@ -133,5 +141,140 @@ async fn the_config_file_reloads_tenants_and_log_level_and_refuses_a_broken_one_
     let answer = in_flight.await.unwrap();
     assert!(answer["result"].is_object(), "{answer}");
     assert_eq!(status_of(&acme).await, 200);
+    drop(router);
+}
+
+/// The upstream-set test's configuration: tenant acme sees every upstream;
+/// `upstreams` are `[[upstreams]]` entries.
+fn set_config(dir: &Path, admin_port: u16, upstreams: &str) -> String {
+    format!(
+        "[auth]\nmode = \"keys\"\n[egress]\nallow = [\"loopback\"]\n[log]\nlevel = \"{WARN},switchboard_router::upstream_set=info\"\nformat = \"json\"\n\
+         [server]\nshutdown_grace = \"1s\"\n\
+         [database]\nurl = \"sqlite://{db}?mode=rwc\"\nrefresh = \"200ms\"\n[audit]\nspool = \"{spool}\"\n\
+         [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken = \"an-admin-token-for-tests\"\n\
+         [[tenants]]\nname = \"acme\"\nupstreams = [\"*\"]\n{upstreams}",
+        db = dir.join("router.db").display(),
+        spool = dir.join("audit.spool").display(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstreams_are_added_removed_and_changed_while_a_session_holds_and_calls_are_in_flight() {
+    let dir = std::env::temp_dir().join(unique("sb-reload-set-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (good, old, new) = tokio::join!(
+        MockServer::start(mock_named("good")),
+        MockServer::start(mock_named("old")),
+        MockServer::start(mock_named("new"))
+    );
+    let (socket, admin_port) = closed_port();
+    drop(socket);
+    let file = dir.join("router.toml");
+    let write = |text: String| std::fs::write(&file, text).unwrap();
+    let before = format!("{}{}", http_upstream("good", &good.url, ""), http_upstream("old", &old.url, ""));
+    write(set_config(&dir, admin_port, &before));
+    let admin = admin_for(&std::fs::read_to_string(&file).unwrap()).await;
+    let key = admin.create_key("acme", None).await.unwrap().key;
+    let (router, addr) = Process::spawn_announced(
+        &switchboard_test_support::router_binary(),
+        &["serve", "--config", file.to_str().unwrap(), "--listen", "127.0.0.1:0"],
+        &[],
+        "switchboard listening on",
+    )
+    .await;
+    let url = format!("http://{addr}/mcp");
+    let metrics_url = format!("http://{addr}/metrics");
+    let metrics = || get_text(&metrics_url);
+
+    let mut client = Client::with_key(&url, &key);
+    client.initialize().await;
+    let mut stream = client.open_stream().await;
+    let names = client.tool_names().await;
+    assert!(names.contains(&"good__echo".to_string()) && names.contains(&"old__echo".to_string()), "{names:?}");
+    // Both upstreams hold an upstream session of this session's.
+    assert!(client.call_tool("good__echo", json!({"text": "a"})).await["result"].is_object());
+    assert!(client.call_tool("old__echo", json!({"text": "a"})).await["result"].is_object());
+    let good_sessions = good.mock.initialize_count();
+    // Calls in flight to the upstream that stays and to the one that goes.
+    let to_good = {
+        let client = client.clone();
+        tokio::spawn(async move { client.call_tool("good__sleep", json!({"ms": 2000})).await })
+    };
+    let to_old = {
+        let client = client.clone();
+        tokio::spawn(async move { client.call_tool("old__sleep", json!({"ms": 2000})).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // "old" removed, "new" added, "good" changed (a longer timeout).
+    let after =
+        format!("{}{}", http_upstream("good", &good.url, "timeout = \"45s\""), http_upstream("new", &new.url, ""));
+    write(set_config(&dir, admin_port, &after));
+
+    // The client hears that its tool list changed, on its session's stream.
+    let mut heard = false;
+    while let Some(message) = stream.next(Duration::from_secs(10)).await {
+        if message["method"] == "notifications/tools/list_changed" {
+            heard = true;
+            break;
+        }
+    }
+    assert!(heard, "no notifications/tools/list_changed after the upstreams changed");
+    let names = client.tool_names().await;
+    assert!(names.contains(&"new__echo".to_string()), "the added upstream's tools are not listed: {names:?}");
+    assert!(names.contains(&"good__echo".to_string()), "{names:?}");
+    assert!(!names.iter().any(|n| n.starts_with("old__")), "the removed upstream's tools are listed: {names:?}");
+
+    // Both calls in flight finish, the one to the removed upstream too.
+    let (to_good, to_old) = (to_good.await.unwrap(), to_old.await.unwrap());
+    assert!(to_good["result"].is_object(), "{to_good}");
+    assert!(to_old["result"].is_object(), "the call in flight to the removed upstream failed: {to_old}");
+
+    // The same session calls the added upstream and the changed one (a new
+    // upstream session: its settings changed); the removed one is unknown.
+    let answer = client.call_tool("new__echo", json!({"text": "hello"})).await;
+    assert!(answer["result"].is_object(), "{answer}");
+    assert_eq!(new.mock.call_count(), 1, "the added upstream did not get the call");
+    let answer = client.call_tool("good__echo", json!({"text": "again"})).await;
+    assert!(answer["result"].is_object(), "{answer}");
+    // Two new upstream sessions: the catalog's (it lists the changed
+    // upstream afresh) and the client session's.
+    assert_eq!(good.mock.initialize_count(), good_sessions + 2, "the changed upstream kept its old upstream sessions");
+    let answer = client.call_tool("old__echo", json!({"text": "gone"})).await;
+    assert!(answer["error"].is_object(), "{answer}");
+
+    // Its grace over, the removed upstream's upstream sessions (the
+    // catalog's and the client session's) are ended and its gauges leave
+    // /metrics.
+    let ended = eventually(Duration::from_secs(10), || async { old.mock.deleted_sessions() == 2 }).await;
+    assert!(ended, "the removed upstream's sessions were not ended: {} of 2", old.mock.deleted_sessions());
+    let gone = eventually(Duration::from_secs(5), || async {
+        !metrics().await.contains("switchboard_upstream_up{upstream=\"old\"}")
+    })
+    .await;
+    assert!(gone, "the removed upstream is still reported up or down");
+    let text = metrics().await;
+    assert!(text.contains("switchboard_config_reloads_total{result=\"applied\"} 1"), "{text}");
+    // The session let go of its channel to it: that upstream session's
+    // duration is measured (and nothing of it stays in the session).
+    let port = old.addr.port();
+    let measured = text.lines().any(|l| {
+        l.starts_with("mcp_client_session_duration_seconds_count{")
+            && l.contains(&format!("server_port=\"{port}\""))
+            && l.ends_with(" 1")
+    });
+    assert!(measured, "the session's upstream session with the removed upstream was not ended by the session");
+
+    // The admin API: nothing pending, the tenants' upstreams follow the set.
+    let config = get_text_with(
+        &format!("http://127.0.0.1:{admin_port}/v1/config"),
+        &[("authorization", "Bearer an-admin-token-for-tests")],
+    )
+    .await;
+    let config: Value = serde_json::from_str(&config).unwrap();
+    assert_eq!(config["pending_restart"], json!([]), "{config}");
+    let status = client.post(json!({"jsonrpc": "2.0", "id": 9, "method": "ping"})).await.status;
+    assert_eq!(status.as_u16(), 200, "the session did not survive");
+    assert!(router.output().iter().any(|l| l.contains("upstreams changed")), "no log line says the upstreams changed");
     drop(router);
 }

@@ -44,6 +44,17 @@ use self::upstreams::SessionInbox;
 /// inside: no vault).
 type CredentialsSlot = std::sync::OnceLock<Option<Arc<dyn Credentials>>>;
 
+/// What a session holds for one upstream it used: its channel, the
+/// credentials its requests carry, when the channel was opened here.
+#[derive(Default)]
+struct Link {
+    channel: OnceCell<Arc<dyn Channel>>,
+    credentials: CredentialsSlot,
+    /// When its upstream session was opened here (ms since the epoch; 0:
+    /// not known, or opened by another replica).
+    opened: AtomicU64,
+}
+
 /// The prefix of tenant sessions' ids (see [`Session::for_tenant`]).
 pub const TENANT_PREFIX: &str = "t.";
 
@@ -81,8 +92,6 @@ pub struct Session {
     /// The user it acts for, whose upstream credentials its channels
     /// carry; `None`: the tenant's.
     pub user: Option<Arc<str>>,
-    /// The credentials of its channels, by upstream, made on first use.
-    credentials: Box<[CredentialsSlot]>,
     /// The negotiated protocol version.
     pub version: ProtocolVersion,
     /// What the client declared in `initialize`.
@@ -104,7 +113,10 @@ pub struct Session {
     /// Upstream sessions that other replicas may continue, by upstream:
     /// loaded from the store (channels resume them on first use) or opened here.
     known: Mutex<HashMap<UpstreamId, UpstreamSession>>,
-    channels: Box<[OnceCell<Arc<dyn Channel>>]>,
+    /// Each upstream it used, made on first use: few, so a vector. An
+    /// upstream retired while the router runs leaves it
+    /// ([`drop_upstream`](Self::drop_upstream)).
+    links: Mutex<Vec<(UpstreamId, Arc<Link>)>>,
     /// Requests in flight: (hash of the client's id, upstream). A vector that
     /// keeps its capacity, so tracking a request costs no allocation.
     inflight: Mutex<Vec<(u64, UpstreamId)>>,
@@ -127,8 +139,6 @@ pub struct Session {
     last_used: AtomicU64,
     /// When it was opened (ms since the epoch; 0: not known).
     opened_ms: AtomicU64,
-    /// When each channel was opened here, by upstream (ms since the epoch).
-    channels_opened: Box<[AtomicU64]>,
     /// What every session of this replica shares: upstreams, store, relay.
     ctx: Arc<Context>,
     closed: AtomicBool,
@@ -238,7 +248,6 @@ impl Session {
             tenant,
             key,
             user,
-            credentials: (0..ctx.upstreams.len()).map(|_| std::sync::OnceLock::new()).collect(),
             legacy: kind == Kind::Legacy,
             stored: kind == Kind::Stored,
             for_tenant: id.starts_with(TENANT_PREFIX),
@@ -247,9 +256,8 @@ impl Session {
             known: Mutex::new(HashMap::new()),
             version,
             capabilities,
-            channels: (0..ctx.upstreams.len()).map(|_| OnceCell::new()).collect(),
+            links: Mutex::new(Vec::new()),
             opened_ms: AtomicU64::new(switchboard_core::time::now_ms() as u64),
-            channels_opened: (0..ctx.upstreams.len()).map(|_| AtomicU64::new(0)).collect(),
             inflight: Mutex::new(Vec::new()),
             standalone: Log::new(0),
             listening: AtomicBool::new(false),
@@ -293,7 +301,8 @@ impl Session {
     /// carry (its user's, else its tenant's, as the vault has them when
     /// each request goes); `None` without a vault.
     pub fn credentials(&self, u: UpstreamId) -> Option<Arc<dyn Credentials>> {
-        self.credentials[u.index()]
+        self.link(u)
+            .credentials
             .get_or_init(|| {
                 let keychain = self.ctx.keychain.as_ref()?;
                 let upstream = &self.ctx.upstreams[u];
@@ -370,12 +379,13 @@ impl Session {
 
     /// The channel to upstream `u` if it is already open.
     pub fn open_channel(&self, u: UpstreamId) -> Option<Arc<dyn Channel>> {
-        self.channels.get(u.index()).and_then(|c| c.get()).cloned()
+        self.existing_link(u).and_then(|link| link.channel.get().cloned())
     }
 
     /// Every open channel with its upstream index.
     pub fn open_channels(&self) -> Vec<(UpstreamId, Arc<dyn Channel>)> {
-        self.channels.iter().enumerate().filter_map(|(u, c)| c.get().map(|c| (UpstreamId::new(u), c.clone()))).collect()
+        let links = self.links.lock().expect("lock");
+        links.iter().filter_map(|(u, link)| link.channel.get().map(|c| (*u, c.clone()))).collect()
     }
 
     /// Sends a message on the session's GET stream, or keeps it (bounded)
@@ -565,7 +575,7 @@ impl Session {
     /// get different ones.
     pub fn ask(&self, u: UpstreamId, env: &Envelope<'_>, message: &[u8]) -> Bytes {
         let their_id = env.id.expect("a request has an id");
-        let ours = relayed::id(u, their_id.get());
+        let ours = relayed::id(self.ctx.upstreams.key(u), their_id.get());
         splice(message, &mut [Edit::new(span(message, their_id.get()), ours.as_bytes())])
     }
 
@@ -573,12 +583,12 @@ impl Session {
     /// its own id (JSON), from the id the client answered with. `None` for an
     /// id the router did not make.
     pub fn answered(&self, id: &RawValue) -> Option<(UpstreamId, Box<str>)> {
-        relayed::parse(id, self.channels.len())
+        relayed::parse(id, &self.ctx.upstreams)
     }
 
     /// Our id for a relayed request the upstream cancelled (given its id).
     pub fn asked_cancelled(&self, u: UpstreamId, their_id: &str) -> String {
-        relayed::id(u, their_id)
+        relayed::id(self.ctx.upstreams.key(u), their_id)
     }
 
     /// Notes a request in flight to upstream `u`, by its id (JSON text).
@@ -680,12 +690,57 @@ impl Session {
                 self.ctx.metrics.session_ended(self.version.as_str(), lasted);
             }
         }
-        for (u, channel) in self.open_channels() {
-            channel.close().await;
-            if let Some(lasted) = since(self.channels_opened[u.index()].load(Ordering::Relaxed)) {
-                let address = self.ctx.upstreams[u].address();
-                self.ctx.metrics.upstream_session_ended(address.as_ref().map(|(h, p)| (&**h, *p)), lasted);
+        let links: Vec<(UpstreamId, Arc<Link>)> = self.links.lock().expect("lock").clone();
+        for (u, link) in links {
+            if let Some(channel) = link.channel.get() {
+                channel.close().await;
+                self.measure_link(u, &link, now);
             }
+        }
+    }
+
+    /// Measures the duration of the upstream session with `u` opened
+    /// here, if one was, as it ends at `now`.
+    fn measure_link(&self, u: UpstreamId, link: &Link, now: u64) {
+        let opened = link.opened.load(Ordering::Relaxed);
+        if opened > 0 {
+            let address = self.ctx.upstreams[u].address();
+            let lasted = std::time::Duration::from_millis(now.saturating_sub(opened));
+            self.ctx.metrics.upstream_session_ended(address.as_ref().map(|(h, p)| (&**h, *p)), lasted);
+        }
+    }
+
+    /// What the session holds for upstream `u`, made if it held nothing.
+    fn link(&self, u: UpstreamId) -> Arc<Link> {
+        let mut links = self.links.lock().expect("lock");
+        if let Some((_, link)) = links.iter().find(|(id, _)| *id == u) {
+            return link.clone();
+        }
+        let link = Arc::new(Link::default());
+        links.push((u, link.clone()));
+        link
+    }
+
+    /// What the session holds for upstream `u`, if anything.
+    fn existing_link(&self, u: UpstreamId) -> Option<Arc<Link>> {
+        let links = self.links.lock().expect("lock");
+        links.iter().find(|(id, _)| *id == u).map(|(_, link)| link.clone())
+    }
+
+    /// Upstream `u` was retired: the session's channel to it is closed
+    /// (its upstream session ended, and measured) and forgotten, with the
+    /// upstream session other replicas knew.
+    pub async fn drop_upstream(&self, u: UpstreamId) {
+        let link = {
+            let mut links = self.links.lock().expect("lock");
+            let at = links.iter().position(|(id, _)| *id == u);
+            at.map(|at| links.swap_remove(at).1)
+        };
+        self.known.lock().expect("lock").remove(&u);
+        let Some(link) = link else { return };
+        if let Some(channel) = link.channel.get() {
+            channel.close().await;
+            self.measure_link(u, &link, switchboard_core::time::now_ms() as u64);
         }
     }
 

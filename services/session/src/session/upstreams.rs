@@ -31,10 +31,11 @@ impl Session {
     /// is resumed; a new one is claimed in the store, and if another
     /// replica claimed one first, that one is used and ours ended.
     pub async fn channel(&self, u: UpstreamId) -> Result<Arc<dyn Channel>, SessionError> {
-        if let Some(channel) = self.channels[u.index()].get() {
+        let link = self.link(u);
+        if let Some(channel) = link.channel.get() {
             return Ok(channel.clone());
         }
-        let channel = self.channels[u.index()].get_or_try_init(|| self.open(u)).await?;
+        let channel = link.channel.get_or_try_init(|| self.open(u, &link)).await?;
         if self.closed.load(Ordering::Relaxed) {
             // Forgotten here while it opened: others may go on with it.
             if self.detached.load(Ordering::Relaxed) {
@@ -51,7 +52,7 @@ impl Session {
     /// [`channel`](Self::channel), once per channel, boxed (it awaits the
     /// store, the upstream's handshake and the claim: a deep future, kept
     /// out of every caller's own).
-    fn open(&self, u: UpstreamId) -> Opening<'_> {
+    fn open<'a>(&'a self, u: UpstreamId, link: &'a super::Link) -> Opening<'a> {
         let upstream = &self.ctx.upstreams[u];
         Box::pin(async move {
             let hello = Hello {
@@ -80,14 +81,14 @@ impl Session {
             };
             // A new upstream session: its duration is measured from now.
             let now = switchboard_core::time::now_ms() as u64;
-            self.channels_opened[u.index()].store(now, Ordering::Relaxed);
+            link.opened.store(now, Ordering::Relaxed);
             let Some(fresh) = channel.upstream_session() else { return Ok(self.listening_if_asked(channel).await) };
             match self.claim_upstream(u, known.as_ref(), &fresh).await {
                 Claimed::Ours => Ok(self.listening_if_asked(channel).await),
                 Claimed::Theirs(theirs) => match upstream.transport.resume(&hello, inbox, &theirs) {
                     Some(resumed) => {
                         // Another replica's upstream session: its start is not known here.
-                        self.channels_opened[u.index()].store(0, Ordering::Relaxed);
+                        link.opened.store(0, Ordering::Relaxed);
                         // Nobody uses ours: ended, off this request's path.
                         tokio::spawn(async move { channel.close().await });
                         self.ctx.upstreams.metrics().session_resumed(&upstream.name);
@@ -151,9 +152,11 @@ impl Session {
         // session's own) can overtake the end of the opening. Waited for;
         // with no opening under way, the closure fails at once and nothing
         // is opened.
-        let opening = self.channels[u.index()].get_or_try_init(|| async { Err::<Arc<dyn Channel>, ()>(()) }).await;
-        if let Ok(channel) = opening {
-            return Some(channel.clone());
+        if let Some(link) = self.existing_link(u) {
+            let opening = link.channel.get_or_try_init(|| async { Err::<Arc<dyn Channel>, ()>(()) }).await;
+            if let Ok(channel) = opening {
+                return Some(channel.clone());
+            }
         }
         self.known_upstream(u).await?;
         self.channel(u).await.ok()
@@ -175,7 +178,8 @@ impl Session {
             match self.ctx.store.claim_upstream(&self.id, name, stale, fresh).await {
                 Ok(Claim::Won) => {
                     if let Some(shared) = &self.shared {
-                        shared.publish_event(crate::shared_streams::Event::Opened, &self.id, u.index()).await;
+                        let key = self.ctx.upstreams.key(u) as usize;
+                        shared.publish_event(crate::shared_streams::Event::Opened, &self.id, key).await;
                     }
                     Claimed::Ours
                 }

@@ -19,7 +19,8 @@ pub type CancelHandler = Box<dyn Fn(&str, Bytes) + Send + Sync>;
 /// News about a session, for every replica ([`SharedStreams::publish_event`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
-    /// A replica recorded a new upstream session (the argument: the upstream's index).
+    /// A replica recorded a new upstream session (the argument: the
+    /// upstream's key, [`switchboard_upstream::Upstreams::key`]: slots differ between replicas).
     Opened,
     /// The store lost the session: whoever holds it, write it back now.
     Repair,
