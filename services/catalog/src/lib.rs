@@ -216,6 +216,27 @@ struct UpstreamState {
     /// How it last refused a list for want of authorization: the status
     /// and its challenge.
     refusal: Option<(u16, String)>,
+    /// Its last failure to list, and when (ms since the epoch).
+    last_error: Option<(String, i64)>,
+}
+
+/// How an upstream fares in the catalog, as the admin API shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct UpstreamStatus {
+    /// Its lists answer (those fetched so far, at least one).
+    pub up: bool,
+    /// The protocol version it speaks (`None`: not yet known).
+    pub protocol_version: Option<String>,
+    /// Items of each list in the catalog: tools, prompts, resources,
+    /// resource templates.
+    pub tools: usize,
+    pub prompts: usize,
+    pub resources: usize,
+    pub resource_templates: usize,
+    /// Its last failure to list (it may have recovered since), and when
+    /// (ms since the epoch).
+    pub last_error: Option<String>,
+    pub last_error_at_ms: Option<i64>,
 }
 
 /// Builds the inbox for an upstream's control channel.
@@ -342,17 +363,14 @@ impl Catalog {
     }
 
     /// The set of upstreams changed (some added, some retired): URIs are
-    /// routed to the new set and a snapshot built from its lists; then
-    /// clients are told every list changed. The added upstreams' lists
-    /// are fetched when next asked for; the retired ones' control channels
-    /// are closed by [`close_upstream`](Self::close_upstream).
+    /// routed to the new set and a snapshot built from its lists (the
+    /// caller tells clients every list changed). The added upstreams'
+    /// lists are fetched when next asked for; the retired ones' control
+    /// channels are closed by [`close_upstream`](Self::close_upstream).
     pub fn upstreams_changed(&self) {
         self.route_uris();
         self.rebuild();
         self.settled.send_modify(|n| *n += 1);
-        for kind in ListKind::ALL {
-            (self.announce)(kind);
-        }
     }
 
     /// Closes retired upstream `u`'s control channel and listener, and
@@ -560,6 +578,7 @@ impl Catalog {
                     if let FetchError::Refused(status, challenge) = &e {
                         state.refusal = Some((*status, challenge.clone()));
                     }
+                    state.last_error = Some((format!("{}: {e}", kind.label()), switchboard_core::time::now_ms()));
                     settled.push((u, kind, changes, false));
                     self.metrics.failed(&upstream.name, kind);
                     if let FetchError::TooLarge(_) = e {
@@ -644,6 +663,31 @@ impl Catalog {
     pub fn handshake(&self, u: UpstreamId) -> Option<Arc<Handshake>> {
         let state = self.state(u).lock().expect("lock");
         state.control.as_ref().map(|c| c.handshake()).or_else(|| state.handshake.clone())
+    }
+
+    /// How upstream `u` fares: its lists, era, last failure.
+    pub fn status(&self, u: UpstreamId) -> UpstreamStatus {
+        let snapshot = self.current();
+        let count = |kind: ListKind| {
+            snapshot.list(kind).spans.iter().filter(|(id, _, _)| *id == u).map(|(_, start, end)| end - start).sum()
+        };
+        let state = self.state(u).lock().expect("lock");
+        let fetched: Vec<&ListState> =
+            state.lists.iter().filter(|l| l.items.is_some() || l.failed_at.is_some()).collect();
+        let handshake = state.control.as_ref().map(|c| c.handshake()).or_else(|| state.handshake.clone());
+        UpstreamStatus {
+            up: !fetched.is_empty() && fetched.iter().all(|l| l.failed_at.is_none()),
+            protocol_version: match state.modern {
+                Some(true) => Some("2026-07-28".to_owned()),
+                _ => handshake.map(|h| h.protocol_version.clone()),
+            },
+            tools: count(ListKind::Tools),
+            prompts: count(ListKind::Prompts),
+            resources: count(ListKind::Resources),
+            resource_templates: count(ListKind::ResourceTemplates),
+            last_error: state.last_error.as_ref().map(|(e, _)| e.clone()),
+            last_error_at_ms: state.last_error.as_ref().map(|(_, at)| *at),
+        }
     }
 
     /// Whether upstream `u` speaks 2026-07-28 (known after its first fetch).

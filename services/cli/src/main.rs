@@ -87,6 +87,14 @@ enum Command {
         #[command(subcommand)]
         command: CredentialCommand,
     },
+    /// The upstream registry: MCP servers added, changed and removed while
+    /// the routers run (every replica applies a change within seconds).
+    Upstreams {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(subcommand)]
+        command: UpstreamCommand,
+    },
     /// The vault's key: make one, or reseal every credential with the current one.
     Vault {
         #[command(flatten)]
@@ -222,6 +230,41 @@ enum CredentialCommand {
 }
 
 #[derive(Subcommand)]
+enum UpstreamCommand {
+    /// Register an upstream (or replace its entry). Its header values are
+    /// sealed with the vault key and never shown again.
+    Set {
+        name: String,
+        /// Its URL (Streamable HTTP, or legacy HTTP+SSE with --transport sse).
+        #[arg(long)]
+        url: Option<String>,
+        /// "http" (default) or "sse".
+        #[arg(long, default_value = "http")]
+        transport: String,
+        /// The namespace of its tools and prompts (default: its name; "" for none).
+        #[arg(long)]
+        prefix: Option<String>,
+        /// The whole entry as JSON, with the keys of an [[upstreams]] entry
+        /// (in place of --url, --transport and --prefix).
+        #[arg(long, conflicts_with_all = ["url", "prefix"])]
+        json: Option<String>,
+        /// A header to send, "Name: value" (repeatable); prefer --stdin.
+        #[arg(long = "header", short = 'H')]
+        headers: Vec<String>,
+        /// Read the headers from standard input, one "Name: value" per line.
+        #[arg(long)]
+        stdin: bool,
+    },
+    /// List the registered upstreams (never a header value).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove an upstream from the registry.
+    Remove { name: String },
+}
+
+#[derive(Subcommand)]
 enum VaultCommand {
     /// Print a new random vault key (for vault.key or vault.key_file).
     NewKey,
@@ -329,6 +372,7 @@ fn main() -> Result<()> {
         Command::Keys { db, command } => admin_runtime()?.block_on(keys(db, command)),
         Command::Audit { db, command } => admin_runtime()?.block_on(audit(db, command)),
         Command::Credentials { db, command } => admin_runtime()?.block_on(credentials(db, command)),
+        Command::Upstreams { db, command } => admin_runtime()?.block_on(upstreams(db, command)),
         Command::Vault { command: VaultCommand::NewKey, .. } => {
             println!("{}", switchboard_vault::Key::generate());
             Ok(())
@@ -588,28 +632,92 @@ async fn keys(db: DbArgs, command: KeyCommand) -> Result<()> {
     Ok(())
 }
 
+/// Headers given as "Name: value" lines, on the command line and (with
+/// `stdin`) on standard input.
+fn header_lines(headers: Vec<String>, stdin: bool) -> Result<Vec<(String, String)>> {
+    let mut lines = headers;
+    if stdin {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).context("reading standard input")?;
+        lines.extend(text.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned));
+    }
+    let mut parsed = Vec::with_capacity(lines.len());
+    for line in &lines {
+        let (name, value) = line.split_once(':').with_context(|| {
+            format!(
+                "a header is \"Name: value\" (got one without ':', beginning {:?})",
+                line.chars().take(12).collect::<String>()
+            )
+        })?;
+        parsed.push((name.trim().to_owned(), value.trim().to_owned()));
+    }
+    Ok(parsed)
+}
+
+async fn upstreams(db: DbArgs, command: UpstreamCommand) -> Result<()> {
+    let (admin, _) = open_admin(&db, true).await?;
+    let admin = if db.config.exists() { admin.with_config_path(db.config.clone()) } else { admin };
+    match command {
+        UpstreamCommand::Set { name, url, transport, prefix, json, headers, stdin } => {
+            let mut spec = match json {
+                Some(text) => serde_json::from_str::<serde_json::Value>(&text).context("--json: not JSON")?,
+                None => {
+                    let Some(url) = url else { anyhow::bail!("give --url (or the whole entry with --json)") };
+                    let mut spec = serde_json::json!({"transport": transport, "url": url});
+                    if let Some(prefix) = prefix {
+                        spec["prefix"] = serde_json::Value::String(prefix);
+                    }
+                    spec
+                }
+            };
+            let headers = header_lines(headers, stdin)?;
+            if !headers.is_empty() {
+                let map: serde_json::Map<String, serde_json::Value> =
+                    headers.into_iter().map(|(k, v)| (k, serde_json::Value::String(v))).collect();
+                spec["headers"] = serde_json::Value::Object(map);
+            }
+            let (registered, replaced) = admin.put_upstream(&name, spec, switchboard_core::time::now_ms()).await?;
+            let what = if replaced { "replaced" } else { "registered" };
+            eprintln!("upstream {name} {what}; every router serves it within database.refresh");
+            if !registered.headers.is_empty() {
+                eprintln!("its headers ({}) are sealed with the vault key", registered.headers.join(", "));
+            }
+        }
+        UpstreamCommand::List { json } => {
+            let list = admin.registered_upstreams().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                println!("{:<24} {:<6} {:<48} {:<25} HEADERS", "NAME", "VIA", "URL", "UPDATED");
+                for r in list {
+                    let text = |key: &str| r.spec.get(key).and_then(|v| v.as_str()).unwrap_or("").to_owned();
+                    let updated = switchboard_core::time::format_time(r.updated_at_ms);
+                    println!(
+                        "{:<24} {:<6} {:<48} {:<25} {}",
+                        r.name,
+                        text("transport"),
+                        text("url"),
+                        updated,
+                        r.headers.join(",")
+                    );
+                }
+            }
+        }
+        UpstreamCommand::Remove { name } => {
+            admin.remove_upstream(&name).await?;
+            eprintln!("upstream {name} removed from the registry");
+        }
+    }
+    Ok(())
+}
+
 async fn credentials(db: DbArgs, command: CredentialCommand) -> Result<()> {
     let (admin, _) = open_admin(&db, true).await?;
     match command {
         CredentialCommand::Set { tenant, user, upstream, headers, stdin } => {
-            let mut lines = headers;
-            if stdin {
-                let mut text = String::new();
-                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).context("reading standard input")?;
-                lines.extend(text.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned));
-            }
-            if lines.is_empty() {
+            let parsed = header_lines(headers, stdin)?;
+            if parsed.is_empty() {
                 anyhow::bail!("no header: give --header \"Name: value\" or --stdin");
-            }
-            let mut parsed = Vec::with_capacity(lines.len());
-            for line in &lines {
-                let (name, value) = line.split_once(':').with_context(|| {
-                    format!(
-                        "a header is \"Name: value\" (got one without ':', beginning {:?})",
-                        line.chars().take(12).collect::<String>()
-                    )
-                })?;
-                parsed.push((name.trim().to_owned(), value.trim().to_owned()));
             }
             let row = admin.set_credential(&tenant, user.as_deref(), &upstream, parsed).await?;
             let whose = user.map_or_else(|| format!("tenant {tenant}"), |u| format!("user {u:?} of tenant {tenant}"));

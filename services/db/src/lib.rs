@@ -22,7 +22,9 @@ use tokio::sync::mpsc;
 pub const CHANGES_CHANNEL: &str = "switchboard_changes";
 
 mod credentials;
+mod upstreams;
 pub use credentials::{CredentialRow, VAULT_CHANNEL};
+pub use upstreams::{UpstreamRow, UPSTREAMS_CHANNEL};
 
 static POSTGRES: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
 static SQLITE: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqlite");

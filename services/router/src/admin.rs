@@ -45,14 +45,16 @@ pub struct Admin {
     /// The running router's edge devices (the HTTP API only).
     edge: Option<Arc<switchboard_devices::Devices>>,
     /// Upstream credentials.
-    vault: Vault,
+    pub(crate) vault: Vault,
     /// The running router's tenant directory (its config file tenants, as
     /// reloaded) and configuration reloads (the HTTP API only).
     directory: Option<Arc<switchboard_tenancy::Directory>>,
-    reloads: Option<Arc<crate::reload::Reloads>>,
-    /// The running router's upstreams (the set changes as the file is
-    /// reloaded); the HTTP API only.
-    running: Option<switchboard_upstream::Upstreams>,
+    pub(crate) reloads: Option<Arc<crate::reload::Reloads>>,
+    /// The running router (the HTTP API only): its upstreams, as the file
+    /// and the registry change them, and how they fare.
+    pub(crate) running: Option<std::sync::Weak<crate::app::App>>,
+    /// The configuration file registered upstreams are checked with.
+    pub(crate) config_path: Option<std::path::PathBuf>,
 }
 
 /// What went wrong with an operation.
@@ -121,28 +123,38 @@ impl Admin {
             directory: None,
             reloads: None,
             running: None,
+            config_path: None,
         }
     }
 
     /// With the running router's directory, upstreams and configuration
     /// reloads: the config file's tenants and upstreams as last reloaded,
     /// and `GET /v1/config`.
-    pub fn with_running(
+    pub(crate) fn with_running(
         mut self,
-        directory: Arc<switchboard_tenancy::Directory>,
-        upstreams: switchboard_upstream::Upstreams,
+        app: &Arc<crate::app::App>,
         reloads: Option<Arc<crate::reload::Reloads>>,
     ) -> Admin {
-        self.directory = Some(directory);
-        self.running = Some(upstreams);
+        self.directory = Some(app.directory.clone());
+        self.running = Some(Arc::downgrade(app));
+        if let Some(reloads) = &reloads {
+            self.config_path = Some(reloads.path().to_owned());
+        }
         self.reloads = reloads;
+        self
+    }
+
+    /// Registered upstreams are checked against this configuration file
+    /// (its `[egress]`, names, prefixes) before they are stored.
+    pub fn with_config_path(mut self, path: std::path::PathBuf) -> Admin {
+        self.config_path = Some(path);
         self
     }
 
     /// The upstreams' names: the running router's, else the config file's.
     fn upstream_names(&self) -> Vec<String> {
-        match &self.running {
-            Some(running) => running.iter().map(|u| u.name.to_string()).collect(),
+        match self.running.as_ref().and_then(std::sync::Weak::upgrade) {
+            Some(app) => app.upstreams.iter().map(|u| u.name.to_string()).collect(),
             None => self.upstreams.clone(),
         }
     }
@@ -296,7 +308,11 @@ impl Admin {
 
     /// Reseals every credential with the current vault key.
     pub async fn rotate_vault(&self) -> Result<Rotation, AdminError> {
-        Ok(self.vault.rotate().await?)
+        let mut done = self.vault.rotate().await?;
+        let (resealed, current) = self.reseal_upstreams().await?;
+        done.resealed += resealed;
+        done.current += current;
+        Ok(done)
     }
 
     /// Creates a key for `tenant`, valid until `expires_at_ms` if given.
@@ -587,6 +603,28 @@ async fn handle(admin: &Admin, token: &str, req: Request<Incoming>) -> Response<
                 .map(|()| (StatusCode::NO_CONTENT, json!(null))),
             Err(e) => Err(e),
         },
+        (&Method::GET, ["v1", "upstreams"]) => admin.registered_upstreams().await.map(|registry| {
+            let running = admin.upstream_status();
+            (StatusCode::OK, json!({ "upstreams": running, "registry": registry }))
+        }),
+        (&Method::GET, ["v1", "upstreams", name]) => admin.registered_upstreams().await.and_then(|registry| {
+            let running = admin.upstream_status().unwrap_or_default().into_iter().find(|u| u["name"] == *name);
+            let registered = registry.into_iter().find(|r| r.name == *name);
+            if running.is_none() && registered.is_none() {
+                return Err(AdminError::Store(DbError::NotFound(format!("upstream {name:?}"))));
+            }
+            Ok((StatusCode::OK, json!({ "name": name, "running": running, "registered": registered })))
+        }),
+        (&Method::PUT, ["v1", "upstreams", name]) => match serde_json::from_slice::<serde_json::Value>(&body) {
+            Ok(spec) => admin
+                .put_upstream(name, spec, switchboard_core::time::now_ms())
+                .await
+                .map(|(r, replaced)| (if replaced { StatusCode::OK } else { StatusCode::CREATED }, json!(r))),
+            Err(e) => Err(AdminError::Invalid(format!("body: {e}"))),
+        },
+        (&Method::DELETE, ["v1", "upstreams", name]) => {
+            admin.remove_upstream(name).await.map(|()| (StatusCode::NO_CONTENT, json!(null)))
+        }
         (&Method::POST, ["v1", "vault", "rotate"]) => admin.rotate_vault().await.map(|r| (StatusCode::OK, json!(r))),
         (&Method::GET, ["v1", "edge", "devices"]) => {
             let tenant = query

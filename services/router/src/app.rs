@@ -531,6 +531,16 @@ impl App {
         self.sessions.announce(&note, ListKind::Tools.changed_notification(), Some(tenant));
     }
 
+    /// Tells every session that a list changed, in a change that `tag`
+    /// names the same at every replica (the configuration's version): the
+    /// client hears it once however many replicas apply it, and hears
+    /// each change.
+    pub(crate) fn announce_change(&self, kind: ListKind, tag: &str) {
+        let _ = self.changes.send(Change::List(kind, None));
+        let note = jsonrpc::request(None, kind.changed_notification(), None);
+        self.sessions.announce(&note, &format!("{}#{tag}", kind.changed_notification()), None);
+    }
+
     /// Tells every session that a list changed.
     fn announce(&self, kind: ListKind) {
         let _ = self.changes.send(Change::List(kind, None));

@@ -37,6 +37,7 @@ mod exchange;
 mod keychain;
 mod metrics;
 mod own_token;
+pub mod registry;
 pub mod reload;
 mod server;
 pub mod subject;

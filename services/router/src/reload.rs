@@ -50,6 +50,9 @@ pub struct Version {
     pub pending_restart: Vec<String>,
     /// Why the last version of the file seen was refused, if it was.
     pub last_refusal: Option<String>,
+    /// The upstream registry's version applied (`None`: no database, or
+    /// not read yet).
+    pub registry_version: Option<i64>,
 }
 
 struct State {
@@ -65,6 +68,8 @@ struct State {
 
 pub struct Reloads {
     path: PathBuf,
+    /// The upstream registry as last read.
+    registry: Mutex<crate::registry::Applied>,
     log_level: Option<LogLevel>,
     state: Mutex<State>,
     reloads: IntCounterVec,
@@ -117,10 +122,12 @@ impl Reloads {
             path: source.path.display().to_string(),
             pending_restart: Vec::new(),
             last_refusal: None,
+            registry_version: None,
         };
         info.with_label_values(&[&version.version]).set(1);
         Ok(Reloads {
             path: source.path,
+            registry: Mutex::default(),
             log_level: source.log_level,
             state: Mutex::new(State {
                 seen: text,
@@ -132,6 +139,40 @@ impl Reloads {
             reloads,
             info,
         })
+    }
+
+    /// The configuration file.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// The names of the registry's upstreams, as last read.
+    pub fn registered_names(&self) -> Vec<String> {
+        self.registry.lock().expect("lock").names()
+    }
+
+    /// Reads the upstream registry if it changed, and applies it with the
+    /// file as last seen. `None`: nothing to do (unchanged, no database,
+    /// or the database cannot be reached: the running set is kept).
+    pub async fn refresh_registry(&self, app: &Arc<App>) -> Option<&'static str> {
+        let db = app.database.as_ref()?;
+        let applied = self.registry.lock().expect("lock").version;
+        match crate::registry::read_if_changed(db, &app.vault, applied).await {
+            Ok(Some((version, entries))) => {
+                {
+                    let mut registry = self.registry.lock().expect("lock");
+                    registry.version = Some(version);
+                    registry.entries = entries;
+                }
+                let text = self.state.lock().expect("lock").seen.clone();
+                Some(self.apply(app, text))
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the upstream registry; the running upstreams are kept");
+                None
+            }
+        }
     }
 
     /// The version running.
@@ -153,7 +194,17 @@ impl Reloads {
             }
             state.seen = text.clone();
         }
-        let (config, sections) = match Config::load_sections(&self.path) {
+        self.apply(app, text)
+    }
+
+    /// Applies the file (whose text is `text`) with the registry as last
+    /// read.
+    fn apply(&self, app: &Arc<App>, text: String) -> &'static str {
+        let (registered, registry_version) = {
+            let registry = self.registry.lock().expect("lock");
+            (registry.entries.clone(), registry.version)
+        };
+        let (config, sections) = match Config::load_with_registry(Some(&self.path), &registered) {
             Ok(loaded) => loaded,
             Err(e) => return self.refuse(Some(&text), e.to_string()),
         };
@@ -174,7 +225,8 @@ impl Reloads {
             entries.push(Entry::Removed(name));
         }
         let exchanged: Vec<&str> = config.exchanged.iter().map(|e| e.upstream.as_str()).collect();
-        match app.change_upstreams(&entries, &exchanged) {
+        let tag = format!("config:{}:{}", version_of(&text), registry_version.unwrap_or(0));
+        match app.change_upstreams(&entries, &exchanged, &tag) {
             Ok(change) => {
                 applied.extend(change.added.iter().map(|n| format!("upstreams.{n} (added)")));
                 applied.extend(change.changed.iter().map(|n| format!("upstreams.{n} (changed)")));
@@ -237,6 +289,7 @@ impl Reloads {
             path: self.path.display().to_string(),
             pending_restart: pending,
             last_refusal: None,
+            registry_version,
         };
         result
     }
@@ -252,23 +305,45 @@ impl Reloads {
         "refused"
     }
 
-    /// Watches for SIGHUP and for changes to the file, until the router stops.
+    /// Watches for SIGHUP, for changes to the file and to the upstream
+    /// registry (notified on PostgreSQL; looked at every [`POLL`] on
+    /// both), until the router stops.
     pub fn start(self: &Arc<Self>, app: Weak<App>, stopped: impl std::future::Future<Output = ()> + Send + 'static) {
         let me = self.clone();
+        let notified = app.upgrade().and_then(|app| {
+            let db = app.database.as_ref()?;
+            Some(db.wakeups(switchboard_db::UPSTREAMS_CHANNEL, app.config.database.refresh))
+        });
         tokio::spawn(async move {
             let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+            let mut notified = notified;
             tokio::pin!(stopped);
             loop {
-                let force = tokio::select! {
+                enum Wake {
+                    Poll,
+                    Hangup,
+                    Registry,
+                }
+                let wake = tokio::select! {
                     () = &mut stopped => return,
-                    () = tokio::time::sleep(POLL) => false,
-                    Some(()) = async { match hangup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
+                    () = tokio::time::sleep(POLL) => Wake::Poll,
+                    Some(()) = async { match hangup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => Wake::Hangup,
+                    true = async { match notified.as_mut() { Some(n) => n.next().await, None => std::future::pending().await } } => Wake::Registry,
                 };
                 let Some(app) = app.upgrade() else { return };
-                if force {
-                    tracing::info!("SIGHUP: reading the configuration file again");
+                match wake {
+                    Wake::Hangup => {
+                        tracing::info!("SIGHUP: reading the configuration file again");
+                        me.reload(&app, true);
+                    }
+                    Wake::Poll => {
+                        me.reload(&app, false);
+                        me.refresh_registry(&app).await;
+                    }
+                    Wake::Registry => {
+                        me.refresh_registry(&app).await;
+                    }
                 }
-                me.reload(&app, force);
             }
         });
     }

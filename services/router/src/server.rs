@@ -103,6 +103,8 @@ pub async fn serve_with(
         Some(source) => match crate::reload::Reloads::new(source, app.metrics.registry()) {
             Ok(reloads) => {
                 let reloads = Arc::new(reloads);
+                // The registry's upstreams join the file's before clients come.
+                reloads.refresh_registry(&app).await;
                 reloads.start(Arc::downgrade(&app), stopped());
                 Some(reloads)
             }
@@ -114,11 +116,7 @@ pub async fn serve_with(
         None => None,
     };
     if let Some((admin_listener, admin, token)) = extra.admin {
-        let admin = admin.with_edge(app.edge.clone()).with_vault(app.vault.clone()).with_running(
-            app.directory.clone(),
-            app.upstreams.clone(),
-            reloads.clone(),
-        );
+        let admin = admin.with_edge(app.edge.clone()).with_vault(app.vault.clone()).with_running(&app, reloads.clone());
         let server = &app.config.server;
         let conns = Connections::new(
             connections::Limits {

@@ -54,8 +54,15 @@ pub enum Entry<'a> {
 impl App {
     /// Applies `entries` (each upstream whose entry in the file changed)
     /// to the set of upstreams. `exchanged` names the new file's upstreams
-    /// that take exchanged tokens (acting for each user, like `per_user`).
-    pub fn change_upstreams(self: &Arc<Self>, entries: &[Entry<'_>], exchanged: &[&str]) -> Result<Applied, String> {
+    /// that take exchanged tokens (acting for each user, like `per_user`);
+    /// `tag` names the change the same at every replica (clients hear of
+    /// it once).
+    pub fn change_upstreams(
+        self: &Arc<Self>,
+        entries: &[Entry<'_>],
+        exchanged: &[&str],
+        tag: &str,
+    ) -> Result<Applied, String> {
         let mut applied = Applied::default();
         let running: HashMap<Arc<str>, Arc<Upstream>> =
             self.upstreams.iter().map(|u| (u.name.clone(), u.clone())).collect();
@@ -131,6 +138,15 @@ impl App {
             (0..self.upstreams.slots()).map(|i| self.upstreams[UpstreamId::new(i)].name.clone()).collect();
         self.directory.set_upstreams(names);
         self.catalog.upstreams_changed();
+        for kind in switchboard_protocol::methods::ListKind::ALL {
+            self.announce_change(kind, tag);
+        }
+        // The added ones' lists fetched now, as at start: their health shows,
+        // and the first client to list does not wait for them.
+        let app = self.clone();
+        tokio::spawn(async move {
+            app.catalog.ensure(&switchboard_protocol::methods::ListKind::ALL).await;
+        });
         tracing::info!(added = ?applied.added, removed = ?applied.removed, changed = ?applied.changed,
             "upstreams changed; sessions told their lists changed");
         let grace = self.config.server.shutdown_grace;

@@ -608,10 +608,11 @@ impl Sessions {
     /// Tells every session (or `tenant`'s) that a list changed: `note` is
     /// the notification, `what` names the change (announced once however
     /// many replicas announce it).
-    pub fn announce(&self, note: &Bytes, what: &'static str, tenant: Option<&str>) {
+    pub fn announce(&self, note: &Bytes, what: &str, tenant: Option<&str>) {
+        let what: Arc<str> = Arc::from(what);
         for session in self.registry.all() {
             if tenant.is_none_or(|t| *session.tenant == *t) {
-                session.announce(note.clone(), what);
+                session.announce(note.clone(), what.clone());
             }
         }
     }

@@ -71,6 +71,11 @@ impl Router {
         text.push_str(&config_toml.replace("{router}", &format!("http://{addr}")));
         let config = switchboard_router::Config::from_toml(&text).unwrap_or_else(|e| panic!("test config: {e}"));
         let mut extra = switchboard_router::Listeners::default();
+        // Written to a file as a served router's is: it is reloaded when it
+        // changes, and the upstream registry applied with it.
+        let file = std::env::temp_dir().join(services::unique("sb-router-")).with_extension("toml");
+        std::fs::write(&file, &text).expect("write the test's configuration file");
+        extra.reload = Some(switchboard_router::reload::Source { path: file, log_level: None });
         let mut edge_addr = None;
         if let Some(wanted) = config.edge.listen {
             // Port 0 in the test's config: any free port; else that one (a

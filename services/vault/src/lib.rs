@@ -476,6 +476,27 @@ impl Vault {
         Some(format!("{}.{safe}", key.id()))
     }
 
+    /// Seals a registered upstream's headers under the current vault key,
+    /// bound to its name: `(key id, sealed)`.
+    pub fn seal_upstream_headers(
+        &self,
+        upstream: &str,
+        headers: &[(String, String)],
+    ) -> Result<(String, String), VaultError> {
+        let keyring = self.inner.keyring.as_ref().ok_or(VaultError::NoKey)?;
+        let plain = serde_json::to_vec(headers).expect("serializable");
+        let key = keyring.current();
+        Ok((key.id().to_owned(), key.seal(upstream_aad(upstream).as_bytes(), &plain)))
+    }
+
+    /// Opens what [`Vault::seal_upstream_headers`] sealed (with any
+    /// configured key): `None` if no key opens it (unknown key, or altered).
+    pub fn open_upstream_headers(&self, upstream: &str, key_id: &str, sealed: &str) -> Option<Vec<(String, String)>> {
+        let key = self.inner.keyring.as_ref()?.get(key_id)?;
+        let plain = key.open(upstream_aad(upstream).as_bytes(), sealed)?;
+        serde_json::from_slice(&plain).ok()
+    }
+
     /// Opens what [`Vault::seal_state`] sealed (with any configured key).
     pub fn open_state(&self, sealed: &str) -> Option<Vec<u8>> {
         let (id, safe) = sealed.split_once('.')?;
@@ -661,6 +682,11 @@ fn entry_key(tenant: &str, user: &str, upstream: &str) -> Box<str> {
 }
 
 /// What a sealed value is bound to: its record's identity.
+/// What a registered upstream's sealed headers are bound to.
+fn upstream_aad(upstream: &str) -> String {
+    format!("upstream-headers\u{0}{upstream}")
+}
+
 fn aad(row: &CredentialRow) -> String {
     format!("switchboard-credential\0{}\0{}\0{}\0{}", row.tenant, row.user_id, row.upstream, row.kind)
 }

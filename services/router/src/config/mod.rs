@@ -343,13 +343,42 @@ impl Config {
     /// environment together), to tell which sections a new version of the
     /// file changes.
     pub fn load_sections(path: &Path) -> Result<(Config, serde_json::Map<String, serde_json::Value>), ConfigError> {
-        let built = config::Config::builder()
-            .add_source(config::File::from(path).format(config::FileFormat::Toml))
-            .add_source(environment())
-            .build()
-            .map_err(|e| ConfigError::one(path.display().to_string(), e.to_string()))?;
-        let sections: serde_json::Map<String, serde_json::Value> =
+        Self::load_with_registry(Some(path), &[])
+    }
+
+    /// [`Config::load_sections`] of `path` (`None`: the environment only),
+    /// with the upstream registry's entries (`[[upstreams]]` entries as
+    /// JSON) in place of the file's of the same name, and after the others.
+    pub fn load_with_registry(
+        path: Option<&Path>,
+        registered: &[serde_json::Value],
+    ) -> Result<(Config, serde_json::Map<String, serde_json::Value>), ConfigError> {
+        let from = path.map_or_else(|| "environment".to_owned(), |p| p.display().to_string());
+        let builder = || {
+            let mut builder = config::Config::builder();
+            if let Some(path) = path {
+                builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
+            }
+            builder.add_source(environment())
+        };
+        let mut built = builder().build().map_err(|e| ConfigError::one(from.clone(), e.to_string()))?;
+        let mut sections: serde_json::Map<String, serde_json::Value> =
             built.clone().try_deserialize().map_err(|e| ConfigError::one("config", e.to_string()))?;
+        if !registered.is_empty() {
+            let mut entries = sections.get("upstreams").and_then(|u| u.as_array()).cloned().unwrap_or_default();
+            for entry in registered {
+                match entries.iter_mut().find(|e| e.get("name").is_some() && e.get("name") == entry.get("name")) {
+                    Some(file_entry) => *file_entry = entry.clone(),
+                    None => entries.push(entry.clone()),
+                }
+            }
+            let overlay = serde_json::json!({ "upstreams": entries }).to_string();
+            built = builder()
+                .add_source(config::File::from_str(&overlay, config::FileFormat::Json))
+                .build()
+                .map_err(|e| ConfigError::one("the upstream registry", e.to_string()))?;
+            sections = built.clone().try_deserialize().map_err(|e| ConfigError::one("config", e.to_string()))?;
+        }
         let raw: RawConfig = built.try_deserialize().map_err(|e| ConfigError::one("config", e.to_string()))?;
         Ok((raw.validate()?, sections))
     }
@@ -423,6 +452,36 @@ mod tests {
 
     fn problems(toml: &str) -> Vec<(String, String)> {
         Config::from_toml(toml).expect_err("invalid").problems
+    }
+
+    #[test]
+    fn registered_upstreams_replace_the_files_of_their_name_and_follow_the_others() {
+        let dir = std::env::temp_dir().join(format!("sb-registry-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("router.toml");
+        std::fs::write(
+            &path,
+            "[[upstreams]]\nname = \"a\"\ntransport = \"http\"\nurl = \"http://127.0.0.1:1/mcp\"\n\
+             [[upstreams]]\nname = \"b\"\ntransport = \"http\"\nurl = \"http://127.0.0.1:2/mcp\"\nprefix = \"bee\"\n",
+        )
+        .unwrap();
+        let registered = [
+            serde_json::json!({"name": "c", "transport": "http", "url": "http://127.0.0.1:3/mcp", "timeout": "5s"}),
+            serde_json::json!({"name": "b", "transport": "http", "url": "http://127.0.0.1:4/mcp"}),
+        ];
+        let (config, sections) = Config::load_with_registry(Some(&path), &registered).unwrap();
+        let names: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        // b is the registry's whole: its URL, and none of the file's prefix.
+        assert_eq!(config.upstreams[1].prefix, "b");
+        assert!(matches!(&config.upstreams[1].transport, TransportConfig::Http(h) if h.url.port_u16() == Some(4)));
+        assert_eq!(config.upstreams[2].timeout, std::time::Duration::from_secs(5));
+        assert_eq!(sections["upstreams"].as_array().unwrap().len(), 3);
+        // A bad entry fails the whole, naming it.
+        let bad = [serde_json::json!({"name": "d", "transport": "carrier-pigeon"})];
+        let err = Config::load_with_registry(Some(&path), &bad).unwrap_err().to_string();
+        assert!(err.contains("upstreams[2]"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -114,7 +114,7 @@ async fn key_lifecycle_through_the_admin_api_on_two_replicas() {
 }
 
 /// A tiny JSON-over-HTTP client for the admin API.
-mod reqwest_like {
+pub(crate) mod reqwest_like {
     use bytes::Bytes;
     use http::{Request, StatusCode};
     use http_body_util::{BodyExt, Full};

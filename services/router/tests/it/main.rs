@@ -23,6 +23,8 @@
 //! - `eras`: the official SDKs in every era through the router, directly
 //!   and over `switchboard connect`, to upstreams of either era.
 //! - `shutdown`: the drain, and stdio children stopped and restarted.
+//! - `reload`, `registry`: upstreams and tenants changed while running, from
+//!   the config file and through the admin API.
 
 mod audit;
 mod bad_input;
@@ -38,6 +40,7 @@ mod keys;
 mod oauth;
 mod peers;
 mod prometheus;
+mod registry;
 mod reload;
 mod routing;
 mod scale_out;

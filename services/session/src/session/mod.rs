@@ -433,7 +433,7 @@ impl Session {
 
     /// Sends an announcement (`what`: a list change) on the GET stream; with
     /// shared streams, once however many replicas announce it.
-    pub fn announce(&self, message: Bytes, what: &'static str) {
+    pub fn announce(&self, message: Bytes, what: Arc<str>) {
         match &self.shared {
             Some(shared) => shared.announce(&self.id, message, what),
             None => {

@@ -139,7 +139,7 @@ enum Op {
         encoded: bool,
         data: Bytes,
         /// Skipped if the same key was appended within the dedupe window.
-        dedupe: Option<&'static str>,
+        dedupe: Option<Arc<str>>,
         /// The upstream's resume point after this event.
         resume: Option<Box<str>>,
         /// Called if Redis refuses the event (stream 0 full of unread
@@ -278,7 +278,7 @@ impl SharedStreams {
 
     /// Queues an announcement (a list change) for a session's stream 0: the
     /// same announcement from several replicas within a moment is sent once.
-    pub fn announce(&self, session: &Arc<str>, message: Bytes, what: &'static str) {
+    pub fn announce(&self, session: &Arc<str>, message: Bytes, what: Arc<str>) {
         let _ = self.append_to_stream_zero(session, message, Some(what), None);
     }
 
@@ -286,7 +286,7 @@ impl SharedStreams {
         &self,
         session: &Arc<str>,
         message: Bytes,
-        dedupe: Option<&'static str>,
+        dedupe: Option<Arc<str>>,
         refused: Option<OnRefused>,
     ) -> bool {
         let append = Op::Append {
@@ -600,7 +600,7 @@ impl SharedStreams {
             Op::Append { session, stream, seq, encoded, data, dedupe, resume, .. } => {
                 let mut invocation = self.append.prepare_invoke();
                 invocation.key(self.log_key(session, *stream)).key(self.meta_key(session, *stream));
-                invocation.key(format!("{}evd:{session}:{}", self.link.prefix, dedupe.unwrap_or("")));
+                invocation.key(format!("{}evd:{session}:{}", self.link.prefix, dedupe.as_deref().unwrap_or("")));
                 invocation.arg(seq.map(|s| s.to_string()).unwrap_or_default());
                 invocation.arg(if *encoded { "e" } else { "m" }).arg(&data[..]);
                 invocation.arg(MAX_EVENTS).arg(self.ttl_ms);
