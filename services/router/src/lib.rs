@@ -38,6 +38,7 @@ mod keychain;
 mod metrics;
 mod own_token;
 pub mod registry;
+pub mod registry_admin;
 pub mod reload;
 mod server;
 pub mod subject;
