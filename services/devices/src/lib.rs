@@ -528,8 +528,16 @@ impl Devices {
 
     /// Calls service `index` of `device` with `arguments` (already parsed),
     /// after checking them against its schema. Returns the MCP tool result
-    /// (the `result` object, as JSON text).
-    pub async fn call(&self, device: &Device, index: usize, arguments: &Value) -> Result<Vec<u8>, CallError> {
+    /// (the `result` object, as JSON text). With `traceparent` (the call is
+    /// traced), the call message carries it in `data.traceparent`, for a
+    /// device that continues the trace (others ignore it).
+    pub async fn call(
+        &self,
+        device: &Device,
+        index: usize,
+        arguments: &Value,
+        traceparent: Option<&str>,
+    ) -> Result<Vec<u8>, CallError> {
         let service = &device.services[index];
         switchboard_protocol::schema::check(&service.schema, arguments, "arguments")
             .map_err(|invalid| CallError::InvalidArguments { tool: service.tool.clone(), invalid })?;
@@ -552,10 +560,13 @@ impl Devices {
         if link.is_closed() {
             return Err(unavailable(Unavailable::Closed));
         }
-        let message = json!({
+        let mut message = json!({
             "type": "call",
             "data": {"call_id": call_id, "method": service.name, "params": arguments},
         });
+        if let Some(traceparent) = traceparent {
+            message["data"]["traceparent"] = Value::String(traceparent.to_owned());
+        }
         let mut frame = BytesMut::new();
         frames::encode_json(link.next_seq(), &serde_json::to_vec(&message).expect("serializable"), &mut frame);
         if frame.len() > self.config.max_frame_bytes {

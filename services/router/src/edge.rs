@@ -75,7 +75,7 @@ impl TaskRunner for Tasks {
         let (upstream, result) = match app.edge.lookup(&principal.tenant.name, &handler) {
             // The handler may itself be a device's tool.
             Some((handler_device, index)) => {
-                let call = app.edge.call(&handler_device, index, &arguments);
+                let call = app.edge.call(&handler_device, index, &arguments, None);
                 let result = match tokio::time::timeout(timeout, call).await {
                     Ok(result) => result.map(|bytes| serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null)),
                     Err(_) => Err(switchboard_devices::CallError::Timeout {

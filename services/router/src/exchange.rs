@@ -207,6 +207,18 @@ impl Exchange {
         Some(traced.trace.traceparent(&span))
     }
 
+    /// The `traceparent` naming the span [`upstream_traceparent`]
+    /// (Self::upstream_traceparent) made for the request's way on (or the
+    /// caller's, passed on when not sampled); `None` when not traced.
+    pub fn client_traceparent(&mut self) -> Option<String> {
+        let traced = self.trace.as_mut()?;
+        if !traced.trace.sampled {
+            return Some(traced.trace.traceparent(&traced.trace.span));
+        }
+        let span = *traced.client_span.get_or_insert_with(switchboard_telemetry::context::new_span_id);
+        Some(traced.trace.traceparent(&span))
+    }
+
     /// The tool or prompt name (or resource URI) the request names.
     pub fn set_target(&mut self, named: Named) {
         self.target = Some(named);
@@ -634,7 +646,7 @@ impl Exchange {
             if let Some(id) = &traced.request_id {
                 client.push(KeyValue::new("jsonrpc.request.id", id.to_string()));
             }
-            client.extend(common);
+            client.extend(common.iter().cloned());
             let start = traced.start + sent_at.saturating_duration_since(self.started);
             let name = match (name_key, original) {
                 (Some(key), Some(target)) if key != "mcp.resource.uri" => format!("{method} {target}"),
@@ -650,6 +662,35 @@ impl Exchange {
                 end: start + took,
                 attributes: client,
                 error: upstream_failed(outcome).then(|| traced.error.clone().unwrap_or_default()),
+            });
+        }
+        // A device's call: the router's CLIENT span towards the device.
+        if let (Served::Local(device), Some(span), Some((sent_at, took))) =
+            (&self.served, traced.client_span, upstream_took)
+        {
+            let mut client = vec![
+                KeyValue::new("mcp.method.name", method),
+                KeyValue::new("switchboard.device", device.to_string()),
+                KeyValue::new("network.transport", "tcp"),
+            ];
+            if let (Some(key), Some(exposed)) = (name_key, exposed) {
+                client.push(KeyValue::new(key, exposed.to_owned()));
+            }
+            if let Some(id) = &traced.request_id {
+                client.push(KeyValue::new("jsonrpc.request.id", id.to_string()));
+            }
+            client.extend(common);
+            let start = traced.start + sent_at.saturating_duration_since(self.started);
+            telemetry.emit(Finished {
+                name: span_name.clone().into(),
+                server: false,
+                trace: &traced.trace,
+                span,
+                parent: Some(traced.trace.span),
+                start,
+                end: start + took,
+                attributes: client,
+                error: (outcome != Outcome::Ok).then(|| traced.error.clone().unwrap_or_default()),
             });
         }
         telemetry.emit(Finished {

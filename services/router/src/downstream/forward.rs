@@ -49,7 +49,10 @@ pub async fn forward(
     let traceparent = x.upstream_traceparent();
     let resolved = match resolve(x.app(), &who, method, env, body, traceparent.as_deref()).await {
         Ok(Resolution::Upstream(resolved)) => resolved,
-        Ok(Resolution::Local(tool)) => return respond::json(call_local(x, tool, id).await),
+        Ok(Resolution::Local(tool, named)) => {
+            x.set_target(named);
+            return respond::json(call_local(x, tool, id).await);
+        }
         Err(e) => {
             let outcome = match e {
                 _ if e.side() == crate::error::Side::Upstream => Outcome::UpstreamFailed,

@@ -41,8 +41,8 @@ pub(crate) struct Resolved {
 pub(crate) enum Resolution {
     /// A configured upstream's tool, prompt or resource: the request rewritten for it.
     Upstream(Resolved),
-    /// A tool its source calls itself.
-    Local(Box<dyn LocalTool>),
+    /// A tool its source calls itself, and its name in the request.
+    Local(Box<dyn LocalTool>, Named),
 }
 
 /// Finds who serves the request and builds the rewritten body. Only what
@@ -68,7 +68,11 @@ pub(crate) async fn resolve(
                 return Ok(Resolution::Upstream(rewrite(upstream, body, env, &target, raw, original, traceparent)));
             }
             match crate::tools::resolve(&app.tools, tenant, &name, params).await? {
-                Tool::Local(tool) => return Ok(Resolution::Local(tool)),
+                Tool::Local(tool) => {
+                    let exposed = span(body, raw.get());
+                    let named = Named { body: body.clone(), exposed, original: Arc::from(raw.get().as_bytes()) };
+                    return Ok(Resolution::Local(tool, named));
+                }
                 Tool::Upstream { upstream, original } => {
                     return Ok(Resolution::Upstream(rewrite(upstream, body, env, &target, raw, original, traceparent)))
                 }
@@ -189,7 +193,10 @@ fn resolve_uri(app: &App, tenant: &Tenant, raw: &RawValue) -> Result<(UpstreamId
 /// included.
 pub(crate) async fn call_local(mut x: Exchange, tool: Box<dyn LocalTool>, id: &RawValue) -> Bytes {
     x.served_locally(tool.served_by());
-    match tool.call().await {
+    // The device's call is the router's CLIENT span, as an upstream's is.
+    let traceparent = x.client_traceparent();
+    x.upstream_sent();
+    match tool.call(traceparent).await {
         Ok(result) => {
             let body = jsonrpc::result_response(id, &result);
             x.add_sent(body.len());

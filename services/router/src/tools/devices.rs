@@ -61,7 +61,7 @@ impl LocalTool for DeviceCall {
         Arc::from(format!("edge:{}", self.device.name))
     }
 
-    async fn call(self: Box<Self>) -> Result<Vec<u8>, Error> {
-        Ok(self.devices.call(&self.device, self.index, &self.arguments).await?)
+    async fn call(self: Box<Self>, traceparent: Option<String>) -> Result<Vec<u8>, Error> {
+        Ok(self.devices.call(&self.device, self.index, &self.arguments, traceparent.as_deref()).await?)
     }
 }

@@ -43,8 +43,9 @@ pub trait LocalTool: Send {
     /// Who serves it, as audit records name it (`edge:<device>`).
     fn served_by(&self) -> Arc<str>;
 
-    /// Calls it: the tool result (the `result` object, as JSON), or why not.
-    async fn call(self: Box<Self>) -> Result<Vec<u8>, Error>;
+    /// Calls it: the tool result (the `result` object, as JSON), or why
+    /// not. `traceparent`: the router's span for the call, when traced.
+    async fn call(self: Box<Self>, traceparent: Option<String>) -> Result<Vec<u8>, Error>;
 }
 
 /// A source of tools.

@@ -578,3 +578,64 @@ async fn the_reference_device_over_tls_and_its_text_task() {
     assert!(!devices.is_empty() && devices.iter().all(|d| d["tls"] == true), "{devices:?}");
     router.stop().await;
 }
+
+/// A traced call of a device's tool: the device is told the router's span
+/// for the call in `data.traceparent`, and that span reaches the trace
+/// collector as a CLIENT span, the child of the call's SERVER span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traced_device_call_carries_the_routers_span_to_the_device() {
+    let (_receiver, receiver) = switchboard_test_support::peers::otlp_receiver().await;
+    let dir = temp_dir("sb-edge-trace-");
+    let telemetry = format!("[telemetry]\notlp_endpoint = \"{receiver}\"\nsample_ratio = 0.0\n");
+    let (router, key, _) = start(&dir, "", &telemetry).await;
+    let mut device = RawDevice::connect(router.edge_addr.unwrap()).await;
+    assert_eq!(device.register(&key, "slow", slow_service()).await["type"], "registered");
+    let mut client = Client::with_key(&router.url, &key);
+    client.initialize().await;
+
+    let trace = format!("{:032x}", u128::from_le_bytes(*b"switchboard-edge"));
+    let caller = format!("00-{trace}-00f067aa0ba902b7-01");
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "slow__wait", "arguments": {"n": 2}}});
+    let calling = {
+        let client = client.clone();
+        let caller = caller.clone();
+        tokio::spawn(async move {
+            client.post_raw(serde_json::to_vec(&call).unwrap().into(), &[("traceparent", &caller)]).await.json()
+        })
+    };
+    let message = device.message().await.unwrap();
+    let told =
+        message["data"]["traceparent"].as_str().unwrap_or_else(|| panic!("no traceparent: {message}")).to_owned();
+    assert!(told.starts_with(&format!("00-{trace}-")) && told.ends_with("-01"), "{told}");
+    let span = told[36..52].to_owned();
+    assert_ne!(span, "00f067aa0ba902b7", "the device is told the router's span, not the caller's");
+    device
+        .send(json!({"type": "result", "data": {"call_id": message["data"]["call_id"], "result": {"success": true, "data": "ok"}}}))
+        .await;
+    let answer = calling.await.unwrap();
+    assert!(answer["result"].is_object(), "{answer}");
+
+    let arrived = eventually(Duration::from_secs(15), || async {
+        super::telemetry::spans_of(&receiver, &trace).await.len() >= 2
+    })
+    .await;
+    let spans = super::telemetry::spans_of(&receiver, &trace).await;
+    assert!(arrived, "{spans:#?}");
+    let server = spans.iter().find(|s| s["kind"] == 2).unwrap_or_else(|| panic!("{spans:#?}"));
+    let to_device = spans.iter().find(|s| s["kind"] == 3).unwrap_or_else(|| panic!("{spans:#?}"));
+    assert_eq!(to_device["span_id"], span.as_str());
+    assert_eq!(to_device["parent_span_id"], server["span_id"]);
+    assert_eq!(to_device["name"], "tools/call slow__wait");
+    assert_eq!(to_device["attributes"]["switchboard.device"], "edge:slow");
+    // An untraced call carries none.
+    let plain = {
+        let client = client.clone();
+        tokio::spawn(async move { client.call_tool("slow__wait", json!({"n": 3})).await })
+    };
+    let message = device.message().await.unwrap();
+    assert!(message["data"].get("traceparent").is_none(), "{message}");
+    device
+        .send(json!({"type": "result", "data": {"call_id": message["data"]["call_id"], "result": {"success": true, "data": "ok"}}}))
+        .await;
+    assert!(plain.await.unwrap()["result"].is_object());
+}

@@ -19,7 +19,7 @@ async fn get_json(url: &str) -> Value {
 }
 
 /// The spans the receiver has of `trace`.
-async fn spans_of(receiver: &str, trace: &str) -> Vec<Value> {
+pub(crate) async fn spans_of(receiver: &str, trace: &str) -> Vec<Value> {
     let all = get_json(&format!("{receiver}/spans")).await;
     all.as_array().unwrap().iter().filter(|s| s["trace_id"] == trace).cloned().collect()
 }

@@ -396,7 +396,10 @@ async fn call(
             }
             resolved
         }
-        Ok(Resolution::Local(tool)) => return respond::json(stamp_complete(resolve::call_local(x, tool, id).await)),
+        Ok(Resolution::Local(tool, named)) => {
+            x.set_target(named);
+            return respond::json(stamp_complete(resolve::call_local(x, tool, id).await));
+        }
         Err(e) => {
             let outcome =
                 if e.side() == crate::error::Side::Upstream { Outcome::UpstreamFailed } else { Outcome::Rejected };
