@@ -350,6 +350,37 @@ pub fn client_id(id: &str) -> Cow<'_, str> {
     }
 }
 
+/// Where and what to write so that `params._meta.traceparent` is
+/// `traceparent`: its value replaced, or the member added to `_meta`, or
+/// `_meta` added to `params` (`None` without `params`).
+pub fn traceparent_edit(
+    body: &[u8],
+    env: &Envelope<'_>,
+    target: &Target<'_>,
+    traceparent: &str,
+) -> Option<(Range<usize>, Vec<u8>)> {
+    let quoted = json_string(traceparent);
+    if let Some(raw) = target.traceparent {
+        return Some((span(body, raw.get()), quoted));
+    }
+    let (object, member): (&RawValue, Vec<u8>) = match target.meta {
+        Some(meta) => (meta, [&b"\"traceparent\":"[..], &quoted[..]].concat()),
+        None => (env.params?, [&b"\"_meta\":{\"traceparent\":"[..], &quoted[..], &b"}"[..]].concat()),
+    };
+    let at = span(body, object.get());
+    let inner = &body[at.start + 1..at.end - 1];
+    let empty = inner.iter().all(u8::is_ascii_whitespace);
+    let text = if empty { member } else { [&member[..], b","].concat() };
+    Some((at.start + 1..at.start + 1, text))
+}
+
+/// `message` with `params._meta.traceparent` set to `traceparent` (see
+/// [`traceparent_edit`]); `None` if it has no `params` object.
+pub fn with_traceparent(message: &Bytes, env: &Envelope<'_>, target: &Target<'_>, traceparent: &str) -> Option<Bytes> {
+    let (range, text) = traceparent_edit(message, env, target, traceparent)?;
+    Some(crate::rewrite::splice(message, &mut [crate::rewrite::Edit::new(range, &text)]))
+}
+
 /// The byte range that `part` occupies inside `whole`.
 ///
 /// `part` must be a sub-slice of `whole` (as every [`RawValue`] returned by

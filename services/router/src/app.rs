@@ -105,6 +105,8 @@ pub struct App {
     refusals_queued: Arc<std::sync::atomic::AtomicUsize>,
     /// Legacy HTTP+SSE connections waiting for their `initialize`.
     legacy: Mutex<HashMap<Arc<str>, LegacyConnection>>,
+    /// Spans of server-to-client requests relayed, until their answers.
+    pub(crate) relayed_spans: crate::relayed_spans::RelayedSpans,
 }
 
 /// Upstream `u`'s address, as telemetry names it (none for stdio).
@@ -336,6 +338,7 @@ impl App {
                 refusals: Arc::new(tokio::sync::Semaphore::new(REFUSALS_IN_FLIGHT)),
                 refusals_queued: Arc::default(),
                 legacy: Mutex::new(HashMap::new()),
+                relayed_spans: Default::default(),
             }
         });
         if let Some(shared) = app.sessions.shared_streams() {
@@ -550,6 +553,19 @@ impl App {
 
     /// [`Relay::relay`] for a message already parsed.
     pub fn relay_parsed(&self, session: &Session, u: UpstreamId, env: &Envelope<'_>, message: &Bytes) -> Option<Bytes> {
+        self.relay_within(session, u, env, message, None)
+    }
+
+    /// [`relay_parsed`](Self::relay_parsed) for a message that comes within
+    /// a call whose trace and span towards the upstream are `within`.
+    pub(crate) fn relay_within(
+        &self,
+        session: &Session,
+        u: UpstreamId,
+        env: &Envelope<'_>,
+        message: &Bytes,
+        within: Option<(&switchboard_telemetry::Trace, switchboard_telemetry::SpanId)>,
+    ) -> Option<Bytes> {
         match env.kind {
             MessageKind::Request => {
                 // A client is asked only what it said it can answer.
@@ -558,7 +574,14 @@ impl App {
                     self.not_delivered(session, u, message, "undeclared_capability");
                     return None;
                 }
-                Some(session.ask(u, env, message))
+                let relayed = session.ask(u, env, message);
+                if !self.telemetry.tracing() {
+                    return Some(relayed);
+                }
+                let their_id = env.id.map(|id| id.get()).unwrap_or("");
+                let ours = session.asked_cancelled(u, their_id);
+                let name = &self.upstreams[u].name;
+                Some(self.relayed_spans.begin(&self.telemetry, &session.id, name, &ours, relayed, within))
             }
             MessageKind::Notification => {
                 let method = Method::from_name(env.method_str());

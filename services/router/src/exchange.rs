@@ -219,6 +219,14 @@ impl Exchange {
         Some(traced.trace.traceparent(&span))
     }
 
+    /// The request's trace and the router's span towards the upstream,
+    /// when traced and sampled: what requests the upstream sends within
+    /// the call hang from.
+    pub fn call_context(&self) -> Option<(&Trace, SpanId)> {
+        let traced = self.trace.as_ref().filter(|t| t.trace.sampled)?;
+        Some((&traced.trace, traced.client_span?))
+    }
+
     /// The tool or prompt name (or resource URI) the request names.
     pub fn set_target(&mut self, named: Named) {
         self.target = Some(named);

@@ -39,6 +39,7 @@ mod metrics;
 mod own_token;
 pub mod registry;
 pub mod registry_admin;
+mod relayed_spans;
 pub mod reload;
 mod server;
 pub mod subject;

@@ -41,6 +41,8 @@ pub struct Settings {
 pub struct Exporting {
     pub tracer: Tracer,
     provider: SdkTracerProvider,
+    /// `switchboard_trace_spans_total`, by outcome.
+    pub spans: IntCounterVec,
 }
 
 impl Drop for Exporting {
@@ -86,9 +88,9 @@ pub fn start(settings: &Settings, registry: &Registry) -> Result<Exporting, Stri
     )
     .expect("valid metric");
     let _ = registry.register(Box::new(spans.clone()));
-    let processor = Bounded::start(exporter, resource.clone(), settings, spans);
+    let processor = Bounded::start(exporter, resource.clone(), settings, spans.clone());
     let provider = SdkTracerProvider::builder().with_resource(resource).with_span_processor(processor).build();
-    Ok(Exporting { tracer: provider.tracer("switchboard"), provider })
+    Ok(Exporting { tracer: provider.tracer("switchboard"), provider, spans })
 }
 
 /// The span processor: a bounded queue and one exporting task.

@@ -113,6 +113,13 @@ impl Telemetry {
         }
     }
 
+    /// Counts spans dropped before they finished (a bound was hit).
+    pub fn dropped(&self, n: u64) {
+        if let Some(exporting) = &self.exporting {
+            exporting.spans.with_label_values(&["dropped"]).inc_by(n);
+        }
+    }
+
     /// Sends a finished span (sampled traces only).
     pub fn emit(&self, span: Finished<'_>) {
         let Some(exporting) = &self.exporting else { return };

@@ -188,6 +188,7 @@ pub(crate) fn step(
     method: Method,
     (id, client_id): (&RawValue, &RawValue),
     message: Bytes,
+    within: Option<(&switchboard_telemetry::Trace, switchboard_telemetry::SpanId)>,
 ) -> Step {
     let env = match Envelope::parse(&message) {
         Ok(env) => env,
@@ -200,7 +201,7 @@ pub(crate) fn step(
         return Step::Done(message, outcome);
     }
     let is_request = env.kind == MessageKind::Request;
-    match app.relay_parsed(session, upstream, &env, &message) {
+    match app.relay_within(session, upstream, &env, &message, within) {
         Some(out) => Step::Relay(out, message, is_request),
         None => Step::Skip,
     }
@@ -208,7 +209,8 @@ pub(crate) fn step(
 
 impl Call {
     fn step(&self, message: Bytes) -> Step {
-        step(self.x.app(), &self.session, self.upstream, self.method, (&self.id, &self.client_id), message)
+        let within = self.x.call_context();
+        step(self.x.app(), &self.session, self.upstream, self.method, (&self.id, &self.client_id), message, within)
     }
 
     /// Records where the call's stream comes from with its shared copy.

@@ -315,6 +315,8 @@ pub(crate) async fn answer(
         return Err(unknown(""));
     };
     let name = &app.upstreams[u].name;
+    let failed = (env.kind == MessageKind::Error).then(|| "the client answered with an error".to_owned());
+    app.relayed_spans.end(&app.telemetry, &session.id, id.get(), failed);
     let restored = switchboard_protocol::rewrite::splice(
         body,
         &mut [switchboard_protocol::rewrite::Edit::new(jsonrpc::span(body, id.get()), their_id.as_bytes())],

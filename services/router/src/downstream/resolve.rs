@@ -134,7 +134,7 @@ fn rewrite(
     let sent_id = jsonrpc::upstream_id(id_raw);
     let name = (*replacement != *field.get().as_bytes()).then(|| Edit::new(span(body, field.get()), replacement));
     let mapped = matches!(sent_id, Cow::Owned(_)).then(|| Edit::new(id.clone(), sent_id.as_bytes()));
-    let traced = traceparent.and_then(|t| trace_insert(body, env, target, t));
+    let traced = traceparent.and_then(|t| jsonrpc::traceparent_edit(body, env, target, t));
     let traced = traced.as_ref().map(|(range, text)| Edit::new(range.clone(), text));
     let names = Some(Named { body: body.clone(), exposed: span(body, field.get()), original: original.clone() });
     let header = traceparent.and_then(|t| http::HeaderValue::from_str(t).ok());
@@ -151,30 +151,6 @@ fn rewrite(
     }
     let (id, token) = (moved(id.clone(), &edits), token.map(|t| moved(t, &edits)));
     Resolved { upstream, body: splice(body, &mut edits), id, progress_token: token, target: names, traceparent: header }
-}
-
-/// Where and what to write so that `params._meta.traceparent` is
-/// `traceparent`: its value replaced, or the member added to `_meta`, or
-/// `_meta` added to `params`.
-fn trace_insert(
-    body: &Bytes,
-    env: &Envelope<'_>,
-    target: &Target<'_>,
-    traceparent: &str,
-) -> Option<(Range<usize>, Vec<u8>)> {
-    let quoted = jsonrpc::json_string(traceparent);
-    if let Some(raw) = target.traceparent {
-        return Some((span(body, raw.get()), quoted));
-    }
-    let (object, member): (&RawValue, Vec<u8>) = match target.meta {
-        Some(meta) => (meta, [&b"\"traceparent\":"[..], &quoted[..]].concat()),
-        None => (env.params?, [&b"\"_meta\":{\"traceparent\":"[..], &quoted[..], &b"}"[..]].concat()),
-    };
-    let at = span(body, object.get());
-    let inner = &body[at.start + 1..at.end - 1];
-    let empty = inner.iter().all(u8::is_ascii_whitespace);
-    let text = if empty { member } else { [&member[..], b","].concat() };
-    Some((at.start + 1..at.start + 1, text))
 }
 
 fn resolve_uri(app: &App, tenant: &Tenant, raw: &RawValue) -> Result<(UpstreamId, Arc<[u8]>), Error> {

@@ -120,7 +120,7 @@ async fn relay(
             .await
             .map_err(|_| format!("upstream {name:?} did not answer within {:?}", upstream.config.timeout))?;
         match next {
-            Some(Ok(Item::Message(message))) => match step(app, &session, u, method, (id, &client), message) {
+            Some(Ok(Item::Message(message))) => match step(app, &session, u, method, (id, &client), message, None) {
                 Step::Done(answer, _) => {
                     log.push(&answer);
                     return Ok(());

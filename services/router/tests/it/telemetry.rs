@@ -211,3 +211,56 @@ async fn json_log_lines_of_a_traced_request_carry_its_trace_and_span_ids() {
         assert_eq!(line["span"]["span_id"], server["span_id"], "{line}");
     }
 }
+
+/// A sampling request an upstream sends within a traced call is the
+/// router's CLIENT span towards the client, a child of the call's span
+/// towards the upstream; the client is told of it in the request's
+/// `params._meta.traceparent`, and the span ends with the client's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relayed_server_request_is_a_span_of_the_call_and_the_client_is_told_of_it() {
+    let (_receiver, receiver) = otlp_receiver().await;
+    let web = MockServer::start(mock_named("web")).await;
+    let config = format!(
+        "[telemetry]\notlp_endpoint = \"{receiver}\"\nsample_ratio = 0.0\n{}",
+        http_upstream("web", &web.url, "")
+    );
+    let router = Router::start(&config).await;
+    let mut client = Client::new(&router.url);
+    client.initialize_with(json!({"sampling": {}})).await;
+
+    let trace = format!("{:032x}", rand_u128());
+    let caller = format!("00-{trace}-00f067aa0ba902b7-01");
+    let call = json!({"jsonrpc": "2.0", "id": 11, "method": "tools/call",
+        "params": {"name": "web__sample", "arguments": {"prompt": "p"}, "_meta": {"traceparent": caller}}});
+    let (status, _, mut stream) = client.post_stream(serde_json::to_vec(&call).unwrap().into(), &[]).await;
+    assert_eq!(status.as_u16(), 200);
+    let ask = stream.next(Duration::from_secs(10)).await.expect("the sampling request");
+    assert_eq!(ask["method"], "sampling/createMessage", "{ask}");
+    let told = ask["params"]["_meta"]["traceparent"].as_str().unwrap_or_else(|| panic!("not told: {ask}")).to_owned();
+    assert!(told.starts_with(&format!("00-{trace}-")) && told.ends_with("-01"), "{told}");
+    let relay_span = told[36..52].to_owned();
+    // The rest of the request as the upstream sent it.
+    assert_eq!(ask["params"]["messages"][0]["content"]["text"], "p", "{ask}");
+    let answer = json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"role": "assistant",
+        "content": {"type": "text", "text": "hi"}, "model": "m", "stopReason": "endTurn"}});
+    assert_eq!(client.post(answer).await.status.as_u16(), 202);
+    let done = stream.next(Duration::from_secs(10)).await.expect("the result");
+    assert_eq!(done["result"]["content"][0]["text"], "sampled: hi", "{done}");
+
+    let arrived = eventually(Duration::from_secs(15), || async { spans_of(&receiver, &trace).await.len() >= 3 }).await;
+    let spans = spans_of(&receiver, &trace).await;
+    assert!(arrived, "{spans:#?}");
+    let relayed = spans.iter().find(|s| s["span_id"] == relay_span.as_str()).unwrap_or_else(|| panic!("{spans:#?}"));
+    let to_upstream = spans
+        .iter()
+        .find(|s| s["kind"] == 3 && s["name"] == "tools/call sample")
+        .unwrap_or_else(|| panic!("no span of the call upstream: {spans:#?}"));
+    assert_eq!(relayed["kind"], 3, "{relayed}");
+    assert_eq!(relayed["name"], "sampling/createMessage");
+    assert_eq!(relayed["parent_span_id"], to_upstream["span_id"], "{spans:#?}");
+    assert_eq!(relayed["attributes"]["mcp.method.name"], "sampling/createMessage");
+    assert_eq!(relayed["attributes"]["mcp.session.id"].as_str(), client.session.as_deref());
+    assert_eq!(relayed["attributes"]["switchboard.upstream"], "web");
+    let at = |s: &Value, k: &str| s[k].as_u64().unwrap();
+    assert!(at(relayed, "start") >= at(to_upstream, "start") && at(relayed, "end") <= at(to_upstream, "end"));
+}
