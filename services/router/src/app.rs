@@ -165,6 +165,9 @@ impl App {
             metrics.registry(),
         );
         let subjects = config.mtls.as_ref().map(|m| m.subjects.clone()).unwrap_or_default();
+        if let (Some(settings), Some(every)) = (&config.telemetry.export, config.telemetry.metrics_interval) {
+            switchboard_telemetry::otlp_metrics::start(settings, metrics.registry(), every);
+        }
         let telemetry = match &config.telemetry.export {
             Some(settings) => {
                 switchboard_telemetry::Telemetry::exporting(settings, config.telemetry.sample_ratio, metrics.registry())

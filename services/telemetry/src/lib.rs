@@ -12,6 +12,7 @@
 pub mod context;
 pub mod export;
 pub mod mcp;
+pub mod otlp_metrics;
 
 use std::borrow::Cow;
 use std::time::SystemTime;

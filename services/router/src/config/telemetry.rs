@@ -1,4 +1,4 @@
-//! `[telemetry]`: traces exported over OTLP.
+//! `[telemetry]`: traces, and the MCP metrics, exported over OTLP.
 
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ pub struct RawTelemetry {
     pub queue: Option<u64>,
     pub batch: Option<u64>,
     pub export_timeout: Option<RawDuration>,
+    pub metrics_interval: Option<RawDuration>,
 }
 
 /// `[telemetry]` validated.
@@ -26,6 +27,9 @@ pub struct TelemetryConfig {
     pub export: Option<Settings>,
     /// Requests without a sampled parent traced, out of 1.
     pub sample_ratio: f64,
+    /// How often the MCP metrics are sent to the collector; `None`: never
+    /// (no collector, or `metrics_interval = "0s"`).
+    pub metrics_interval: Option<Duration>,
 }
 
 pub fn validate(raw: RawTelemetry, bad: &mut impl FnMut(String, String)) -> TelemetryConfig {
@@ -89,5 +93,19 @@ pub fn validate(raw: RawTelemetry, bad: &mut impl FnMut(String, String)) -> Tele
             })
         }
     };
-    TelemetryConfig { export, sample_ratio }
+    let metrics_interval = match raw.metrics_interval.as_ref().map(RawDuration::parse) {
+        None => Some(Duration::from_secs(60)),
+        Some(Ok(d)) if d.is_zero() => None,
+        Some(Ok(d)) if d >= Duration::from_secs(1) => Some(d),
+        Some(Ok(_)) => {
+            bad("telemetry.metrics_interval".into(), "at least 1s (or 0s: never)".into());
+            None
+        }
+        Some(Err(e)) => {
+            bad("telemetry.metrics_interval".into(), e);
+            None
+        }
+    }
+    .filter(|_| export.is_some());
+    TelemetryConfig { export, sample_ratio, metrics_interval }
 }

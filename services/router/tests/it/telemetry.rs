@@ -264,3 +264,78 @@ async fn a_relayed_server_request_is_a_span_of_the_call_and_the_client_is_told_o
     let at = |s: &Value, k: &str| s[k].as_u64().unwrap();
     assert!(at(relayed, "start") >= at(to_upstream, "start") && at(relayed, "end") <= at(to_upstream, "end"));
 }
+
+/// The MCP metrics reach the collector too, over OTLP/HTTP and OTLP/gRPC,
+/// under the conventions' names and attributes, cumulative.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mcp_metrics_are_exported_over_otlp_both_ways() {
+    let (_receiver, receiver) = otlp_receiver().await;
+    let grpc = get_json(&format!("{receiver}/info")).await["grpc"].as_str().unwrap().to_owned();
+    let web = MockServer::start(mock_named("web")).await;
+    for (protocol, endpoint, via) in
+        [("http/protobuf", receiver.clone(), "http"), ("grpc", format!("http://{grpc}"), "grpc")]
+    {
+        let config = format!(
+            "[telemetry]\notlp_endpoint = \"{endpoint}\"\notlp_protocol = \"{protocol}\"\nsample_ratio = 0.0\n\
+             metrics_interval = \"1s\"\nservice_name = \"sb-{via}\"\n{}",
+            http_upstream("web", &web.url, "")
+        );
+        let router = Router::start(&config).await;
+        let mut client = Client::new(&router.url);
+        client.initialize().await;
+        for _ in 0..3 {
+            assert!(client.call_tool("web__echo", json!({"x": 1})).await["result"].is_object());
+        }
+        let points = || async {
+            let all = get_json(&format!("{receiver}/metrics")).await;
+            all.as_array()
+                .unwrap()
+                .iter()
+                .filter(|p| p["via"] == via && p["resource"]["service.name"] == format!("sb-{via}"))
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        let calls = |points: &[Value], name: &str| {
+            points
+                .iter()
+                .filter(|p| p["name"] == name && p["attributes"]["mcp.method.name"] == "tools/call")
+                .map(|p| p["count"].as_u64().unwrap())
+                .max()
+                .unwrap_or(0)
+        };
+        let arrived = eventually(Duration::from_secs(10), || async {
+            let points = points().await;
+            calls(&points, "mcp.server.operation.duration") >= 3 && calls(&points, "mcp.client.operation.duration") >= 3
+        })
+        .await;
+        let points = points().await;
+        assert!(arrived, "{protocol}: {points:#?}");
+        let server = points
+            .iter()
+            .rev()
+            .find(|p| {
+                p["name"] == "mcp.server.operation.duration" && p["attributes"]["mcp.method.name"] == "tools/call"
+            })
+            .unwrap();
+        assert_eq!(server["unit"], "s");
+        assert_eq!(server["temporality"], 2, "cumulative");
+        assert_eq!(server["attributes"]["gen_ai.tool.name"], "web__echo", "{server}");
+        assert_eq!(server["attributes"]["mcp.protocol.version"], "2025-11-25", "{server}");
+        let buckets: u64 = server["bucket_counts"].as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).sum();
+        assert_eq!(buckets, server["count"].as_u64().unwrap(), "{server}");
+        assert_eq!(server["bounds"].as_array().unwrap().len() + 1, server["bucket_counts"].as_array().unwrap().len());
+        let client_side = points
+            .iter()
+            .rev()
+            .find(|p| {
+                p["name"] == "mcp.client.operation.duration" && p["attributes"]["mcp.method.name"] == "tools/call"
+            })
+            .unwrap();
+        assert_eq!(client_side["attributes"]["gen_ai.tool.name"], "echo", "{client_side}");
+        assert_eq!(client_side["attributes"]["server.address"], "127.0.0.1", "{client_side}");
+        assert!(client_side["attributes"]["server.port"].as_i64().is_some(), "an integer: {client_side}");
+        let exported = router.metric("switchboard_otlp_metric_exports_total", &["outcome=\"exported\""]).await;
+        assert!(exported >= 1.0, "{protocol}: {exported}");
+        router.stop().await;
+    }
+}

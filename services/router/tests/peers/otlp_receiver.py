@@ -1,12 +1,17 @@
-"""An OTLP trace receiver for the tests, built on the official OpenTelemetry
+"""An OTLP receiver for the tests, built on the official OpenTelemetry
 protocol definitions (opentelemetry-proto): it takes
-ExportTraceServiceRequest over OTLP/HTTP (POST /v1/traces, protobuf,
-gzip too) and over OTLP/gRPC (TraceService/Export), and keeps every span.
+ExportTraceServiceRequest and ExportMetricsServiceRequest over OTLP/HTTP
+(POST /v1/traces and /v1/metrics, protobuf, gzip too) and over OTLP/gRPC
+(TraceService/Export, MetricsService/Export), and keeps every span and
+every histogram data point.
 
-  GET /spans  every span received so far, as JSON: ids in hex, name, kind,
-              attributes, status, times (ns), resource attributes, and
-              which protocol brought it ("http" or "grpc")
-  GET /info   {"grpc": "127.0.0.1:PORT"}
+  GET /spans    every span received so far, as JSON: ids in hex, name, kind,
+                attributes, status, times (ns), resource attributes, and
+                which protocol brought it ("http" or "grpc")
+  GET /metrics  every histogram data point received so far: the metric's
+                name, unit and temporality, the point's attributes, count,
+                sum, bounds and bucket counts, resource attributes, "via"
+  GET /info     {"grpc": "127.0.0.1:PORT"}
 
 Both listen on 127.0.0.1, ports of their own choosing; it prints
 "otlp receiver listening on http://ADDR/" (the HTTP one).
@@ -20,9 +25,11 @@ from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 spans = []
+points = []
 lock = threading.Lock()
 
 
@@ -56,6 +63,37 @@ def keep(request, via):
                     })
 
 
+def keep_metrics(request, via):
+    with lock:
+        for resource_metrics in request.resource_metrics:
+            resource = {a.key: value_of(a.value) for a in resource_metrics.resource.attributes}
+            for scope_metrics in resource_metrics.scope_metrics:
+                for m in scope_metrics.metrics:
+                    if m.WhichOneof("data") != "histogram":
+                        continue
+                    for p in m.histogram.data_points:
+                        points.append({
+                            "name": m.name,
+                            "unit": m.unit,
+                            "temporality": m.histogram.aggregation_temporality,
+                            "attributes": {a.key: value_of(a.value) for a in p.attributes},
+                            "count": p.count,
+                            "sum": p.sum,
+                            "bounds": list(p.explicit_bounds),
+                            "bucket_counts": list(p.bucket_counts),
+                            "start": p.start_time_unix_nano,
+                            "time": p.time_unix_nano,
+                            "resource": resource,
+                            "via": via,
+                        })
+
+
+class MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
+    def Export(self, request, context):
+        keep_metrics(request, "grpc")
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+
 class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def Export(self, request, context):
         keep(request, "grpc")
@@ -64,6 +102,7 @@ class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
 
 grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
 trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(), grpc_server)
+metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(MetricsService(), grpc_server)
 grpc_port = grpc_server.add_insecure_port("127.0.0.1:0")
 grpc_server.start()
 
@@ -84,18 +123,31 @@ class Handler(BaseHTTPRequestHandler):
             with lock:
                 body = json.dumps(spans).encode()
             return self.reply(200, body, "application/json")
+        if self.path == "/metrics":
+            with lock:
+                body = json.dumps(points).encode()
+            return self.reply(200, body, "application/json")
         if self.path == "/info":
             return self.reply(200, json.dumps({"grpc": f"127.0.0.1:{grpc_port}"}).encode(), "application/json")
         self.reply(404, b"not found", "text/plain")
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("content-length", "0")))
-        if self.path != "/v1/traces":
+        if self.path not in ("/v1/traces", "/v1/metrics"):
             return self.reply(404, b"not found", "text/plain")
         if self.headers.get("content-encoding") == "gzip":
             body = gzip.decompress(body)
         if self.headers.get("content-type") != "application/x-protobuf":
             return self.reply(415, b"protobuf only", "text/plain")
+        if self.path == "/v1/metrics":
+            request = metrics_service_pb2.ExportMetricsServiceRequest()
+            try:
+                request.ParseFromString(body)
+            except Exception as e:
+                return self.reply(400, str(e).encode(), "text/plain")
+            keep_metrics(request, "http")
+            response = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
+            return self.reply(200, response, "application/x-protobuf")
         request = trace_service_pb2.ExportTraceServiceRequest()
         try:
             request.ParseFromString(body)
