@@ -1,5 +1,5 @@
-//! Namespacing, catalog lookups with 10, 1,000 and 10,000 tools, and
-//! composite cursors.
+//! Namespacing, catalog lookups with 10, 1,000 and 10,000 tools, composite
+//! cursors, and progressive discovery's search over 1,000 and 10,000 tools.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -65,9 +65,74 @@ fn cursors(c: &mut Criterion) {
     group.finish();
 }
 
+/// `n` tools named and described from a small vocabulary, as a catalog of
+/// many services looks: many tools share words, few fit a query well.
+fn varied_tools(n: usize) -> Vec<(String, Value)> {
+    const VERBS: [&str; 12] = [
+        "create", "list", "get", "update", "delete", "search", "archive", "assign", "comment", "merge", "export",
+        "sync",
+    ];
+    const THINGS: [&str; 16] = [
+        "issue",
+        "repository",
+        "pull_request",
+        "file",
+        "calendar_event",
+        "message",
+        "channel",
+        "invoice",
+        "customer",
+        "ticket",
+        "document",
+        "folder",
+        "contact",
+        "deployment",
+        "alert",
+        "dashboard",
+    ];
+    const SERVICES: [&str; 8] = ["github", "gitlab", "slack", "linear", "stripe", "drive", "jira", "pagerduty"];
+    (0..n)
+        .map(|i| {
+            let (verb, thing, service) = (VERBS[i % 12], THINGS[(i / 12) % 16], SERVICES[(i / 192) % 8]);
+            let name = format!("{service}{}__{verb}_{thing}", i / 1536);
+            let tool = json!({
+                "name": name,
+                "description": format!("{verb} a {} in {service}: the {} the caller names, with its details.", thing.replace('_', " "), thing.replace('_', " ")),
+                "inputSchema": {"type": "object", "properties": {
+                    "id": {"type": "string", "description": format!("The {thing}'s id.")},
+                    "title": {"type": "string"}, "body": {"type": "string"}
+                }}
+            });
+            (name, tool)
+        })
+        .collect()
+}
+
+fn search(c: &mut Criterion) {
+    use switchboard_catalog::search::{tool_words, Index};
+    let mut group = c.benchmark_group("discovery_search");
+    for n in [1_000usize, 10_000] {
+        let tools = varied_tools(n);
+        let started = std::time::Instant::now();
+        let index = Index::build(tools.iter().map(|(name, tool)| tool_words(name, tool)));
+        println!("discovery: index of {n} tools built in {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
+        let query = "create an issue in a github repository";
+        let best = index.search(query, 10, |_| true);
+        println!("discovery: {n} tools, best for {query:?}: {}", tools[best[0].0].0);
+        group.bench_with_input(BenchmarkId::new("all", n), &index, |b, index| {
+            b.iter(|| black_box(index.search(black_box(query), 10, |_| true)))
+        });
+        // A tenant that may use every other tool.
+        group.bench_with_input(BenchmarkId::new("filtered", n), &index, |b, index| {
+            b.iter(|| black_box(index.search(black_box(query), 10, |d| d % 2 == 0)))
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(30).measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
-    targets = naming, lookup, cursors
+    targets = naming, lookup, cursors, search
 }
 criterion_main!(benches);

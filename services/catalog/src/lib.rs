@@ -19,6 +19,7 @@
 pub mod cursor;
 pub mod metrics;
 pub mod naming;
+pub mod search;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -168,12 +169,25 @@ pub struct Snapshot {
     pub generation: u64,
     lists: [Listing; 4],
     pub merged: Merged,
+    /// The search index of its tools, built when first searched.
+    tool_index: std::sync::OnceLock<search::Index>,
 }
 
 impl Snapshot {
     /// The merged list of `kind`.
     pub fn list(&self, kind: ListKind) -> &Listing {
         &self.lists[kind as usize]
+    }
+
+    /// The search index of its tools (documents numbered as the tools list's
+    /// items), built on first use.
+    pub fn tool_index(&self) -> &search::Index {
+        self.tool_index.get_or_init(|| {
+            search::Index::build(self.list(ListKind::Tools).items.iter().map(|item| {
+                let tool: Value = serde_json::from_slice(&item.json).unwrap_or_default();
+                search::tool_words(&item.exposed, &tool)
+            }))
+        })
     }
 }
 
@@ -1002,7 +1016,7 @@ impl Catalog {
             merged.instructions = Some(instructions.join("\n\n"));
         }
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
-        self.snapshot.store(Arc::new(Snapshot { generation, lists, merged }));
+        self.snapshot.store(Arc::new(Snapshot { generation, lists, merged, tool_index: Default::default() }));
     }
 
     /// Logs and counts a name left out of a list because it was taken,

@@ -158,6 +158,10 @@ enum TenantCommand {
         /// Store tools/call arguments in audit records.
         #[arg(long)]
         audit_arguments: bool,
+        /// Offer its tools as search, describe and call meta-tools instead
+        /// of the whole list (for catalogs too large for a model's context).
+        #[arg(long)]
+        progressive: bool,
     },
     /// List tenants (database and config file).
     List {
@@ -542,8 +546,15 @@ async fn tenants(db: DbArgs, command: TenantCommand) -> Result<()> {
             sessions,
             key_sessions,
             audit_arguments,
+            progressive,
         } => {
-            let mut policy = switchboard_core::policy::Policy { upstreams, audit_arguments, ..Default::default() };
+            let discovery = if progressive {
+                switchboard_core::policy::Discovery::Progressive
+            } else {
+                switchboard_core::policy::Discovery::Full
+            };
+            let mut policy =
+                switchboard_core::policy::Policy { upstreams, audit_arguments, discovery, ..Default::default() };
             for (list, is_allow) in [(allow, true), (deny, false)] {
                 for item in list {
                     let (upstream, pattern) = item

@@ -33,6 +33,26 @@ pub struct Policy {
     /// maps to it). Empty: all of them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accept: Vec<String>,
+    /// How `tools/list` offers the tenant's tools: all of them (`full`, the
+    /// default), or a few meta-tools that search, describe and call them
+    /// (`progressive`, for catalogs too large for a model's context).
+    #[serde(default, skip_serializing_if = "Discovery::is_full")]
+    pub discovery: Discovery,
+}
+
+/// How a tenant's clients discover its tools (see [`Policy::discovery`]).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Discovery {
+    #[default]
+    Full,
+    Progressive,
+}
+
+impl Discovery {
+    pub fn is_full(&self) -> bool {
+        *self == Discovery::Full
+    }
 }
 
 /// Tool name patterns (`*` matches any run of characters, `?` one): a tool is
@@ -158,6 +178,8 @@ pub struct Tenant {
     pub audit_arguments: bool,
     /// What the tenant accepts (see [`Policy::accept`]).
     accept: Vec<String>,
+    /// How `tools/list` offers its tools.
+    pub discovery: Discovery,
     /// A slot for the router's per-tenant metric handles, made on first use.
     pub meters: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -181,6 +203,7 @@ impl Tenant {
             limits: policy.limits.clone(),
             audit_arguments: policy.audit_arguments,
             accept: policy.accept.clone(),
+            discovery: policy.discovery,
             meters: std::sync::OnceLock::new(),
         }
     }

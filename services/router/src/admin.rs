@@ -474,6 +474,8 @@ struct PolicyBody {
     audit_arguments: bool,
     #[serde(default)]
     accept: Vec<String>,
+    #[serde(default)]
+    discovery: switchboard_core::policy::Discovery,
 }
 
 impl From<PolicyBody> for Policy {
@@ -484,6 +486,7 @@ impl From<PolicyBody> for Policy {
             limits: p.limits,
             audit_arguments: p.audit_arguments,
             accept: p.accept,
+            discovery: p.discovery,
         }
     }
 }

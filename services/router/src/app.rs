@@ -107,6 +107,8 @@ pub struct App {
     legacy: Mutex<HashMap<Arc<str>, LegacyConnection>>,
     /// Spans of server-to-client requests relayed, until their answers.
     pub(crate) relayed_spans: crate::relayed_spans::RelayedSpans,
+    /// Progressive discovery's metrics and its callers' last results.
+    pub(crate) discoveries: crate::discovery::Discoveries,
 }
 
 /// Upstream `u`'s address, as telemetry names it (none for stdio).
@@ -297,6 +299,7 @@ impl App {
             for u in upstreams.iter() {
                 addresses.set(u.id.index(), address_of(u));
             }
+            let discoveries = crate::discovery::Discoveries::new(metrics.registry());
             let catalog_tools = Arc::new(CatalogTools { catalog: catalog.clone(), upstreams: upstreams.clone() });
             let relay: Weak<dyn Relay> = me.clone();
             let sessions = Sessions::new(
@@ -316,7 +319,11 @@ impl App {
             App {
                 catalog,
                 auth,
-                tools: vec![Arc::new(DeviceTools(edge.clone())), catalog_tools.clone()],
+                tools: vec![
+                    Arc::new(crate::tools::MetaTools(config.catalog.separator.clone())),
+                    Arc::new(DeviceTools(edge.clone())),
+                    catalog_tools.clone(),
+                ],
                 catalog_tools,
                 config,
                 upstreams,
@@ -342,6 +349,7 @@ impl App {
                 refusals_queued: Arc::default(),
                 legacy: Mutex::new(HashMap::new()),
                 relayed_spans: Default::default(),
+                discoveries,
             }
         });
         if let Some(shared) = app.sessions.shared_streams() {

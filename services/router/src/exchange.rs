@@ -93,6 +93,8 @@ pub struct Exchange {
     cert: Option<ClientCert>,
     /// The tool or prompt name (or resource URI) the request names.
     target: Option<Named>,
+    /// Came as a call of progressive discovery's call meta-tool.
+    unwrapped: bool,
     /// `1.1` or `2`.
     http_version: &'static str,
     /// When the request went upstream.
@@ -150,6 +152,7 @@ impl Exchange {
             finished: false,
             cert: connection.get::<ClientCert>().cloned(),
             target: None,
+            unwrapped: false,
             http_version: "1.1",
             upstream_sent: None,
             trace: None,
@@ -225,6 +228,17 @@ impl Exchange {
     pub fn call_context(&self) -> Option<(&Trace, SpanId)> {
         let traced = self.trace.as_ref().filter(|t| t.trace.sampled)?;
         Some((&traced.trace, traced.client_span?))
+    }
+
+    /// The request came as a call of progressive discovery's call
+    /// meta-tool, and is now the call it names.
+    pub fn set_unwrapped(&mut self) {
+        self.unwrapped = true;
+    }
+
+    /// See [`set_unwrapped`](Self::set_unwrapped).
+    pub fn unwrapped(&self) -> bool {
+        self.unwrapped
     }
 
     /// The tool or prompt name (or resource URI) the request names.

@@ -30,6 +30,7 @@ mod body;
 pub mod config;
 mod connections;
 mod delegation;
+mod discovery;
 mod downstream;
 pub mod edge;
 pub mod error;

@@ -144,6 +144,8 @@ pub struct RawTenant {
     pub audit_arguments: bool,
     #[serde(default)]
     pub accept: Vec<String>,
+    #[serde(default)]
+    pub discovery: switchboard_core::policy::Discovery,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -629,6 +631,11 @@ impl RawConfig {
             if !prefix.is_empty() {
                 if !switchboard_core::ids::valid_name(&prefix) {
                     bad(key("prefix"), format!("must be empty or 1 to 48 of {NAME_CHARS}"));
+                } else if prefix.eq_ignore_ascii_case("switchboard") {
+                    bad(
+                        key("prefix"),
+                        "\"switchboard\" is the router's own namespace (progressive discovery's meta-tools): give the upstream another prefix".into(),
+                    );
                 } else if !prefixes.insert(switchboard_catalog::naming::scheme_prefix(&prefix)) {
                     bad(
                         key("prefix"),
@@ -1006,6 +1013,7 @@ impl RawConfig {
                 limits: t.limits,
                 audit_arguments: t.audit_arguments,
                 accept: t.accept,
+                discovery: t.discovery,
             };
             for (field, message) in policy.problems(&upstream_names) {
                 bad(format!("tenants[{i}].{field}"), message);

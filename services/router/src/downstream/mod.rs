@@ -103,12 +103,37 @@ async fn post_phases(
     let body = x.receive(headers, body).await?;
     // 2. The envelope (and the request's trace, when traces are on).
     let env = x.parse(headers, &body, Some(connection))?;
+    // Progressive discovery's call meta-tool: the call of the tool it names
+    // from here on (a stateless request's, once its headers are checked).
+    let inner = if stateless_client::is_stateless(headers, &env) {
+        None
+    } else {
+        let separator = &x.app().config.catalog.separator;
+        crate::discovery::unwrap_call(&env, &body, separator).map_err(|e| Box::new(x.reject(env.id, e)))?
+    };
+    match inner {
+        None => with_logs(x, headers, env, &body).await,
+        Some(inner) => {
+            let env = Envelope::parse(&inner).map_err(|e| Box::new(x.reject(None, Error::Parse(e))))?;
+            x.set_unwrapped();
+            with_logs(x, headers, env, &inner).await
+        }
+    }
+}
+
+/// [`after_parse`], its log lines naming the request's trace.
+async fn with_logs(
+    x: Exchange,
+    headers: &HeaderMap,
+    env: Envelope<'_>,
+    body: &Bytes,
+) -> Result<Response<Body>, Refusal> {
     let logs = x.log_span();
     if !logs.is_none() {
         use tracing::Instrument;
-        return after_parse(x, headers, env, &body).instrument(logs).await;
+        return after_parse(x, headers, env, body).instrument(logs).await;
     }
-    after_parse(x, headers, env, &body).await
+    after_parse(x, headers, env, body).await
 }
 
 /// The phases after the envelope's.
@@ -192,6 +217,12 @@ pub(crate) async fn request(
             if let Err(e) = x.open_books(headers, env, body.len()) {
                 return x.refuse(headers, Some(env), body.len(), e, "POST");
             }
+            if method == Method::ToolsCall {
+                x = match meta_tool(x, Some(&session.id), env).await {
+                    Ok(answered) => return answered,
+                    Err(x) => x,
+                };
+            }
             forward::forward(x, session, method, env, body, accepts_sse).await
         }
         Method::Initialize => unreachable!("handled before the session phase"),
@@ -203,6 +234,35 @@ pub(crate) async fn request(
                 switchboard_core::Outcome::Rejected,
             )
         }
+    }
+}
+
+/// A `tools/call` of progressive discovery's meta-tools: search and describe
+/// answered here; a call unwrapped from the call meta-tool checked (only a
+/// progressive tenant has the meta-tools) and counted, then forwarded as
+/// any call (`Err`: the exchange, to go on with).
+pub(crate) async fn meta_tool(
+    x: Exchange,
+    session: Option<&str>,
+    env: &Envelope<'_>,
+) -> Result<Response<Body>, Exchange> {
+    let id = env.id.expect("a request has an id");
+    let who = x.principal().expect("authenticated").clone();
+    let app = x.app().clone();
+    if x.unwrapped() {
+        if who.tenant.discovery != switchboard_core::policy::Discovery::Progressive {
+            let e = Error::UnknownTool(crate::discovery::Meta::Call.name(&app.config.catalog.separator));
+            return Ok(x.fail_as(Some(id), &e, switchboard_core::Outcome::Rejected));
+        }
+        let target = env.params.and_then(|p| jsonrpc::Target::parse(p).ok());
+        if let Some(name) = target.and_then(|t| t.name).and_then(jsonrpc::as_str) {
+            app.discoveries.called(&who, session, &name);
+        }
+        return Err(x);
+    }
+    match crate::discovery::answer(&app, &who, session, env).await {
+        Some(answered) => Ok(x.answer(id, answered.map(|result| respond::json(jsonrpc::result_response(id, &result))))),
+        None => Err(x),
     }
 }
 

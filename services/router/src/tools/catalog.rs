@@ -59,6 +59,10 @@ impl CatalogTools {
 #[async_trait]
 impl ToolSource for CatalogTools {
     fn list(&self, tenant: &Tenant, page: &mut Page) -> Result<(), Error> {
+        if tenant.discovery == switchboard_core::policy::Discovery::Progressive {
+            // Searched, described and called through the meta-tools.
+            return Ok(());
+        }
         let snapshot = self.catalog.current();
         list_catalog(&self.upstreams, snapshot.list(ListKind::Tools), tenant, ListKind::Tools, page)
     }

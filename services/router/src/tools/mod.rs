@@ -26,6 +26,27 @@ use switchboard_protocol::jsonrpc;
 
 pub use self::catalog::{list_catalog, sees, CatalogTools};
 pub use self::devices::DeviceTools;
+
+/// Progressive discovery's meta-tools, listed (first) for the tenants that
+/// use it; their calls are answered before tools are resolved
+/// (`crate::discovery`).
+pub struct MetaTools(pub String);
+
+#[async_trait]
+impl ToolSource for MetaTools {
+    fn list(&self, tenant: &Tenant, page: &mut Page) -> Result<(), Error> {
+        if tenant.discovery == switchboard_core::policy::Discovery::Progressive && page.cursor.is_none() {
+            for tool in crate::discovery::tools_json(&self.0) {
+                page.push(&tool);
+            }
+        }
+        Ok(())
+    }
+
+    fn resolve(&self, _tenant: &Tenant, _name: &str, _params: &RawValue) -> Lookup {
+        Lookup::Missing
+    }
+}
 use crate::error::Error;
 
 /// A tool a source resolved.

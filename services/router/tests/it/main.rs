@@ -33,6 +33,7 @@ mod catalog;
 mod credentials;
 mod degraded;
 mod deployments;
+mod discovery;
 mod edge;
 mod eras;
 mod hostile;

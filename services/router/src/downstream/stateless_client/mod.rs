@@ -200,6 +200,32 @@ pub async fn post(mut x: Exchange, headers: &HeaderMap, env: &Envelope<'_>, body
         Ok(who) => who,
         Err(e) => return x.refuse(headers, Some(env), body.len(), e, "POST"),
     };
+    // Progressive discovery's call meta-tool: the call of the tool it names
+    // from here on (its headers named the meta-tool, and were checked).
+    let separator = &x.app().config.catalog.separator;
+    match crate::discovery::unwrap_call(env, body, separator) {
+        Err(e) => x.reject(Some(id), e),
+        Ok(None) => authenticated(x, headers, &valid, who, env, body).await,
+        Ok(Some(inner)) => match Envelope::parse(&inner) {
+            Ok(inner_env) => {
+                x.set_unwrapped();
+                authenticated(x, headers, &valid, who, &inner_env, &inner).await
+            }
+            Err(e) => x.reject(Some(id), Error::Parse(e)),
+        },
+    }
+}
+
+/// [`post`] once its headers are checked and its caller known.
+async fn authenticated(
+    mut x: Exchange,
+    headers: &HeaderMap,
+    valid: &Validated<'_>,
+    who: Principal,
+    env: &Envelope<'_>,
+    body: &Bytes,
+) -> Response<Body> {
+    let id = env.id.expect("a request has an id");
     if let Err(e) = x.admit(env).await {
         return x.refuse(headers, Some(env), body.len(), e, "POST");
     }
@@ -227,7 +253,13 @@ pub async fn post(mut x: Exchange, headers: &HeaderMap, env: &Envelope<'_>, body
             if let Err(e) = x.open_books(headers, env, body.len()) {
                 return x.refuse(headers, Some(env), body.len(), e, "POST");
             }
-            call(x, headers, &valid, method, env, body).await
+            if method == Method::ToolsCall {
+                x = match super::meta_tool(x, None, env).await {
+                    Ok(answered) => return answered,
+                    Err(x) => x,
+                };
+            }
+            call(x, headers, valid, method, env, body).await
         }
         _ => {
             x.set_method(Method::Other);
