@@ -108,7 +108,7 @@ pub struct App {
     /// Spans of server-to-client requests relayed, until their answers.
     pub(crate) relayed_spans: crate::relayed_spans::RelayedSpans,
     /// Progressive discovery's metrics and its callers' last results.
-    pub(crate) discoveries: crate::discovery::Discoveries,
+    pub(crate) discoveries: crate::tools::meta::Discoveries,
 }
 
 /// Upstream `u`'s address, as telemetry names it (none for stdio).
@@ -299,7 +299,7 @@ impl App {
             for u in upstreams.iter() {
                 addresses.set(u.id.index(), address_of(u));
             }
-            let discoveries = crate::discovery::Discoveries::new(metrics.registry());
+            let discoveries = crate::tools::meta::Discoveries::new(metrics.registry());
             let catalog_tools = Arc::new(CatalogTools { catalog: catalog.clone(), upstreams: upstreams.clone() });
             let relay: Weak<dyn Relay> = me.clone();
             let sessions = Sessions::new(

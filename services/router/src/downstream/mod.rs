@@ -109,7 +109,7 @@ async fn post_phases(
         None
     } else {
         let separator = &x.app().config.catalog.separator;
-        crate::discovery::unwrap_call(&env, &body, separator).map_err(|e| Box::new(x.reject(env.id, e)))?
+        crate::tools::meta::unwrap_call(&env, &body, separator).map_err(|e| Box::new(x.reject(env.id, e)))?
     };
     match inner {
         None => with_logs(x, headers, env, &body).await,
@@ -251,7 +251,7 @@ pub(crate) async fn meta_tool(
     let app = x.app().clone();
     if x.unwrapped() {
         if who.tenant.discovery != switchboard_core::policy::Discovery::Progressive {
-            let e = Error::UnknownTool(crate::discovery::Meta::Call.name(&app.config.catalog.separator));
+            let e = Error::UnknownTool(crate::tools::meta::Meta::Call.name(&app.config.catalog.separator));
             return Ok(x.fail_as(Some(id), &e, switchboard_core::Outcome::Rejected));
         }
         let target = env.params.and_then(|p| jsonrpc::Target::parse(p).ok());

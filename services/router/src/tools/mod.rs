@@ -12,6 +12,7 @@
 
 mod catalog;
 mod devices;
+pub mod meta;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -29,14 +30,14 @@ pub use self::devices::DeviceTools;
 
 /// Progressive discovery's meta-tools, listed (first) for the tenants that
 /// use it; their calls are answered before tools are resolved
-/// (`crate::discovery`).
+/// (`crate::discovery`, [`meta`]).
 pub struct MetaTools(pub String);
 
 #[async_trait]
 impl ToolSource for MetaTools {
     fn list(&self, tenant: &Tenant, page: &mut Page) -> Result<(), Error> {
         if tenant.discovery == switchboard_core::policy::Discovery::Progressive && page.cursor.is_none() {
-            for tool in crate::discovery::tools_json(&self.0) {
+            for tool in meta::tools_json(&self.0) {
                 page.push(&tool);
             }
         }

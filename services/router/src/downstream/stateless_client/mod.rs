@@ -203,7 +203,7 @@ pub async fn post(mut x: Exchange, headers: &HeaderMap, env: &Envelope<'_>, body
     // Progressive discovery's call meta-tool: the call of the tool it names
     // from here on (its headers named the meta-tool, and were checked).
     let separator = &x.app().config.catalog.separator;
-    match crate::discovery::unwrap_call(env, body, separator) {
+    match crate::tools::meta::unwrap_call(env, body, separator) {
         Err(e) => x.reject(Some(id), e),
         Ok(None) => authenticated(x, headers, &valid, who, env, body).await,
         Ok(Some(inner)) => match Envelope::parse(&inner) {
