@@ -289,6 +289,27 @@ enum AuditCommand {
         #[arg(long, default_value_t = 1000)]
         limit: i64,
     },
+    /// Usage from the audit log, per tenant, key, user, upstream or tool:
+    /// calls, errors, bytes each way, time taken.
+    Usage {
+        /// From (a duration ago, a time or a date; default 30 days ago).
+        #[arg(long)]
+        from: Option<String>,
+        /// To (the same forms; default now).
+        #[arg(long)]
+        to: Option<String>,
+        #[arg(long)]
+        tenant: Option<String>,
+        /// The method metered ("*": all).
+        #[arg(long, default_value = "tools/call")]
+        method: String,
+        /// Of tenant, key, user, upstream, tool, comma-separated.
+        #[arg(long, default_value = "tenant,upstream,tool")]
+        group_by: String,
+        /// As CSV (default: JSON).
+        #[arg(long)]
+        csv: bool,
+    },
     /// Print records as JSON lines as they arrive (Ctrl-C stops).
     Tail {
         #[arg(long)]
@@ -779,6 +800,24 @@ async fn audit(db: DbArgs, command: AuditCommand) -> Result<()> {
         text.map(|t| switchboard_router::admin::parse_since(&t).map_err(anyhow::Error::msg)).transpose()
     };
     match command {
+        AuditCommand::Usage { from, to, tenant, method, group_by, csv } => {
+            let mut query = format!("method={}&group_by={}", encode(&method), encode(&group_by));
+            for (key, value) in [("from", &from), ("to", &to), ("tenant", &tenant)] {
+                if let Some(value) = value {
+                    query.push_str(&format!("&{key}={}", encode(value)));
+                }
+            }
+            let (q, _) = switchboard_router::admin::usage_query(&query)?;
+            let rows = admin.usage(&q).await?;
+            if csv {
+                print!("{}", switchboard_db::usage::to_csv(&q.group_by, &rows));
+            } else {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({"group_by": q.group_by, "usage": rows}))?
+                );
+            }
+        }
         AuditCommand::Query { tenant, since: from, limit } => {
             let query = switchboard_db::AuditQuery { tenant, since_ms: since(from)?, after_seq: None, limit };
             for (seq, record) in admin.audit(&query).await? {
@@ -821,4 +860,16 @@ async fn audit(db: DbArgs, command: AuditCommand) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `text` percent-encoded for a query string.
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b',' | b'/' | b':' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }

@@ -23,6 +23,7 @@ pub const CHANGES_CHANNEL: &str = "switchboard_changes";
 
 mod credentials;
 mod upstreams;
+pub mod usage;
 pub use credentials::{CredentialRow, VAULT_CHANNEL};
 pub use upstreams::{UpstreamRow, UPSTREAMS_CHANNEL};
 

@@ -32,6 +32,7 @@ use crate::connections::{self, Activity, Connections, Tracked};
 use switchboard_core::policy::Policy;
 use switchboard_core::time::{format_time, now_ms, parse_time};
 
+use switchboard_db::usage::{Dimension, UsageQuery, UsageRow};
 use switchboard_db::{AuditQuery, AuditRecord, CredentialRow, Database, DbError, KeyRow, TenantRow};
 use switchboard_tenancy::generate_key;
 use switchboard_vault::{NewCredential, Rotation, Vault, VaultError};
@@ -345,6 +346,14 @@ impl Admin {
     pub async fn audit(&self, query: &AuditQuery) -> Result<Vec<(i64, AuditRecord)>, AdminError> {
         Ok(self.db.query_audit(query).await?)
     }
+
+    /// Usage over a time range, from the audit log.
+    pub async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsageRow>, AdminError> {
+        if query.to_ms <= query.from_ms {
+            return Err(AdminError::Invalid("to: must be after from".into()));
+        }
+        Ok(self.db.usage(query).await?)
+    }
 }
 
 // ---- The HTTP API ----------------------------------------------------------
@@ -628,6 +637,30 @@ async fn handle(admin: &Admin, token: &str, req: Request<Incoming>) -> Response<
         (&Method::DELETE, ["v1", "upstreams", name]) => {
             admin.remove_upstream(name).await.map(|()| (StatusCode::NO_CONTENT, json!(null)))
         }
+        (&Method::GET, ["v1", "usage"]) => match usage_query(&query) {
+            Ok((q, csv)) => match admin.usage(&q).await {
+                Ok(rows) if csv => {
+                    let text = switchboard_db::usage::to_csv(&q.group_by, &rows);
+                    let mut response = Response::new(Body::full(Bytes::from(text)));
+                    response
+                        .headers_mut()
+                        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/csv; charset=utf-8"));
+                    return response;
+                }
+                Ok(rows) => Ok((
+                    StatusCode::OK,
+                    json!({
+                        "from": format_time(q.from_ms),
+                        "to": format_time(q.to_ms),
+                        "method": q.method,
+                        "group_by": q.group_by,
+                        "usage": rows,
+                    }),
+                )),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        },
         (&Method::POST, ["v1", "vault", "rotate"]) => admin.rotate_vault().await.map(|r| (StatusCode::OK, json!(r))),
         (&Method::GET, ["v1", "edge", "devices"]) => {
             let tenant = query
@@ -704,6 +737,55 @@ fn query_param(query: &str, name: &str) -> Result<Option<String>, AdminError> {
         found = Some(percent_decode(v));
     }
     Ok(found)
+}
+
+/// `GET /v1/usage`'s query: `from` and `to` (times or durations ago;
+/// default the last 30 days), `tenant`, `method` (`tools/call` by default,
+/// `*` for all), `group_by` (of tenant, key, user, upstream, tool; default
+/// tenant,upstream,tool), `format` (json or csv). Returns the query and
+/// whether CSV was asked for.
+pub fn usage_query(query: &str) -> Result<(UsageQuery, bool), AdminError> {
+    let now = now_ms();
+    let mut q = UsageQuery {
+        from_ms: now - 30 * 86_400_000,
+        to_ms: now + 1,
+        tenant: None,
+        method: Some("tools/call".into()),
+        group_by: vec![Dimension::Tenant, Dimension::Upstream, Dimension::Tool],
+    };
+    let mut csv = false;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v);
+        match k {
+            "from" => q.from_ms = parse_since(&v).map_err(|e| AdminError::Invalid(format!("from: {e}")))?,
+            "to" => q.to_ms = parse_since(&v).map_err(|e| AdminError::Invalid(format!("to: {e}")))?,
+            "tenant" => q.tenant = Some(v),
+            "method" => q.method = (v != "*").then_some(v),
+            "group_by" => {
+                q.group_by = v
+                    .split(',')
+                    .filter(|d| !d.trim().is_empty())
+                    .map(|d| {
+                        Dimension::parse(d.trim()).ok_or_else(|| {
+                            AdminError::Invalid(format!(
+                                "group_by: {d:?} is not one of tenant, key, user, upstream, tool"
+                            ))
+                        })
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            "format" => {
+                csv = match v.as_str() {
+                    "csv" => true,
+                    "json" => false,
+                    other => return Err(AdminError::Invalid(format!("format: {other:?} is not json or csv"))),
+                }
+            }
+            other => return Err(AdminError::Invalid(format!("unknown query parameter {other:?}"))),
+        }
+    }
+    Ok((q, csv))
 }
 
 fn audit_query(query: &str) -> Result<AuditQuery, AdminError> {

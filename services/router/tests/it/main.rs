@@ -51,3 +51,4 @@ mod telemetry;
 mod tenancy;
 mod tls;
 mod upstream_tls;
+mod usage;
