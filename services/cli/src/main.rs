@@ -162,6 +162,10 @@ enum TenantCommand {
         /// of the whole list (for catalogs too large for a model's context).
         #[arg(long)]
         progressive: bool,
+        /// The tool that answers its edge devices' text tasks (in place of
+        /// edge.task_handler).
+        #[arg(long)]
+        task_handler: Option<String>,
     },
     /// List tenants (database and config file).
     List {
@@ -568,14 +572,20 @@ async fn tenants(db: DbArgs, command: TenantCommand) -> Result<()> {
             key_sessions,
             audit_arguments,
             progressive,
+            task_handler,
         } => {
             let discovery = if progressive {
                 switchboard_core::policy::Discovery::Progressive
             } else {
                 switchboard_core::policy::Discovery::Full
             };
-            let mut policy =
-                switchboard_core::policy::Policy { upstreams, audit_arguments, discovery, ..Default::default() };
+            let mut policy = switchboard_core::policy::Policy {
+                upstreams,
+                audit_arguments,
+                discovery,
+                task_handler,
+                ..Default::default()
+            };
             for (list, is_allow) in [(allow, true), (deny, false)] {
                 for item in list {
                     let (upstream, pattern) = item

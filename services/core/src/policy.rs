@@ -38,6 +38,11 @@ pub struct Policy {
     /// (`progressive`, for catalogs too large for a model's context).
     #[serde(default, skip_serializing_if = "Discovery::is_full")]
     pub discovery: Discovery,
+    /// The tool that answers the text tasks of the tenant's edge devices
+    /// (an exposed name among its tools, or one of its devices' tools), in
+    /// place of the router-wide `edge.task_handler`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_handler: Option<String>,
 }
 
 /// How a tenant's clients discover its tools (see [`Policy::discovery`]).
@@ -147,6 +152,11 @@ impl Policy {
                 }
             }
         }
+        if let Some(h) = &self.task_handler {
+            if h.is_empty() || h.len() > 256 || h.chars().any(char::is_control) {
+                out.push(("task_handler".into(), "a tool's name: 1 to 256 characters, no control characters".into()));
+            }
+        }
         if self.limits.concurrent == Some(0) {
             out.push(("limits.concurrent".into(), "must be at least 1".into()));
         }
@@ -180,6 +190,8 @@ pub struct Tenant {
     accept: Vec<String>,
     /// How `tools/list` offers its tools.
     pub discovery: Discovery,
+    /// The tool that answers its devices' text tasks (`None`: the router's).
+    pub task_handler: Option<Arc<str>>,
     /// A slot for the router's per-tenant metric handles, made on first use.
     pub meters: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -204,6 +216,7 @@ impl Tenant {
             audit_arguments: policy.audit_arguments,
             accept: policy.accept.clone(),
             discovery: policy.discovery,
+            task_handler: policy.task_handler.as_deref().map(Arc::from),
             meters: std::sync::OnceLock::new(),
         }
     }

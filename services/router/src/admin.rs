@@ -485,6 +485,8 @@ struct PolicyBody {
     accept: Vec<String>,
     #[serde(default)]
     discovery: switchboard_core::policy::Discovery,
+    #[serde(default)]
+    task_handler: Option<String>,
 }
 
 impl From<PolicyBody> for Policy {
@@ -496,6 +498,7 @@ impl From<PolicyBody> for Policy {
             audit_arguments: p.audit_arguments,
             accept: p.accept,
             discovery: p.discovery,
+            task_handler: p.task_handler,
         }
     }
 }

@@ -2,9 +2,9 @@
 //! ([`Host`]: keys, the tools a tenant already sees, news of devices coming
 //! and going, text tasks).
 //!
-//! Text tasks: a device's user text is handed to the tool named by
-//! `edge.task_handler` (resolved in the device's tenant's catalog, or among
-//! its device tools), called with `{"text", "task_id", "device"}` on a
+//! Text tasks: a device's user text is handed to the tool its tenant names
+//! (`task_handler` of the tenant), else to `edge.task_handler` (resolved
+//! in the device's tenant's catalog, or among its device tools), called with `{"text", "task_id", "device"}` on a
 //! session of the device's own, and audited as the device's key. The
 //! handler's text answer goes back to the device; so does a clear error
 //! text when there is no handler or it fails.
@@ -65,9 +65,13 @@ impl TaskRunner for Tasks {
     async fn run(&self, task: TaskId, text: String) -> String {
         let (app, principal, device, session) = (&self.app, &self.principal, &self.device, &self.session);
         let metrics = &app.metrics.edge;
-        let Some(handler) = app.edge.config.task_handler.clone() else {
+        // The tenant's handler as its policy is now (the directory's).
+        let tenant = app.directory.tenant(&principal.tenant.name).unwrap_or_else(|| principal.tenant.clone());
+        let handler =
+            tenant.task_handler.as_deref().map(str::to_owned).or_else(|| app.edge.config.task_handler.clone());
+        let Some(handler) = handler else {
             metrics.task("no_handler");
-            return "error: this router has no task handler for text tasks (edge.task_handler is not set)".into();
+            return "error: no task handler for text tasks: the tenant names none (task_handler) and edge.task_handler is not set".into();
         };
         let arguments = json!({"text": text, "task_id": task_str(&task), "device": &*device.name});
         let timeout = app.edge.config.task_timeout;

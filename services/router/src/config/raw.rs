@@ -146,6 +146,8 @@ pub struct RawTenant {
     pub accept: Vec<String>,
     #[serde(default)]
     pub discovery: switchboard_core::policy::Discovery,
+    #[serde(default)]
+    pub task_handler: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -1014,6 +1016,7 @@ impl RawConfig {
                 audit_arguments: t.audit_arguments,
                 accept: t.accept,
                 discovery: t.discovery,
+                task_handler: t.task_handler,
             };
             for (field, message) in policy.problems(&upstream_names) {
                 bad(format!("tenants[{i}].{field}"), message);

@@ -639,3 +639,55 @@ async fn a_traced_device_call_carries_the_routers_span_to_the_device() {
         .await;
     assert!(plain.await.unwrap()["result"].is_object());
 }
+
+/// Each tenant names its own text-task handler: globex's devices' tasks go
+/// to its handler, acme's to the router-wide one until acme names its own
+/// (applied without a restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tenant_names_its_own_text_task_handler() {
+    let (alpha, beta) = tokio::join!(MockServer::start(mock_named("alpha")), MockServer::start(mock_named("beta")));
+    let dir = temp_dir("sb-edge-tasks-");
+    let upstreams = format!("{}{}", http_upstream("alpha", &alpha.url, ""), http_upstream("beta", &beta.url, ""));
+    let config = config(&dir, "task_handler = \"alpha__echo\"", &upstreams);
+    let (acme_key, globex_key) = tenants(&config).await;
+    let admin = {
+        let parsed = Config::from_toml(&config).unwrap();
+        Admin::new(Database::connect(parsed.database.url.as_deref().unwrap(), Duration::from_secs(3)).unwrap(), &parsed)
+    };
+    let all = |handler: Option<&str>| Policy {
+        upstreams: vec!["*".into()],
+        task_handler: handler.map(str::to_owned),
+        ..Policy::default()
+    };
+    admin.update_tenant("globex", all(Some("beta__echo"))).await.unwrap();
+    let router = Router::start(&config).await;
+    let task = |device: &'static str, key: String, id: &'static [u8; 8]| {
+        let edge = router.edge_addr.unwrap();
+        async move {
+            let mut d = RawDevice::connect(edge).await;
+            assert_eq!(d.register(&key, device, json!({})).await["type"], "registered");
+            let mut out = BytesMut::new();
+            frames::encode_text(id, 0, "hello", 100, &mut out);
+            frames::encode_end(id, 1, &mut out);
+            d.send_bytes(&out).await;
+            let text = d.frame().await.unwrap();
+            assert_eq!(d.frame().await.unwrap().kind, frames::END);
+            let answer: Value = serde_json::from_slice(&text.payload)
+                .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&text.payload)));
+            assert_eq!(answer["device"], device);
+        }
+    };
+    task("g1", globex_key.clone(), b"task0001").await;
+    assert_eq!((alpha.mock.call_count(), beta.mock.call_count()), (0, 1), "globex's task went to its own handler");
+    task("a1", acme_key.clone(), b"task0002").await;
+    assert_eq!((alpha.mock.call_count(), beta.mock.call_count()), (1, 1), "acme's task went to the router's handler");
+    // acme names its own: its next task goes there.
+    admin.update_tenant("acme", all(Some("beta__echo"))).await.unwrap();
+    // The directory reloads every 200 ms here (database.refresh).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    task("a2", acme_key.clone(), b"task0003").await;
+    assert_eq!((alpha.mock.call_count(), beta.mock.call_count()), (1, 2), "acme's own handler was not used");
+    // A bad handler name is refused.
+    assert!(admin.update_tenant("acme", all(Some(""))).await.is_err());
+    router.stop().await;
+}
