@@ -651,29 +651,50 @@ impl Exchange {
             (Some(key), Some(target)) if key != "mcp.resource.uri" => format!("{method} {target}"),
             _ => method.to_owned(),
         };
-        if let (Some(u), Some(span), Some((sent_at, took))) = (upstream, traced.client_span, upstream_took) {
-            let upstream = &self.app.upstreams[u];
-            let mut client = vec![
-                KeyValue::new("mcp.method.name", method),
-                KeyValue::new("switchboard.upstream", upstream.name.to_string()),
-                KeyValue::new("network.transport", if address.is_some() { "tcp" } else { "pipe" }),
-            ];
-            if let Some(a) = address {
-                client.push(KeyValue::new("server.address", a.host.to_string()));
-                client.push(KeyValue::new("server.port", i64::from(a.port)));
+        // The router's CLIENT span towards whoever served the call (an
+        // upstream, or a device): its name, its own attributes, whether it failed.
+        let towards: Option<(String, Vec<KeyValue>, bool)> = match &self.served {
+            Served::Upstream(u) => {
+                let upstream = &self.app.upstreams[*u];
+                let mut client = vec![
+                    KeyValue::new("switchboard.upstream", upstream.name.to_string()),
+                    KeyValue::new("network.transport", if address.is_some() { "tcp" } else { "pipe" }),
+                ];
+                if let Some(a) = address {
+                    client.push(KeyValue::new("server.address", a.host.to_string()));
+                    client.push(KeyValue::new("server.port", i64::from(a.port)));
+                }
+                if let (Some(key), Some(original)) = (name_key, original) {
+                    client.push(KeyValue::new(key, original.to_owned()));
+                }
+                let name = match (name_key, original) {
+                    (Some(key), Some(target)) if key != "mcp.resource.uri" => format!("{method} {target}"),
+                    _ => method.to_owned(),
+                };
+                Some((name, client, upstream_failed(outcome)))
             }
-            if let (Some(key), Some(original)) = (name_key, original) {
-                client.push(KeyValue::new(key, original.to_owned()));
+            Served::Local(device) => {
+                let mut client = vec![
+                    KeyValue::new("switchboard.device", device.to_string()),
+                    KeyValue::new("network.transport", "tcp"),
+                ];
+                if let (Some(key), Some(exposed)) = (name_key, exposed) {
+                    client.push(KeyValue::new(key, exposed.to_owned()));
+                }
+                Some((span_name.clone(), client, outcome != Outcome::Ok))
             }
+            Served::Router => None,
+        };
+        if let (Some((name, own, failed)), Some(span), Some((sent_at, took))) =
+            (towards, traced.client_span, upstream_took)
+        {
+            let mut client = vec![KeyValue::new("mcp.method.name", method)];
+            client.extend(own);
             if let Some(id) = &traced.request_id {
                 client.push(KeyValue::new("jsonrpc.request.id", id.to_string()));
             }
             client.extend(common.iter().cloned());
             let start = traced.start + sent_at.saturating_duration_since(self.started);
-            let name = match (name_key, original) {
-                (Some(key), Some(target)) if key != "mcp.resource.uri" => format!("{method} {target}"),
-                _ => method.to_owned(),
-            };
             telemetry.emit(Finished {
                 name: name.into(),
                 server: false,
@@ -683,36 +704,7 @@ impl Exchange {
                 start,
                 end: start + took,
                 attributes: client,
-                error: upstream_failed(outcome).then(|| traced.error.clone().unwrap_or_default()),
-            });
-        }
-        // A device's call: the router's CLIENT span towards the device.
-        if let (Served::Local(device), Some(span), Some((sent_at, took))) =
-            (&self.served, traced.client_span, upstream_took)
-        {
-            let mut client = vec![
-                KeyValue::new("mcp.method.name", method),
-                KeyValue::new("switchboard.device", device.to_string()),
-                KeyValue::new("network.transport", "tcp"),
-            ];
-            if let (Some(key), Some(exposed)) = (name_key, exposed) {
-                client.push(KeyValue::new(key, exposed.to_owned()));
-            }
-            if let Some(id) = &traced.request_id {
-                client.push(KeyValue::new("jsonrpc.request.id", id.to_string()));
-            }
-            client.extend(common);
-            let start = traced.start + sent_at.saturating_duration_since(self.started);
-            telemetry.emit(Finished {
-                name: span_name.clone().into(),
-                server: false,
-                trace: &traced.trace,
-                span,
-                parent: Some(traced.trace.span),
-                start,
-                end: start + took,
-                attributes: client,
-                error: (outcome != Outcome::Ok).then(|| traced.error.clone().unwrap_or_default()),
+                error: failed.then(|| traced.error.clone().unwrap_or_default()),
             });
         }
         telemetry.emit(Finished {
