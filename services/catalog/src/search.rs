@@ -121,20 +121,27 @@ impl Index {
         terms.sort();
         terms.dedup();
         let n = self.lengths.len() as f32;
-        let mut scores: HashMap<u32, f32> = HashMap::new();
+        // Dense: a score per document (a few tens of KiB for 10,000 tools),
+        // cheaper than hashing each posting.
+        let mut scores = vec![0f32; self.lengths.len()];
+        let average = self.average.max(1.0);
         for term in &terms {
             let Some(postings) = self.postings.get(term) else { continue };
             let idf = (1.0 + (n - postings.len() as f32 + 0.5) / (postings.len() as f32 + 0.5)).ln();
             for &(doc, tf) in postings {
                 let tf = tf as f32;
-                let norm = 1.0 - B + B * self.lengths[doc as usize] as f32 / self.average.max(1.0);
-                *scores.entry(doc).or_default() += idf * tf * (K1 + 1.0) / (tf + K1 * norm);
+                let norm = 1.0 - B + B * self.lengths[doc as usize] as f32 / average;
+                scores[doc as usize] += idf * tf * (K1 + 1.0) / (tf + K1 * norm);
             }
         }
         let mut ranked: Vec<(usize, f32)> =
-            scores.into_iter().map(|(d, s)| (d as usize, s)).filter(|&(d, _)| allowed(d)).collect();
-        ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        ranked.truncate(limit);
+            scores.into_iter().enumerate().filter(|&(d, s)| s > 0.0 && allowed(d)).collect();
+        let by_score = |a: &(usize, f32), b: &(usize, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if ranked.len() > limit {
+            ranked.select_nth_unstable_by(limit, by_score);
+            ranked.truncate(limit);
+        }
+        ranked.sort_by(by_score);
         ranked
     }
 }
