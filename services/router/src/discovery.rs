@@ -41,14 +41,16 @@ pub async fn answer(
     session: Option<&str>,
     env: &Envelope<'_>,
 ) -> Option<Result<Vec<u8>, Error>> {
+    // Other tenants have no meta-tools: their names are unknown tools, as
+    // resolving them finds (and their params are not read again here).
+    if who.tenant.discovery != Discovery::Progressive {
+        return None;
+    }
     let params = env.params?;
     let target = Target::parse(params).ok()?;
     let name = target.name.and_then(jsonrpc::as_str)?;
     let separator = &app.config.catalog.separator;
     let meta = Meta::of(&name, separator)?;
-    if who.tenant.discovery != Discovery::Progressive {
-        return Some(Err(Error::UnknownTool(name.into_owned())));
-    }
     let arguments: Value = target.arguments.and_then(|a| serde_json::from_str(a.get()).ok()).unwrap_or(Value::Null);
     let tenant = &*who.tenant;
     let snapshot = app.catalog.ensure_for(&[ListKind::Tools], |u| tenant.sees_upstream(u)).await;

@@ -95,6 +95,11 @@ pub fn unwrap_call(env: &Envelope<'_>, body: &Bytes, separator: &str) -> Result<
     if env.kind != MessageKind::Request || env.method_str() != "tools/call" {
         return Ok(None);
     }
+    // Every call passes here: its params are read only if the body could
+    // name the call meta-tool at all (a scan, no parse, no allocation).
+    if memchr::memmem::find(body, Meta::Call.suffix().as_bytes()).is_none() {
+        return Ok(None);
+    }
     let Some(params) = env.params else { return Ok(None) };
     let Ok(target) = Target::parse(params) else { return Ok(None) };
     let Some(name) = target.name.and_then(jsonrpc::as_str) else { return Ok(None) };
