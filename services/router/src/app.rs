@@ -75,13 +75,13 @@ pub struct App {
     pub keychain: Arc<crate::keychain::RouterKeychain>,
     /// The upstreams that act for each user with their consent, and their
     /// users' tokens (`None` if there are none).
-    pub delegation: Option<Arc<crate::delegation::Delegation>>,
+    pub delegation: Arc<crate::delegation::Delegation>,
     /// The upstreams that take each caller's own token, exchanged (`None`
     /// if there are none).
-    pub exchange: Option<Arc<crate::token_exchange::TokenExchange>>,
+    pub exchange: Arc<crate::token_exchange::TokenExchange>,
     /// Each user's catalog of the upstreams acting for each user (`None`
     /// if there are none).
-    pub user_catalogs: Option<Arc<crate::user_catalogs::UserCatalogs>>,
+    pub user_catalogs: Arc<crate::user_catalogs::UserCatalogs>,
     /// Edge devices and their tools.
     pub edge: Arc<switchboard_devices::Devices>,
     /// Traces, and the MCP metrics of the OpenTelemetry conventions.
@@ -272,29 +272,19 @@ impl App {
                 Catalog::new(upstreams.clone(), config.catalog.clone(), metrics.catalog.clone(), inbox, announce)
                     .covering(|u| !u.config.per_user),
             );
-            let exchange = (!config.exchanged.is_empty())
-                .then(|| Arc::new(crate::token_exchange::TokenExchange::new(&config.exchanged, metrics.registry())));
+            // Made even when no upstream acts for each user: a reload may add one.
+            let exchange = Arc::new(crate::token_exchange::TokenExchange::new(&config.exchanged, metrics.registry()));
             let keychain =
                 Arc::new(crate::keychain::RouterKeychain { vault: vault.clone(), exchange: exchange.clone() });
-            let user_catalogs = config
-                .upstreams
-                .iter()
-                .any(|u| u.per_user)
-                .then(|| Arc::new(crate::user_catalogs::UserCatalogs::new(keychain.clone())));
-            let delegation = match (&user_catalogs, config.delegated.is_empty()) {
-                (Some(catalogs), false) => {
-                    let base =
-                        config.server.public_url.clone().unwrap_or_else(|| format!("http://{}", config.server.listen));
-                    Some(Arc::new(crate::delegation::Delegation::new(
-                        vault.clone(),
-                        base,
-                        &config.delegated,
-                        catalogs.clone(),
-                        metrics.registry(),
-                    )))
-                }
-                _ => None,
-            };
+            let user_catalogs = Arc::new(crate::user_catalogs::UserCatalogs::new(keychain.clone()));
+            let base = config.server.public_url.clone().unwrap_or_else(|| format!("http://{}", config.server.listen));
+            let delegation = Arc::new(crate::delegation::Delegation::new(
+                vault.clone(),
+                base,
+                &config.delegated,
+                user_catalogs.clone(),
+                metrics.registry(),
+            ));
             let addresses = switchboard_core::slots::Slots::new();
             for u in upstreams.iter() {
                 addresses.set(u.id.index(), address_of(u));
@@ -433,9 +423,7 @@ impl App {
     pub fn start(self: &Arc<Self>) {
         self.directory.start(self.config.database.refresh);
         self.vault.start(self.config.database.refresh);
-        if let Some(delegation) = &self.delegation {
-            delegation.start_renewing();
-        }
+        self.delegation.start_renewing();
         let app = self.clone();
         tokio::spawn(async move {
             app.catalog.ensure(&ListKind::ALL).await;

@@ -97,7 +97,8 @@ pub struct Delegation {
     vault: Vault,
     /// The router's address as users reach it.
     base: String,
-    upstreams: HashMap<String, DelegatedConfig>,
+    /// By upstream name; replaced when the config file's upstreams change.
+    upstreams: arc_swap::ArcSwap<HashMap<String, Arc<DelegatedConfig>>>,
     /// Clients registered dynamically, by issuer.
     registered: Mutex<HashMap<String, Client>>,
     /// Users' catalogs (one is made afresh when its user's grant changes).
@@ -119,7 +120,7 @@ impl Delegation {
         Delegation {
             vault,
             base,
-            upstreams: configs.iter().map(|c| (c.upstream.clone(), c.clone())).collect(),
+            upstreams: arc_swap::ArcSwap::from_pointee(by_upstream(configs)),
             registered: Mutex::default(),
             catalogs,
             metrics: Metrics::new(registry),
@@ -129,7 +130,22 @@ impl Delegation {
 
     /// Whether `upstream` acts for each user.
     pub fn covers(&self, upstream: &str) -> bool {
-        self.upstreams.contains_key(upstream)
+        self.upstreams.load().contains_key(upstream)
+    }
+
+    /// Whether any upstream acts for each user through it.
+    pub fn any(&self) -> bool {
+        !self.upstreams.load().is_empty()
+    }
+
+    /// The upstreams acting for each user are now `configs` (the config
+    /// file changed). Users' grants stay in the vault: a grant for an
+    /// upstream that no longer acts for users is neither used nor renewed;
+    /// one the upstream's new authorization server refuses has its user
+    /// asked to authorize again, as for any refused token.
+    pub fn set(&self, configs: &[DelegatedConfig]) {
+        self.upstreams.store(Arc::new(by_upstream(configs)));
+        self.stored.notify_one();
     }
 
     fn redirect_uri(&self) -> String {
@@ -180,7 +196,12 @@ impl Delegation {
         if start.x < now_ms() {
             return Err(bad("this link has expired: make the request again for a new one"));
         }
-        let config = self.upstreams.get(&start.up).ok_or_else(|| bad("this upstream no longer acts for users"))?;
+        let config = self
+            .upstreams
+            .load()
+            .get(&start.up)
+            .cloned()
+            .ok_or_else(|| bad("this upstream no longer acts for users"))?;
         let name = start.up.clone();
         let failed = |why: String| {
             self.metrics.authorized(&name, "failed");
@@ -189,10 +210,10 @@ impl Delegation {
         };
         let challenge = match &start.c {
             Some(c) => delegated::parse_challenge(c).unwrap_or_default(),
-            None => self.probe(config).await,
+            None => self.probe(&config).await,
         };
         let found = delegated::discover(&config.fetcher, &config.server_url, &challenge).await.map_err(failed)?;
-        let client = self.client(config, &found.server).await.map_err(failed)?;
+        let client = self.client(&config, &found.server).await.map_err(failed)?;
         let granted = self
             .vault
             .grant(&start.t, start.u.as_deref(), &start.up)
@@ -313,7 +334,12 @@ impl Delegation {
         if pending.x < now_ms() {
             return Err(bad("this authorization took too long: make the request again"));
         }
-        let config = self.upstreams.get(&pending.up).ok_or_else(|| bad("this upstream no longer acts for users"))?;
+        let config = self
+            .upstreams
+            .load()
+            .get(&pending.up)
+            .cloned()
+            .ok_or_else(|| bad("this upstream no longer acts for users"))?;
         let refused = |why: String| {
             self.metrics.authorized(&pending.up, "failed");
             tracing::warn!(upstream = %pending.up, error = %why, "an upstream authorization failed");
@@ -385,7 +411,7 @@ impl Delegation {
             if at > now || p.lease_until_ms.is_some_and(|until| until > now) {
                 continue;
             }
-            let Some(config) = self.upstreams.get(&grant.upstream) else { continue };
+            let Some(config) = self.upstreams.load().get(&grant.upstream).cloned() else { continue };
             let Some(access_token) = bearer_token(&grant.credential) else { continue };
             let user = Some(grant.user.as_str()).filter(|u| !u.is_empty());
             let leased = Particulars { lease_until_ms: Some(now + LEASE_MS), ..p.clone() };
@@ -470,12 +496,15 @@ impl Delegation {
     /// How long until the first grant this replica knows of is due (its
     /// renewal time, or its lease's end): at least a second, at most
     /// [`RENEW_EVERY`] (grants stored by other replicas arrive meanwhile).
+    /// Grants for upstreams no longer acting for users are not renewed.
     fn until_due(&self) -> Duration {
         let now = now_ms();
+        let upstreams = self.upstreams.load();
         let due = self
             .vault
             .grants()
             .iter()
+            .filter(|g| upstreams.contains_key(&g.upstream))
             .filter_map(|g| serde_json::from_value::<Particulars>((*g.particulars).clone()).ok())
             .filter(|p| p.refresh_token.is_some())
             .filter_map(|p| p.renew_at_ms.map(|at| at.max(p.lease_until_ms.unwrap_or(0))))
@@ -546,4 +575,8 @@ fn bad(why: &str) -> Page {
 /// The value of `name` in a URL query, decoded.
 fn param(query: &str, name: &str) -> Option<String> {
     delegated::query_pairs(query).into_iter().find(|(k, _)| k == name).map(|(_, v)| v)
+}
+
+fn by_upstream(configs: &[DelegatedConfig]) -> HashMap<String, Arc<DelegatedConfig>> {
+    configs.iter().map(|c| (c.upstream.clone(), Arc::new(c.clone()))).collect()
 }

@@ -268,13 +268,12 @@ impl Exchange {
         let principal =
             self.app.auth.authenticate(headers, self.cert.as_ref()).outcome().await.map_err(Error::Unauthenticated)?;
         self.principal = Some(principal.clone());
-        if let Some(exchange) = &self.app.exchange {
+        let exchange = &self.app.exchange;
+        if exchange.any() {
             // An OAuth caller's token, exchanged for the upstreams that take it.
             if let Some(subject) = crate::auth::bearer(headers).filter(|_| principal.key_id.starts_with("u:")) {
                 if exchange.prepare(&principal, subject, &self.app.upstreams).await {
-                    if let Some(catalogs) = &self.app.user_catalogs {
-                        catalogs.forget(&principal.tenant.name, principal.user.as_deref());
-                    }
+                    self.app.user_catalogs.forget(&principal.tenant.name, principal.user.as_deref());
                 }
             }
         }

@@ -11,12 +11,12 @@ use crate::token_exchange::TokenExchange;
 
 pub struct RouterKeychain {
     pub vault: Vault,
-    pub exchange: Option<Arc<TokenExchange>>,
+    pub exchange: Arc<TokenExchange>,
 }
 
 impl RouterKeychain {
     fn exchanging(&self, upstream: &str) -> Option<&Arc<TokenExchange>> {
-        self.exchange.as_ref().filter(|x| x.covers(upstream))
+        Some(&self.exchange).filter(|x| x.covers(upstream))
     }
 
     /// What a request of `user` of `tenant` to `upstream` carries now (as

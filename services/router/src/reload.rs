@@ -5,8 +5,8 @@
 //! refused (a log line naming every problem, `switchboard_config_reloads_total
 //! {result="refused"}`) and the running configuration kept. A valid one is
 //! applied without touching sessions or requests in flight: the
-//! `[[upstreams]]` added, removed or changed (see `upstream_set.rs`; those
-//! acting for each user only at a restart), the config file's `[[tenants]]`
+//! `[[upstreams]]` added, removed or changed (see `upstream_set.rs`), the
+//! config file's `[[tenants]]`
 //! (their upstreams, tools, limits, accepted credentials) and `log.level`.
 //! Changes to other sections are not applied: they are named, logged and
 //! reported as pending a restart. `GET /v1/config` on the admin API tells
@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 
 use crate::app::App;
 use crate::config::Config;
-use crate::upstream_set::Entry;
+use crate::upstream_set::{ActingForUsers, Entry};
 
 /// How often the file is looked at.
 pub const POLL: Duration = Duration::from_secs(2);
@@ -61,8 +61,6 @@ struct State {
     /// The sections the router started with, and those applied since.
     started: Map<String, Value>,
     applied: Map<String, Value>,
-    /// Upstreams whose change waits for a restart.
-    pending_upstreams: std::collections::BTreeSet<String>,
     version: Version,
 }
 
@@ -129,13 +127,7 @@ impl Reloads {
             path: source.path,
             registry: Mutex::default(),
             log_level: source.log_level,
-            state: Mutex::new(State {
-                seen: text,
-                started: sections.clone(),
-                applied: sections,
-                pending_upstreams: Default::default(),
-                version,
-            }),
+            state: Mutex::new(State { seen: text, started: sections.clone(), applied: sections, version }),
             reloads,
             info,
         })
@@ -224,27 +216,19 @@ impl Reloads {
         for name in before.keys().filter(|name| !after.contains_key(*name)) {
             entries.push(Entry::Removed(name));
         }
-        let exchanged: Vec<&str> = config.exchanged.iter().map(|e| e.upstream.as_str()).collect();
+        let acting = ActingForUsers { delegated: &config.delegated, exchanged: &config.exchanged };
         let tag = format!("config:{}:{}", version_of(&text), registry_version.unwrap_or(0));
-        match app.change_upstreams(&entries, &exchanged, &tag) {
+        match app.change_upstreams(&entries, acting, &tag) {
             Ok(change) => {
                 applied.extend(change.added.iter().map(|n| format!("upstreams.{n} (added)")));
                 applied.extend(change.changed.iter().map(|n| format!("upstreams.{n} (changed)")));
                 applied.extend(change.removed.iter().map(|n| format!("upstreams.{n} (removed)")));
-                state.pending_upstreams.extend(change.pending);
             }
             Err(why) => {
                 drop(state);
                 return self.refuse(Some(&text), why);
             }
         }
-        // An upstream back as it was at start waits for nothing.
-        let State { started, pending_upstreams, .. } = &mut *state;
-        let started = upstream_entries(started);
-        pending_upstreams.retain(|p| {
-            let name = p.trim_start_matches("upstreams.");
-            started.get(name) != after.get(name)
-        });
         if changed(&state.applied, "tenants") {
             app.directory.set_static_tenants(config.tenants.clone());
             applied.push("tenants".to_owned());
@@ -269,7 +253,6 @@ impl Reloads {
         if format(&state.started) != format(&sections) {
             pending.push("log.format".into());
         }
-        pending.extend(state.pending_upstreams.iter().cloned());
         pending.sort();
         pending.dedup();
         let version = version_of(&text);

@@ -342,7 +342,7 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
         }
         "/healthz" => respond::text(StatusCode::OK, "ok\n"),
         "/oauth/start" | "/oauth/callback" | "/oauth/client-metadata.json"
-            if app.delegation.is_some() && req.method() == http::Method::GET =>
+            if app.delegation.any() && req.method() == http::Method::GET =>
         {
             crate::downstream::authorize::page(app, path, req.uri().query().unwrap_or("")).await
         }

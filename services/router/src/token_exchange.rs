@@ -69,7 +69,8 @@ impl Slot {
 }
 
 pub struct TokenExchange {
-    upstreams: HashMap<String, ExchangedConfig>,
+    /// By upstream name; replaced when the config file's upstreams change.
+    upstreams: arc_swap::ArcSwap<HashMap<String, Arc<ExchangedConfig>>>,
     held: Mutex<HashMap<Key, Arc<Slot>>>,
     metrics: Metrics,
 }
@@ -77,7 +78,7 @@ pub struct TokenExchange {
 impl TokenExchange {
     pub fn new(configs: &[ExchangedConfig], registry: &Registry) -> TokenExchange {
         TokenExchange {
-            upstreams: configs.iter().map(|c| (c.upstream.clone(), c.clone())).collect(),
+            upstreams: arc_swap::ArcSwap::from_pointee(by_upstream(configs)),
             held: Mutex::default(),
             metrics: Metrics::new(registry),
         }
@@ -85,7 +86,24 @@ impl TokenExchange {
 
     /// Whether `upstream` takes exchanged tokens.
     pub fn covers(&self, upstream: &str) -> bool {
-        self.upstreams.contains_key(upstream)
+        self.upstreams.load().contains_key(upstream)
+    }
+
+    /// Whether any upstream takes exchanged tokens.
+    pub fn any(&self) -> bool {
+        !self.upstreams.load().is_empty()
+    }
+
+    /// The upstreams taking exchanged tokens are now `configs` (the config
+    /// file changed): the tokens held for those no longer among them, or
+    /// named in `changed` (their authorization server may differ), are
+    /// dropped; requests exchange anew.
+    pub fn set(&self, configs: &[ExchangedConfig], changed: &[&str]) {
+        let new = by_upstream(configs);
+        let mut held = self.held.lock().expect("lock");
+        held.retain(|(_, _, upstream), _| new.contains_key(&**upstream) && !changed.contains(&&**upstream));
+        self.metrics.held.set(held.len() as i64);
+        self.upstreams.store(Arc::new(new));
     }
 
     /// Before a request of `who`, which came with the access token
@@ -127,10 +145,10 @@ impl TokenExchange {
         if slot.settled(&digest) {
             return false;
         }
-        let Some(config) = self.upstreams.get(&*key.2) else { return false };
+        let Some(config) = self.upstreams.load().get(&*key.2).cloned() else { return false };
         let had = slot.current().is_some_and(|h| h.got.is_ok());
         let held = match config.exchanger.exchange(subject).await {
-            Ok(token) => match bearer(config, &token.value, key) {
+            Ok(token) => match bearer(&config, &token.value, key) {
                 Ok(credential) => {
                     self.metrics.exchanged(&key.2, "ok");
                     Held { subject: digest, got: Ok(credential), until: token.renew_at() }
@@ -207,6 +225,10 @@ impl TokenExchange {
             stored,
         })
     }
+}
+
+fn by_upstream(configs: &[ExchangedConfig]) -> HashMap<String, Arc<ExchangedConfig>> {
+    configs.iter().map(|c| (c.upstream.clone(), Arc::new(c.clone()))).collect()
 }
 
 /// The credential of an exchanged token: `Authorization: Bearer` beside the

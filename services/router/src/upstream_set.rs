@@ -11,9 +11,9 @@
 //! catalog channel closes, its processes stop.
 //!
 //! Upstreams acting for each user (`[upstreams.oauth]` with the
-//! authorization code or token exchange grant) are wired into the router
-//! at start (the vault's flows, each user's catalog): a change to one of
-//! them is not applied; it is reported pending a restart.
+//! authorization code or token exchange grant) change the same way; the
+//! flows that get users' tokens take the new file's upstreams first, and
+//! users' own catalogs are made afresh.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,6 +23,7 @@ use switchboard_upstream::config::UpstreamConfig;
 use switchboard_upstream::{self as upstream, Upstream};
 
 use crate::app::App;
+use crate::config::{DelegatedConfig, ExchangedConfig};
 
 /// What a change of the upstream set did, by name.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -30,8 +31,6 @@ pub struct Applied {
     pub added: Vec<String>,
     pub removed: Vec<String>,
     pub changed: Vec<String>,
-    /// Changes not applied (upstreams acting for each user): pending a restart.
-    pub pending: Vec<String>,
 }
 
 impl Applied {
@@ -39,6 +38,16 @@ impl Applied {
     pub fn is_empty(&self) -> bool {
         self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
     }
+}
+
+/// The new file's upstreams acting for each user, by how they get users'
+/// tokens.
+#[derive(Clone, Copy)]
+pub struct ActingForUsers<'a> {
+    /// `grant = "authorization_code"`.
+    pub delegated: &'a [DelegatedConfig],
+    /// `grant = "token_exchange"`.
+    pub exchanged: &'a [ExchangedConfig],
 }
 
 /// How an upstream's entry in the file differs between two versions.
@@ -53,36 +62,25 @@ pub enum Entry<'a> {
 
 impl App {
     /// Applies `entries` (each upstream whose entry in the file changed)
-    /// to the set of upstreams. `exchanged` names the new file's upstreams
-    /// that take exchanged tokens (acting for each user, like `per_user`);
-    /// `tag` names the change the same at every replica (clients hear of
-    /// it once).
+    /// to the set of upstreams, with `acting` the new file's upstreams
+    /// acting for each user; `tag` names the change the same at every
+    /// replica (clients hear of it once).
     pub fn change_upstreams(
         self: &Arc<Self>,
         entries: &[Entry<'_>],
-        exchanged: &[&str],
+        acting: ActingForUsers<'_>,
         tag: &str,
     ) -> Result<Applied, String> {
         let mut applied = Applied::default();
         let running: HashMap<Arc<str>, Arc<Upstream>> =
             self.upstreams.iter().map(|u| (u.name.clone(), u.clone())).collect();
-        let acts_for_users = |name: &str, config: Option<&UpstreamConfig>| {
-            config.is_some_and(|c| c.per_user)
-                || running.get(name).is_some_and(|u| u.config.per_user)
-                || exchanged.contains(&name)
-                || self.config.exchanged.iter().any(|e| e.upstream == name)
-        };
         let mut adding: Vec<&UpstreamConfig> = Vec::new();
         let mut retiring: Vec<Arc<Upstream>> = Vec::new();
         for entry in entries {
-            let (name, config) = match entry {
-                Entry::Added(c) | Entry::Changed(c) => (c.name.as_str(), Some(*c)),
-                Entry::Removed(name) => (*name, None),
+            let name = match entry {
+                Entry::Added(c) | Entry::Changed(c) => c.name.as_str(),
+                Entry::Removed(name) => name,
             };
-            if acts_for_users(name, config) {
-                applied.pending.push(format!("upstreams.{name}"));
-                continue;
-            }
             match entry {
                 Entry::Added(c) if !running.contains_key(name) => {
                     adding.push(c);
@@ -104,6 +102,8 @@ impl App {
         if adding.is_empty() && retiring.is_empty() {
             return Ok(applied);
         }
+        let acted = |u: &UpstreamConfig| u.per_user;
+        let for_users = adding.iter().any(|c| acted(c)) || retiring.iter().any(|u| acted(&u.config));
         // Every table is ready for the new ones before any request finds them.
         let mut added: Vec<UpstreamId> = Vec::new();
         for config in adding {
@@ -128,6 +128,12 @@ impl App {
             self.set_address(&made);
             added.push(made.id);
         }
+        if for_users {
+            // Before any of the new ones enters: a request finds its flow.
+            let touched: Vec<&str> = applied.changed.iter().map(String::as_str).collect();
+            self.delegation.set(acting.delegated);
+            self.exchange.set(acting.exchanged, &touched);
+        }
         for old in &retiring {
             self.upstreams.retire(old.id);
         }
@@ -138,6 +144,8 @@ impl App {
             (0..self.upstreams.slots()).map(|i| self.upstreams[UpstreamId::new(i)].name.clone()).collect();
         self.directory.set_upstreams(names);
         self.catalog.upstreams_changed();
+        // Users' catalogs are made afresh on their next use, from the new set.
+        self.user_catalogs.clear();
         for kind in switchboard_protocol::methods::ListKind::ALL {
             self.announce_change(kind, tag);
         }

@@ -66,6 +66,12 @@ impl UserCatalogs {
         catalog
     }
 
+    /// Drops every user's catalog (the set of upstreams changed): each is
+    /// made afresh on its next use. Requests holding one finish with it.
+    pub fn clear(&self) {
+        self.catalogs.lock().expect("lock").clear();
+    }
+
     /// Drops a user's catalog (their credentials changed): the next list
     /// makes it afresh.
     pub fn forget(&self, tenant: &str, user: Option<&str>) {

@@ -43,6 +43,10 @@ pub struct Router {
     /// The admin API, when the configuration has `[admin]` and a database
     /// (`admin.listen` is ignored likewise).
     pub admin_addr: Option<SocketAddr>,
+    /// Its configuration file (reloaded when it changes) and what
+    /// [`Router::start`] put before the test's configuration.
+    file: PathBuf,
+    preamble: String,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
 }
@@ -64,6 +68,7 @@ impl Router {
         if !config_toml.contains("[egress]") {
             text.push_str("[egress]\nallow = [\"loopback\"]\n");
         }
+        let preamble = text.clone();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         // `{router}` in the configuration: where the router listens (an
@@ -75,7 +80,7 @@ impl Router {
         // changes, and the upstream registry applied with it.
         let file = std::env::temp_dir().join(services::unique("sb-router-")).with_extension("toml");
         std::fs::write(&file, &text).expect("write the test's configuration file");
-        extra.reload = Some(switchboard_router::reload::Source { path: file, log_level: None });
+        extra.reload = Some(switchboard_router::reload::Source { path: file.clone(), log_level: None });
         let mut edge_addr = None;
         if let Some(wanted) = config.edge.listen {
             // Port 0 in the test's config: any free port; else that one (a
@@ -96,7 +101,24 @@ impl Router {
         let task = tokio::spawn(switchboard_router::serve_with(listener, extra, config, async {
             let _ = stopped.await;
         }));
-        Router { addr, url: format!("http://{addr}/mcp"), edge_addr, admin_addr, stop: Some(stop), task: Some(task) }
+        Router {
+            addr,
+            url: format!("http://{addr}/mcp"),
+            edge_addr,
+            admin_addr,
+            file,
+            preamble,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Writes `config_toml` over its configuration file, as
+    /// [`Router::start`] would have written it: the router reloads it (it
+    /// looks every 2 s).
+    pub fn rewrite(&self, config_toml: &str) {
+        let text = format!("{}{}", self.preamble, config_toml.replace("{router}", &format!("http://{}", self.addr)));
+        std::fs::write(&self.file, text).expect("rewrite the test's configuration file");
     }
 
     /// A path on the router (`/metrics`, `/healthz`).
@@ -139,6 +161,7 @@ impl Drop for Router {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+        let _ = std::fs::remove_file(&self.file);
     }
 }
 

@@ -20,7 +20,7 @@ use crate::tools::Page;
 
 /// `GET /oauth/start`, `/oauth/callback` or `/oauth/client-metadata.json`.
 pub async fn page(app: &Arc<App>, path: &str, query: &str) -> Response<Body> {
-    let delegation = app.delegation.as_ref().expect("routed only with delegation");
+    let delegation = &app.delegation;
     let (status, text) = match path {
         "/oauth/start" => match delegation.start(query).await {
             Ok(location) => {
@@ -50,17 +50,14 @@ fn no_store(mut response: Response<Body>) -> Response<Body> {
 /// refusing the caller's authorization becomes the link that gets it
 /// (`None`: as it is).
 pub fn translate(app: &App, who: Option<&Principal>, session: Option<&Session>, err: &Error) -> Option<Error> {
-    if let (
-        Some(exchange),
-        Some(who),
-        Error::Upstream { upstream, source: UpstreamError::Unauthorized { status: 401, .. } },
-    ) = (&app.exchange, who, err)
+    if let (Some(who), Error::Upstream { upstream, source: UpstreamError::Unauthorized { status: 401, .. } }) =
+        (who, err)
     {
-        if exchange.covers(upstream) {
-            exchange.refused(who, upstream);
+        if app.exchange.covers(upstream) {
+            app.exchange.refused(who, upstream);
         }
     }
-    let delegation = app.delegation.as_ref()?;
+    let delegation = &app.delegation;
     let (upstream, status, challenge) = match err {
         Error::Upstream { upstream, source: UpstreamError::Unauthorized { status, challenge } } => {
             (upstream, *status, Some(challenge.as_str()))
@@ -84,18 +81,16 @@ pub fn translate(app: &App, who: Option<&Principal>, session: Option<&Session>, 
 /// upstream acting for each user (only their token reaches it), else the
 /// router's.
 pub fn era_catalog(app: &App, who: &Principal, u: switchboard_core::UpstreamId) -> Arc<switchboard_catalog::Catalog> {
-    match &app.user_catalogs {
-        Some(catalogs) if app.upstreams[u].config.per_user => {
-            catalogs.catalog(who, &app.upstreams, &app.config.catalog)
-        }
-        _ => app.catalog.clone(),
+    match app.upstreams[u].config.per_user {
+        true => app.user_catalogs.catalog(who, &app.upstreams, &app.config.catalog),
+        false => app.catalog.clone(),
     }
 }
 
 /// Whether upstream `u` asks its users for their consent (and so offers
 /// an `authorize` tool until it is given).
 fn asks_consent(app: &App, u: switchboard_core::UpstreamId) -> bool {
-    app.delegation.as_ref().is_some_and(|d| d.covers(&app.upstreams[u].name))
+    app.delegation.covers(&app.upstreams[u].name)
 }
 
 /// Whether the client declared URL-mode elicitation.
@@ -123,7 +118,7 @@ fn own_upstreams<'a>(app: &'a App, who: &'a Principal) -> impl Iterator<Item = s
 /// of theirs), and, for tools, the `authorize` tool of each such upstream
 /// asking for consent that lists nothing for them yet. On the last page only.
 pub async fn list_own(app: &App, who: &Principal, kind: ListKind, page: &mut Page) {
-    let Some(catalogs) = &app.user_catalogs else { return };
+    let catalogs = &app.user_catalogs;
     if page.is_cut() || own_upstreams(app, who).next().is_none() {
         return;
     }
@@ -162,7 +157,7 @@ pub async fn resolve_own(
     who: &Principal,
     name: &str,
 ) -> Result<Option<(switchboard_core::UpstreamId, Arc<[u8]>)>, Error> {
-    let Some(catalogs) = &app.user_catalogs else { return Ok(None) };
+    let catalogs = &app.user_catalogs;
     if own_upstreams(app, who).next().is_none() {
         return Ok(None);
     }
@@ -199,7 +194,7 @@ pub async fn resolve_own(
         // A tool of an upstream taking exchanged tokens that lists nothing
         // for this caller: why (no token to exchange, or the exchange failed).
         let upstream = &app.upstreams[u];
-        let exchanging = app.exchange.as_ref().is_some_and(|x| x.covers(&upstream.name));
+        let exchanging = app.exchange.covers(&upstream.name);
         let prefix = format!("{}{}", upstream.config.prefix, app.config.catalog.separator);
         if exchanging
             && !catalog.listed(u, ListKind::Tools)

@@ -5,7 +5,9 @@
 //! needs a bearer token and tells each session which ones it was sent)
 //! sees each user's credential only on that user's upstream session. And
 //! the vault's key: records unreadable without it, a rotation through the
-//! CLI, the router refusing to start with the wrong key.
+//! CLI, the router refusing to start with the wrong key. And upstreams
+//! acting for each user added, changed and removed by a reload of the
+//! config file.
 
 use std::time::Duration;
 
@@ -674,4 +676,126 @@ async fn each_user_authorizes_the_router_and_one_replica_renews_each_grant() {
     );
     drop((a, b));
     db.drop_now().await;
+}
+
+/// Upstreams acting for each user come and go with the config file, as
+/// others do: added by a reload, one taking exchanged tokens serves the
+/// user's call with her exchanged token and one taking her consent offers
+/// its `authorize` tool, whose link completes the flow; changed, the
+/// exchange follows the new settings (the token held for the old ones is
+/// not sent again); removed, their tools leave her list and the
+/// authorization pages answer no more. Nothing waits for a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstreams_acting_for_each_user_are_added_changed_and_removed_by_a_reload() {
+    let (_as, issuer) = authorization_server(&[]).await;
+    let plain = MockServer::start(mock_named("plain")).await;
+    let mut options = mock_named("docs");
+    options.whoami = true;
+    options.require_auth = true;
+    let docs = MockServer::start(options).await;
+    let mut options = mock_named("gh");
+    options.whoami = true;
+    options.require_auth = true;
+    options.authorization_server = Some(issuer.clone());
+    let gh = MockServer::start(options).await;
+    let dir = std::env::temp_dir().join(unique("sb-reload-acting-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = switchboard_vault::Key::generate();
+    let config = |upstreams: &str| {
+        format!(
+            "[auth]\nmode = \"keys\"\n[egress]\nallow = [\"loopback\"]\n[server]\npublic_url = \"{{router}}\"\n\
+             [database]\nurl = \"sqlite://{db}?mode=rwc\"\nrefresh = \"200ms\"\n[audit]\nspool = \"{spool}\"\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"an-admin-token-for-tests\"\n\
+             [vault]\nkey = \"{key}\"\n\
+             [[tenants]]\nname = \"acme\"\nupstreams = [\"*\"]\naccept = [\"oauth\"]\n\
+             [oauth]\nresource = \"http://127.0.0.1:9/mcp\"\n\
+             [oauth.servers.test]\nissuer = \"{issuer}\"\ntenant_claim = \"org\"\n{plain}{upstreams}",
+            db = dir.join("router.db").display(),
+            spool = dir.join("audit.spool").display(),
+            plain = http_upstream("plain", &plain.url, ""),
+        )
+    };
+    let exchanged = |scope: &str| {
+        format!(
+            "{}[upstreams.oauth]\ngrant = \"token_exchange\"\nissuer = \"{issuer}\"\n\
+             client_id = \"exchanger\"\nclient_secret = \"exchanger-secret\"\nscope = \"{scope}\"\n",
+            http_upstream("docs", &docs.url, "")
+        )
+    };
+    let consented = format!("{}[upstreams.oauth]\ngrant = \"authorization_code\"\n", http_upstream("gh", &gh.url, ""));
+    admin_for(&config("").replace("{router}", "http://127.0.0.1:9")).await;
+    let router = Router::start(&config("")).await;
+    let resource = "http://127.0.0.1:9/mcp";
+    let metadata = router.path("/oauth/client-metadata.json");
+    let status_of = |url: String| async move { browse(&url, &mut Vec::new()).await.0 };
+    assert_eq!(status_of(metadata.clone()).await, 404, "authorization pages without an upstream needing them");
+
+    let mut alice = Client::with_key(&router.url, &token_of(&issuer, "machine", resource).await);
+    alice.initialize().await;
+    let mut stream = alice.open_stream().await;
+    assert!(!alice.tool_names().await.iter().any(|n| n.starts_with("docs__") || n.starts_with("gh__")));
+
+    // Added: both, by one reload.
+    router.rewrite(&config(&format!("{}{consented}", exchanged("mcp:list mcp:call"))));
+    let mut heard = false;
+    while let Some(message) = stream.next(Duration::from_secs(10)).await {
+        if message["method"] == "notifications/tools/list_changed" {
+            heard = true;
+            break;
+        }
+    }
+    assert!(heard, "no notifications/tools/list_changed after the upstreams were added");
+    let names = alice.tool_names().await;
+    assert!(
+        names.contains(&"docs__whoami".to_owned()),
+        "the added exchanged upstream lists nothing for her: {names:?}"
+    );
+    let (_, seen) = whoami(&alice.call_tool("docs__whoami", json!({})).await).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let token = claims(seen[0].strip_prefix("Bearer ").unwrap());
+    assert_eq!((token["sub"].as_str(), token["aud"].as_str()), (Some("machine"), Some(docs.url.as_str())), "{token}");
+    assert_eq!(status_of(metadata.clone()).await, 200, "the authorization pages did not come with the added upstream");
+    let page = authorize(&alice, &issuer, "alice").await;
+    assert!(page.starts_with(&router.path("/oauth/callback")), "{page}");
+    let (_, seen) = whoami(&alice.call_tool("gh__whoami", json!({})).await).unwrap_or_else(|e| panic!("{e}"));
+    let token = claims(seen[0].strip_prefix("Bearer ").unwrap());
+    assert_eq!((token["sub"].as_str(), token["aud"].as_str()), (Some("alice"), Some(gh.url.as_str())), "{token}");
+
+    // Changed: docs's exchange now asks for more than her token allows, so
+    // the server refuses it; the token held for the old settings is dropped.
+    router.rewrite(&config(&format!("{}{consented}", exchanged("mcp:list mcp:call mcp:read"))));
+    let refused = eventually(Duration::from_secs(10), || async {
+        let answer = alice.call_tool("docs__whoami", json!({})).await;
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("did not exchange") && m.contains("invalid_scope"))
+    })
+    .await;
+    assert!(refused, "the changed upstream's exchange kept its old settings");
+
+    // Removed: gh's tools and the authorization pages go; docs (changed
+    // back) serves her again with a fresh exchange.
+    router.rewrite(&config(&exchanged("mcp:list mcp:call")));
+    let gone = eventually(Duration::from_secs(10), || async {
+        !alice.tool_names().await.iter().any(|n| n.starts_with("gh__"))
+    })
+    .await;
+    assert!(gone, "the removed upstream's tools are still listed");
+    let answer = alice.call_tool("gh__whoami", json!({})).await;
+    assert!(answer["error"].is_object(), "{answer}");
+    assert_eq!(status_of(metadata.clone()).await, 404, "the authorization pages outlived their last upstream");
+    let served = eventually(Duration::from_secs(10), || async {
+        whoami(&alice.call_tool("docs__whoami", json!({})).await).is_ok()
+    })
+    .await;
+    assert!(served, "the upstream changed back does not serve her");
+
+    let admin = format!("http://{}/v1/config", router.admin_addr.unwrap());
+    let config: Value = serde_json::from_str(
+        &switchboard_test_support::get_text_with(&admin, &[("authorization", "Bearer an-admin-token-for-tests")]).await,
+    )
+    .unwrap();
+    assert_eq!(config["pending_restart"], json!([]), "{config}");
+    assert_eq!(config["last_refusal"], Value::Null, "{config}");
+    drop(router);
 }
