@@ -69,6 +69,9 @@ pub struct Item {
     pub name: Box<str>,
     /// The item as clients see it, serialised.
     pub json: Bytes,
+    /// A digest of its definition, made when first needed (the router's
+    /// tool-definition pinning).
+    pub digest: std::sync::OnceLock<[u8; 32]>,
 }
 
 /// One merged list.
@@ -131,6 +134,7 @@ impl Listing {
                 original: jsonrpc::json_string(original).into(),
                 name: original.into(),
                 json,
+                digest: std::sync::OnceLock::new(),
             });
         }
         self.spans.push((u, start, self.items.len() - start));

@@ -95,6 +95,14 @@ enum Command {
         #[command(subcommand)]
         command: UpstreamCommand,
     },
+    /// Tool-definition pinning: definitions waiting for a decision, with
+    /// what changed; approve or reject one.
+    Pins {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(subcommand)]
+        command: PinsCommand,
+    },
     /// The vault's key: make one, or reseal every credential with the current one.
     Vault {
         #[command(flatten)]
@@ -124,6 +132,8 @@ struct DbArgs {
 }
 
 #[derive(Subcommand)]
+// Parsed once per run: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum TenantCommand {
     /// Create a tenant.
     Create {
@@ -166,6 +176,15 @@ enum TenantCommand {
         /// edge.task_handler).
         #[arg(long)]
         task_handler: Option<String>,
+        /// Pin its tool definitions: approved as first seen (first_sight)
+        /// or by an operator (operator); a changed one waits for approval.
+        #[arg(long)]
+        pin: Option<String>,
+        /// What its clients get of a pinned tool whose definition changed:
+        /// nothing until approved (withhold, the default) or the tool,
+        /// marked (warn). Implies --pin first_sight if --pin is not given.
+        #[arg(long)]
+        pin_changes: Option<String>,
     },
     /// List tenants (database and config file).
     List {
@@ -402,6 +421,7 @@ fn main() -> Result<()> {
         Command::Audit { db, command } => admin_runtime()?.block_on(audit(db, command)),
         Command::Credentials { db, command } => admin_runtime()?.block_on(credentials(db, command)),
         Command::Upstreams { db, command } => admin_runtime()?.block_on(upstreams(db, command)),
+        Command::Pins { db, command } => admin_runtime()?.block_on(pins(db, command)),
         Command::Vault { command: VaultCommand::NewKey, .. } => {
             println!("{}", switchboard_vault::Key::generate());
             Ok(())
@@ -573,7 +593,30 @@ async fn tenants(db: DbArgs, command: TenantCommand) -> Result<()> {
             audit_arguments,
             progressive,
             task_handler,
+            pin,
+            pin_changes,
         } => {
+            let choice = |flag: &str, value: Option<String>| -> anyhow::Result<Option<serde_json::Value>> {
+                value
+                    .map(|v| {
+                        let known = match flag {
+                            "--pin" => ["first_sight", "operator"],
+                            _ => ["withhold", "warn"],
+                        };
+                        anyhow::ensure!(known.contains(&v.as_str()), "{flag} {v:?}: one of {}", known.join(", "));
+                        Ok(serde_json::Value::String(v))
+                    })
+                    .transpose()
+            };
+            let pinning = match (choice("--pin", pin)?, choice("--pin-changes", pin_changes)?) {
+                (None, None) => None,
+                (approve, on_change) => {
+                    let mut spec = serde_json::Map::new();
+                    spec.extend(approve.map(|a| ("approve".to_owned(), a)));
+                    spec.extend(on_change.map(|c| ("on_change".to_owned(), c)));
+                    Some(serde_json::from_value(serde_json::Value::Object(spec))?)
+                }
+            };
             let discovery = if progressive {
                 switchboard_core::policy::Discovery::Progressive
             } else {
@@ -584,6 +627,7 @@ async fn tenants(db: DbArgs, command: TenantCommand) -> Result<()> {
                 audit_arguments,
                 discovery,
                 task_handler,
+                pinning,
                 ..Default::default()
             };
             for (list, is_allow) in [(allow, true), (deny, false)] {
@@ -694,6 +738,64 @@ fn header_lines(headers: Vec<String>, stdin: bool) -> Result<Vec<(String, String
         parsed.push((name.trim().to_owned(), value.trim().to_owned()));
     }
     Ok(parsed)
+}
+
+#[derive(Subcommand)]
+enum PinsCommand {
+    /// Pinned tools (by default only definitions waiting for a decision).
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Every pin, approved ones too.
+        #[arg(long)]
+        all: bool,
+        /// As JSON (with both definitions).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve the definition of TOOL waiting with DIGEST (as listed): the
+    /// tenant's clients get the tool as now defined.
+    Approve { tenant: String, tool: String, digest: String },
+    /// Reject it: the tool stays withheld.
+    Reject { tenant: String, tool: String, digest: String },
+}
+
+async fn pins(db: DbArgs, command: PinsCommand) -> Result<()> {
+    let (admin, _) = open_admin(&db, true).await?;
+    match command {
+        PinsCommand::List { tenant, all, json } => {
+            let pins = admin.pins(tenant.as_deref(), !all).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&pins)?);
+                return Ok(());
+            }
+            println!("{:<16} {:<40} {:<16} {:<9} {:<64} CHANGED", "TENANT", "TOOL", "UPSTREAM", "STATE", "DIGEST");
+            for p in pins {
+                let digest = p.row.pending_digest.as_deref().or(p.row.approved_digest.as_deref()).unwrap_or("");
+                let fields: Vec<&str> = p.changes.iter().map(|c| c.field.as_str()).collect();
+                println!(
+                    "{:<16} {:<40} {:<16} {:<9} {:<64} {}",
+                    p.row.tenant,
+                    p.row.tool,
+                    p.row.upstream,
+                    p.state,
+                    digest,
+                    fields.join(",")
+                );
+            }
+        }
+        PinsCommand::Approve { tenant, tool, digest } => {
+            admin.approve_pin(&tenant, &tool, &digest, "cli").await?;
+            eprintln!(
+                "approved: {tenant}'s clients get {tool} as now defined, at every router within database.refresh"
+            );
+        }
+        PinsCommand::Reject { tenant, tool, digest } => {
+            admin.reject_pin(&tenant, &tool, &digest, "cli").await?;
+            eprintln!("rejected: {tool} stays withheld from {tenant}");
+        }
+    }
+    Ok(())
 }
 
 async fn upstreams(db: DbArgs, command: UpstreamCommand) -> Result<()> {

@@ -43,6 +43,46 @@ pub struct Policy {
     /// place of the router-wide `edge.task_handler`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_handler: Option<String>,
+    /// Tool-definition pinning: each tool's definition approved once, and
+    /// a changed one held back (or flagged) until approved again. `None`:
+    /// off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinning: Option<Pinning>,
+}
+
+/// How a tenant's tool definitions are pinned (see [`Policy::pinning`]).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Pinning {
+    /// Who approves a tool's first definition.
+    #[serde(default)]
+    pub approve: Approve,
+    /// What the tenant's clients get of a tool whose definition changed
+    /// since it was approved, until an operator approves the new one.
+    #[serde(default)]
+    pub on_change: OnChange,
+}
+
+/// Who approves a tool's first definition.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Approve {
+    /// Pinned as first seen.
+    #[default]
+    FirstSight,
+    /// Withheld until an operator approves it.
+    Operator,
+}
+
+/// What a tenant gets of a tool whose definition changed.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OnChange {
+    /// Neither listed nor callable.
+    #[default]
+    Withhold,
+    /// Listed (marked in its `_meta`) and callable.
+    Warn,
 }
 
 /// How a tenant's clients discover its tools (see [`Policy::discovery`]).
@@ -192,6 +232,8 @@ pub struct Tenant {
     pub discovery: Discovery,
     /// The tool that answers its devices' text tasks (`None`: the router's).
     pub task_handler: Option<Arc<str>>,
+    /// Its tool-definition pinning, if on.
+    pub pinning: Option<Pinning>,
     /// A slot for the router's per-tenant metric handles, made on first use.
     pub meters: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -207,7 +249,9 @@ impl Tenant {
                 subscribed.then(|| policy.tools.get(&**u).cloned().unwrap_or_default())
             })
             .collect();
-        let unrestricted = access.iter().all(|a| a.as_ref().is_some_and(|f| f.allow.is_empty() && f.deny.is_empty()));
+        // A pinned catalog is filtered too: by each tool's approved definition.
+        let unrestricted = policy.pinning.is_none()
+            && access.iter().all(|a| a.as_ref().is_some_and(|f| f.allow.is_empty() && f.deny.is_empty()));
         Tenant {
             name: Arc::from(name),
             access,
@@ -217,6 +261,7 @@ impl Tenant {
             accept: policy.accept.clone(),
             discovery: policy.discovery,
             task_handler: policy.task_handler.as_deref().map(Arc::from),
+            pinning: policy.pinning,
             meters: std::sync::OnceLock::new(),
         }
     }

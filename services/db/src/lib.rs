@@ -22,9 +22,11 @@ use tokio::sync::mpsc;
 pub const CHANGES_CHANNEL: &str = "switchboard_changes";
 
 mod credentials;
+mod pins;
 mod upstreams;
 pub mod usage;
 pub use credentials::{CredentialRow, VAULT_CHANNEL};
+pub use pins::{NewPin, PinDigests, PinRow, PINS_CHANNEL};
 pub use upstreams::{UpstreamRow, UPSTREAMS_CHANNEL};
 
 static POSTGRES: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");

@@ -5,7 +5,7 @@
 //! ([`Mock::serve_stdio`]) and offers a fixed set of tools that exercise what a
 //! router must relay: plain results (`echo`, `add`), progress (`progress`),
 //! server-to-client requests (`sample`, `elicit`, `roots`), logging (`log`),
-//! errors (`fail`), catalog changes (`add_tool`), resource updates (`touch`),
+//! errors (`fail`), catalog changes (`add_tool`, `redescribe`), resource updates (`touch`),
 //! large payloads (`big`) and slowness (`sleep`). The `tools/call` path for
 //! `echo` writes its response straight from the request bytes so that the
 //! mock is never the bottleneck of a load test.
@@ -114,6 +114,12 @@ impl Mock {
     /// HTTP requests received over HTTP/1.x and over HTTP/2.
     pub fn http_versions(&self) -> (u64, u64) {
         (self.server.stats.http1.load(Ordering::Relaxed), self.server.stats.http2.load(Ordering::Relaxed))
+    }
+
+    /// Gives tool `name` a new description (what a server changing a tool
+    /// under its clients does), and tells its sessions their list changed.
+    pub fn redescribe(&self, name: &str, description: &str) {
+        self.server.redescribe(name, description);
     }
 
     /// How many `DELETE` requests ended a session.

@@ -50,6 +50,8 @@ pub(crate) struct Server {
     /// The session of a stateless server and of stdio.
     shared: Arc<Session>,
     dynamic_tools: Mutex<Vec<String>>,
+    /// Descriptions changed at run time (`redescribe`), by tool name.
+    descriptions: Mutex<std::collections::HashMap<String, String>>,
     tools_page: Mutex<Option<Bytes>>,
     /// GET answers 405 (no GET stream), for now ([`crate::Mock::refuse_get`]).
     pub(crate) refuse_get: std::sync::atomic::AtomicBool,
@@ -85,6 +87,11 @@ const TOOLS: &[(&str, &str, &str)] = &[
         "add_tool",
         "Adds a tool and announces the change.",
         r#"{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}"#,
+    ),
+    (
+        "redescribe",
+        "Changes a tool's description and announces the change.",
+        r#"{"type":"object","properties":{"name":{"type":"string"},"description":{"type":"string"}},"required":["name","description"]}"#,
     ),
     (
         "touch",
@@ -125,6 +132,7 @@ impl Server {
             sessions: Mutex::new(HashMap::new()),
             shared: Session::new(String::new()),
             dynamic_tools: Mutex::new(Vec::new()),
+            descriptions: Mutex::default(),
             tools_page: Mutex::new(None),
             refuse_get: std::sync::atomic::AtomicBool::new(false),
             listeners: Listeners::default(),
@@ -425,6 +433,11 @@ impl Server {
         if self.opts.duplicate_tool {
             tools.push(json!({"name": "echo", "description": "Listed twice.", "inputSchema": {"type": "object"}}));
         }
+        for (name, description) in self.descriptions.lock().expect("lock").iter() {
+            for tool in tools.iter_mut().filter(|t| t["name"] == name.as_str()) {
+                tool["description"] = Value::String(description.clone());
+            }
+        }
         // Padded descriptions are made for the page asked for only.
         let pad = |page: &[Value]| -> Vec<Value> {
             let padding = "x".repeat(self.opts.tool_padding);
@@ -525,6 +538,13 @@ impl Server {
                 *self.tools_page.lock().expect("lock") = None;
                 self.announce(Change::Tools);
                 Reply::Json(text_result(&format!("added {name}")))
+            }
+            "redescribe" => {
+                let (Some(name), Some(description)) = (args["name"].as_str(), args["description"].as_str()) else {
+                    return Reply::Json(tool_error("redescribe needs a name and a description"));
+                };
+                self.redescribe(name, description);
+                Reply::Json(text_result(&format!("redescribed {name}")))
             }
             "touch" => {
                 let uri = args["uri"].as_str().unwrap_or_default().to_owned();
@@ -712,6 +732,13 @@ impl Server {
 
     /// Announces a list change to every session's GET stream (2025) and to
     /// the listen streams that asked for it (2026-07-28).
+    /// Gives tool `name` a new description, and announces the change.
+    pub(crate) fn redescribe(&self, name: &str, description: &str) {
+        self.descriptions.lock().expect("lock").insert(name.to_owned(), description.to_owned());
+        *self.tools_page.lock().expect("lock") = None;
+        self.announce(Change::Tools);
+    }
+
     pub(crate) fn announce(&self, change: Change<'_>) {
         let method = match change {
             Change::Tools => "notifications/tools/list_changed",

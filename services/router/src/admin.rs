@@ -487,6 +487,8 @@ struct PolicyBody {
     discovery: switchboard_core::policy::Discovery,
     #[serde(default)]
     task_handler: Option<String>,
+    #[serde(default)]
+    pinning: Option<switchboard_core::policy::Pinning>,
 }
 
 impl From<PolicyBody> for Policy {
@@ -499,6 +501,7 @@ impl From<PolicyBody> for Policy {
             accept: p.accept,
             discovery: p.discovery,
             task_handler: p.task_handler,
+            pinning: p.pinning,
         }
     }
 }
@@ -512,6 +515,13 @@ struct CreateKey {
 }
 
 async fn handle(admin: &Admin, token: &str, req: Request<Incoming>) -> Response<Body> {
+    // The console's pages carry no secret: they load without the token,
+    // which the operator then types in.
+    if req.method() == Method::GET {
+        if let Some(page) = crate::console::file(req.uri().path()) {
+            return page;
+        }
+    }
     let presented = req
         .headers()
         .get(http::header::AUTHORIZATION)
@@ -664,6 +674,41 @@ async fn handle(admin: &Admin, token: &str, req: Request<Incoming>) -> Response<
             },
             Err(e) => Err(e),
         },
+        (&Method::GET, ["v1", "calls", "stream"]) => match query_param(&query, "tenant") {
+            Ok(tenant) => return admin.call_feed(tenant),
+            Err(e) => Err(e),
+        },
+        (&Method::GET, ["v1", "catalog"]) => match catalog_query(&query) {
+            Ok((tenant, q)) => match admin.catalog(&tenant, q.as_deref()) {
+                Ok(Some(found)) => Ok((StatusCode::OK, found)),
+                Ok(None) => Err(AdminError::Store(DbError::NotFound(
+                    "the catalog (served by a running router's admin listener)".into(),
+                ))),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        },
+        (&Method::GET, ["v1", "pins"]) => match pins_query(&query) {
+            Ok((tenant, waiting)) => {
+                admin.pins(tenant.as_deref(), waiting).await.map(|p| (StatusCode::OK, json!({ "pins": p })))
+            }
+            Err(e) => Err(e),
+        },
+        (&Method::POST, ["v1", "pins", decision @ ("approve" | "reject")]) => {
+            match serde_json::from_slice::<PinDecision>(&body) {
+                Ok(d) if *decision == "approve" => admin
+                    .approve_pin(&d.tenant, &d.tool, &d.digest, d.by.as_deref().unwrap_or("api"))
+                    .await
+                    .map(|p| (StatusCode::OK, json!(p))),
+                Ok(d) => admin
+                    .reject_pin(&d.tenant, &d.tool, &d.digest, d.by.as_deref().unwrap_or("api"))
+                    .await
+                    .map(|()| (StatusCode::NO_CONTENT, json!(null))),
+                Err(e) => Err(AdminError::Invalid(format!(
+                    "body: {e} (expected {{\"tenant\": …, \"tool\": …, \"digest\": the waiting definition's}})"
+                ))),
+            }
+        }
         (&Method::POST, ["v1", "vault", "rotate"]) => admin.rotate_vault().await.map(|r| (StatusCode::OK, json!(r))),
         (&Method::GET, ["v1", "edge", "devices"]) => {
             let tenant = query
@@ -719,6 +764,47 @@ pub fn expiry(expires_in: Option<&str>, expires_at_ms: Option<i64>) -> Result<Op
         }
         (None, at) => Ok(at),
     }
+}
+
+/// `POST /v1/pins/approve` and `/reject`: which waiting definition.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PinDecision {
+    tenant: String,
+    tool: String,
+    digest: String,
+    /// The operator's interface (`api` unless the console says so).
+    #[serde(default)]
+    by: Option<String>,
+}
+
+/// `GET /v1/catalog`'s query: `tenant` (required) and `q`.
+fn catalog_query(query: &str) -> Result<(String, Option<String>), AdminError> {
+    let (mut tenant, mut q) = (None, None);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "tenant" => tenant = Some(percent_decode(v)),
+            "q" => q = Some(percent_decode(v)),
+            _ => return Err(AdminError::Invalid(format!("unknown query parameter {k:?} (tenant, q)"))),
+        }
+    }
+    Ok((tenant.ok_or_else(|| AdminError::Invalid("tenant: required".into()))?, q))
+}
+
+/// `GET /v1/pins`' query: `tenant`, and `waiting=true` for only the
+/// definitions waiting for a decision.
+fn pins_query(query: &str) -> Result<(Option<String>, bool), AdminError> {
+    let (mut tenant, mut waiting) = (None, false);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "tenant" => tenant = Some(percent_decode(v)),
+            "waiting" => waiting = matches!(v, "true" | "1" | ""),
+            _ => return Err(AdminError::Invalid(format!("unknown query parameter {k:?} (tenant, waiting)"))),
+        }
+    }
+    Ok((tenant, waiting))
 }
 
 /// A credential as `PUT`: header name → value.

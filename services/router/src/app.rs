@@ -109,6 +109,10 @@ pub struct App {
     pub(crate) relayed_spans: crate::relayed_spans::RelayedSpans,
     /// Progressive discovery's metrics and its callers' last results.
     pub(crate) discoveries: crate::tools::meta::Discoveries,
+    /// Tool-definition pinning: each pinning tenant's approved definitions.
+    pub pins: Arc<crate::pins::Pins>,
+    /// The live call feed (operators watching).
+    pub feed: crate::feed::Feed,
 }
 
 /// Upstream `u`'s address, as telemetry names it (none for stdio).
@@ -290,7 +294,9 @@ impl App {
                 addresses.set(u.id.index(), address_of(u));
             }
             let discoveries = crate::tools::meta::Discoveries::new(metrics.registry());
-            let catalog_tools = Arc::new(CatalogTools { catalog: catalog.clone(), upstreams: upstreams.clone() });
+            let pins = Arc::new(crate::pins::Pins::new(database.clone(), metrics.registry()));
+            let catalog_tools =
+                Arc::new(CatalogTools { catalog: catalog.clone(), upstreams: upstreams.clone(), pins: pins.clone() });
             let relay: Weak<dyn Relay> = me.clone();
             let sessions = Sessions::new(
                 switchboard_session::Setup {
@@ -340,6 +346,8 @@ impl App {
                 legacy: Mutex::new(HashMap::new()),
                 relayed_spans: Default::default(),
                 discoveries,
+                pins,
+                feed: crate::feed::Feed::default(),
             }
         });
         if let Some(shared) = app.sessions.shared_streams() {
@@ -406,6 +414,9 @@ impl App {
                 tracing::warn!(error = %e, "cannot load tenants and keys from the database yet; retrying in the background");
             }
         }
+        if let Err(e) = self.pins.load().await {
+            tracing::warn!(error = %e, "cannot load tool pins yet; pinning tenants' tools are withheld until they load (retried in the background)");
+        }
         match self.vault.load().await {
             Ok(()) => {}
             Err(e @ switchboard_vault::VaultError::Unreadable(_)) => {
@@ -424,6 +435,7 @@ impl App {
         self.directory.start(self.config.database.refresh);
         self.vault.start(self.config.database.refresh);
         self.delegation.start_renewing();
+        self.pins.start(Arc::downgrade(self), self.config.database.refresh);
         let app = self.clone();
         tokio::spawn(async move {
             app.catalog.ensure(&ListKind::ALL).await;
@@ -516,6 +528,10 @@ impl App {
     /// An upstream's list changed: mark it stale and, if clients may have
     /// seen it, tell every session once; listen streams hear of every change.
     pub fn list_changed(&self, u: UpstreamId, kind: ListKind) {
+        if kind == ListKind::Tools {
+            // Pinned definitions are checked against the list fetched anew.
+            self.pins.wake();
+        }
         if self.catalog.invalidate(u, kind) {
             self.announce(kind);
         } else {
@@ -538,6 +554,9 @@ impl App {
     /// client hears it once however many replicas apply it, and hears
     /// each change.
     pub(crate) fn announce_change(&self, kind: ListKind, tag: &str) {
+        if kind == ListKind::Tools {
+            self.pins.wake();
+        }
         let _ = self.changes.send(Change::List(kind, None));
         let note = jsonrpc::request(None, kind.changed_notification(), None);
         self.sessions.announce(&note, &format!("{}#{tag}", kind.changed_notification()), None);
@@ -545,6 +564,9 @@ impl App {
 
     /// Tells every session that a list changed.
     fn announce(&self, kind: ListKind) {
+        if kind == ListKind::Tools {
+            self.pins.wake();
+        }
         let _ = self.changes.send(Change::List(kind, None));
         let note = jsonrpc::request(None, kind.changed_notification(), None);
         self.sessions.announce(&note, kind.changed_notification(), None);
@@ -794,5 +816,27 @@ impl Drop for Awaiting {
                 tokio::spawn(async move { shared.forget_answer(&session, &ours).await });
             }
         }
+    }
+}
+
+impl crate::pins::Running for App {
+    fn directory(&self) -> &Directory {
+        &self.directory
+    }
+
+    fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    fn upstreams(&self) -> &Upstreams {
+        &self.upstreams
+    }
+
+    fn audit(&self) -> Option<&Audit> {
+        self.audit.as_ref()
+    }
+
+    fn announce_tools(&self, tenant: &str) {
+        App::announce_tools(self, tenant)
     }
 }

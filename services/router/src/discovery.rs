@@ -65,9 +65,7 @@ pub async fn answer(
                 .and_then(Value::as_u64)
                 .map_or(DEFAULT_RESULTS, |l| (l as usize).clamp(1, MAX_RESULTS));
             let started = Instant::now();
-            let ranked = snapshot
-                .tool_index()
-                .search(query, limit, |d| crate::tools::sees(tenant, ListKind::Tools, &tools.items[d]));
+            let ranked = snapshot.tool_index().search(query, limit, |d| admitted(app, tenant, &tools.items[d]));
             app.discoveries.duration.observe(started.elapsed().as_secs_f64());
             app.discoveries.searches.with_label_values(&[if ranked.is_empty() { "none" } else { "found" }]).inc();
             let found: Vec<Value> = ranked
@@ -98,7 +96,7 @@ pub async fn answer(
             let Some(wanted) = arguments.get("name").and_then(Value::as_str) else {
                 return Some(Ok(tool_error(&format!("{name}: give the name of a tool (as search gave it)"))));
             };
-            match tools.get(wanted).filter(|item| crate::tools::sees(tenant, ListKind::Tools, item)) {
+            match tools.get(wanted).filter(|item| admitted(app, tenant, item)) {
                 Some(item) => {
                     let tool: Value = serde_json::from_slice(&item.json).unwrap_or_default();
                     json!({"content": [{"type": "text", "text": String::from_utf8_lossy(&item.json)}], "structuredContent": {"tool": tool}})
@@ -114,4 +112,10 @@ pub async fn answer(
 /// A tool result saying what went wrong (the model can read it and retry).
 fn tool_error(text: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({"content": [{"type": "text", "text": text}], "isError": true})).expect("serializable")
+}
+
+/// Whether `tenant` is offered tool `item` (it sees it, and its pinning
+/// does not withhold it).
+fn admitted(app: &App, tenant: &switchboard_core::policy::Tenant, item: &switchboard_catalog::Item) -> bool {
+    crate::tools::offers(&app.pins, tenant, ListKind::Tools, item).is_some_and(|v| v != crate::pins::Verdict::Withhold)
 }

@@ -122,7 +122,7 @@ impl TaskRunner for Tasks {
         };
         // The handler call is audited like a client's call, as the device's key.
         if let Some(audit) = &app.audit {
-            audit.record(switchboard_db::AuditRecord {
+            let record = switchboard_db::AuditRecord {
                 id: audit.new_id(),
                 at_ms: switchboard_core::time::now_ms(),
                 tenant: Some(principal.tenant.name.to_string()),
@@ -139,7 +139,9 @@ impl TaskRunner for Tasks {
                 trace_id: None,
                 arguments: principal.tenant.audit_arguments.then(|| arguments.to_string()),
                 user: principal.user.as_ref().map(|u| u.to_string()),
-            });
+            };
+            app.feed.publish(&record);
+            audit.record(record);
         }
         answer
     }

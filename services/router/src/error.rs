@@ -75,6 +75,10 @@ pub enum Error {
     InvalidParams(String),
     #[error("unknown tool: {0}")]
     UnknownTool(String),
+    /// A pinned tool whose definition is not approved (changed since it
+    /// was, or never approved yet): withheld until an operator approves it.
+    #[error("tool {0} is withheld: its definition changed since it was approved (or was never approved), and waits for an operator's approval")]
+    ToolWithheld(String),
     /// Arguments that do not match the tool's input schema (checked by the router).
     #[error("invalid arguments for {tool}: {invalid}")]
     InvalidArguments { tool: String, invalid: switchboard_protocol::schema::Invalid },
@@ -190,6 +194,7 @@ impl Error {
             Error::InvalidParams(_) | Error::InvalidArguments { .. } | Error::InvalidCursor(_) => {
                 (Downstream, StatusCode::OK, code::INVALID_PARAMS, "invalid_params")
             }
+            Error::ToolWithheld(_) => (Downstream, StatusCode::OK, code::INVALID_PARAMS, "tool_withheld"),
             Error::UnknownTool(_) | Error::UnknownPrompt(_) => {
                 (Downstream, StatusCode::OK, code::INVALID_PARAMS, "unknown_target")
             }
@@ -319,6 +324,7 @@ impl Error {
                 Some(serde_json::json!({ "upstream": &**upstream, "url": url }))
             }
             Error::UnknownTool(name) => Some(serde_json::json!({ "tool": name })),
+            Error::ToolWithheld(name) => Some(serde_json::json!({ "tool": name, "withheld": true })),
             Error::InvalidArguments { tool, invalid } => {
                 Some(serde_json::json!({ "tool": tool, "path": invalid.path, "problem": invalid.message }))
             }

@@ -496,6 +496,7 @@ impl Exchange {
             record.outcome = "refused".into();
             record.error_code = Some(err.code());
             record.latency_us = self.started.elapsed().as_micros() as i64;
+            self.app.feed.publish(&record);
             audit.record(record);
         }
         response
@@ -540,6 +541,7 @@ impl Exchange {
             record.error_code = error_code;
             record.latency_us = elapsed.as_micros() as i64;
             record.response_bytes = self.sent as i64;
+            self.app.feed.publish(&record);
             audit.record(record);
         }
     }

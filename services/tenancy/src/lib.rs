@@ -142,6 +142,11 @@ impl Directory {
         self.snapshot.load().tenants.get(name).cloned()
     }
 
+    /// Every tenant (the database's and the config file's).
+    pub fn tenants(&self) -> Vec<Arc<Tenant>> {
+        self.snapshot.load().tenants.values().cloned().collect()
+    }
+
     /// The tenants declared in the config file.
     pub fn static_tenants(&self) -> Vec<(String, Policy)> {
         self.static_tenants.read().expect("lock").clone()

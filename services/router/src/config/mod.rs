@@ -502,6 +502,23 @@ mod tests {
     }
 
     #[test]
+    fn a_tenants_pinning_is_read_and_needs_a_database() {
+        let tenant = "[[tenants]]\nname = \"acme\"\nupstreams = [\"*\"]\n[tenants.pinning]\non_change = \"warn\"\n";
+        let config =
+            Config::from_toml(&format!("[database]\nurl = \"sqlite::memory:\"\n[audit]\nenabled = false\n{tenant}"))
+                .unwrap();
+        let pinning = config.tenants[0].1.pinning.expect("pinning");
+        assert_eq!(
+            (pinning.approve, pinning.on_change),
+            (switchboard_core::policy::Approve::FirstSight, switchboard_core::policy::OnChange::Warn)
+        );
+        let p = problems(&format!("[database]\nurl = \"\"\n{tenant}"));
+        assert!(p.iter().any(|(k, m)| k == "tenants[0].pinning" && m.contains("database.url")), "{p:?}");
+        let p = problems(&format!("[database]\nurl = \"sqlite::memory:\"\n{}", tenant.replace("warn", "shout")));
+        assert!(p.iter().any(|(k, m)| format!("{k} {m}").contains("shout")), "{p:?}");
+    }
+
+    #[test]
     fn the_issue_example_is_valid() {
         let config = Config::from_toml(
             r#"

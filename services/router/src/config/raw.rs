@@ -148,6 +148,8 @@ pub struct RawTenant {
     pub discovery: switchboard_core::policy::Discovery,
     #[serde(default)]
     pub task_handler: Option<String>,
+    #[serde(default)]
+    pub pinning: Option<switchboard_core::policy::Pinning>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -1017,6 +1019,7 @@ impl RawConfig {
                 accept: t.accept,
                 discovery: t.discovery,
                 task_handler: t.task_handler,
+                pinning: t.pinning,
             };
             for (field, message) in policy.problems(&upstream_names) {
                 bad(format!("tenants[{i}].{field}"), message);
@@ -1058,6 +1061,14 @@ impl RawConfig {
         }
         if vault.has_key() && database.url.is_none() {
             bad("vault.key".into(), "the vault keeps credentials in the database: set database.url".into());
+        }
+        if database.url.is_none() {
+            if let Some(i) = tenants.iter().position(|(_, p)| p.pinning.is_some()) {
+                bad(
+                    format!("tenants[{i}].pinning"),
+                    "pinned tool definitions are kept in the database: set database.url".into(),
+                );
+            }
         }
 
         if problems.is_empty() {

@@ -172,7 +172,7 @@ pub async fn list(
         }
     } else {
         let snapshot = app.catalog.current();
-        list_catalog(&app.upstreams, snapshot.list(kind), tenant, kind, &mut page)?;
+        list_catalog(&app.upstreams, &app.pins, snapshot.list(kind), tenant, kind, &mut page)?;
     }
     super::authorize::list_own(app, who, kind, &mut page).await;
     Ok(respond::json_parts(page.into_parts(head(id, kind), tail)))

@@ -13,11 +13,13 @@ use switchboard_upstream::{UpstreamError, Upstreams};
 
 use super::{Lookup, Page, Tool, ToolSource};
 use crate::error::Error;
+use crate::pins::{Pins, Verdict};
 
 /// The upstream catalog's tools.
 pub struct CatalogTools {
     pub catalog: Arc<Catalog>,
     pub upstreams: Upstreams,
+    pub pins: Arc<Pins>,
 }
 
 impl CatalogTools {
@@ -30,12 +32,10 @@ impl CatalogTools {
             _ => Error::UnknownTool(name.to_owned()),
         };
         let found = |snapshot: &Snapshot| {
-            snapshot.list(kind).get(name).map(|item| {
-                if sees(tenant, kind, item) {
-                    Ok((item.upstream, item.original.clone()))
-                } else {
-                    Err(unknown())
-                }
+            snapshot.list(kind).get(name).map(|item| match offers(&self.pins, tenant, kind, item) {
+                Some(Verdict::Withhold) => Err(Error::ToolWithheld(name.to_owned())),
+                Some(_) => Ok((item.upstream, item.original.clone())),
+                None => Err(unknown()),
             })
         };
         if let Some(found) = found(&self.catalog.current()) {
@@ -64,16 +64,16 @@ impl ToolSource for CatalogTools {
             return Ok(());
         }
         let snapshot = self.catalog.current();
-        list_catalog(&self.upstreams, snapshot.list(ListKind::Tools), tenant, ListKind::Tools, page)
+        list_catalog(&self.upstreams, &self.pins, snapshot.list(ListKind::Tools), tenant, ListKind::Tools, page)
     }
 
     fn resolve(&self, tenant: &Tenant, name: &str, _params: &RawValue) -> Lookup {
-        match self.catalog.current().list(ListKind::Tools).get(name) {
-            Some(item) if sees(tenant, ListKind::Tools, item) => {
-                Lookup::Found(Tool::Upstream { upstream: item.upstream, original: item.original.clone() })
-            }
-            Some(_) => Lookup::Refused(Error::UnknownTool(name.to_owned())),
-            None => Lookup::Missing,
+        let snapshot = self.catalog.current();
+        let Some(item) = snapshot.list(ListKind::Tools).get(name) else { return Lookup::Missing };
+        match offers(&self.pins, tenant, ListKind::Tools, item) {
+            Some(Verdict::Withhold) => Lookup::Refused(Error::ToolWithheld(name.to_owned())),
+            Some(_) => Lookup::Found(Tool::Upstream { upstream: item.upstream, original: item.original.clone() }),
+            None => Lookup::Refused(Error::UnknownTool(name.to_owned())),
         }
     }
 
@@ -94,12 +94,24 @@ pub fn sees(tenant: &Tenant, kind: ListKind, item: &Item) -> bool {
     }
 }
 
+/// What `tenant` gets of an item of a list: `None` if it does not see it;
+/// for a tool, what its pinning says.
+pub fn offers(pins: &Pins, tenant: &Tenant, kind: ListKind, item: &Item) -> Option<Verdict> {
+    match (sees(tenant, kind, item), kind) {
+        (false, _) => None,
+        (true, ListKind::Tools) => Some(pins.verdict(tenant, item)),
+        (true, _) => Some(Verdict::Admit),
+    }
+}
+
 /// Adds the items of `listing` (a list of the catalog's) that `tenant`
-/// sees to `page`. Cursors name an upstream and a position in its items, so
+/// is offered to `page` (a tool whose definition changed marked, or left
+/// out, as its pinning says). Cursors name an upstream and a position in its items, so
 /// a filtered page resumes where it ended and a change in another
 /// upstream's list moves nothing.
 pub fn list_catalog(
     upstreams: &Upstreams,
+    pins: &Pins,
     listing: &Listing,
     tenant: &Tenant,
     kind: ListKind,
@@ -124,8 +136,10 @@ pub fn list_catalog(
     while end < listing.items.len() && page.has_room() {
         let item = &listing.items[end];
         end += 1;
-        if sees(tenant, kind, item) {
-            page.push(&item.json);
+        match offers(pins, tenant, kind, item) {
+            Some(Verdict::Admit) => page.push(&item.json),
+            Some(Verdict::Warn) => page.push(&crate::pins::marked(&item.json)),
+            Some(Verdict::Withhold) | None => {}
         }
     }
     // Only promise a next page if something the tenant sees is on it.

@@ -25,7 +25,7 @@ use switchboard_core::policy::Tenant;
 use switchboard_core::UpstreamId;
 use switchboard_protocol::jsonrpc;
 
-pub use self::catalog::{list_catalog, sees, CatalogTools};
+pub use self::catalog::{list_catalog, offers, sees, CatalogTools};
 pub use self::devices::DeviceTools;
 
 /// Progressive discovery's meta-tools, listed (first) for the tenants that
