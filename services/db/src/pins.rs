@@ -19,6 +19,8 @@ pub struct PinDigests {
     pub tool: String,
     pub approved: Option<String>,
     pub pending: Option<String>,
+    /// An operator rejected the pending definition.
+    pub rejected: bool,
 }
 
 /// A pin whole, for operators.
@@ -49,6 +51,9 @@ pub struct NewPin {
     pub approved: bool,
 }
 
+/// How long a waiting definition stands before another replaces it.
+pub const SETTLE_MS: i64 = 5_000;
+
 const COLUMNS: &str = "tenant, tool, upstream, approved_digest, approved_definition, approved_at_ms, approved_by, \
                        pending_digest, pending_definition, pending_since_ms, rejected_at_ms";
 
@@ -63,7 +68,7 @@ impl Database {
     /// with the load bumps it again, and the next check reloads).
     pub async fn load_pin_digests(&self) -> Result<(i64, Vec<PinDigests>), DbError> {
         let version = self.pins_version().await?;
-        let rows = sqlx::query("SELECT tenant, tool, approved_digest, pending_digest FROM tool_pins")
+        let rows = sqlx::query("SELECT tenant, tool, approved_digest, pending_digest, rejected_at_ms FROM tool_pins")
             .fetch_all(&self.pool)
             .await?;
         let pins = rows
@@ -74,6 +79,7 @@ impl Database {
                     tool: r.try_get("tool")?,
                     approved: r.try_get("approved_digest")?,
                     pending: r.try_get("pending_digest")?,
+                    rejected: r.try_get::<Option<i64>, _>("rejected_at_ms")?.is_some(),
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
@@ -136,9 +142,10 @@ impl Database {
     }
 
     /// Records that `tool` of `tenant` now has the definition `digest`,
-    /// neither approved nor already waiting: it waits (in place of any
-    /// other waiting). Returns whether this call recorded it (another
-    /// replica may have first).
+    /// neither approved nor already waiting: it waits, in place of another
+    /// waiting since [`SETTLE_MS`] at least (replicas that briefly see two
+    /// definitions do not take turns replacing each other's). Returns
+    /// whether this call recorded it (another replica may have first).
     pub async fn pin_changed(
         &self,
         tenant: &str,
@@ -152,7 +159,7 @@ impl Database {
             "UPDATE tool_pins SET upstream = $1, pending_digest = $2, pending_definition = $3, \
              pending_since_ms = $4, rejected_at_ms = NULL \
              WHERE tenant = $5 AND tool = $6 \
-             AND (pending_digest IS NULL OR pending_digest <> $2) \
+             AND (pending_digest IS NULL OR (pending_digest <> $2 AND pending_since_ms <= $7)) \
              AND (approved_digest IS NULL OR approved_digest <> $2)",
         )
         .bind(upstream)
@@ -160,21 +167,8 @@ impl Database {
         .bind(definition)
         .bind(now_ms)
         .bind(tenant)
-        .bind(tool);
-        Ok(self.update_pins(query).await? > 0)
-    }
-
-    /// `tool` of `tenant` is back to its approved definition: what was
-    /// waiting no longer is. Returns whether anything was waiting.
-    pub async fn pin_reverted(&self, tenant: &str, tool: &str, approved: &str) -> Result<bool, DbError> {
-        let query = sqlx::query(
-            "UPDATE tool_pins SET pending_digest = NULL, pending_definition = NULL, pending_since_ms = NULL, \
-             rejected_at_ms = NULL WHERE tenant = $1 AND tool = $2 AND approved_digest = $3 \
-             AND pending_digest IS NOT NULL",
-        )
-        .bind(tenant)
         .bind(tool)
-        .bind(approved);
+        .bind(now_ms - SETTLE_MS);
         Ok(self.update_pins(query).await? > 0)
     }
 

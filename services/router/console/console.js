@@ -7,6 +7,7 @@ const TOKEN_KEY = 'switchboard-admin-token';
 const PAGES = ['tenants', 'keys', 'upstreams', 'catalog', 'pins', 'calls', 'usage'];
 const $ = (id) => document.getElementById(id);
 let feed = null; // the live call feed's AbortController, while followed
+let editing = null; // the registry entry the upstream form edits, if any
 
 function token() {
   return sessionStorage.getItem(TOKEN_KEY);
@@ -122,8 +123,10 @@ const load = {
       if (registered.has(u.name)) {
         const entry = registry.find((r) => r.name === u.name);
         actions.append(button('Edit', () => {
+          editing = entry;
           $('upstream-name').value = u.name;
-          $('upstream-url').value = (entry.spec && entry.spec.url) || '';
+          const spec = entry.spec || {};
+          $('upstream-url').value = spec.urls ? spec.urls.join(', ') : (spec.url || '');
           $('upstream-prefix').value = (entry.spec && entry.spec.prefix) || '';
           $('upstream-header').value = '';
           $('upstream-url').focus();
@@ -409,10 +412,18 @@ document.addEventListener('DOMContentLoaded', () => {
     e.preventDefault();
     act(async () => {
       const name = $('upstream-name').value.trim();
-      const spec = { transport: 'http', url: $('upstream-url').value.trim() };
+      // An edit keeps the entry's other settings; its sealed headers cannot
+      // be read back, so changing an entry that has some means giving them.
+      const before = editing && editing.name === name ? editing : null;
+      const spec = before ? { ...before.spec } : { transport: 'http' };
+      const url = $('upstream-url').value.trim();
+      if (spec.urls) spec.urls = url.split(',').map((s) => s.trim()).filter(Boolean); else spec.url = url;
       const prefix = $('upstream-prefix').value.trim();
-      if (prefix) spec.prefix = prefix;
+      if (prefix) spec.prefix = prefix; else delete spec.prefix;
       const header = $('upstream-header').value;
+      if (!header && before && (before.headers || []).length) {
+        throw new Error('Upstream ' + name + ' has sealed headers (' + before.headers.join(', ') + '), which cannot be read back: give them again to change it.');
+      }
       if (header) {
         const at = header.indexOf(':');
         if (at < 1) throw new Error('Write the header as Name: value.');
@@ -420,6 +431,7 @@ document.addEventListener('DOMContentLoaded', () => {
       }
       await api('PUT', '/v1/upstreams/' + encodeURIComponent(name), spec);
       $('upstream-header').value = '';
+      editing = null;
       say('Saved upstream ' + name + '; every router serves it within seconds.');
       await load.upstreams();
     });

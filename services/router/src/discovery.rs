@@ -98,8 +98,13 @@ pub async fn answer(
             };
             match tools.get(wanted).filter(|item| admitted(app, tenant, item)) {
                 Some(item) => {
-                    let tool: Value = serde_json::from_slice(&item.json).unwrap_or_default();
-                    json!({"content": [{"type": "text", "text": String::from_utf8_lossy(&item.json)}], "structuredContent": {"tool": tool}})
+                    // As tools/list would show it: marked if its definition changed.
+                    let shown = match app.pins.verdict(tenant, item) {
+                        crate::pins::Verdict::Warn => crate::pins::marked(&item.json),
+                        _ => item.json.to_vec(),
+                    };
+                    let tool: Value = serde_json::from_slice(&shown).unwrap_or_default();
+                    json!({"content": [{"type": "text", "text": String::from_utf8_lossy(&shown)}], "structuredContent": {"tool": tool}})
                 }
                 None => return Some(Ok(tool_error(&format!("no tool {wanted:?}; search for one first")))),
             }

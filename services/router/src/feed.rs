@@ -16,6 +16,9 @@ use tokio::sync::{broadcast, mpsc};
 pub const BACKLOG: usize = 1024;
 /// Watchers at once per replica.
 pub const MAX_WATCHERS: usize = 32;
+/// Bytes of a call's arguments an event carries at most (a tenant that
+/// keeps arguments); the audit record keeps them whole.
+pub const MAX_ARGUMENTS: usize = 2048;
 
 pub struct Feed {
     tx: broadcast::Sender<Arc<Value>>,
@@ -48,7 +51,15 @@ impl Feed {
             "latency_us": record.latency_us,
         });
         if let Some(arguments) = &record.arguments {
-            event["arguments"] = Value::String(arguments.clone());
+            // Bounded: the feed holds up to BACKLOG events per watcher.
+            let mut end = arguments.len().min(MAX_ARGUMENTS);
+            while !arguments.is_char_boundary(end) {
+                end -= 1;
+            }
+            event["arguments"] = Value::String(arguments[..end].to_owned());
+            if end < arguments.len() {
+                event["arguments_truncated"] = Value::Bool(true);
+            }
         }
         let _ = self.tx.send(Arc::new(event));
     }

@@ -54,6 +54,8 @@ pub enum Verdict {
 struct Known {
     approved: Option<[u8; 32]>,
     pending: Option<[u8; 32]>,
+    /// The pending definition was rejected.
+    rejected: bool,
 }
 
 /// Tenant → exposed tool name → pin.
@@ -92,6 +94,8 @@ impl Pins {
         let known = table.get(&*tenant.name).and_then(|tools| tools.get(&*item.exposed));
         match known.and_then(|k| k.approved) {
             Some(approved) if approved == digest(item) => Verdict::Admit,
+            // Rejected: withheld, whatever the tenant's on_change says.
+            Some(_) if known.is_some_and(|k| k.rejected && k.pending == Some(digest(item))) => Verdict::Withhold,
             Some(_) => match pinning.on_change {
                 OnChange::Withhold => Verdict::Withhold,
                 OnChange::Warn => Verdict::Warn,
@@ -120,10 +124,11 @@ impl Pins {
             let known = Known {
                 approved: row.approved.as_deref().and_then(hex32),
                 pending: row.pending.as_deref().and_then(hex32),
+                rejected: row.rejected,
             };
             table.entry(Arc::from(row.tenant)).or_default().insert(row.tool.into_boxed_str(), known);
         }
-        let pending = table.values().flat_map(|t| t.values()).filter(|k| k.pending.is_some()).count();
+        let pending = table.values().flat_map(|t| t.values()).filter(|k| k.pending.is_some() && !k.rejected).count();
         self.metrics.pending.set(pending as i64);
         self.table.store(Arc::new(table));
         self.version.store(version, Ordering::Release);
@@ -132,8 +137,8 @@ impl Pins {
     }
 
     /// Reloads the pins if their version moved; the tenants whose approved
-    /// definitions changed (their sessions are told their tool list
-    /// changed: what they get depends on those only).
+    /// or rejected definitions changed (their sessions are told their tool
+    /// list changed: what they get depends on those only).
     async fn reload_if_changed(&self) -> Result<Vec<Arc<str>>, switchboard_db::DbError> {
         let Some(db) = &self.db else { return Ok(Vec::new()) };
         if db.pins_version().await? == self.version.load(Ordering::Acquire) {
@@ -142,12 +147,15 @@ impl Pins {
         let before = self.table.load_full();
         self.load().await?;
         let after = self.table.load();
-        let approved = |table: &Table, tenant: &str| -> Vec<(Box<str>, [u8; 32])> {
+        // What decides what a tenant gets: approved, and rejected, definitions.
+        type Decided = (Box<str>, Option<[u8; 32]>, Option<[u8; 32]>);
+        let approved = |table: &Table, tenant: &str| -> Vec<Decided> {
             let mut approved: Vec<_> = table
                 .get(tenant)
                 .into_iter()
                 .flatten()
-                .filter_map(|(tool, known)| Some((tool.clone(), known.approved?)))
+                .filter(|(_, known)| known.approved.is_some() || known.rejected)
+                .map(|(tool, known)| (tool.clone(), known.approved, known.pending.filter(|_| known.rejected)))
                 .collect();
             approved.sort();
             approved
@@ -174,7 +182,7 @@ impl Pins {
         let snapshot = app.catalog().ensure(&[ListKind::Tools]).await;
         let tools = snapshot.list(ListKind::Tools);
         let table = self.table.load_full();
-        let (mut first, mut changed, mut reverted) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut first, mut changed) = (Vec::new(), Vec::new());
         for tenant in &tenants {
             let approve = tenant.pinning.map(|p| p.approve).unwrap_or_default();
             let known = table.get(&*tenant.name);
@@ -189,12 +197,9 @@ impl Pins {
                         definition: definition(&item.json),
                         approved: approve == Approve::FirstSight,
                     }),
-                    Some(k) if k.approved == Some(d) => {
-                        if let Some(approved) = k.approved.filter(|_| k.pending.is_some()) {
-                            reverted.push((tenant.name.clone(), item.exposed.clone(), hex(&approved)));
-                        }
-                    }
-                    Some(k) if k.pending == Some(d) => {}
+                    // As approved (a definition waiting stays, for the
+                    // operator to decide), or already waiting.
+                    Some(k) if k.approved == Some(d) || k.pending == Some(d) => {}
                     Some(k) => changed.push((tenant.clone(), item, d, k.approved.is_some())),
                 }
             }
@@ -204,11 +209,6 @@ impl Pins {
             let added = db.first_pins(&first, now).await?;
             if added > 0 {
                 tracing::info!(pins = added, "tool definitions pinned as first seen, or waiting for an operator");
-            }
-        }
-        for (tenant, tool, approved) in reverted {
-            if db.pin_reverted(&tenant, &tool, &approved).await? {
-                tracing::info!(tenant = %tenant, tool = %tool, "a changed tool definition is back to the approved one");
             }
         }
         for (tenant, item, d, was_approved) in changed {

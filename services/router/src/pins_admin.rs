@@ -72,7 +72,7 @@ impl Admin {
     /// clients get the tool (as now defined) at every replica within
     /// `database.refresh` (at once on PostgreSQL).
     pub async fn approve_pin(&self, tenant: &str, tool: &str, digest: &str, by: &str) -> Result<PinView, AdminError> {
-        check(tenant, tool, digest)?;
+        check(tenant, tool, digest, by)?;
         let row = self.db.approve_pin(tenant, tool, digest, by, switchboard_core::time::now_ms()).await?;
         self.pin_decided(&row, crate::pins::METHOD_APPROVED, "approved", by).await;
         Ok(PinView::of(row))
@@ -82,7 +82,7 @@ impl Admin {
     /// the tool stays withheld until its upstream defines it as approved,
     /// or an operator approves a definition.
     pub async fn reject_pin(&self, tenant: &str, tool: &str, digest: &str, by: &str) -> Result<(), AdminError> {
-        check(tenant, tool, digest)?;
+        check(tenant, tool, digest, by)?;
         self.db.reject_pin(tenant, tool, digest, switchboard_core::time::now_ms()).await?;
         let row = self.db.pins(Some(tenant), false).await?.into_iter().find(|r| r.tool == tool);
         if let Some(row) = row {
@@ -104,7 +104,10 @@ impl Admin {
     }
 }
 
-fn check(tenant: &str, tool: &str, digest: &str) -> Result<(), AdminError> {
+fn check(tenant: &str, tool: &str, digest: &str, by: &str) -> Result<(), AdminError> {
+    if !["api", "cli", "console"].contains(&by) {
+        return Err(AdminError::Invalid("by: api, cli or console".into()));
+    }
     if tenant.is_empty() || tool.is_empty() {
         return Err(AdminError::Invalid("tenant and tool are required".into()));
     }

@@ -200,6 +200,9 @@ impl Reloads {
             Ok(loaded) => loaded,
             Err(e) => return self.refuse(Some(&text), e.to_string()),
         };
+        if let Some(why) = needs_restart(app, &config) {
+            return self.refuse(Some(&text), why);
+        }
         let mut state = self.state.lock().expect("lock");
         let changed = |a: &Map<String, Value>, name: &str| a.get(name) != sections.get(name);
         let mut applied = Vec::new();
@@ -330,4 +333,23 @@ impl Reloads {
             }
         });
     }
+}
+
+/// What the file asks for that needs something the router started
+/// without (it cannot be added while running): the reason, if anything.
+fn needs_restart(app: &App, config: &Config) -> Option<String> {
+    if app.database.is_none() {
+        if let Some((name, _)) = config.tenants.iter().find(|(_, p)| p.pinning.is_some()) {
+            return Some(format!(
+                "tenant {name:?} pins its tool definitions, which are kept in the database this router started without: restart it with this file"
+            ));
+        }
+    }
+    if let (Some(first), true) = (config.delegated.first(), app.vault.key_ids().is_empty()) {
+        return Some(format!(
+            "upstreams.{}.oauth (authorization_code) keeps users' tokens in the vault, whose key this router started without: restart it with this file",
+            first.upstream
+        ));
+    }
+    None
 }

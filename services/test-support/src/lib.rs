@@ -115,7 +115,8 @@ impl Router {
 
     /// Writes `config_toml` over its configuration file, as
     /// [`Router::start`] would have written it: the router reloads it (it
-    /// looks every 2 s).
+    /// looks every 2 s). Only once it serves (a request answered): it reads
+    /// the file it starts from as it gets going, after `start` returns.
     pub fn rewrite(&self, config_toml: &str) {
         let text = format!("{}{}", self.preamble, config_toml.replace("{router}", &format!("http://{}", self.addr)));
         std::fs::write(&self.file, text).expect("rewrite the test's configuration file");

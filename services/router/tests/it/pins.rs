@@ -184,6 +184,20 @@ async fn a_tool_whose_definition_changes_is_withheld_until_an_operator_approves_
         "no audit record of the approval: {body}"
     );
 
+    // Rejected for the tenant that pins with warnings: withheld there too,
+    // and no longer waiting for a decision.
+    let warned_waiting = eventually(Duration::from_secs(10), || async {
+        pins("tenant=warned&waiting=true").await.iter().any(|p| p["pending_digest"] == digest.as_str())
+    })
+    .await;
+    assert!(warned_waiting, "warned's change does not wait for a decision");
+    let (status, body) = decide("reject", "warned", &digest).await;
+    assert_eq!(status.as_u16(), 204, "{body}");
+    let rejected = eventually(Duration::from_secs(10), || async { listed(&warned, "fs__echo").await.is_none() }).await;
+    assert!(rejected, "a rejected definition is still offered to the tenant that pins with warnings");
+    assert_eq!(warned.call_tool("fs__echo", json!({"text": "x"})).await["error"]["data"]["withheld"], true);
+    assert!(pins("tenant=warned&waiting=true").await.is_empty());
+
     // Through the CLI: gated's operator approves echo as now defined (its
     // waiting definition follows the upstream's).
     let gated_echo = || async {
@@ -205,5 +219,40 @@ async fn a_tool_whose_definition_changes_is_withheld_until_an_operator_approves_
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let approved = eventually(Duration::from_secs(10), || async { gated.tool_names().await == ["fs__echo"] }).await;
     assert!(approved, "gated does not get the tool its operator approved: {:?}", gated.tool_names().await);
+    drop(router);
+}
+
+/// A router started without a database cannot keep pins: a reloaded file
+/// that turns pinning on is refused, the running configuration kept (the
+/// same file without pinning is taken).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinning_added_by_a_reload_to_a_router_without_a_database_is_refused() {
+    let fs = MockServer::start(mock_named("fs")).await;
+    let start = format!("[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n{}", http_upstream("fs", &fs.url, ""));
+    let router = Router::start(&start).await;
+    let db = std::env::temp_dir().join(unique("sb-pins-nodb-")).with_extension("db");
+    let file = |pinning: &str| {
+        format!(
+            "[auth]\nmode = \"none\"\n[database]\nurl = \"sqlite://{}?mode=rwc\"\n[audit]\nenabled = false\n\
+             [[tenants]]\nname = \"acme\"\nupstreams = [\"fs\"]\n{pinning}{}",
+            db.display(),
+            http_upstream("fs", &fs.url, "")
+        )
+    };
+    let reloads = |result: &'static str| {
+        let router = &router;
+        async move { router.metric("switchboard_config_reloads_total", &[&format!("result=\"{result}\"")]).await }
+    };
+    // Serving: it has read the file it started from.
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    router.rewrite(&file(""));
+    let applied = eventually(Duration::from_secs(10), || async { reloads("applied").await == 1.0 }).await;
+    assert!(applied, "the file without pinning was not taken");
+    router.rewrite(&file("[tenants.pinning]\napprove = \"operator\"\n"));
+    let refused = eventually(Duration::from_secs(10), || async { reloads("refused").await == 1.0 }).await;
+    assert!(refused, "the reload that turns pinning on was not refused");
+    // Still served as before.
+    assert!(client.tool_names().await.contains(&"fs__echo".to_owned()));
     drop(router);
 }
