@@ -20,6 +20,10 @@ CREATE TABLE tool_pins (
     pending_since_ms    BIGINT,
     -- When an operator rejected the pending definition (it stays withheld).
     rejected_at_ms      BIGINT,
+    -- Every definition rejected for this tool (digests, space-separated,
+    -- the newest last, at most 16): withheld whenever the upstream serves
+    -- one of them again, never waiting for a decision again.
+    rejected_digests    TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (tenant, tool)
 );
 

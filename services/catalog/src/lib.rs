@@ -1013,6 +1013,16 @@ impl Catalog {
                 }
             }
         }
+        // Digests of unchanged tools carried over (made once per definition,
+        // not once per rebuild).
+        let before = self.snapshot.load();
+        let old_tools = &before.lists[ListKind::Tools as usize];
+        for item in &lists[ListKind::Tools as usize].items {
+            let old = old_tools.index.get(&item.exposed).map(|&at| &old_tools.items[at]);
+            if let Some(digest) = old.filter(|o| o.json == item.json).and_then(|o| o.digest.get()) {
+                let _ = item.digest.set(*digest);
+            }
+        }
         for listing in lists.iter_mut() {
             listing.seal();
         }

@@ -761,10 +761,19 @@ enum PinsCommand {
 }
 
 async fn pins(db: DbArgs, command: PinsCommand) -> Result<()> {
+    use switchboard_router::pins_admin::MAX_PINS_PAGE;
     let (admin, _) = open_admin(&db, true).await?;
     match command {
         PinsCommand::List { tenant, all, json } => {
-            let pins = admin.pins(tenant.as_deref(), !all).await?;
+            let mut pins = Vec::new();
+            loop {
+                let page = admin.pins(tenant.as_deref(), !all, MAX_PINS_PAGE, pins.len() as u64).await?;
+                let full = page.len() == MAX_PINS_PAGE as usize;
+                pins.extend(page);
+                if !full {
+                    break;
+                }
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&pins)?);
                 return Ok(());

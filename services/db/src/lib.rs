@@ -255,6 +255,12 @@ impl Database {
         if gone.rows_affected() > 0 {
             self.bump_vault(&mut tx).await?;
         }
+        // And its pinned tool definitions: a tenant created later under
+        // the name approves its tools afresh.
+        let unpinned = sqlx::query("DELETE FROM tool_pins WHERE tenant = $1").bind(name).execute(&mut *tx).await?;
+        if unpinned.rows_affected() > 0 {
+            self.bump_pins(&mut tx).await?;
+        }
         self.bump(&mut tx).await?;
         tx.commit().await?;
         Ok(())

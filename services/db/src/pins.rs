@@ -19,8 +19,8 @@ pub struct PinDigests {
     pub tool: String,
     pub approved: Option<String>,
     pub pending: Option<String>,
-    /// An operator rejected the pending definition.
-    pub rejected: bool,
+    /// Every definition rejected (digests, the newest last).
+    pub rejected: Vec<String>,
 }
 
 /// A pin whole, for operators.
@@ -37,7 +37,13 @@ pub struct PinRow {
     pub pending_definition: Option<String>,
     pub pending_since_ms: Option<i64>,
     pub rejected_at_ms: Option<i64>,
+    /// Every definition rejected (digests, the newest last, at most
+    /// [`MAX_REJECTED`]).
+    pub rejected_digests: Vec<String>,
 }
+
+/// How many rejected definitions a pin remembers (the oldest forgotten).
+pub const MAX_REJECTED: usize = 16;
 
 /// A tool seen for the first time by a tenant: approved at once, or
 /// waiting for an operator.
@@ -55,7 +61,7 @@ pub struct NewPin {
 pub const SETTLE_MS: i64 = 5_000;
 
 const COLUMNS: &str = "tenant, tool, upstream, approved_digest, approved_definition, approved_at_ms, approved_by, \
-                       pending_digest, pending_definition, pending_since_ms, rejected_at_ms";
+                       pending_digest, pending_definition, pending_since_ms, rejected_at_ms, rejected_digests";
 
 impl Database {
     /// The number bumped by every change to the pins.
@@ -68,7 +74,7 @@ impl Database {
     /// with the load bumps it again, and the next check reloads).
     pub async fn load_pin_digests(&self) -> Result<(i64, Vec<PinDigests>), DbError> {
         let version = self.pins_version().await?;
-        let rows = sqlx::query("SELECT tenant, tool, approved_digest, pending_digest, rejected_at_ms FROM tool_pins")
+        let rows = sqlx::query("SELECT tenant, tool, approved_digest, pending_digest, rejected_digests FROM tool_pins")
             .fetch_all(&self.pool)
             .await?;
         let pins = rows
@@ -79,7 +85,7 @@ impl Database {
                     tool: r.try_get("tool")?,
                     approved: r.try_get("approved_digest")?,
                     pending: r.try_get("pending_digest")?,
-                    rejected: r.try_get::<Option<i64>, _>("rejected_at_ms")?.is_some(),
+                    rejected: digests(&r.try_get::<String, _>("rejected_digests")?),
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
@@ -87,23 +93,45 @@ impl Database {
     }
 
     /// The pins of `tenant` (all tenants': `None`), only those with a
-    /// definition waiting when `pending`, by tenant and tool.
-    pub async fn pins(&self, tenant: Option<&str>, pending: bool) -> Result<Vec<PinRow>, DbError> {
+    /// definition waiting (not rejected) when `waiting`, by tenant and
+    /// tool: at most `limit` of them, after the first `offset`.
+    pub async fn pins(
+        &self,
+        tenant: Option<&str>,
+        waiting: bool,
+        limit: u32,
+        offset: u64,
+    ) -> Result<Vec<PinRow>, DbError> {
+        // Placeholders numbered in the order they appear (SQLite binds by
+        // first appearance).
         let mut sql = format!("SELECT {COLUMNS} FROM tool_pins WHERE 1 = 1");
-        if tenant.is_some() {
+        let mut query_tenant = None;
+        if let Some(t) = tenant {
             sql.push_str(" AND tenant = $1");
+            query_tenant = Some(t.to_owned());
         }
-        if pending {
-            sql.push_str(" AND pending_digest IS NOT NULL");
+        if waiting {
+            sql.push_str(" AND pending_digest IS NOT NULL AND rejected_at_ms IS NULL");
         }
-        sql.push_str(" ORDER BY tenant, tool");
-        let query = sqlx::query(&sql);
-        let query = match tenant {
-            Some(t) => query.bind(t.to_owned()),
-            None => query,
-        };
+        let n = usize::from(query_tenant.is_some());
+        sql.push_str(&format!(" ORDER BY tenant, tool LIMIT ${} OFFSET ${}", n + 1, n + 2));
+        let mut query = sqlx::query(&sql);
+        if let Some(t) = query_tenant {
+            query = query.bind(t);
+        }
+        let query = query.bind(i64::from(limit)).bind(offset.min(i64::MAX as u64) as i64);
         let rows = query.fetch_all(&self.pool).await?;
         Ok(rows.iter().map(pin_row).collect::<Result<Vec<_>, sqlx::Error>>()?)
+    }
+
+    /// The pin of `tool` of `tenant`, if there is one.
+    pub async fn pin(&self, tenant: &str, tool: &str) -> Result<Option<PinRow>, DbError> {
+        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM tool_pins WHERE tenant = $1 AND tool = $2"))
+            .bind(tenant)
+            .bind(tool)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(pin_row).transpose()?)
     }
 
     /// Records tools seen for the first time; a pin another replica made
@@ -117,7 +145,7 @@ impl Database {
         for pin in pins {
             let (approved, pending) = if pin.approved { (Some(pin), None) } else { (None, Some(pin)) };
             added += sqlx::query(&format!(
-                "INSERT INTO tool_pins ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL) \
+                "INSERT INTO tool_pins ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, '') \
                  ON CONFLICT (tenant, tool) DO NOTHING"
             ))
             .bind(&pin.tenant)
@@ -212,20 +240,49 @@ impl Database {
     }
 
     /// Rejects the definition of `tool` of `tenant` that waits with
-    /// `digest`: it stays withheld, and is no longer shown as waiting for
-    /// a decision.
+    /// `digest`: it is no longer shown as waiting for a decision, and is
+    /// withheld whenever its upstream serves it, now or later (the pin
+    /// remembers the last [`MAX_REJECTED`] definitions rejected).
     pub async fn reject_pin(&self, tenant: &str, tool: &str, digest: &str, now_ms: i64) -> Result<(), DbError> {
-        let query = sqlx::query(
-            "UPDATE tool_pins SET rejected_at_ms = $1 WHERE tenant = $2 AND tool = $3 AND pending_digest = $4",
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "SELECT rejected_digests FROM tool_pins WHERE tenant = $1 AND tool = $2 AND pending_digest = $3",
         )
-        .bind(now_ms)
         .bind(tenant)
         .bind(tool)
-        .bind(digest);
-        match self.update_pins(query).await? {
-            0 => Err(not_waiting(tenant, tool, digest)),
-            _ => Ok(()),
+        .bind(digest)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| not_waiting(tenant, tool, digest))?;
+        let mut rejected = digests(&row.try_get::<String, _>(0)?);
+        rejected.retain(|d| d != digest);
+        rejected.push(digest.to_owned());
+        let keep = rejected.len().saturating_sub(MAX_REJECTED);
+        let n = sqlx::query(
+            "UPDATE tool_pins SET rejected_at_ms = $1, rejected_digests = $2 \
+             WHERE tenant = $3 AND tool = $4 AND pending_digest = $5",
+        )
+        .bind(now_ms)
+        .bind(rejected[keep..].join(" "))
+        .bind(tenant)
+        .bind(tool)
+        .bind(digest)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if n == 0 {
+            return Err(not_waiting(tenant, tool, digest));
         }
+        self.bump_pins(&mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// How many pins `tenant` has.
+    pub async fn pin_count(&self, tenant: &str) -> Result<u64, DbError> {
+        let row =
+            sqlx::query("SELECT COUNT(*) FROM tool_pins WHERE tenant = $1").bind(tenant).fetch_one(&self.pool).await?;
+        Ok(row.try_get::<i64, _>(0)?.max(0) as u64)
     }
 
     /// Runs `query` (an update of pins); bumps the version if it changed
@@ -243,7 +300,7 @@ impl Database {
         Ok(n)
     }
 
-    async fn bump_pins(&self, tx: &mut sqlx::Transaction<'_, sqlx::Any>) -> Result<(), DbError> {
+    pub(crate) async fn bump_pins(&self, tx: &mut sqlx::Transaction<'_, sqlx::Any>) -> Result<(), DbError> {
         sqlx::query("UPDATE tool_pins_version SET version = version + 1 WHERE id = 1").execute(&mut **tx).await?;
         if self.backend == Backend::Postgres {
             sqlx::query("SELECT pg_notify($1, '')").bind(PINS_CHANNEL).execute(&mut **tx).await?;
@@ -269,5 +326,11 @@ fn pin_row(r: &AnyRow) -> Result<PinRow, sqlx::Error> {
         pending_definition: r.try_get("pending_definition")?,
         pending_since_ms: r.try_get("pending_since_ms")?,
         rejected_at_ms: r.try_get("rejected_at_ms")?,
+        rejected_digests: digests(&r.try_get::<String, _>("rejected_digests")?),
     })
+}
+
+/// The digests of a `rejected_digests` column.
+fn digests(column: &str) -> Vec<String> {
+    column.split_ascii_whitespace().map(str::to_owned).collect()
 }

@@ -148,15 +148,17 @@ const load = {
   },
 
   async pins() {
-    const { pins } = await api('GET', '/v1/pins?waiting=true');
+    const { pins, next_offset: more } = await api('GET', '/v1/pins?waiting=true');
     const list = $('pins-list');
     list.replaceChildren();
-    if (pins.length === 0) {
+    const note = (text) => {
       const p = document.createElement('p');
-      p.textContent = 'Nothing waits for a decision.';
+      p.textContent = text;
       list.append(p);
-    }
+    };
+    if (pins.length === 0) note('Nothing waits for a decision.');
     for (const pin of pins) list.append(pinCard(pin));
+    if (more != null) note('More definitions wait than this page shows: decide these, and the next appear.');
   },
 
   async calls() {
@@ -420,15 +422,19 @@ document.addEventListener('DOMContentLoaded', () => {
       if (spec.urls) spec.urls = url.split(',').map((s) => s.trim()).filter(Boolean); else spec.url = url;
       const prefix = $('upstream-prefix').value.trim();
       if (prefix) spec.prefix = prefix; else delete spec.prefix;
-      const header = $('upstream-header').value;
-      if (!header && before && (before.headers || []).length) {
-        throw new Error('Upstream ' + name + ' has sealed headers (' + before.headers.join(', ') + '), which cannot be read back: give them again to change it.');
+      const headers = {};
+      for (const line of $('upstream-header').value.split('\n').filter((l) => l.trim())) {
+        const at = line.indexOf(':');
+        if (at < 1) throw new Error('Write each header on a line of its own, as Name: value.');
+        headers[line.slice(0, at).trim()] = line.slice(at + 1).trim();
       }
-      if (header) {
-        const at = header.indexOf(':');
-        if (at < 1) throw new Error('Write the header as Name: value.');
-        spec.headers = { [header.slice(0, at).trim()]: header.slice(at + 1).trim() };
+      // The headers given replace all the entry's sealed ones: each must be given.
+      const given = Object.keys(headers).map((h) => h.toLowerCase());
+      const missing = ((before && before.headers) || []).filter((h) => !given.includes(h.toLowerCase()));
+      if (missing.length) {
+        throw new Error('Upstream ' + name + ' has sealed headers (' + missing.join(', ') + '), which cannot be read back: give them again to change it.');
       }
+      if (given.length) spec.headers = headers;
       await api('PUT', '/v1/upstreams/' + encodeURIComponent(name), spec);
       $('upstream-header').value = '';
       editing = null;

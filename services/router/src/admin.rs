@@ -689,9 +689,11 @@ async fn handle(admin: &Admin, token: &str, req: Request<Incoming>) -> Response<
             Err(e) => Err(e),
         },
         (&Method::GET, ["v1", "pins"]) => match pins_query(&query) {
-            Ok((tenant, waiting)) => {
-                admin.pins(tenant.as_deref(), waiting).await.map(|p| (StatusCode::OK, json!({ "pins": p })))
-            }
+            Ok(q) => admin.pins(q.tenant.as_deref(), q.waiting, q.limit, q.offset).await.map(|pins| {
+                // A full page may have more after it.
+                let next = (pins.len() == q.limit as usize).then(|| q.offset + pins.len() as u64);
+                (StatusCode::OK, json!({ "pins": pins, "next_offset": next }))
+            }),
             Err(e) => Err(e),
         },
         (&Method::POST, ["v1", "pins", decision @ ("approve" | "reject")]) => {
@@ -792,19 +794,41 @@ fn catalog_query(query: &str) -> Result<(String, Option<String>), AdminError> {
     Ok((tenant.ok_or_else(|| AdminError::Invalid("tenant: required".into()))?, q))
 }
 
-/// `GET /v1/pins`' query: `tenant`, and `waiting=true` for only the
-/// definitions waiting for a decision.
-fn pins_query(query: &str) -> Result<(Option<String>, bool), AdminError> {
-    let (mut tenant, mut waiting) = (None, false);
+/// `GET /v1/pins`' query.
+struct PinsQuery {
+    tenant: Option<String>,
+    /// Only the definitions waiting for a decision.
+    waiting: bool,
+    limit: u32,
+    offset: u64,
+}
+
+/// `GET /v1/pins`' query: `tenant`, `waiting=true`, `limit` (at most
+/// 1,000, the default) and `offset`.
+fn pins_query(query: &str) -> Result<PinsQuery, AdminError> {
+    let max = crate::pins_admin::MAX_PINS_PAGE;
+    let mut q = PinsQuery { tenant: None, waiting: false, limit: max, offset: 0 };
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         match k {
-            "tenant" => tenant = Some(percent_decode(v)),
-            "waiting" => waiting = matches!(v, "true" | "1" | ""),
-            _ => return Err(AdminError::Invalid(format!("unknown query parameter {k:?} (tenant, waiting)"))),
+            "tenant" => q.tenant = Some(percent_decode(v)),
+            "waiting" => q.waiting = matches!(v, "true" | "1" | ""),
+            "limit" => {
+                q.limit = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=max).contains(n))
+                    .ok_or_else(|| AdminError::Invalid(format!("limit: a number from 1 to {max}")))?
+            }
+            "offset" => q.offset = v.parse().map_err(|_| AdminError::Invalid("offset: a number".into()))?,
+            _ => {
+                return Err(AdminError::Invalid(format!(
+                    "unknown query parameter {k:?} (tenant, waiting, limit, offset)"
+                )))
+            }
         }
     }
-    Ok((tenant, waiting))
+    Ok(q)
 }
 
 /// A credential as `PUT`: header name → value.

@@ -74,13 +74,13 @@ pub struct App {
     /// Whose credentials requests carry: the vault's, and exchanged tokens.
     pub keychain: Arc<crate::keychain::RouterKeychain>,
     /// The upstreams that act for each user with their consent, and their
-    /// users' tokens (`None` if there are none).
+    /// users' tokens (empty when none does).
     pub delegation: Arc<crate::delegation::Delegation>,
-    /// The upstreams that take each caller's own token, exchanged (`None`
-    /// if there are none).
+    /// The upstreams that take each caller's own token, exchanged (empty
+    /// when none does).
     pub exchange: Arc<crate::token_exchange::TokenExchange>,
-    /// Each user's catalog of the upstreams acting for each user (`None`
-    /// if there are none).
+    /// Each user's catalog of the upstreams acting for each user (empty
+    /// when none does).
     pub user_catalogs: Arc<crate::user_catalogs::UserCatalogs>,
     /// Edge devices and their tools.
     pub edge: Arc<switchboard_devices::Devices>,

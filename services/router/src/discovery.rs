@@ -74,7 +74,12 @@ pub async fn answer(
                     let item = &tools.items[d];
                     let tool: Value = serde_json::from_slice(&item.json).unwrap_or_default();
                     let description: String = tool.get("description").and_then(Value::as_str).unwrap_or("").chars().take(SHOWN_DESCRIPTION).collect();
-                    json!({"name": &*item.exposed, "description": description, "score": (score * 1000.0).round() / 1000.0})
+                    let mut found = json!({"name": &*item.exposed, "description": description, "score": (score * 1000.0).round() / 1000.0});
+                    if app.pins.verdict(tenant, item) == crate::pins::Verdict::Warn {
+                        // As describe_tool and tools/list mark it.
+                        found["definitionChanged"] = Value::Bool(true);
+                    }
+                    found
                 })
                 .collect();
             {

@@ -51,7 +51,7 @@ impl Feed {
             "latency_us": record.latency_us,
         });
         if let Some(arguments) = &record.arguments {
-            // Bounded: the feed holds up to BACKLOG events per watcher.
+            // Bounded: the feed's one ring holds up to BACKLOG events.
             let mut end = arguments.len().min(MAX_ARGUMENTS);
             while !arguments.is_char_boundary(end) {
                 end -= 1;
@@ -142,11 +142,49 @@ mod tests {
         assert!(!text.contains("arguments"), "{text}");
     }
 
+    async fn next_call(events: &mut mpsc::Receiver<Bytes>) -> Value {
+        let event = events.recv().await.unwrap();
+        let text = std::str::from_utf8(&event).unwrap();
+        let data = text.strip_prefix("event: call\ndata: ").unwrap_or_else(|| panic!("{text}"));
+        serde_json::from_str(data.trim_end()).unwrap()
+    }
+
     #[tokio::test]
-    async fn watchers_are_bounded() {
+    async fn arguments_kept_by_the_tenant_are_shown_cut_at_2_kib_on_a_character() {
         let feed = Feed::default();
-        let held: Vec<_> = (0..MAX_WATCHERS).map(|_| feed.watch(None).unwrap()).collect();
+        let mut events = feed.watch(None).unwrap();
+        events.recv().await.unwrap();
+        let mut short = record("acme");
+        short.arguments = Some(r#"{"q":"weather"}"#.into());
+        feed.publish(&short);
+        let shown = next_call(&mut events).await;
+        assert_eq!(shown["arguments"], r#"{"q":"weather"}"#);
+        assert!(shown.get("arguments_truncated").is_none(), "{shown}");
+        // 2047 ASCII bytes, then a 3-byte character across the limit.
+        let mut long = record("acme");
+        long.arguments = Some(format!("{}€ and more", "a".repeat(MAX_ARGUMENTS - 1)));
+        feed.publish(&long);
+        let shown = next_call(&mut events).await;
+        assert_eq!(shown["arguments"].as_str().unwrap(), "a".repeat(MAX_ARGUMENTS - 1));
+        assert_eq!(shown["arguments_truncated"], true);
+    }
+
+    #[tokio::test]
+    async fn watchers_are_bounded_and_one_that_leaves_makes_room() {
+        let feed = Feed::default();
+        let mut held: Vec<_> = (0..MAX_WATCHERS).map(|_| feed.watch(None).unwrap()).collect();
         assert!(feed.watch(None).is_none());
-        drop(held);
+        // One leaves: its task notices (at the next event) and frees its slot.
+        drop(held.pop());
+        feed.publish(&record("acme"));
+        let mut room = None;
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+            if let Some(watch) = feed.watch(None) {
+                room = Some(watch);
+                break;
+            }
+        }
+        assert!(room.is_some(), "a watcher that left kept its slot");
     }
 }

@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
@@ -40,6 +40,11 @@ pub const DEFINITION_FIELDS: &[&str] = &["name", "title", "description", "inputS
 /// The key of the mark a warned tool carries in its `_meta`.
 pub const CHANGED_META: &str = "io.switchboard/definitionChanged";
 
+/// At most this many pins per tenant: beyond, tools it has never seen are
+/// withheld from it (not pinned, counted, logged) rather than the table
+/// growing with an upstream that keeps renaming its tools.
+pub const MAX_PINS_PER_TENANT: usize = 100_000;
+
 /// What a tenant gets of a tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -50,12 +55,22 @@ pub enum Verdict {
 }
 
 /// What this replica knows of one pin.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Known {
     approved: Option<[u8; 32]>,
     pending: Option<[u8; 32]>,
-    /// The pending definition was rejected.
-    rejected: bool,
+    /// Every definition rejected (the pending one, if it was).
+    rejected: Box<[[u8; 32]]>,
+}
+
+/// What the last survey that left nothing to retry looked at: the same
+/// again finds nothing new.
+#[derive(Debug, PartialEq, Eq)]
+struct Surveyed {
+    catalog: u64,
+    pins: i64,
+    /// The pinning tenants, by identity (a changed policy is a new value).
+    tenants: Vec<usize>,
 }
 
 /// Tenant → exposed tool name → pin.
@@ -69,6 +84,7 @@ pub struct Pins {
     loaded: AtomicBool,
     /// Runs a survey soon (the catalog's tools changed).
     wake: tokio::sync::Notify,
+    surveyed: Mutex<Option<Surveyed>>,
     metrics: Metrics,
 }
 
@@ -80,6 +96,7 @@ impl Pins {
             version: AtomicI64::new(-1),
             loaded: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
+            surveyed: Mutex::new(None),
             metrics: Metrics::new(registry),
         }
     }
@@ -91,18 +108,23 @@ impl Pins {
             return Verdict::Withhold;
         }
         let table = self.table.load();
-        let known = table.get(&*tenant.name).and_then(|tools| tools.get(&*item.exposed));
-        match known.and_then(|k| k.approved) {
-            Some(approved) if approved == digest(item) => Verdict::Admit,
+        let tools = table.get(&*tenant.name);
+        let d = digest(item);
+        match tools.and_then(|tools| tools.get(&*item.exposed)) {
+            Some(k) if k.approved == Some(d) => Verdict::Admit,
             // Rejected: withheld, whatever the tenant's on_change says.
-            Some(_) if known.is_some_and(|k| k.rejected && k.pending == Some(digest(item))) => Verdict::Withhold,
-            Some(_) => match pinning.on_change {
+            Some(k) if k.rejected.contains(&d) => Verdict::Withhold,
+            Some(k) if k.approved.is_some() => match pinning.on_change {
                 OnChange::Withhold => Verdict::Withhold,
                 OnChange::Warn => Verdict::Warn,
             },
-            // Never approved: seen for the first time (the survey pins it),
-            // or waiting for an operator.
-            None if known.is_none() && pinning.approve == Approve::FirstSight => Verdict::Admit,
+            // Never approved, waiting for an operator.
+            Some(_) => Verdict::Withhold,
+            // Seen for the first time: the survey pins it (unless the
+            // tenant holds all the pins it may).
+            None if pinning.approve == Approve::FirstSight && tools.map_or(0, HashMap::len) < MAX_PINS_PER_TENANT => {
+                Verdict::Admit
+            }
             None => Verdict::Withhold,
         }
     }
@@ -124,11 +146,12 @@ impl Pins {
             let known = Known {
                 approved: row.approved.as_deref().and_then(hex32),
                 pending: row.pending.as_deref().and_then(hex32),
-                rejected: row.rejected,
+                rejected: row.rejected.iter().filter_map(|d| hex32(d)).collect(),
             };
             table.entry(Arc::from(row.tenant)).or_default().insert(row.tool.into_boxed_str(), known);
         }
-        let pending = table.values().flat_map(|t| t.values()).filter(|k| k.pending.is_some() && !k.rejected).count();
+        let waiting = |k: &&Known| k.pending.is_some_and(|p| !k.rejected.contains(&p));
+        let pending = table.values().flat_map(|t| t.values()).filter(waiting).count();
         self.metrics.pending.set(pending as i64);
         self.table.store(Arc::new(table));
         self.version.store(version, Ordering::Release);
@@ -148,75 +171,106 @@ impl Pins {
         self.load().await?;
         let after = self.table.load();
         // What decides what a tenant gets: approved, and rejected, definitions.
-        type Decided = (Box<str>, Option<[u8; 32]>, Option<[u8; 32]>);
-        let approved = |table: &Table, tenant: &str| -> Vec<Decided> {
+        type Decided<'a> = (&'a str, Option<[u8; 32]>, &'a [[u8; 32]]);
+        fn decided<'a>(table: &'a Table, tenant: &str) -> Vec<Decided<'a>> {
             let mut approved: Vec<_> = table
                 .get(tenant)
                 .into_iter()
                 .flatten()
-                .filter(|(_, known)| known.approved.is_some() || known.rejected)
-                .map(|(tool, known)| (tool.clone(), known.approved, known.pending.filter(|_| known.rejected)))
+                .filter(|(_, known)| known.approved.is_some() || !known.rejected.is_empty())
+                .map(|(tool, known)| (&**tool, known.approved, &*known.rejected))
                 .collect();
             approved.sort();
             approved
-        };
+        }
         let mut tenants: Vec<Arc<str>> = after.keys().chain(before.keys()).cloned().collect();
         tenants.sort();
         tenants.dedup();
-        tenants.retain(|t| approved(&before, t) != approved(&after, t));
+        tenants.retain(|t| decided(&before, t) != decided(&after, t));
         Ok(tenants)
     }
 
     /// Surveys what each pinning tenant sees of the catalog's tools and
-    /// records first sights and changed definitions.
+    /// records first sights and changed definitions. Skipped when the
+    /// catalog, the pins and the pinning tenants are as the last survey
+    /// that left nothing to retry found them.
     async fn survey(&self, app: &impl Running) -> Result<(), switchboard_db::DbError> {
         let Some(db) = &self.db else { return Ok(()) };
         if !self.loaded.load(Ordering::Acquire) {
             return Ok(());
         }
-        let tenants: Vec<Arc<Tenant>> = app.directory().tenants().into_iter().filter(|t| t.pinning.is_some()).collect();
+        let mut tenants: Vec<Arc<Tenant>> =
+            app.directory().tenants().into_iter().filter(|t| t.pinning.is_some()).collect();
         if tenants.is_empty() {
             return Ok(());
         }
+        tenants.sort_by(|a, b| a.name.cmp(&b.name));
         // Stale lists (an upstream said its tools changed) fetched first.
         let snapshot = app.catalog().ensure(&[ListKind::Tools]).await;
+        let looked_at = Surveyed {
+            catalog: snapshot.generation,
+            pins: self.version.load(Ordering::Acquire),
+            tenants: tenants.iter().map(|t| Arc::as_ptr(t) as usize).collect(),
+        };
+        if self.surveyed.lock().expect("lock").as_ref() == Some(&looked_at) {
+            return Ok(());
+        }
         let tools = snapshot.list(ListKind::Tools);
         let table = self.table.load_full();
-        let (mut first, mut changed) = (Vec::new(), Vec::new());
+        let (mut first, mut changed, mut over) = (Vec::new(), Vec::new(), 0usize);
         for tenant in &tenants {
             let approve = tenant.pinning.map(|p| p.approve).unwrap_or_default();
             let known = table.get(&*tenant.name);
+            let mut room = MAX_PINS_PER_TENANT.saturating_sub(known.map_or(0, HashMap::len));
             for item in tools.items.iter().filter(|i| crate::tools::sees(tenant, ListKind::Tools, i)) {
                 let d = digest(item);
                 match known.and_then(|k| k.get(&*item.exposed)) {
-                    None => first.push(NewPin {
-                        tenant: tenant.name.to_string(),
-                        tool: item.exposed.to_string(),
-                        upstream: app.upstreams()[item.upstream].name.to_string(),
-                        digest: hex(&d),
-                        definition: definition(&item.json),
-                        approved: approve == Approve::FirstSight,
-                    }),
+                    None if room == 0 => over += 1,
+                    None => {
+                        room -= 1;
+                        first.push(NewPin {
+                            tenant: tenant.name.to_string(),
+                            tool: item.exposed.to_string(),
+                            upstream: app.upstreams()[item.upstream].name.to_string(),
+                            digest: hex(&d),
+                            definition: definition(&item.json),
+                            approved: approve == Approve::FirstSight,
+                        });
+                    }
                     // As approved (a definition waiting stays, for the
-                    // operator to decide), or already waiting.
-                    Some(k) if k.approved == Some(d) || k.pending == Some(d) => {}
+                    // operator to decide), already waiting, or rejected.
+                    Some(k) if k.approved == Some(d) || k.pending == Some(d) || k.rejected.contains(&d) => {}
                     Some(k) => changed.push((tenant.clone(), item, d, k.approved.is_some())),
                 }
             }
         }
+        if over > 0 {
+            self.metrics.over_limit.inc_by(over as u64);
+            tracing::warn!(
+                tools = over,
+                limit = MAX_PINS_PER_TENANT,
+                "tools withheld unpinned: their tenants hold as many tool pins as they may"
+            );
+        }
         let now = switchboard_core::time::now_ms();
+        // In one order at every replica (concurrent inserts never deadlock).
+        first.sort_by(|a, b| (&a.tenant, &a.tool).cmp(&(&b.tenant, &b.tool)));
         if !first.is_empty() {
             let added = db.first_pins(&first, now).await?;
             if added > 0 {
                 tracing::info!(pins = added, "tool definitions pinned as first seen, or waiting for an operator");
             }
         }
+        let mut retry = false;
         for (tenant, item, d, was_approved) in changed {
             let upstream = app.upstreams()[item.upstream].name.clone();
             let recorded =
                 db.pin_changed(&tenant.name, &item.exposed, &upstream, &hex(&d), &definition(&item.json), now).await?;
             if !recorded {
-                continue; // another replica did
+                // Another replica did (the pins' version moves), or another
+                // definition waits too recently to be replaced: looked at again.
+                retry = true;
+                continue;
             }
             if !was_approved {
                 // A tool never approved, still waiting: the operator sees
@@ -237,6 +291,8 @@ impl Pins {
                 audit.record(event.record(audit.new_id(), METHOD_CHANGED, outcome, None));
             }
         }
+        // What it recorded moves the pins' version: the next survey looks again.
+        *self.surveyed.lock().expect("lock") = (!retry).then_some(looked_at);
         Ok(())
     }
 
@@ -373,6 +429,7 @@ fn hex32(text: &str) -> Option<[u8; 32]> {
 struct Metrics {
     changes: IntCounterVec,
     pending: IntGauge,
+    over_limit: prometheus::IntCounter,
 }
 
 impl Metrics {
@@ -390,9 +447,15 @@ impl Metrics {
             "Tool definitions waiting for an operator's approval (changed, or never approved), all tenants.",
         )
         .expect("valid metric");
+        let over_limit = prometheus::IntCounter::new(
+            "switchboard_tool_pins_over_limit_total",
+            "Tools found unpinned while their tenant held as many pins as it may (withheld from it, not pinned).",
+        )
+        .expect("valid metric");
         let _ = registry.register(Box::new(changes.clone()));
         let _ = registry.register(Box::new(pending.clone()));
-        Metrics { changes, pending }
+        let _ = registry.register(Box::new(over_limit.clone()));
+        Metrics { changes, pending, over_limit }
     }
 }
 

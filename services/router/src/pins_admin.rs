@@ -8,6 +8,9 @@ use switchboard_db::PinRow;
 
 use crate::admin::{Admin, AdminError};
 
+/// The most pins one listing returns (`GET /v1/pins?limit=`).
+pub const MAX_PINS_PAGE: u32 = 1_000;
+
 /// A pin as operators see it: the row, its definitions as JSON, and the
 /// fields of the definition that changed.
 #[derive(Debug, Serialize)]
@@ -61,10 +64,18 @@ pub fn changes(approved: &str, pending: &str) -> Vec<FieldChange> {
 }
 
 impl Admin {
-    /// Pins of `tenant` (all: `None`), only those waiting when `waiting`.
-    pub async fn pins(&self, tenant: Option<&str>, waiting: bool) -> Result<Vec<PinView>, AdminError> {
-        let rows = self.db.pins(tenant, waiting).await?;
-        Ok(rows.into_iter().map(PinView::of).filter(|v| !waiting || v.state == "waiting").collect())
+    /// Pins of `tenant` (all: `None`), only those waiting when `waiting`,
+    /// by tenant and tool: a page of at most `limit` (at most
+    /// [`MAX_PINS_PAGE`]) after the first `offset`.
+    pub async fn pins(
+        &self,
+        tenant: Option<&str>,
+        waiting: bool,
+        limit: u32,
+        offset: u64,
+    ) -> Result<Vec<PinView>, AdminError> {
+        let rows = self.db.pins(tenant, waiting, limit.clamp(1, MAX_PINS_PAGE), offset).await?;
+        Ok(rows.into_iter().map(PinView::of).collect())
     }
 
     /// Approves the definition of `tool` of `tenant` waiting with `digest`
@@ -84,8 +95,7 @@ impl Admin {
     pub async fn reject_pin(&self, tenant: &str, tool: &str, digest: &str, by: &str) -> Result<(), AdminError> {
         check(tenant, tool, digest, by)?;
         self.db.reject_pin(tenant, tool, digest, switchboard_core::time::now_ms()).await?;
-        let row = self.db.pins(Some(tenant), false).await?.into_iter().find(|r| r.tool == tool);
-        if let Some(row) = row {
+        if let Some(row) = self.db.pin(tenant, tool).await? {
             self.pin_decided(&row, crate::pins::METHOD_REJECTED, "rejected", by).await;
         }
         Ok(())

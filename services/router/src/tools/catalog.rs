@@ -143,7 +143,7 @@ pub fn list_catalog(
         }
     }
     // Only promise a next page if something the tenant sees is on it.
-    if listing.items[end..].iter().any(|i| sees(tenant, kind, i)) {
+    if listing.items[end..].iter().any(|i| offers(pins, tenant, kind, i).is_some_and(|v| v != Verdict::Withhold)) {
         let next = &listing.items[end];
         let &(_, first, _) =
             listing.spans.iter().find(|(up, _, _)| *up == next.upstream).expect("every item has a span");
