@@ -98,7 +98,8 @@ impl Limiter {
             return Decision::Allow;
         }
         if let Some(redis) = &self.redis {
-            match redis.check(checks).await {
+            // Boxed: a request's future holds only what local limits need.
+            match Box::pin(redis.check(checks)).await {
                 Ok(decision) => {
                     if self.redis_down.swap(false, Ordering::Relaxed) {
                         tracing::info!("rate limits: Redis reachable again; limits are shared across replicas");

@@ -82,7 +82,8 @@ pub struct Exchange {
     served: Served,
     /// The audit record, for a request that goes to an upstream or a device
     /// (when auditing is on).
-    record: Option<AuditRecord>,
+    /// Boxed: the exchange moves through every phase's future.
+    record: Option<Box<AuditRecord>>,
     /// A slot of the tenant's limit on requests in flight.
     permit: Option<InflightPermit>,
     inflight: Option<InFlight>,
@@ -355,7 +356,7 @@ impl Exchange {
     /// error: a limit's refusal, audited as `refused` like the others).
     pub fn open_books(&mut self, headers: &HeaderMap, env: &Envelope<'_>, request_bytes: usize) -> Result<(), Error> {
         if self.app.audit.is_some() {
-            self.record = Some(self.draft(headers, Some(env), request_bytes));
+            self.record = Some(Box::new(self.draft(headers, Some(env), request_bytes)));
         }
         let who = self.principal.as_ref().expect("authenticated before the books open");
         if let Some(max) = who.tenant.limits.concurrent {
@@ -542,7 +543,7 @@ impl Exchange {
             record.latency_us = elapsed.as_micros() as i64;
             record.response_bytes = self.sent as i64;
             self.app.feed.publish(&record);
-            audit.record(record);
+            audit.record(*record);
         }
     }
 

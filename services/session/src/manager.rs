@@ -291,7 +291,10 @@ impl Sessions {
     /// then continues. `Ok(None)`: no such session.
     pub async fn find(&self, id: &str) -> Result<Option<Arc<Session>>, SessionError> {
         if let Some(session) = self.registry.get(id) {
-            if session.stored && session.due_for_check(self.check_every()) && !self.still_live(&session).await {
+            // Boxed, as the store's other ways below: a request's future
+            // holds only what the common case (a session cached here) needs.
+            if session.stored && session.due_for_check(self.check_every()) && !Box::pin(self.still_live(&session)).await
+            {
                 return Ok(None);
             }
             return Ok(Some(session));
@@ -299,6 +302,12 @@ impl Sessions {
         if !self.ctx.store.shared() {
             return Ok(None);
         }
+        Box::pin(self.find_in_store(id)).await
+    }
+
+    /// [`find`](Self::find) for a session not cached here: loaded from the
+    /// store (another replica made it), or waited for while it is repaired.
+    async fn find_in_store(&self, id: &str) -> Result<Option<Arc<Session>>, SessionError> {
         let stored = match self.load_patiently(id).await {
             Ok(Loaded::Live(stored)) => stored,
             Ok(Loaded::Ended) => return Ok(None),

@@ -51,7 +51,7 @@ pub async fn forward(
         Ok(Resolution::Upstream(resolved)) => resolved,
         Ok(Resolution::Local(tool, named)) => {
             x.set_target(named);
-            return respond::json(call_local(x, tool, id).await);
+            return respond::json(Box::pin(call_local(x, tool, id)).await);
         }
         Err(e) => {
             let outcome = match e {
@@ -71,9 +71,9 @@ pub async fn forward(
     let app = x.app().clone();
     if super::authorize::era_catalog(&app, &who, u).is_stateless_only(u) {
         if matches!(method, Method::ResourcesSubscribe | Method::ResourcesUnsubscribe) {
-            return super::stateless_upstream::subscribe(x, session, method, id, resolved).await;
+            return Box::pin(super::stateless_upstream::subscribe(x, session, method, id, resolved)).await;
         }
-        return super::stateless_upstream::forward(x, session, method, id, resolved, accepts_sse).await;
+        return Box::pin(super::stateless_upstream::forward(x, session, method, id, resolved, accepts_sse)).await;
     }
     let upstream = &app.upstreams[u];
     let channel = match channel(session, u).await {
@@ -124,7 +124,7 @@ pub async fn forward(
                 deadline,
             };
             if !accepts_sse {
-                return call.drain(stream).await;
+                return Box::pin(call.drain(stream)).await;
             }
             // The relay finishes the exchange from here, client or no client.
             let log = session.new_stream();

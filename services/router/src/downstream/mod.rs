@@ -64,8 +64,10 @@ pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     }
     match *req.method() {
         HttpMethod::POST => post(app, req).await,
-        HttpMethod::GET => get(app, req.headers(), req.extensions()).await,
-        HttpMethod::DELETE => delete(app, req.headers(), req.extensions()).await,
+        // Boxed (as every branch off the hot POST): the request's future
+        // stays small, and hyper moves it whole (see `future_sizes`).
+        HttpMethod::GET => Box::pin(get(app, req.headers(), req.extensions())).await,
+        HttpMethod::DELETE => Box::pin(delete(app, req.headers(), req.extensions())).await,
         _ => {
             let mut response = respond::text(StatusCode::METHOD_NOT_ALLOWED, "use POST, GET or DELETE\n");
             response.headers_mut().insert(http::header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
@@ -145,14 +147,14 @@ async fn after_parse(
 ) -> Result<Response<Body>, Refusal> {
     // A stateless (2026-07-28) request takes its own session phase.
     if stateless_client::is_stateless(headers, &env) {
-        return Ok(stateless_client::post(x, headers, &env, body).await);
+        return Ok(Box::pin(stateless_client::post(x, headers, &env, body)).await);
     }
     // 3. Who is calling.
     x.authenticate(headers).await.map_err(|e| x.refuse(headers, Some(&env), body.len(), e, "POST"))?;
     // 4. The session: `initialize` makes one; anything else names one.
     if env.kind == MessageKind::Request && env.method_str() == "initialize" {
         x.admit(&env).await.map_err(|e| x.refuse(headers, Some(&env), body.len(), e, "POST"))?;
-        return Ok(lists::initialize(x, &env).await);
+        return Ok(Box::pin(lists::initialize(x, &env)).await);
     }
     let session = x.find_session(headers).await.map_err(|e| x.reject(env.id, e))?;
     check_version(headers).map_err(|e| x.reject(env.id, e))?;
@@ -169,12 +171,12 @@ async fn after_parse(
         MessageKind::Notification => {
             let app = x.app().clone();
             x.discard();
-            notification(&app, &session, &env, body).await;
+            Box::pin(notification(&app, &session, &env, body)).await;
             Ok(respond::accepted())
         }
         MessageKind::Response | MessageKind::Error => {
             let (app, who) = (x.app().clone(), x.principal().expect("authenticated").clone());
-            match answer(&app, &who, &session, &env, body).await {
+            match Box::pin(answer(&app, &who, &session, &env, body)).await {
                 Ok(()) => {
                     x.discard();
                     Ok(respond::accepted())
@@ -266,7 +268,7 @@ pub(crate) async fn meta_tool(
         }
         return Err(x);
     }
-    match crate::discovery::answer(&app, &who, session, env).await {
+    match Box::pin(crate::discovery::answer(&app, &who, session, env)).await {
         Some(answered) => Ok(x.answer(id, answered.map(|result| respond::json(jsonrpc::result_response(id, &result))))),
         None => Err(x),
     }
@@ -459,4 +461,38 @@ async fn delete(app: &Arc<App>, headers: &HeaderMap, connection: &http::Extensio
     let mut response = Response::new(Body::Empty);
     *response.status_mut() = StatusCode::OK;
     response
+}
+
+#[cfg(test)]
+mod future_sizes {
+    //! The hot POST's future is moved whole at least once per request (into
+    //! hyper's slot for it): what it holds is copied every time. Branches off
+    //! the common path (other eras, lists, answers, streams, stores) are
+    //! boxed where they are awaited; these bounds keep it that way.
+    use super::*;
+    use std::future::Future;
+
+    /// The size of the future `f` returns, without making one.
+    fn size<A, F: Future>(_: impl Fn(A) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+    type H = &'static HeaderMap;
+    type E = &'static Envelope<'static>;
+    type B = &'static Bytes;
+    type S = &'static Arc<Session>;
+
+    #[test]
+    fn the_hot_posts_future_stays_small() {
+        let handle = size(|(a, r): (&'static Arc<App>, Request<Incoming>)| super::handle(a, r));
+        let request = size(|(x, h, s, e, b): (Exchange, H, S, E, B)| super::request(x, h, s, e, b, true));
+        let forward = size(|(x, s, e, b): (Exchange, S, E, B)| forward::forward(x, s, Method::ToolsCall, e, b, true));
+        let find_session = size(|(mut x, h): (Exchange, H)| async move { x.find_session(h).await });
+        let admit = size(|(mut x, e): (Exchange, E)| async move { x.admit(e).await });
+        println!("handle {handle}, request {request}, forward {forward}, find_session {find_session}, admit {admit}");
+        assert!(handle <= 8 * 1024, "the future of a request to /mcp holds {handle} bytes");
+        assert!(request <= 3 * 1024 + 512, "a session's request: {request} bytes");
+        assert!(forward <= 2 * 1024 + 512, "forward: {forward} bytes");
+        assert!(find_session <= 512 && admit <= 1024, "the store's and the limits' slow ways are not boxed");
+        assert!(std::mem::size_of::<Exchange>() <= 384, "Exchange: {} bytes", std::mem::size_of::<Exchange>());
+    }
 }
