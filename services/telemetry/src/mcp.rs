@@ -8,11 +8,13 @@
 //! replica: later ones are counted as `_OTHER`, so that a tenant with a
 //! huge catalog cannot grow the registry without bound.
 
+use std::cell::RefCell;
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::Duration;
 
-use prometheus::{HistogramOpts, HistogramVec, Registry};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, Registry};
 
 /// The conventions' bucket boundaries (seconds), for all four MCP metrics.
 pub const BUCKETS: [f64; 14] = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
@@ -23,7 +25,28 @@ pub struct McpMetrics {
     server_operation: HistogramVec,
     client_operation: HistogramVec,
     names: RwLock<HashSet<String>>,
+    /// Tells this instance's handles from another's in [`HANDLES`].
+    instance: u64,
 }
+
+/// The histograms of the label sets each thread used last, most recent
+/// first: a request's labels are compared with a few short strings rather
+/// than hashed (twice per request, with a lock on the names) to find them.
+struct Handle {
+    instance: u64,
+    /// The labels as given (before tool and prompt names are bounded).
+    labels: Box<[Box<str>]>,
+    histogram: Histogram,
+}
+
+thread_local! {
+    static HANDLES: RefCell<Vec<Handle>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Label sets remembered per thread.
+const REMEMBERED: usize = 32;
+
+static INSTANCES: AtomicU64 = AtomicU64::new(0);
 
 /// One operation, as the metrics label it.
 #[derive(Debug, Default, Clone, Copy)]
@@ -73,7 +96,38 @@ impl McpMetrics {
                 &client,
             ),
             names: RwLock::default(),
+            instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
         }
+    }
+
+    /// Observes `seconds` on the histogram of `labels` (as given); `find`
+    /// makes it when this thread has not used these labels lately.
+    fn observe(&self, labels: &[&str], seconds: f64, find: impl FnOnce() -> Histogram) {
+        HANDLES.with(|handles| {
+            let mut handles = handles.borrow_mut();
+            let hit = handles.iter().position(|h| {
+                h.instance == self.instance
+                    && h.labels.len() == labels.len()
+                    && h.labels.iter().zip(labels).all(|(a, b)| **a == **b)
+            });
+            match hit {
+                Some(at) => {
+                    handles[at].histogram.observe(seconds);
+                    if at > 0 {
+                        handles[..=at].rotate_right(1);
+                    }
+                }
+                None => {
+                    let histogram = find();
+                    histogram.observe(seconds);
+                    if handles.len() == REMEMBERED {
+                        handles.pop();
+                    }
+                    let labels = labels.iter().map(|&l| Box::from(l)).collect();
+                    handles.insert(0, Handle { instance: self.instance, labels, histogram });
+                }
+            }
+        });
     }
 
     /// `name` as a label value: itself while fewer than [`MAX_NAMES`] are in use.
@@ -109,16 +163,38 @@ impl McpMetrics {
 
     /// A client's request to the router, answered.
     pub fn served(&self, op: &Operation<'_>, took: Duration) {
-        self.server_operation.with_label_values(&self.labels(op, "tcp")).observe(took.as_secs_f64());
+        let given = [
+            op.method,
+            op.error_type.unwrap_or(""),
+            op.tool.unwrap_or(""),
+            op.prompt.unwrap_or(""),
+            op.protocol_version.unwrap_or(""),
+            op.network_protocol_version.unwrap_or(""),
+        ];
+        self.observe(&given, took.as_secs_f64(), || self.server_operation.with_label_values(&self.labels(op, "tcp")));
     }
 
     /// A request the router sent an upstream (at `address`: host and port,
     /// as text; a stdio upstream has none), answered.
     pub fn sent(&self, op: &Operation<'_>, address: Option<(&str, &str)>, took: Duration) {
         let transport = if address.is_some() { "tcp" } else { "pipe" };
-        let [a, b, c, d, e, f, g, h] = self.labels(op, transport);
         let (host, port) = address.unwrap_or(("", ""));
-        self.client_operation.with_label_values(&[a, b, c, d, e, f, g, h, host, port]).observe(took.as_secs_f64());
+        // One more label than the server's: they never share a handle.
+        let given = [
+            "client",
+            op.method,
+            op.error_type.unwrap_or(""),
+            op.tool.unwrap_or(""),
+            op.prompt.unwrap_or(""),
+            op.protocol_version.unwrap_or(""),
+            op.network_protocol_version.unwrap_or(""),
+            host,
+            port,
+        ];
+        self.observe(&given, took.as_secs_f64(), || {
+            let [a, b, c, d, e, f, g, h] = self.labels(op, transport);
+            self.client_operation.with_label_values(&[a, b, c, d, e, f, g, h, host, port])
+        });
     }
 }
 
@@ -140,5 +216,35 @@ mod tests {
         assert!(text.contains(r#"gen_ai_tool_name="_OTHER""#));
         assert!(!text.contains(&format!(r#"gen_ai_tool_name="t{}""#, MAX_NAMES + 1)));
         assert!(text.contains("mcp_server_operation_duration_seconds_bucket{"));
+    }
+
+    #[test]
+    fn remembered_handles_count_on_their_own_registry_and_labels() {
+        let (one, two) = (Registry::new(), Registry::new());
+        let (a, b) = (McpMetrics::new(&one), McpMetrics::new(&two));
+        let call = Operation { method: "tools/call", tool: Some("x"), ..Operation::default() };
+        let failed = Operation { error_type: Some("-32603"), ..call };
+        for _ in 0..3 {
+            a.served(&call, Duration::from_millis(1));
+        }
+        a.served(&failed, Duration::from_millis(1));
+        b.served(&call, Duration::from_millis(1));
+        a.sent(&call, Some(("h", "1")), Duration::from_millis(1));
+        a.sent(&call, Some(("h", "2")), Duration::from_millis(1));
+        let count = |r: &Registry, metric: &str, needle: &str| {
+            let text = prometheus::TextEncoder::new().encode_to_string(&r.gather()).unwrap();
+            text.lines()
+                .filter(|l| l.starts_with(&format!("{metric}_count")) && l.contains(needle))
+                .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+                .sum::<f64>()
+        };
+        let server = "mcp_server_operation_duration_seconds";
+        assert_eq!(count(&one, server, "error_type=\"\""), 3.0);
+        assert_eq!(count(&one, server, "error_type=\"-32603\""), 1.0);
+        assert_eq!(count(&two, server, ""), 1.0);
+        let client = "mcp_client_operation_duration_seconds";
+        let ports = (count(&one, client, "server_port=\"1\""), count(&one, client, "server_port=\"2\""));
+        assert_eq!(ports, (1.0, 1.0));
+        assert_eq!(count(&two, client, ""), 0.0);
     }
 }
