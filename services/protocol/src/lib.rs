@@ -16,6 +16,9 @@
 //!   keys and error codes.
 //! - [`sse`]: Server-Sent Events encoder and incremental decoder.
 //! - [`ndjson`]: newline-delimited JSON framing, as used over stdio.
+//! - [`http1`]: HTTP/1.1 request heads (spans of the connection's buffer,
+//!   ambiguous framing refused) and response heads, for the router's own
+//!   path for its hot `POST`.
 //! - [`edge`]: the edge protocol's frames (`##START` … `##END`), for devices
 //!   that connect out to the router over TCP.
 //! - [`schema`]: argument checks against a tool's JSON Schema (the subset
@@ -26,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod edge;
+pub mod http1;
 pub mod jsonrpc;
 pub mod methods;
 pub mod modern;

@@ -59,6 +59,10 @@ pub enum Error {
     SessionStoreDown,
     #[error("an HTTP/1.1 request needs exactly one Host header (RFC 9112, section 3.2)")]
     MissingHost,
+    /// A request head the router's HTTP/1.1 path refuses (ambiguous
+    /// framing, malformed, too large); the connection is closed.
+    #[error("{0}")]
+    MalformedHttp(switchboard_protocol::http1::HeadError),
     #[error("unknown or expired event stream in Last-Event-ID")]
     UnknownStream,
     #[error("unsupported MCP-Protocol-Version {0:?} (supported: {versions})", versions = switchboard_protocol::version::session_versions())]
@@ -177,6 +181,12 @@ impl Error {
             Error::ForbiddenOrigin(_) => (Downstream, StatusCode::FORBIDDEN, code::INVALID_REQUEST, "origin"),
             Error::MissingSession => (Downstream, StatusCode::BAD_REQUEST, code::INVALID_REQUEST, "missing_session"),
             Error::MissingHost => (Downstream, StatusCode::BAD_REQUEST, code::INVALID_REQUEST, "missing_host"),
+            Error::MalformedHttp(e) => (
+                Downstream,
+                StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST),
+                code::INVALID_REQUEST,
+                e.label(),
+            ),
             Error::UnknownSession => (Downstream, StatusCode::NOT_FOUND, code::REQUEST_TIMEOUT, "unknown_session"),
             Error::SessionStoreDown => {
                 (Internal, StatusCode::SERVICE_UNAVAILABLE, code::INTERNAL_ERROR, "session_store_down")

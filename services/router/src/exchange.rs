@@ -17,7 +17,6 @@ use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderMap, Response};
-use hyper::body::Incoming;
 use serde_json::value::RawValue;
 use switchboard_core::policy::Principal;
 use switchboard_core::{Outcome, UpstreamId};
@@ -444,7 +443,7 @@ impl Exchange {
 
     /// Phase 1: the transport checks of a POST (`Origin`, `Content-Type`,
     /// size), then its body. A refusal is the response to send.
-    pub async fn receive(&mut self, headers: &HeaderMap, body: Incoming) -> Result<Bytes, Refusal> {
+    pub async fn receive(&mut self, headers: &HeaderMap, body: crate::downstream::PostBody) -> Result<Bytes, Refusal> {
         crate::downstream::transport::receive(&self.app, headers, body).await.map_err(|refusal| {
             self.finished = true;
             Box::new(refusal)

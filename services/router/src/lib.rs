@@ -22,6 +22,9 @@
 //!
 //! Invariants are listed in ARCHITECTURE.md.
 #![forbid(unsafe_code)]
+// The request pipeline's futures nest deeply: proving them `Send` takes more
+// than the default depth.
+#![recursion_limit = "256"]
 
 pub mod admin;
 mod app;
@@ -38,6 +41,7 @@ pub mod edge;
 pub mod error;
 mod exchange;
 pub mod feed;
+mod h1;
 mod keychain;
 mod metrics;
 mod own_token;

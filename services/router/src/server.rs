@@ -156,6 +156,9 @@ pub async fn serve_with(
         connections::Listener::Mcp,
     );
     let graceful = GracefulShutdown::new();
+    // The connections the router's own HTTP/1.1 path serves: told when
+    // draining begins; the drain waits for every one to end.
+    let (drain, drain_watch) = tokio::sync::watch::channel(false);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -174,7 +177,13 @@ pub async fn serve_with(
                     connections::refuse(stream);
                     continue;
                 };
-                let served = Served { app: app.clone(), conns: conns.clone(), builder: builder.clone(), watcher: Some(graceful.watcher()) };
+                let served = Served {
+                    app: app.clone(),
+                    conns: conns.clone(),
+                    builder: builder.clone(),
+                    watcher: Some(graceful.watcher()),
+                    drain: Some(drain_watch.clone()),
+                };
                 tokio::spawn(served.connection(stream, tls.clone(), admitted));
             }
             () = &mut shutdown => break,
@@ -182,10 +191,13 @@ pub async fn serve_with(
     }
     tracing::info!("shutting down: draining requests in flight");
     app.begin_shutdown();
+    let _ = drain.send(true);
+    drop(drain_watch);
     let grace = app.config.server.shutdown_grace;
     let deadline = tokio::time::Instant::now() + grace;
     let drain = async {
-        tokio::time::timeout(grace, graceful.shutdown()).await.is_ok()
+        let both = async { tokio::join!(graceful.shutdown(), drain.closed()) };
+        tokio::time::timeout(grace, both).await.is_ok()
             && app.sessions.wait_for_requests(deadline.saturating_duration_since(tokio::time::Instant::now())).await
     };
     tokio::pin!(drain);
@@ -204,7 +216,8 @@ pub async fn serve_with(
                     connections::refuse(stream);
                     continue;
                 };
-                let served = Served { app: app.clone(), conns: conns.clone(), builder: draining.clone(), watcher: None };
+                let served =
+                    Served { app: app.clone(), conns: conns.clone(), builder: draining.clone(), watcher: None, drain: None };
                 tokio::spawn(served.connection(stream, tls.clone(), admitted));
             }
         }
@@ -229,6 +242,8 @@ struct Served {
     builder: auto::Builder<TokioExecutor>,
     /// Graceful shutdown's, except while draining.
     watcher: Option<hyper_util::server::graceful::Watcher>,
+    /// The drain's, for the router's own HTTP/1.1 path, except while draining.
+    drain: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl Served {
@@ -240,16 +255,51 @@ impl Served {
         tls: Option<tokio_rustls::TlsAcceptor>,
         admitted: connections::Admitted,
     ) {
-        let activity = Activity::new();
         // The client's address, for spans (only when traces are on).
         let peer = self.app.telemetry.tracing().then(|| stream.peer_addr().ok()).flatten();
         match tls {
-            None => self.serve(TokioIo::new(stream), activity, admitted, (None, peer)).await,
+            None => self.fast_then_hyper(stream, admitted, (None, peer)).await,
             Some(acceptor) => {
                 if let Some(stream) = connections::tls_handshake(&acceptor, stream, &self.conns).await {
                     let cert = client_cert(&stream);
-                    self.serve(TokioIo::new(stream), activity, admitted, (cert, peer)).await;
+                    if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                        self.serve(TokioIo::new(stream), Activity::new(), admitted, (cert, peer)).await;
+                    } else {
+                        self.fast_then_hyper(stream, admitted, (cert, peer)).await;
+                    }
                 }
+            }
+        }
+    }
+
+    /// Serves an HTTP/1.1 connection on the router's own path for as long
+    /// as its requests are that path's, then hands it to hyper.
+    async fn fast_then_hyper<S>(
+        mut self,
+        stream: S,
+        admitted: connections::Admitted,
+        (cert, peer): (Option<ClientCert>, Option<std::net::SocketAddr>),
+    ) where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let mut extensions = http::Extensions::new();
+        if let Some(cert) = &cert {
+            extensions.insert(cert.clone());
+        }
+        if let Some(peer) = peer {
+            extensions.insert(crate::exchange::Peer(peer));
+        }
+        let cx =
+            crate::h1::Ctx { app: &self.app, conns: &self.conns, extensions: &extensions, drain: self.drain.take() };
+        match crate::h1::serve(stream, cx).await {
+            crate::h1::Ended::Closed => {}
+            crate::h1::Ended::HandOff { io, requests } => {
+                let activity = Activity::new();
+                if requests > 0 {
+                    // Idle from now on, not waiting for a first request.
+                    drop(activity.begin());
+                }
+                self.serve(TokioIo::new(io), activity, admitted, (cert, peer)).await;
             }
         }
     }
@@ -263,7 +313,7 @@ impl Served {
     ) where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
-        let Served { app, conns, builder, watcher } = self;
+        let Served { app, conns, builder, watcher, .. } = self;
         let conn = builder.serve_connection(io, service(&app, &activity, cert, peer)).into_owned();
         match watcher {
             Some(watcher) => connections::supervise(watcher.watch(conn), admitted, activity, conns).await,

@@ -86,19 +86,40 @@ fn stateless_only(headers: &HeaderMap) -> bool {
             .is_some_and(ProtocolVersion::is_modern)
 }
 
+/// A POST's body: hyper's, to be read within the limit, or read already
+/// (by the router's own HTTP/1.1 path, [`crate::h1`], which checked its
+/// length against the limit).
+pub enum PostBody {
+    Incoming(Incoming),
+    Read(Bytes),
+}
+
 /// A POST to `/mcp`.
 async fn post(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     let (parts, body) = req.into_parts();
     let mut x = Exchange::new(app, Instant::now(), &parts.extensions);
     x.set_http_version(parts.version);
-    post_phases(x, &parts.headers, body, &parts.extensions).await.unwrap_or_else(|refusal| *refusal)
+    post_phases(x, &parts.headers, PostBody::Incoming(body), &parts.extensions).await.unwrap_or_else(|refusal| *refusal)
+}
+
+/// A POST to `/mcp` over HTTP/1.1 whose body was read already, at
+/// `started`, over a connection with these extensions.
+pub async fn post_read(
+    app: &Arc<App>,
+    started: Instant,
+    headers: &HeaderMap,
+    body: Bytes,
+    connection: &http::Extensions,
+) -> Response<Body> {
+    let x = Exchange::new(app, started, connection);
+    post_phases(x, headers, PostBody::Read(body), connection).await.unwrap_or_else(|refusal| *refusal)
 }
 
 /// The phases of a POST to `/mcp`, in order; `Err` is a refusal to send.
 async fn post_phases(
     mut x: Exchange,
     headers: &HeaderMap,
-    body: Incoming,
+    body: PostBody,
     connection: &http::Extensions,
 ) -> Result<Response<Body>, Refusal> {
     // 1. Transport checks.
@@ -487,6 +508,10 @@ mod future_sizes {
         let request = size(|(x, h, s, e, b): (Exchange, H, S, E, B)| super::request(x, h, s, e, b, true));
         let forward = size(|(x, s, e, b): (Exchange, S, E, B)| forward::forward(x, s, Method::ToolsCall, e, b, true));
         let find_session = size(|(mut x, h): (Exchange, H)| async move { x.find_session(h).await });
+        let post_read = size(|(a, h, b): (&'static Arc<App>, H, Bytes)| {
+            super::post_read(a, Instant::now(), h, b, Box::leak(Box::default()))
+        });
+        assert!(post_read <= 8 * 1024, "the future of a POST read by the HTTP/1.1 path holds {post_read} bytes");
         let admit = size(|(mut x, e): (Exchange, E)| async move { x.admit(e).await });
         println!("handle {handle}, request {request}, forward {forward}, find_session {find_session}, admit {admit}");
         assert!(handle <= 8 * 1024, "the future of a request to /mcp holds {handle} bytes");

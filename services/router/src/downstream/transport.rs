@@ -36,10 +36,13 @@ pub fn reject_unread(app: &App, err: Error) -> Response<Body> {
 
 /// The transport checks of a POST (`Origin`, `Content-Type`, size), then its
 /// body; a refusal is the response to send.
-pub async fn receive(app: &App, headers: &HeaderMap, body: Incoming) -> Result<Bytes, Response<Body>> {
+pub async fn receive(app: &App, headers: &HeaderMap, body: super::PostBody) -> Result<Bytes, Response<Body>> {
     check_origin(app, headers).map_err(|e| reject_unread(app, e))?;
     check_content_type(headers).map_err(|e| reject_unread(app, e))?;
-    read_body(app, headers, body).await.map_err(|e| reject_unread(app, e))
+    match body {
+        super::PostBody::Incoming(body) => read_body(app, headers, body).await.map_err(|e| reject_unread(app, e)),
+        super::PostBody::Read(body) => Ok(body),
+    }
 }
 
 /// Browsers send `Origin`; a page on another site must not reach a local router.
@@ -56,12 +59,10 @@ pub fn check_origin(app: &App, headers: &HeaderMap) -> Result<(), Error> {
 /// `application/json` (with any parameters), or no `Content-Type` at all.
 fn check_content_type(headers: &HeaderMap) -> Result<(), Error> {
     let Some(ct) = headers.get(CONTENT_TYPE) else { return Ok(()) };
-    let text = ct.to_str().unwrap_or("");
-    let essence = text.split(';').next().unwrap_or("").trim();
-    if essence.eq_ignore_ascii_case("application/json") {
+    if essence(ct.as_bytes()).eq_ignore_ascii_case(b"application/json") {
         Ok(())
     } else {
-        Err(Error::UnsupportedMediaType(text.to_owned()))
+        Err(Error::UnsupportedMediaType(String::from_utf8_lossy(ct.as_bytes()).into_owned()))
     }
 }
 
@@ -83,18 +84,23 @@ pub fn accepts_sse(headers: &HeaderMap) -> bool {
     let mut any = false;
     for value in headers.get_all(http::header::ACCEPT) {
         any = true;
-        let Ok(text) = value.to_str() else { continue };
-        for item in text.split(',') {
-            let essence = item.split(';').next().unwrap_or("").trim();
-            if essence.eq_ignore_ascii_case("text/event-stream")
-                || essence == "*/*"
-                || essence.eq_ignore_ascii_case("text/*")
+        for item in value.as_bytes().split(|&b| b == b',') {
+            let essence = essence(item);
+            if essence.eq_ignore_ascii_case(b"text/event-stream")
+                || essence == b"*/*"
+                || essence.eq_ignore_ascii_case(b"text/*")
             {
                 return true;
             }
         }
     }
     !any
+}
+
+/// A media type without its parameters or surrounding white space.
+fn essence(media_type: &[u8]) -> &[u8] {
+    let end = media_type.iter().position(|&b| b == b';').unwrap_or(media_type.len());
+    media_type[..end].trim_ascii()
 }
 
 async fn read_body(app: &App, headers: &HeaderMap, mut body: Incoming) -> Result<Bytes, Error> {

@@ -38,6 +38,7 @@ mod discovery;
 mod edge;
 mod eras;
 mod hostile;
+mod http1;
 mod keys;
 mod oauth;
 mod peers;

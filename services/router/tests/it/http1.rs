@@ -1,0 +1,197 @@
+//! The router's own HTTP/1.1 path for `POST /mcp` (`h1.rs`), from a raw
+//! socket: what it serves, what it hands to hyper, and what it refuses.
+//!
+//! - Many calls on one keep-alive connection, pipelined or not, each
+//!   answered in order; `Connection: close` honoured.
+//! - A request that is not its own (a `GET`, a chunked body, `Expect`,
+//!   HTTP/1.0, a head over 64 KiB) is served by hyper on the same
+//!   connection, after what came before it.
+//! - Request smuggling is refused with 400 and a JSON-RPC error, the
+//!   connection closed, counted by reason, and the router healthy after:
+//!   `Content-Length` twice (equal or not), beside `Transfer-Encoding`, not
+//!   a plain number; obsolete line folding; a bare CR; white space before a
+//!   colon.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use switchboard_test_support::{http_upstream, mock_named, Client, MockServer, Router};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::routing::config;
+
+/// Sends `bytes` on a new connection, then reads until the router closes it.
+async fn exchange(router: &Router, bytes: &[u8]) -> String {
+    let mut stream = tokio::net::TcpStream::connect(router.addr).await.unwrap();
+    stream.write_all(bytes).await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut got))
+        .await
+        .expect("the router closes the connection")
+        .unwrap();
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+fn call(session: &str, id: u32, close: bool) -> Vec<u8> {
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": "web__echo", "arguments": {"n": id}}})
+    .to_string();
+    format!(
+        "POST /mcp HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Mcp-Session-Id: {session}\r\nMcp-Protocol-Version: 2025-11-25\r\nContent-Length: {}\r\n{}\r\n{body}",
+        body.len(),
+        if close { "Connection: close\r\n" } else { "" },
+    )
+    .into_bytes()
+}
+
+/// The bodies of the responses in `text` (each with a Content-Length), in order.
+fn bodies(text: &str) -> Vec<(u16, String)> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(head_end) = rest.find("\r\n\r\n") {
+        let head = &rest[..head_end];
+        let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length: ").map(|v| v.trim().parse().unwrap()))
+            .unwrap_or(0);
+        let body_start = head_end + 4;
+        if rest.len() < body_start + length {
+            break;
+        }
+        out.push((status, rest[body_start..body_start + length].to_owned()));
+        rest = &rest[body_start + length..];
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_on_one_connection_are_answered_in_order_and_other_requests_go_to_hyper() {
+    let web = MockServer::start(mock_named("web")).await;
+    let router = Router::start(&config(&http_upstream("web", &web.url, ""))).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    let session = client.session.clone().expect("a session");
+
+    // Keep-alive, one at a time: three calls, then one that closes.
+    let mut stream = tokio::net::TcpStream::connect(router.addr).await.unwrap();
+    let mut got = Vec::new();
+    for id in 1..=3 {
+        stream.write_all(&call(&session, id, false)).await.unwrap();
+        // Each answer whole before the next request.
+        while bodies(&String::from_utf8_lossy(&got)).len() < id as usize {
+            let mut chunk = [0u8; 4096];
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "closed after {id} requests");
+            got.extend_from_slice(&chunk[..n]);
+        }
+    }
+    stream.write_all(&call(&session, 4, true)).await.unwrap();
+    stream.read_to_end(&mut got).await.unwrap();
+    let text = String::from_utf8_lossy(&got);
+    let answers = bodies(&text);
+    assert_eq!(answers.len(), 4, "{text}");
+    for (i, (status, body)) in answers.iter().enumerate() {
+        let answer: Value = serde_json::from_str(body).unwrap();
+        assert_eq!((*status, &answer["id"]), (200, &json!(i + 1)), "{text}");
+        assert_eq!(answer["result"]["content"][0]["text"], json!({"n": i + 1}).to_string());
+    }
+    assert!(text.contains("date: ") && text.contains("connection: close"), "{text}");
+
+    // Pipelined: two calls, a GET (hyper's from here), all in one write.
+    let mut pipelined = call(&session, 5, false);
+    pipelined.extend(call(&session, 6, false));
+    pipelined.extend_from_slice(b"GET /healthz HTTP/1.1\r\nHost: router\r\nConnection: close\r\n\r\n");
+    let text = exchange(&router, &pipelined).await;
+    let answers = bodies(&text);
+    assert_eq!(answers.len(), 3, "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&answers[0].1).unwrap()["id"], 5);
+    assert_eq!(serde_json::from_str::<Value>(&answers[1].1).unwrap()["id"], 6);
+    assert_eq!(answers[2], (200, "ok\n".to_owned()));
+
+    // A chunked body, Expect: 100-continue and HTTP/1.0: served by hyper.
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "web__echo", "arguments": {}}})
+    .to_string();
+    let chunked = format!(
+        "POST /mcp HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nMcp-Session-Id: {session}\r\n\
+         Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+        body.len()
+    );
+    let text = exchange(&router, chunked.as_bytes()).await;
+    assert!(text.starts_with("HTTP/1.1 200") && text.contains("\"id\":7"), "{text}");
+    let expecting = format!(
+        "POST /mcp HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nMcp-Session-Id: {session}\r\n\
+         Expect: 100-continue\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let text = exchange(&router, expecting.as_bytes()).await;
+    assert!(text.contains("\"id\":7"), "{text}");
+    let old = format!(
+        "POST /mcp HTTP/1.0\r\nContent-Type: application/json\r\nMcp-Session-Id: {session}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let text = exchange(&router, old.as_bytes()).await;
+    assert!(text.contains("\"id\":7"), "{text}");
+    // A head over 64 KiB is hyper's too (which takes up to 400 KiB).
+    let mut big = call(&session, 8, true);
+    let filler = format!("X-Filler: {}\r\n", "f".repeat(80 * 1024));
+    let at = big.windows(2).position(|w| w == b"\r\n").unwrap() + 2;
+    big.splice(at..at, filler.into_bytes());
+    let text = exchange(&router, &big).await;
+    assert!(text.starts_with("HTTP/1.1 200") && text.contains("\"id\":8"), "{text}");
+    assert_eq!(web.mock.call_count(), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_smuggling_is_refused_and_the_router_stays_healthy() {
+    let web = MockServer::start(mock_named("web")).await;
+    let router = Router::start(&config(&http_upstream("web", &web.url, ""))).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    let session = client.session.clone().expect("a session");
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "web__echo", "arguments": {}}})
+    .to_string();
+    // After each, a smuggled request that must never be served.
+    let smuggled = String::from_utf8(call(&session, 99, true)).unwrap();
+    let head = |lines: &str| {
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nMcp-Session-Id: {session}\r\n{lines}\r\n{body}{smuggled}"
+        )
+    };
+    let n = body.len();
+    let cases = [
+        (head(&format!("Content-Length: {n}\r\nContent-Length: {n}\r\n")), "repeated_content_length"),
+        (
+            head(&format!("Content-Length: {n}\r\nContent-Length: {}\r\n", n + smuggled.len())),
+            "repeated_content_length",
+        ),
+        (head(&format!("Content-Length: {n}\r\nTransfer-Encoding: chunked\r\n")), "length_and_transfer_encoding"),
+        (head(&format!("Transfer-Encoding: chunked\r\nContent-Length: {n}\r\n")), "length_and_transfer_encoding"),
+        (head(&format!("Content-Length: {n}, {n}\r\n")), "bad_content_length"),
+        (head(&format!("Content-Length: +{n}\r\n")), "bad_content_length"),
+        (head(&format!("Content-Length: {n}\r\nX-Folded: a\r\n b\r\n")), "malformed_head"),
+        (head(&format!("Content-Length: {n}\r\nX-Bare: a\rTransfer-Encoding: chunked\r\n")), "malformed_head"),
+        (head(&format!("Content-Length : {n}\r\n")), "malformed_head"),
+    ];
+    for (request, reason) in &cases {
+        let text = exchange(&router, request.as_bytes()).await;
+        assert!(text.starts_with("HTTP/1.1 400"), "{reason}: {text}");
+        let answers = bodies(&text);
+        assert_eq!(answers.len(), 1, "one answer, then closed: {text}");
+        let error: Value = serde_json::from_str(&answers[0].1).unwrap();
+        assert_eq!(error["error"]["code"], -32600, "{text}");
+        assert!(text.to_ascii_lowercase().contains("connection: close"), "{text}");
+    }
+    for reason in ["repeated_content_length", "length_and_transfer_encoding", "bad_content_length", "malformed_head"] {
+        let expected = cases.iter().filter(|(_, r)| r == &reason).count() as f64;
+        let counted = router.metric("switchboard_http_rejections_total", &[&format!("reason=\"{reason}\"")]).await;
+        assert_eq!(counted, expected, "{reason}");
+    }
+    // Nothing reached the upstream, smuggled or not; the router still serves.
+    assert_eq!(web.mock.call_count(), 0);
+    let answer = client.call_tool("web__echo", json!({"after": true})).await;
+    assert_eq!(answer["result"]["content"][0]["text"], r#"{"after":true}"#, "{answer}");
+}
