@@ -128,6 +128,38 @@ impl std::fmt::Debug for Database {
     }
 }
 
+/// The sizes of the audit inserts a batch is cut into, largest first.
+const AUDIT_CHUNKS: [usize; 4] = [128, 32, 8, 1];
+
+/// The insert of `rows` audit records (one of [`AUDIT_CHUNKS`]), made once.
+fn audit_insert(backend: Backend, rows: usize) -> &'static str {
+    static MADE: std::sync::OnceLock<[[String; 4]; 2]> = std::sync::OnceLock::new();
+    let made = MADE.get_or_init(|| {
+        [Backend::Postgres, Backend::Sqlite].map(|backend| {
+            AUDIT_CHUNKS.map(|rows| {
+                let mut q = Sql::new(backend, &format!("INSERT INTO audit_log ({AUDIT_COLUMNS}) VALUES "));
+                for i in 0..rows {
+                    q.text.push_str(if i == 0 { "(" } else { ", (" });
+                    for j in 0..AUDIT_COLUMN_COUNT {
+                        if j > 0 {
+                            q.text.push_str(", ");
+                        }
+                        q.param(Param::Int(None));
+                    }
+                    q.text.push(')');
+                }
+                q.text.push_str(" ON CONFLICT (id) DO NOTHING");
+                q.text
+            })
+        })
+    });
+    let chunk = AUDIT_CHUNKS.iter().position(|&n| n == rows).expect("one of the chunk sizes");
+    &made[usize::from(backend == Backend::Sqlite)][chunk]
+}
+
+/// How many columns [`AUDIT_COLUMNS`] names.
+const AUDIT_COLUMN_COUNT: usize = 16;
+
 const AUDIT_COLUMNS: &str = "id, at_ms, tenant, key_prefix, session, method, target, upstream, outcome, error_code, \
                              latency_us, request_bytes, response_bytes, trace_id, arguments, user_id";
 
@@ -345,37 +377,58 @@ impl Database {
         if records.is_empty() {
             return Ok(0);
         }
-        let mut q = Sql::new(self.backend, &format!("INSERT INTO audit_log ({AUDIT_COLUMNS}) VALUES "));
-        for (i, r) in records.iter().enumerate() {
-            q.text.push_str(if i == 0 { "(" } else { ", (" });
-            let row = [
-                Param::Text(Some(r.id.clone())),
-                Param::Int(Some(r.at_ms)),
-                Param::Text(r.tenant.clone()),
-                Param::Text(r.key_prefix.clone()),
-                Param::Text(r.session.clone()),
-                Param::Text(Some(r.method.clone())),
-                Param::Text(r.target.clone()),
-                Param::Text(r.upstream.clone()),
-                Param::Text(Some(r.outcome.clone())),
-                Param::Int(r.error_code),
-                Param::Int(Some(r.latency_us)),
-                Param::Int(Some(r.request_bytes)),
-                Param::Int(Some(r.response_bytes)),
-                Param::Text(r.trace_id.clone()),
-                Param::Text(r.arguments.clone()),
-                Param::Text(r.user.clone()),
-            ];
-            for (j, p) in row.into_iter().enumerate() {
-                if j > 0 {
-                    q.text.push_str(", ");
-                }
-                q.param(p);
-            }
-            q.text.push(')');
+        // In statements of a few fixed sizes, so that each is prepared once
+        // per connection and kept (a statement per batch size would be
+        // parsed anew for nearly every batch), in one transaction (one commit).
+        let mut plan = Vec::new();
+        let mut left = records.len();
+        while left > 0 {
+            let rows = *AUDIT_CHUNKS.iter().find(|&&n| n <= left).expect("the last chunk is one row");
+            plan.push(rows);
+            left -= rows;
         }
-        q.text.push_str(" ON CONFLICT (id) DO NOTHING");
-        Ok(q.query().execute(&self.pool).await?.rows_affected())
+        let mut written = 0;
+        let mut at = 0;
+        if let [rows] = plan[..] {
+            return Ok(self.insert_audit_rows(&records[..rows], &self.pool).await?);
+        }
+        let mut tx = self.pool.begin().await?;
+        for rows in plan {
+            written += self.insert_audit_rows(&records[at..at + rows], &mut *tx).await?;
+            at += rows;
+        }
+        tx.commit().await?;
+        Ok(written)
+    }
+
+    /// One insert of `rows` (as many as one of [`AUDIT_CHUNKS`]), its values
+    /// bound as they are (nothing copied).
+    async fn insert_audit_rows<'e, E>(&self, rows: &[AuditRecord], executor: E) -> Result<u64, sqlx::Error>
+    where
+        E: sqlx::Executor<'e, Database = sqlx::Any>,
+    {
+        let statement = audit_insert(self.backend, rows.len());
+        let mut q = sqlx::query(statement);
+        for r in rows {
+            q = q
+                .bind(r.id.as_str())
+                .bind(r.at_ms)
+                .bind(r.tenant.as_deref())
+                .bind(r.key_prefix.as_deref())
+                .bind(r.session.as_deref())
+                .bind(r.method.as_str())
+                .bind(r.target.as_deref())
+                .bind(r.upstream.as_deref())
+                .bind(r.outcome.as_str())
+                .bind(r.error_code)
+                .bind(r.latency_us)
+                .bind(r.request_bytes)
+                .bind(r.response_bytes)
+                .bind(r.trace_id.as_deref())
+                .bind(r.arguments.as_deref())
+                .bind(r.user.as_deref());
+        }
+        Ok(q.execute(executor).await?.rows_affected())
     }
 
     /// Reads audit records back, oldest first, with their sequence numbers.
@@ -574,4 +627,66 @@ fn audit_row(r: &AnyRow) -> Result<AuditRecord, sqlx::Error> {
         arguments: r.try_get(15)?,
         user: r.try_get(16)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records(n: usize, run: &str) -> Vec<AuditRecord> {
+        (0..n)
+            .map(|i| AuditRecord {
+                id: format!("{run}-{i:05}"),
+                at_ms: i as i64,
+                tenant: Some("acme".into()),
+                key_prefix: None,
+                session: Some("s".into()),
+                method: "tools/call".into(),
+                target: Some(format!("t{i}")),
+                upstream: Some("u".into()),
+                outcome: "ok".into(),
+                error_code: (i % 7 == 0).then_some(-32603),
+                latency_us: 10,
+                request_bytes: 100,
+                response_bytes: 200,
+                trace_id: None,
+                arguments: (i % 5 == 0).then(|| format!("{{\"i\":{i}}}")),
+                user: None,
+            })
+            .collect()
+    }
+
+    /// Every size of batch is written whole, once, in its fixed-size
+    /// statements; written again, nothing is duplicated.
+    async fn batches_are_written_exactly_once(db: &Database) {
+        db.migrate().await.unwrap();
+        let mut total = 0;
+        for (run, n) in [1, 7, 8, 9, 128, 129, 300, 500].into_iter().enumerate() {
+            let batch = records(n, &format!("r{run}"));
+            assert_eq!(db.insert_audit(&batch).await.unwrap(), n as u64, "a batch of {n}");
+            assert_eq!(db.insert_audit(&batch).await.unwrap(), 0, "a batch of {n}, again");
+            total += n;
+        }
+        assert_eq!(db.count_audit(Some("acme")).await.unwrap(), total as i64);
+        let back = db.query_audit(&AuditQuery { tenant: None, since_ms: None, after_seq: None, limit: 10_000 }).await;
+        let back: Vec<AuditRecord> = back.unwrap().into_iter().map(|(_, r)| r).collect();
+        assert_eq!(back.iter().find(|r| r.id == "r6-00295").unwrap(), &records(300, "r6")[295]);
+    }
+
+    #[tokio::test]
+    async fn audit_batches_on_sqlite() {
+        let file = std::env::temp_dir().join(switchboard_test_support::services::unique("sb-db-audit-"));
+        let db = Database::connect(&format!("sqlite:{}?mode=rwc", file.display()), Duration::from_secs(5)).unwrap();
+        batches_are_written_exactly_once(&db).await;
+        let _ = std::fs::remove_file(file);
+    }
+
+    #[tokio::test]
+    async fn audit_batches_on_postgres() {
+        let temp = switchboard_test_support::services::TempDatabase::create().await;
+        let db = Database::connect(&temp.url, Duration::from_secs(5)).unwrap();
+        batches_are_written_exactly_once(&db).await;
+        drop(db);
+        temp.drop_now().await;
+    }
 }

@@ -59,7 +59,9 @@ fn ows() -> impl Strategy<Value = &'static str> {
 
 /// A well-formed head: its text, the headers as written (name, value),
 /// and its Content-Length.
-fn head() -> impl Strategy<Value = (Vec<u8>, Vec<(String, Vec<u8>)>, Option<u64>)> {
+type Head = (Vec<u8>, Vec<(String, Vec<u8>)>, Option<u64>);
+
+fn head() -> impl Strategy<Value = Head> {
     (
         "[A-Z]{1,7}",
         "/[A-Za-z0-9/._~?=&%-]{0,40}",

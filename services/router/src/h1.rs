@@ -435,13 +435,30 @@ fn write_head<'h>(
     }
 }
 
+/// Header names clients of an MCP endpoint send that http does not know.
+static KNOWN: [HeaderName; 6] = [
+    HeaderName::from_static("mcp-session-id"),
+    HeaderName::from_static("mcp-protocol-version"),
+    HeaderName::from_static("mcp-method"),
+    HeaderName::from_static("mcp-name"),
+    HeaderName::from_static("last-event-id"),
+    HeaderName::from_static("traceparent"),
+];
+
 /// The request's headers as the phases read them: names parsed (the
 /// standard ones are not allocated), values sharing the head's bytes.
 fn header_map(head: &Bytes, spans: &[HeaderSpan]) -> Result<HeaderMap, Error> {
     let mut map = HeaderMap::with_capacity(spans.len());
     for span in spans {
-        let name = HeaderName::from_bytes(&head[span.name.clone()])
-            .map_err(|_| Error::MalformedHttp(http1::HeadError::Malformed("invalid header name")))?;
+        let name = &head[span.name.clone()];
+        // MCP's own names are not among http's standard ones: taken from
+        // here rather than lower-cased into a new allocation each time.
+        let known = KNOWN.iter().find(|k| k.as_str().as_bytes().eq_ignore_ascii_case(name));
+        let name = match known {
+            Some(known) => known.clone(),
+            None => HeaderName::from_bytes(name)
+                .map_err(|_| Error::MalformedHttp(http1::HeadError::Malformed("invalid header name")))?,
+        };
         let value = HeaderValue::from_maybe_shared(head.slice(span.value.clone()))
             .map_err(|_| Error::MalformedHttp(http1::HeadError::Malformed("invalid header value")))?;
         map.append(name, value);
@@ -478,8 +495,18 @@ async fn write_all_vectored<S: AsyncWrite + Unpin>(io: &mut S, slices: &mut [&[u
             first += 1;
             continue;
         }
-        let io_slices: Vec<IoSlice<'_>> = slices[first..].iter().map(|s| IoSlice::new(s)).collect();
-        let written = io.write_vectored(&io_slices).await?;
+        // On the stack for the usual few pieces (a head, a body, a chunk's end).
+        let pending = &slices[first..];
+        let written = if pending.len() <= 4 {
+            let mut io_slices = [IoSlice::new(&[]); 4];
+            for (to, from) in io_slices.iter_mut().zip(pending) {
+                *to = IoSlice::new(from);
+            }
+            io.write_vectored(&io_slices[..pending.len()]).await?
+        } else {
+            let io_slices: Vec<IoSlice<'_>> = pending.iter().map(|s| IoSlice::new(s)).collect();
+            io.write_vectored(&io_slices).await?
+        };
         if written == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }

@@ -212,10 +212,18 @@ async fn a_full_audit_queue_has_each_request_spool_its_own_record_and_none_is_lo
         calls(&client, 1).await;
         total += 1;
     }
-    calls(&client, 5).await;
-    total += 5;
-    let overflowed = overflow().await;
-    assert!(overflowed >= 5.0, "each call after the queue filled spooled its own record: {overflowed}");
+    // The writer may still take the two queued records into the insert it
+    // is stuck in (its gathering ends after flush_every): from then on,
+    // with the queue full again, every call spools its own record.
+    let first = overflow().await;
+    let mut more = 0;
+    while overflow().await < first + 5.0 {
+        assert!(more < 10, "calls after the queue filled did not spool their records: {}", overflow().await);
+        calls(&client, 1).await;
+        more += 1;
+        total += 1;
+    }
+    assert!(more <= 7, "at most the queue's two records went to the writer: {more} calls for 5 spooled");
     server.thaw();
 
     let (_, db) = admin(&text);

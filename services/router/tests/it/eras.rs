@@ -134,7 +134,7 @@ async fn a_per_session_stdio_upstream_honours_each_clients_roots() {
     }
     let files = node_bin("mcp-server-filesystem");
     let router = Router::start(&format!(
-        "[catalog]\nretry_after = \"250ms\"\n{}per_session = true\nmax_processes = 3\nidle_timeout = \"2s\"\n",
+        "[catalog]\nretry_after = \"250ms\"\n{}per_session = true\nmax_processes = 3\nidle_timeout = \"5s\"\n",
         stdio_upstream("files", &files, &[base.to_str().unwrap()])
     ))
     .await;
@@ -178,7 +178,7 @@ async fn a_per_session_stdio_upstream_honours_each_clients_roots() {
     // A session that ends gives its process back.
     assert_eq!(clients.pop().unwrap().delete().await, StatusCode::OK);
     assert!(switchboard_test_support::eventually(Duration::from_secs(10), || async { processes().await == 2.0 }).await);
-    // Idle processes are reaped (2 s), and started again on the next request.
+    // Idle processes are reaped (5 s), and started again on the next request.
     assert!(
         switchboard_test_support::eventually(Duration::from_secs(20), || async { processes().await == 0.0 }).await,
         "idle processes reaped"
