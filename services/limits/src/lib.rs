@@ -30,9 +30,29 @@ use switchboard_core::policy::{Principal, Rate};
 pub struct Check {
     /// `key`, `tenant` or `tool`: named in the refusal.
     pub limit: &'static str,
-    /// The limited thing, unique across limits (`key:…`, `tenant:…`, `tool:…`).
-    pub subject: String,
+    /// The limited thing, unique across limits.
+    pub subject: Subject,
     pub rate: Rate,
+}
+
+/// What a limit counts: made from the request's principal without
+/// formatting a string (the names are shared), hashed quickly.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Subject {
+    Key(Arc<str>),
+    Tenant(Arc<str>),
+    Tool { tenant: Arc<str>, tool: Box<str> },
+}
+
+impl std::fmt::Display for Subject {
+    /// As Redis keys name it: `key:…`, `tenant:…`, `tool:TENANT:TOOL`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Subject::Key(id) => write!(f, "key:{id}"),
+            Subject::Tenant(name) => write!(f, "tenant:{name}"),
+            Subject::Tool { tenant, tool } => write!(f, "tool:{tenant}:{tool}"),
+        }
+    }
 }
 
 /// The verdict on a request.
@@ -51,13 +71,14 @@ pub fn checks(who: &Principal, tool: Option<&str>) -> Vec<Check> {
     let limits = &who.tenant.limits;
     let mut out = Vec::new();
     if let Some(rate) = limits.key {
-        out.push(Check { limit: "key", subject: format!("key:{}", who.key_id), rate });
+        out.push(Check { limit: "key", subject: Subject::Key(who.key_id.clone()), rate });
     }
     if let Some(rate) = limits.tenant {
-        out.push(Check { limit: "tenant", subject: format!("tenant:{}", who.tenant.name), rate });
+        out.push(Check { limit: "tenant", subject: Subject::Tenant(who.tenant.name.clone()), rate });
     }
     if let (Some(rate), Some(tool)) = (limits.tool, tool) {
-        out.push(Check { limit: "tool", subject: format!("tool:{}:{tool}", who.tenant.name), rate });
+        let subject = Subject::Tool { tenant: who.tenant.name.clone(), tool: tool.into() };
+        out.push(Check { limit: "tool", subject, rate });
     }
     out
 }

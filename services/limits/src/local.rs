@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::{gcra, Check, Decision};
+use super::{gcra, Check, Decision, Subject};
 
 /// Every this many checks, subjects whose arrival time is in the past are
 /// forgotten (that changes nothing: a missing subject starts at "now").
@@ -20,7 +20,7 @@ pub struct Local {
 #[derive(Default)]
 struct State {
     /// Subject → theoretical arrival time, µs since `epoch`.
-    tat: HashMap<String, u64>,
+    tat: HashMap<Subject, u64, foldhash::fast::RandomState>,
     checks: u64,
 }
 
@@ -77,7 +77,7 @@ mod tests {
     use switchboard_core::policy::Rate;
 
     fn check(limit: &'static str, subject: &str, per_second: f64, burst: u32) -> Check {
-        Check { limit, subject: subject.into(), rate: Rate { per_second, burst } }
+        Check { limit, subject: Subject::Tenant(subject.into()), rate: Rate { per_second, burst } }
     }
 
     #[test]

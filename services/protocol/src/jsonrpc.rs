@@ -52,7 +52,7 @@ pub enum MessageKind {
 }
 
 /// Why a body is not a usable JSON-RPC message.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ParseError {
     /// Not JSON at all (JSON-RPC `-32700`).
     #[error("malformed JSON: {0}")]
@@ -98,6 +98,8 @@ pub struct Envelope<'a> {
     pub result: Option<&'a RawValue>,
     /// The error of an error response, undecoded.
     pub error: Option<&'a RawValue>,
+    /// `params`' routing members, read on first use ([`Envelope::target`]).
+    target: std::sync::OnceLock<Result<Target<'a>, ParseError>>,
 }
 
 #[derive(Deserialize)]
@@ -192,7 +194,23 @@ impl<'a> Envelope<'a> {
                 return Err(ParseError::Invalid("\"params\" must be an object".into()));
             }
         }
-        Ok(Envelope { kind, id: wire.id, method, params: wire.params, result: wire.result, error: wire.error })
+        Ok(Envelope {
+            kind,
+            id: wire.id,
+            method,
+            params: wire.params,
+            result: wire.result,
+            error: wire.error,
+            target: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// The routing members of `params` ([`Target::parse`]), read once
+    /// however many phases ask (limits, audit, resolution); `None` without
+    /// `params`.
+    pub fn target(&self) -> Option<Result<&Target<'a>, &ParseError>> {
+        let params = self.params?;
+        Some(self.target.get_or_init(|| Target::parse(params)).as_ref())
     }
 
     /// The method name, or `""` for responses.

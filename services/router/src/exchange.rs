@@ -22,7 +22,7 @@ use switchboard_core::policy::Principal;
 use switchboard_core::{Outcome, UpstreamId};
 use switchboard_db::AuditRecord;
 use switchboard_limits::{Decision, InflightPermit};
-use switchboard_protocol::jsonrpc::{self, Envelope, Target};
+use switchboard_protocol::jsonrpc::{self, Envelope};
 use switchboard_protocol::Method;
 use switchboard_session::Session;
 use switchboard_telemetry::mcp::Operation;
@@ -170,7 +170,7 @@ impl Exchange {
         let header = headers.get("traceparent").and_then(|v| v.to_str().ok());
         // `params` read only when it can hold a trace context at all.
         let mentioned = env.params.is_some_and(|p| contains(p.get().as_bytes(), b"traceparent"));
-        let meta = env.params.filter(|_| mentioned).and_then(|p| Target::parse(p).ok()).and_then(|t| t.traceparent);
+        let meta = env.target().filter(|_| mentioned).and_then(Result::ok).and_then(|t| t.traceparent);
         let meta = meta.and_then(jsonrpc::as_str);
         let Some(trace) = self.app.telemetry.begin(meta.as_deref(), header) else { return };
         let request_id = env.id.map(|id| jsonrpc::as_str(id).map_or_else(|| id.get().into(), |s| s.into()));
@@ -322,7 +322,7 @@ impl Exchange {
         let tool_limited = limits.tool.is_some() && env.method_str() == "tools/call";
         // What the request names, read once for both uses.
         let params = match who.scopes.is_some() || tool_limited {
-            true => env.params.and_then(|p| Target::parse(p).ok()),
+            true => env.target().and_then(Result::ok),
             false => None,
         };
         if who.scopes.is_some() {
@@ -725,7 +725,7 @@ impl Exchange {
     fn draft(&self, headers: &HeaderMap, env: Option<&Envelope<'_>>, request_bytes: usize) -> AuditRecord {
         let audit = self.app.audit.as_ref().expect("auditing is on");
         let who = self.principal.as_ref();
-        let parsed = env.and_then(|e| e.params).and_then(|p| Target::parse(p).ok());
+        let parsed = env.and_then(Envelope::target).and_then(Result::ok);
         let target = parsed
             .as_ref()
             .and_then(|t| t.name.or(t.uri).or_else(|| t.reference.as_ref().and_then(|r| r.name.or(r.uri))));

@@ -283,7 +283,7 @@ pub(crate) async fn meta_tool(
             let e = Error::UnknownTool(crate::tools::meta::Meta::Call.name(&app.config.catalog.separator));
             return Ok(x.fail_as(Some(id), &e, switchboard_core::Outcome::Rejected));
         }
-        let target = env.params.and_then(|p| jsonrpc::Target::parse(p).ok());
+        let target = env.target().and_then(Result::ok);
         if let Some(name) = target.and_then(|t| t.name).and_then(jsonrpc::as_str) {
             app.discoveries.called(&who, session, &name);
         }

@@ -59,13 +59,13 @@ pub(crate) async fn resolve(
 ) -> Result<Resolution, Error> {
     let tenant = &*who.tenant;
     let params = env.params.ok_or_else(|| Error::InvalidParams(format!("{} needs params", method.as_str())))?;
-    let target = Target::parse(params).map_err(|e| Error::InvalidParams(e.to_string()))?;
+    let target = env.target().expect("params are there").map_err(|e| Error::InvalidParams(e.to_string()))?;
     let (upstream, field, replacement): (UpstreamId, &RawValue, Arc<[u8]>) = match method {
         Method::ToolsCall => {
             let raw = target.name.ok_or_else(|| Error::InvalidParams("params.name is required".into()))?;
             let name = as_str(raw).ok_or_else(|| Error::InvalidParams("params.name must be a string".into()))?;
             if let Some((upstream, original)) = super::authorize::resolve_own(app, who, &name).await? {
-                return Ok(Resolution::Upstream(rewrite(upstream, body, env, &target, raw, original, traceparent)));
+                return Ok(Resolution::Upstream(rewrite(upstream, body, env, target, raw, original, traceparent)));
             }
             match crate::tools::resolve(&app.tools, tenant, &name, params).await? {
                 Tool::Local(tool) => {
@@ -74,7 +74,7 @@ pub(crate) async fn resolve(
                     return Ok(Resolution::Local(tool, named));
                 }
                 Tool::Upstream { upstream, original } => {
-                    return Ok(Resolution::Upstream(rewrite(upstream, body, env, &target, raw, original, traceparent)))
+                    return Ok(Resolution::Upstream(rewrite(upstream, body, env, target, raw, original, traceparent)))
                 }
             }
         }
@@ -82,7 +82,7 @@ pub(crate) async fn resolve(
             let raw = target.name.ok_or_else(|| Error::InvalidParams("params.name is required".into()))?;
             let name = as_str(raw).ok_or_else(|| Error::InvalidParams("params.name must be a string".into()))?;
             let (u, original) = app.catalog_tools.find(tenant, ListKind::Prompts, &name).await?;
-            return Ok(Resolution::Upstream(rewrite(u, body, env, &target, raw, original, traceparent)));
+            return Ok(Resolution::Upstream(rewrite(u, body, env, target, raw, original, traceparent)));
         }
         Method::ResourcesRead | Method::ResourcesSubscribe | Method::ResourcesUnsubscribe => {
             let raw = target.uri.ok_or_else(|| Error::InvalidParams("params.uri is required".into()))?;
@@ -99,7 +99,7 @@ pub(crate) async fn resolve(
                     let name =
                         as_str(raw).ok_or_else(|| Error::InvalidParams("params.ref.name must be a string".into()))?;
                     let (u, original) = app.catalog_tools.find(tenant, ListKind::Prompts, &name).await?;
-                    return Ok(Resolution::Upstream(rewrite(u, body, env, &target, raw, original, traceparent)));
+                    return Ok(Resolution::Upstream(rewrite(u, body, env, target, raw, original, traceparent)));
                 }
                 Some("ref/resource") => {
                     let raw = reference.uri.ok_or_else(|| Error::InvalidParams("params.ref.uri is required".into()))?;
@@ -111,7 +111,7 @@ pub(crate) async fn resolve(
         }
         _ => unreachable!("only forwarded methods reach resolve"),
     };
-    Ok(Resolution::Upstream(rewrite(upstream, body, env, &target, field, replacement, traceparent)))
+    Ok(Resolution::Upstream(rewrite(upstream, body, env, target, field, replacement, traceparent)))
 }
 
 /// The request with `field` (a name or URI in it) replaced by `replacement`,
