@@ -161,7 +161,10 @@ impl Ids {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
         let mut id = String::with_capacity(32);
         id.push_str(&self.process);
-        id.push_str(&hex::encode(n.to_be_bytes()));
+        // The counter's 16 hex digits, written in place (no second string).
+        for shift in (0..16).rev() {
+            id.push(char::from(b"0123456789abcdef"[((n >> (shift * 4)) & 15) as usize]));
+        }
         id
     }
 }
@@ -336,5 +339,21 @@ impl Writer {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_the_process_then_the_counter_in_hex() {
+        let ids = Ids::new();
+        ids.counter.store(0x0123_4567_89ab_cdef, Ordering::Relaxed);
+        let id = ids.next();
+        assert_eq!(id.len(), 32);
+        assert_eq!(&id[..16], ids.process);
+        assert_eq!(&id[16..], "0123456789abcdef");
+        assert_eq!(&ids.next()[16..], "0123456789abcdf0");
     }
 }

@@ -117,6 +117,9 @@ pub struct AuditQuery {
 #[derive(Clone)]
 pub struct Database {
     pool: AnyPool,
+    /// PostgreSQL's own driver, for the audit writer's inserts (the `Any`
+    /// driver cannot bind arrays, and converts every value it binds).
+    pg: Option<sqlx::PgPool>,
     backend: Backend,
     url: String,
     acquire_timeout: Duration,
@@ -126,6 +129,39 @@ impl std::fmt::Debug for Database {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Database").field("backend", &self.backend).finish_non_exhaustive()
     }
+}
+
+/// A batch of audit records in one PostgreSQL statement, whatever its size:
+/// each column bound as one array (prepared once per connection; no
+/// per-row placeholders to bind and convert).
+async fn insert_audit_unnest(pg: &sqlx::PgPool, records: &[AuditRecord]) -> Result<u64, sqlx::Error> {
+    const INSERT: &str = "INSERT INTO audit_log (id, at_ms, tenant, key_prefix, session, method, target, upstream, \
+        outcome, error_code, latency_us, request_bytes, response_bytes, trace_id, arguments, user_id) \
+        SELECT * FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], \
+        $8::text[], $9::text[], $10::int8[], $11::int8[], $12::int8[], $13::int8[], $14::text[], $15::text[], \
+        $16::text[]) ON CONFLICT (id) DO NOTHING";
+    let column = |f: fn(&AuditRecord) -> Option<&str>| records.iter().map(f).collect::<Vec<_>>();
+    let number = |f: fn(&AuditRecord) -> i64| records.iter().map(f).collect::<Vec<_>>();
+    let done = sqlx::query::<sqlx::Postgres>(INSERT)
+        .bind(column(|r| Some(&r.id)))
+        .bind(number(|r| r.at_ms))
+        .bind(column(|r| r.tenant.as_deref()))
+        .bind(column(|r| r.key_prefix.as_deref()))
+        .bind(column(|r| r.session.as_deref()))
+        .bind(column(|r| Some(&r.method)))
+        .bind(column(|r| r.target.as_deref()))
+        .bind(column(|r| r.upstream.as_deref()))
+        .bind(column(|r| Some(&r.outcome)))
+        .bind(records.iter().map(|r| r.error_code).collect::<Vec<_>>())
+        .bind(number(|r| r.latency_us))
+        .bind(number(|r| r.request_bytes))
+        .bind(number(|r| r.response_bytes))
+        .bind(column(|r| r.trace_id.as_deref()))
+        .bind(column(|r| r.arguments.as_deref()))
+        .bind(column(|r| r.user.as_deref()))
+        .execute(pg)
+        .await?;
+    Ok(done.rows_affected())
 }
 
 /// The sizes of the audit inserts a batch is cut into, largest first.
@@ -186,7 +222,16 @@ impl Database {
             .max_connections(if backend == Backend::Sqlite { 4 } else { 8 })
             .acquire_timeout(acquire_timeout)
             .connect_lazy_with(options);
-        Ok(Database { pool, backend, url, acquire_timeout })
+        let pg = match backend {
+            Backend::Postgres => Some(
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(2)
+                    .acquire_timeout(acquire_timeout)
+                    .connect_lazy_with(sqlx::postgres::PgConnectOptions::from_str(&url)?),
+            ),
+            Backend::Sqlite => None,
+        };
+        Ok(Database { pool, pg, backend, url, acquire_timeout })
     }
 
     /// The same database through a pool of its own, for a component that
@@ -376,6 +421,9 @@ impl Database {
     pub async fn insert_audit(&self, records: &[AuditRecord]) -> Result<u64, DbError> {
         if records.is_empty() {
             return Ok(0);
+        }
+        if let Some(pg) = &self.pg {
+            return Ok(insert_audit_unnest(pg, records).await?);
         }
         // In statements of a few fixed sizes, so that each is prepared once
         // per connection and kept (a statement per batch size would be
