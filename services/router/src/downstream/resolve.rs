@@ -138,7 +138,14 @@ fn rewrite(
     let traced = traced.as_ref().map(|(range, text)| Edit::new(range.clone(), text));
     let names = Some(Named { body: body.clone(), exposed: span(body, field.get()), original: original.clone() });
     let header = traceparent.and_then(|t| http::HeaderValue::from_str(t).ok());
-    let mut edits: Vec<Edit<'_>> = [name, mapped, traced].into_iter().flatten().collect();
+    // At most three, on the stack.
+    let mut store = [Edit::new(0..0, b""), Edit::new(0..0, b""), Edit::new(0..0, b"")];
+    let mut count = 0;
+    for edit in [name, mapped, traced].into_iter().flatten() {
+        store[count] = edit;
+        count += 1;
+    }
+    let edits = &mut store[..count];
     if edits.is_empty() {
         return Resolved {
             upstream,
@@ -149,8 +156,8 @@ fn rewrite(
             traceparent: header,
         };
     }
-    let (id, token) = (moved(id.clone(), &edits), token.map(|t| moved(t, &edits)));
-    Resolved { upstream, body: splice(body, &mut edits), id, progress_token: token, target: names, traceparent: header }
+    let (id, token) = (moved(id.clone(), edits), token.map(|t| moved(t, edits)));
+    Resolved { upstream, body: splice(body, edits), id, progress_token: token, target: names, traceparent: header }
 }
 
 fn resolve_uri(app: &App, tenant: &Tenant, raw: &RawValue) -> Result<(UpstreamId, Arc<[u8]>), Error> {

@@ -20,7 +20,8 @@ use crate::{Claimed, Handshake, Hello, Inbox, MessageStream, Outgoing, Reply, Up
 pub(super) struct Channel {
     replicas: Arc<Replicas>,
     hello: Hello,
-    state: RwLock<SessionState>,
+    /// Shared, so that a request takes it with one count, not a copy.
+    state: RwLock<Arc<SessionState>>,
     reinit: tokio::sync::Mutex<()>,
     inbox: Arc<dyn Inbox>,
     listener: Mutex<Option<JoinHandle<()>>>,
@@ -43,7 +44,7 @@ impl Channel {
         Arc::new_cyclic(|me| Channel {
             replicas,
             hello,
-            state: RwLock::new(state),
+            state: RwLock::new(Arc::new(state)),
             reinit: tokio::sync::Mutex::new(()),
             inbox,
             listener: Mutex::new(None),
@@ -55,7 +56,7 @@ impl Channel {
         })
     }
 
-    fn state(&self) -> SessionState {
+    fn state(&self) -> Arc<SessionState> {
         self.state.read().expect("lock").clone()
     }
 
@@ -110,7 +111,7 @@ impl Channel {
     /// Puts the channel on another upstream session.
     fn switch(&self, mut state: SessionState, epoch: u64) {
         state.epoch = epoch;
-        *self.state.write().expect("lock") = state;
+        *self.state.write().expect("lock") = Arc::new(state);
         self.switched.notify_waiters();
     }
 }
@@ -208,7 +209,7 @@ impl crate::Channel for Channel {
     }
 
     fn handshake(&self) -> Arc<Handshake> {
-        self.state().handshake
+        self.state().handshake.clone()
     }
 
     fn upstream_session(&self) -> Option<crate::UpstreamSession> {
@@ -224,7 +225,7 @@ impl crate::Channel for Channel {
         if !resp.event_stream {
             return Err(UpstreamError::Protocol("it answered a resumption with something other than a stream".into()));
         }
-        let resume = Some((Arc::downgrade(&state.shared), state.clone()));
+        let resume = Some((Arc::downgrade(&state.shared), SessionState::clone(&state)));
         Ok(Box::new(SseStream::resumed(resp.body, resume, last_event_id)))
     }
 
