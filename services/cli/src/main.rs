@@ -761,7 +761,7 @@ enum PinsCommand {
 }
 
 async fn pins(db: DbArgs, command: PinsCommand) -> Result<()> {
-    use switchboard_router::pins_admin::MAX_PINS_PAGE;
+    use switchboard_router::admin::MAX_PINS_PAGE;
     let (admin, _) = open_admin(&db, true).await?;
     match command {
         PinsCommand::List { tenant, all, json } => {

@@ -794,6 +794,9 @@ fn catalog_query(query: &str) -> Result<(String, Option<String>), AdminError> {
     Ok((tenant.ok_or_else(|| AdminError::Invalid("tenant: required".into()))?, q))
 }
 
+/// The most pins one listing returns (`GET /v1/pins?limit=`).
+pub const MAX_PINS_PAGE: u32 = 1_000;
+
 /// `GET /v1/pins`' query.
 struct PinsQuery {
     tenant: Option<String>,
@@ -806,7 +809,7 @@ struct PinsQuery {
 /// `GET /v1/pins`' query: `tenant`, `waiting=true`, `limit` (at most
 /// 1,000, the default) and `offset`.
 fn pins_query(query: &str) -> Result<PinsQuery, AdminError> {
-    let max = crate::pins_admin::MAX_PINS_PAGE;
+    let max = MAX_PINS_PAGE;
     let mut q = PinsQuery { tenant: None, waiting: false, limit: max, offset: 0 };
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));

@@ -443,7 +443,11 @@ impl Exchange {
 
     /// Phase 1: the transport checks of a POST (`Origin`, `Content-Type`,
     /// size), then its body. A refusal is the response to send.
-    pub async fn receive(&mut self, headers: &HeaderMap, body: crate::downstream::PostBody) -> Result<Bytes, Refusal> {
+    pub async fn receive(
+        &mut self,
+        headers: &HeaderMap,
+        body: crate::downstream::transport::PostBody,
+    ) -> Result<Bytes, Refusal> {
         crate::downstream::transport::receive(&self.app, headers, body).await.map_err(|refusal| {
             self.finished = true;
             Box::new(refusal)

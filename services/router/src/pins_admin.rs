@@ -6,10 +6,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use switchboard_db::PinRow;
 
-use crate::admin::{Admin, AdminError};
-
-/// The most pins one listing returns (`GET /v1/pins?limit=`).
-pub const MAX_PINS_PAGE: u32 = 1_000;
+use crate::admin::{Admin, AdminError, MAX_PINS_PAGE};
 
 /// A pin as operators see it: the row, its definitions as JSON, and the
 /// fields of the definition that changed.

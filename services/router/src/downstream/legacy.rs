@@ -79,7 +79,7 @@ async fn message_phases(
     body: Incoming,
 ) -> Result<Response<Body>, Refusal> {
     let app = x.app().clone();
-    let body = x.receive(&headers, crate::downstream::PostBody::Incoming(body)).await?;
+    let body = x.receive(&headers, crate::downstream::transport::PostBody::Incoming(body)).await?;
     let env = x.parse(&headers, &body, None)?;
     let who = x.authenticate(&headers).await.map_err(|e| x.refuse(&headers, Some(&env), body.len(), e, "POST"))?;
     if env.kind == MessageKind::Request {

@@ -86,20 +86,14 @@ fn stateless_only(headers: &HeaderMap) -> bool {
             .is_some_and(ProtocolVersion::is_modern)
 }
 
-/// A POST's body: hyper's, to be read within the limit, or read already
-/// (by the router's own HTTP/1.1 path, [`crate::h1`], which checked its
-/// length against the limit).
-pub enum PostBody {
-    Incoming(Incoming),
-    Read(Bytes),
-}
-
 /// A POST to `/mcp`.
 async fn post(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     let (parts, body) = req.into_parts();
     let mut x = Exchange::new(app, Instant::now(), &parts.extensions);
     x.set_http_version(parts.version);
-    post_phases(x, &parts.headers, PostBody::Incoming(body), &parts.extensions).await.unwrap_or_else(|refusal| *refusal)
+    post_phases(x, &parts.headers, transport::PostBody::Incoming(body), &parts.extensions)
+        .await
+        .unwrap_or_else(|refusal| *refusal)
 }
 
 /// A POST to `/mcp` over HTTP/1.1 whose body was read already, at
@@ -112,14 +106,14 @@ pub async fn post_read(
     connection: &http::Extensions,
 ) -> Response<Body> {
     let x = Exchange::new(app, started, connection);
-    post_phases(x, headers, PostBody::Read(body), connection).await.unwrap_or_else(|refusal| *refusal)
+    post_phases(x, headers, transport::PostBody::Read(body), connection).await.unwrap_or_else(|refusal| *refusal)
 }
 
 /// The phases of a POST to `/mcp`, in order; `Err` is a refusal to send.
 async fn post_phases(
     mut x: Exchange,
     headers: &HeaderMap,
-    body: PostBody,
+    body: transport::PostBody,
     connection: &http::Extensions,
 ) -> Result<Response<Body>, Refusal> {
     // 1. Transport checks.

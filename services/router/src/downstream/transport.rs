@@ -34,14 +34,22 @@ pub fn reject_unread(app: &App, err: Error) -> Response<Body> {
     response
 }
 
+/// A POST's body: hyper's, to be read within the limit, or read already
+/// (by the router's own HTTP/1.1 path, [`crate::h1`], which checked its
+/// length against the limit).
+pub enum PostBody {
+    Incoming(Incoming),
+    Read(Bytes),
+}
+
 /// The transport checks of a POST (`Origin`, `Content-Type`, size), then its
 /// body; a refusal is the response to send.
-pub async fn receive(app: &App, headers: &HeaderMap, body: super::PostBody) -> Result<Bytes, Response<Body>> {
+pub async fn receive(app: &App, headers: &HeaderMap, body: PostBody) -> Result<Bytes, Response<Body>> {
     check_origin(app, headers).map_err(|e| reject_unread(app, e))?;
     check_content_type(headers).map_err(|e| reject_unread(app, e))?;
     match body {
-        super::PostBody::Incoming(body) => read_body(app, headers, body).await.map_err(|e| reject_unread(app, e)),
-        super::PostBody::Read(body) => Ok(body),
+        PostBody::Incoming(body) => read_body(app, headers, body).await.map_err(|e| reject_unread(app, e)),
+        PostBody::Read(body) => Ok(body),
     }
 }
 
