@@ -20,9 +20,18 @@
 //!
 //! The connection bounds of `connections.rs` hold here as under hyper: the
 //! first head within `server.header_timeout` of accept, and no more than
-//! `server.idle_timeout` without a request in flight (a body being read
-//! counts as idle between its bytes). They are kept with one timer per
-//! connection, moved only when it fires early.
+//! `server.idle_timeout` without a request in flight. A body may pause
+//! between its bytes for at most `server.idle_timeout`, and room for it is
+//! made 64 KiB at a time as it arrives (a large announced length reserves
+//! nothing). A client that takes none of its answer for
+//! `server.idle_timeout` is let go (counted as `idle`). They are kept with
+//! one timer per connection, moved only when it fires early or must fire
+//! sooner.
+//!
+//! A client that ends its side after pipelining requests (a half-close) is
+//! answered every request it sent, then closed; one that ends it with no
+//! request behind the one in flight has hung up, and that request is
+//! abandoned, as under hyper.
 
 use std::io::IoSlice;
 use std::pin::Pin;
@@ -87,6 +96,9 @@ struct Conn<'a, S> {
     timer: Pin<Box<tokio::time::Sleep>>,
     /// The `Date` of the current second.
     date: (u64, [u8; 29]),
+    /// The client ended its side: what is buffered is served, nothing more
+    /// is read.
+    eof: bool,
 }
 
 /// Serves `io` (a connection just accepted, or its TLS stream) for as long
@@ -107,6 +119,7 @@ where
         quiet_since: now,
         timer: Box::pin(tokio::time::sleep_until(now + limits.header_timeout)),
         date: (0, [0; 29]),
+        eof: false,
     };
     loop {
         let head = match conn.read_head().await {
@@ -156,7 +169,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
                 }
             }
             let idle = self.buf.is_empty();
-            match self.wait_for_bytes(idle).await {
+            let limits = self.cx.conns.limits();
+            let (limit, reason) = if self.requests == 0 {
+                (limits.header_timeout, "header_timeout")
+            } else {
+                (limits.idle_timeout, "idle")
+            };
+            match self.wait_for_bytes(idle, self.quiet_since + limit, reason).await {
                 Wait::Data => {}
                 Wait::Eof | Wait::Drain => return Ok(None),
                 Wait::Expired(reason) => {
@@ -187,10 +206,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
     async fn exchange(&mut self, head: RequestHead) -> Next {
         let started = std::time::Instant::now();
         let length = head.content_length.unwrap_or(0) as usize;
-        // The body, whole, after the head.
+        // The body, whole, after the head; room made as it comes, and a
+        // pause between its bytes bounded by the idle limit.
         while self.buf.len() < head.len + length {
-            self.buf.reserve(head.len + length - self.buf.len());
-            match self.wait_for_bytes(false).await {
+            self.buf.reserve((head.len + length - self.buf.len()).min(BODY_ROOM));
+            let deadline = Instant::now() + self.cx.conns.limits().idle_timeout;
+            match self.wait_for_bytes(false, deadline, "idle").await {
                 Wait::Data | Wait::Drain => {}
                 Wait::Eof => return Next::Close,
                 Wait::Expired(reason) => {
@@ -213,9 +234,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
         self.requests += 1;
         // The phases run while the client is watched: one that hangs up
         // abandons its request (cancelled upstream), as under hyper.
-        let Conn { io, buf, cx, .. } = self;
+        let Conn { io, buf, cx, eof, .. } = self;
         let phases = downstream::post_read(cx.app, started, &headers, body, cx.extensions);
-        let Some(response) = until_hang_up(phases, io, buf).await else {
+        let Some(response) = until_hang_up(phases, io, buf, eof).await else {
             return Next::Close;
         };
         drop(headers);
@@ -225,7 +246,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
                 self.quiet_since = Instant::now();
                 Next::Continue
             }
-            Ok(true) | Err(_) => Next::Close,
+            Ok(true) => Next::Close,
+            Err(e) => {
+                if e.kind() == std::io::ErrorKind::TimedOut {
+                    self.cx.conns.closed("idle");
+                    tracing::debug!("connection closed: the client took none of its answer for the idle limit");
+                }
+                Next::Close
+            }
         }
     }
 
@@ -235,15 +263,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
         self.cx.drain.as_ref().is_none_or(|d| *d.borrow()) || self.cx.app.shutting_down()
     }
 
-    /// Waits for more bytes of the client (into the buffer), the
-    /// connection's deadline, or (`idle`: nothing of a request read yet)
-    /// the server's drain.
-    async fn wait_for_bytes(&mut self, idle: bool) -> Wait {
-        let limits = self.cx.conns.limits();
-        let Conn { io, buf, timer, cx, requests, quiet_since, .. } = self;
-        let (limit, reason) =
-            if *requests == 0 { (limits.header_timeout, "header_timeout") } else { (limits.idle_timeout, "idle") };
-        let deadline = *quiet_since + limit;
+    /// Waits for more bytes of the client (into the buffer), `deadline`
+    /// (then `Expired(reason)`), or (`idle`: nothing of a request read
+    /// yet) the server's drain.
+    async fn wait_for_bytes(&mut self, idle: bool, deadline: Instant, reason: &'static str) -> Wait {
+        if self.eof {
+            return Wait::Eof;
+        }
+        let Conn { io, buf, timer, cx, requests, .. } = self;
+        // The timer may have been left later than this deadline.
+        if timer.deadline() > deadline {
+            timer.as_mut().reset(deadline);
+        }
         if buf.capacity() - buf.len() < 1024 {
             buf.reserve(4096);
         }
@@ -293,20 +324,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
             Body::Empty => {
                 let framing = if status == 204 || status == 304 { None } else { Some(Framing::Length(0)) };
                 write_head(&mut self.out, status, headers, &date, framing, close);
-                self.io.write_all(&self.out).await?;
+                let out = std::mem::take(&mut self.out);
+                let sent = self.send(&mut [&out[..]]).await;
+                self.out = out;
+                sent?;
             }
             Body::Full(data) => {
                 let data = data.unwrap_or_default();
                 write_head(&mut self.out, status, headers, &date, Some(Framing::Length(data.len())), close);
-                write_all_vectored(&mut self.io, &mut [&self.out[..], &data[..]]).await?;
+                let out = std::mem::take(&mut self.out);
+                let sent = self.send(&mut [&out[..], &data[..]]).await;
+                self.out = out;
+                sent?;
             }
             Body::Parts(parts) => {
                 let length = parts.iter().map(Bytes::len).sum();
                 write_head(&mut self.out, status, headers, &date, Some(Framing::Length(length)), close);
+                let out = std::mem::take(&mut self.out);
                 let mut slices: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
-                slices.push(&self.out);
+                slices.push(&out);
                 slices.extend(parts.iter().map(|p| &p[..]));
-                write_all_vectored(&mut self.io, &mut slices).await?;
+                let sent = self.send(&mut slices).await;
+                drop(slices);
+                self.out = out;
+                sent?;
             }
             body @ Body::Sse { .. } => {
                 write_head(&mut self.out, status, headers, &date, Some(Framing::Chunked), close);
@@ -328,29 +369,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
         let mut chunk = Vec::with_capacity(32);
         loop {
             if !pending.is_empty() {
-                self.io.write_all(pending).await?;
+                self.send(&mut [pending]).await?;
                 pending = &[];
             }
             let event = std::future::poll_fn(|cx| {
                 if let Poll::Ready(frame) = Pin::new(&mut body).poll_frame(cx) {
                     return Poll::Ready(Some(frame));
                 }
-                // Bounded: a client that sends more than a head's worth
-                // while its answer streams is not read until it ends.
-                while self.buf.len() < http1::MAX_HEAD {
-                    match poll_read_buf(&mut self.io, cx, &mut self.buf) {
-                        Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(None),
-                        Poll::Ready(Ok(_)) => {}
-                        Poll::Pending => break,
-                    }
+                match watch_client(&mut self.io, cx, &mut self.buf, &mut self.eof) {
+                    Poll::Ready(()) => Poll::Ready(None),
+                    Poll::Pending => Poll::Pending,
                 }
-                Poll::Pending
             })
             .await;
             match event {
                 None => return Ok(true),
                 Some(None) => {
-                    self.io.write_all(b"0\r\n\r\n").await?;
+                    self.send(&mut [b"0\r\n\r\n"]).await?;
                     return Ok(false);
                 }
                 Some(Some(Ok(frame))) => {
@@ -360,11 +395,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
                     }
                     chunk.clear();
                     http1::write_chunk_head(&mut chunk, data.len());
-                    write_all_vectored(&mut self.io, &mut [&chunk[..], &data[..], b"\r\n"]).await?;
+                    self.send(&mut [&chunk[..], &data[..], b"\r\n"]).await?;
                 }
                 Some(Some(Err(never))) => match never {},
             }
         }
+    }
+
+    /// Writes every byte of `slices`, in order, then flushes (TLS may hold
+    /// part of what a write took). A client that takes nothing for the idle
+    /// limit gets `TimedOut`. The timer is only looked at while the socket
+    /// is full.
+    async fn send(&mut self, slices: &mut [&[u8]]) -> std::io::Result<()> {
+        let idle = self.cx.conns.limits().idle_timeout;
+        let Conn { io, timer, .. } = self;
+        write_all_vectored(io, timer, idle, slices).await?;
+        within_idle(timer, idle, |cx| Pin::new(&mut *io).poll_flush(cx)).await
     }
 
     /// The `Date` of now, made once a second.
@@ -391,25 +437,72 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
 
 /// `work`'s output, or `None` if the client hangs up (or its connection
 /// fails) first; bytes it sends meanwhile (its next request) are kept in
-/// `buf` (up to a head's worth: then it is not read until `work` ends).
+/// `buf` (see [`watch_client`]).
 async fn until_hang_up<F: std::future::Future, S: AsyncRead + Unpin>(
     work: F,
     io: &mut S,
     buf: &mut BytesMut,
+    eof: &mut bool,
 ) -> Option<F::Output> {
     let mut work = std::pin::pin!(work);
     std::future::poll_fn(|cx| {
         if let Poll::Ready(output) = work.as_mut().poll(cx) {
             return Poll::Ready(Some(output));
         }
-        while buf.len() < http1::MAX_HEAD {
-            match poll_read_buf(io, cx, buf) {
-                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(None),
-                Poll::Ready(Ok(_)) => {}
-                Poll::Pending => break,
-            }
+        match watch_client(io, cx, buf, eof) {
+            Poll::Ready(()) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
         }
-        Poll::Pending
+    })
+    .await
+}
+
+/// Watches a client while its request is served: what it sends (its next
+/// requests) is kept in `buf`, up to a head's worth (then it is not read
+/// until the answer is written). `Ready` when it hung up: its side ended
+/// (or failed) with nothing of another request sent. Its side ended after
+/// sending more (pipelined requests, then a half-close) is not a hang-up:
+/// `eof` is set, and what it sent is served.
+fn watch_client<S: AsyncRead + Unpin>(
+    io: &mut S,
+    cx: &mut Context<'_>,
+    buf: &mut BytesMut,
+    eof: &mut bool,
+) -> Poll<()> {
+    while !*eof && buf.len() < http1::MAX_HEAD {
+        match poll_read_buf(io, cx, buf) {
+            Poll::Ready(Ok(0)) if !buf.is_empty() => *eof = true,
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(()),
+            Poll::Ready(Ok(_)) => {}
+            Poll::Pending => break,
+        }
+    }
+    Poll::Pending
+}
+
+/// How much room is made at a time for a body still arriving.
+const BODY_ROOM: usize = 64 * 1024;
+
+/// Polls `op` (a write or a flush) until it is done, or `TimedOut` once it
+/// made no progress for `idle`. `timer` is moved only when `op` must wait.
+async fn within_idle<T>(
+    timer: &mut Pin<Box<tokio::time::Sleep>>,
+    idle: std::time::Duration,
+    mut op: impl FnMut(&mut Context<'_>) -> Poll<std::io::Result<T>>,
+) -> std::io::Result<T> {
+    let mut waiting = false;
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(done) = op(cx) {
+            return Poll::Ready(done);
+        }
+        if !waiting {
+            waiting = true;
+            timer.as_mut().reset(Instant::now() + idle);
+        }
+        match std::future::Future::poll(timer.as_mut(), cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::ErrorKind::TimedOut.into())),
+            Poll::Pending => Poll::Pending,
+        }
     })
     .await
 }
@@ -487,8 +580,13 @@ fn poll_read_buf<S: AsyncRead + Unpin>(
 }
 
 /// Writes every byte of `slices`, in order, with as few writes as the
-/// socket allows.
-async fn write_all_vectored<S: AsyncWrite + Unpin>(io: &mut S, slices: &mut [&[u8]]) -> std::io::Result<()> {
+/// socket allows; `TimedOut` when one write waits more than `idle`.
+async fn write_all_vectored<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    timer: &mut Pin<Box<tokio::time::Sleep>>,
+    idle: std::time::Duration,
+    slices: &mut [&[u8]],
+) -> std::io::Result<()> {
     let mut first = 0;
     while first < slices.len() {
         if slices[first].is_empty() {
@@ -502,10 +600,11 @@ async fn write_all_vectored<S: AsyncWrite + Unpin>(io: &mut S, slices: &mut [&[u
             for (to, from) in io_slices.iter_mut().zip(pending) {
                 *to = IoSlice::new(from);
             }
-            io.write_vectored(&io_slices[..pending.len()]).await?
+            let io_slices = &io_slices[..pending.len()];
+            within_idle(timer, idle, |cx| Pin::new(&mut *io).poll_write_vectored(cx, io_slices)).await?
         } else {
             let io_slices: Vec<IoSlice<'_>> = pending.iter().map(|s| IoSlice::new(s)).collect();
-            io.write_vectored(&io_slices).await?
+            within_idle(timer, idle, |cx| Pin::new(&mut *io).poll_write_vectored(cx, &io_slices)).await?
         };
         if written == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());

@@ -11,6 +11,10 @@
 //!   `Content-Length` twice (equal or not), beside `Transfer-Encoding`, not
 //!   a plain number; obsolete line folding; a bare CR; white space before a
 //!   colon.
+//! - Requests pipelined before a half-close are all answered; a body that
+//!   arrives slowly (each pause within the idle limit) is served past the
+//!   header limit; a client that reads none of its answer is let go after
+//!   the idle limit.
 
 use std::time::Duration;
 
@@ -192,6 +196,74 @@ async fn request_smuggling_is_refused_and_the_router_stays_healthy() {
     }
     // Nothing reached the upstream, smuggled or not; the router still serves.
     assert_eq!(web.mock.call_count(), 0);
+    let answer = client.call_tool("web__echo", json!({"after": true})).await;
+    assert_eq!(answer["result"]["content"][0]["text"], r#"{"after":true}"#, "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_close_after_pipelining_and_a_slow_body_are_served() {
+    let web = MockServer::start(mock_named("web")).await;
+    let router = Router::start(&format!(
+        "[server]\nheader_timeout = \"1s\"\nidle_timeout = \"1s\"\n{}",
+        http_upstream("web", &web.url, "")
+    ))
+    .await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    let session = client.session.clone().expect("a session");
+
+    // Two calls in one write, then the client's side ended: both answered.
+    let mut stream = tokio::net::TcpStream::connect(router.addr).await.unwrap();
+    let mut pipelined = call(&session, 1, false);
+    pipelined.extend(call(&session, 2, false));
+    stream.write_all(&pipelined).await.unwrap();
+    stream.shutdown().await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut got)).await.expect("closed").unwrap();
+    let text = String::from_utf8_lossy(&got);
+    let ids: Vec<Value> =
+        bodies(&text).iter().map(|(_, body)| serde_json::from_str::<Value>(body).unwrap()["id"].clone()).collect();
+    assert_eq!(ids, [json!(1), json!(2)], "{text}");
+
+    // A body sent over 2 s, a piece every 400 ms: each pause is within the
+    // 1 s idle limit, though the whole outlasts the 1 s header limit.
+    let request = call(&session, 3, true);
+    let body_at = request.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let mut stream = tokio::net::TcpStream::connect(router.addr).await.unwrap();
+    stream.write_all(&request[..body_at]).await.unwrap();
+    let pieces = request[body_at..].chunks((request.len() - body_at).div_ceil(5)).collect::<Vec<_>>();
+    for piece in pieces {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        stream.write_all(piece).await.unwrap();
+    }
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut got)).await.expect("closed").unwrap();
+    let text = String::from_utf8_lossy(&got);
+    let answers = bodies(&text);
+    assert_eq!(answers.len(), 1, "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&answers[0].1).unwrap()["id"], 3, "{text}");
+
+    // An answer larger than the socket buffers can hold, never read: the
+    // router lets the client go after the idle limit, with part of it unsent.
+    let size = 7_000_000;
+    let body = json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+        "params": {"name": "web__big", "arguments": {"bytes": size}}})
+    .to_string();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Mcp-Session-Id: {session}\r\nMcp-Protocol-Version: 2025-11-25\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(16 * 1024).unwrap();
+    let mut stream = socket.connect(router.addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut got)).await.expect("closed");
+    assert!(read.is_err() || got.len() < size, "the whole answer was written to a client that read none of it");
+    assert!(router.metric("switchboard_connections_closed_total", &["\"idle\""]).await >= 1.0);
+    // The router serves on.
     let answer = client.call_tool("web__echo", json!({"after": true})).await;
     assert_eq!(answer["result"]["content"][0]["text"], r#"{"after":true}"#, "{answer}");
 }

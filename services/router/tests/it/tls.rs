@@ -1,7 +1,8 @@
 //! TLS on the MCP listener: the official Python SDK checks the router's
 //! certificate against the test CA; a certificate replaced on disk is taken
-//! up without a restart, while a connection opened before goes on; client
-//! certificates (mTLS) name their tenant by their subject.
+//! up without a restart, while a connection opened before goes on; a large
+//! answer reaches a slow reader whole; client certificates (mTLS) name
+//! their tenant by their subject.
 
 use std::time::Duration;
 
@@ -52,19 +53,25 @@ async fn healthz(stream: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStr
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_mcp_listener_speaks_tls_and_takes_a_new_certificate_without_a_restart() {
+/// A router serving TLS (a certificate of the test CA, in a new folder)
+/// in front of the mock `web`, with `server` settings added; the folder.
+async fn tls_router(server: &str) -> (Router, MockServer, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(unique("sb-tls-"));
     std::fs::create_dir_all(&dir).unwrap();
     make_certificate(&dir, "router");
     let web = MockServer::start(mock_named("web")).await;
     let config = format!(
-        "[server]\ntls_cert = \"{}\"\ntls_key = \"{}\"\n{}",
+        "[server]\ntls_cert = \"{}\"\ntls_key = \"{}\"\n{server}{}",
         dir.join("router.pem").display(),
         dir.join("router.key").display(),
         http_upstream("web", &web.url, "")
     );
-    let router = Router::start(&config).await;
+    (Router::start(&config).await, web, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mcp_listener_speaks_tls_and_takes_a_new_certificate_without_a_restart() {
+    let (router, _web, dir) = tls_router("").await;
     let url = format!("https://127.0.0.1:{}/mcp", router.addr.port());
     let ca = dir.join("ca.pem");
 
@@ -104,6 +111,71 @@ async fn the_mcp_listener_speaks_tls_and_takes_a_new_certificate_without_a_resta
     assert!(taken, "new connections get the new certificate");
     // The connection opened before goes on, on the old one.
     assert!(healthz(&mut before).await.starts_with("HTTP/1.1 200"));
+}
+
+/// Reads one answer with a `Content-Length` body from `stream`, `chunk`
+/// bytes at a time with `pause` between reads: its head and body.
+async fn read_answer<S: tokio::io::AsyncRead + Unpin>(
+    stream: &mut S,
+    chunk: usize,
+    pause: Duration,
+) -> (String, Vec<u8>) {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; chunk];
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).into_owned();
+            let length: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase().strip_prefix("content-length: ").map(|v| v.trim().parse().unwrap())
+                })
+                .expect("a Content-Length");
+            if got.len() >= end + 4 + length {
+                return (head, got[end + 4..end + 4 + length].to_vec());
+            }
+        }
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await.unwrap().unwrap();
+        assert!(n > 0, "closed after {} bytes", got.len());
+        got.extend_from_slice(&buf[..n]);
+        tokio::time::sleep(pause).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_answer_over_tls_arrives_whole_to_a_slow_reader() {
+    // The idle limit is shorter than the reading takes: a client that keeps
+    // taking its answer is not idle.
+    let (router, _web, dir) = tls_router("idle_timeout = \"1s\"\n").await;
+    let (mut stream, _) = handshake(router.addr, &dir.join("ca.pem")).await;
+    let post = |session: &str, body: serde_json::Value| {
+        let body = body.to_string();
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\n{session}Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    stream.write_all(post("", init).as_bytes()).await.unwrap();
+    let (head, _) = read_answer(&mut stream, 4096, Duration::ZERO).await;
+    let session = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("mcp-session-id: ").map(str::to_owned))
+        .expect("a session");
+    let headers = format!("Mcp-Session-Id: {session}\r\nMcp-Protocol-Version: 2025-06-18\r\n");
+    let size = 2_000_000;
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "web__big", "arguments": {"bytes": size}}});
+    stream.write_all(post(&headers, call).as_bytes()).await.unwrap();
+    // 16 KiB every 10 ms: about 1.3 s for the whole.
+    let started = std::time::Instant::now();
+    let (head, body) = read_answer(&mut stream, 16 * 1024, Duration::from_millis(10)).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(started.elapsed() > Duration::from_secs(1), "the reading outlasted the idle limit");
+    let answer: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["result"]["content"][0]["text"].as_str().map(str::len), Some(size));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
