@@ -89,7 +89,9 @@ fn nginx_conf(dir: &Path, listen: u16, routers: &[u16], tap: Option<(u16, u16)>)
         None => String::new(),
     };
     format!(
-        "worker_processes 1; daemon off; pid {d}/nginx.pid; error_log {d}/error.log warn;
+        // One process (no master): the test's kill ends nginx whole, where
+        // a master killed alone leaves its worker running.
+        "master_process off; daemon off; pid {d}/nginx.pid; error_log {d}/error.log warn;
          events {{ worker_connections 1024; }}
          http {{
            access_log off;
