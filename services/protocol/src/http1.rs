@@ -254,7 +254,7 @@ pub fn write_response_head<'h>(
     close: bool,
 ) {
     out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(itoa(status as u64, &mut [0; 20]));
+    out.extend_from_slice(digits(status as u64, &mut [0; 20]));
     out.push(b' ');
     out.extend_from_slice(reason(status).as_bytes());
     out.extend_from_slice(b"\r\n");
@@ -276,7 +276,7 @@ pub fn write_response_head<'h>(
     match framing {
         Framing::Length(n) => {
             out.extend_from_slice(b"content-length: ");
-            out.extend_from_slice(itoa(n as u64, &mut [0; 20]));
+            out.extend_from_slice(digits(n as u64, &mut [0; 20]));
             out.extend_from_slice(b"\r\n");
         }
         Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
@@ -306,7 +306,8 @@ pub fn write_chunk_head(out: &mut Vec<u8>, len: usize) {
     out.extend_from_slice(b"\r\n");
 }
 
-fn itoa(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+/// `n` in decimal, written at the end of `buf`: the digits.
+pub fn digits(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut at = buf.len();
     loop {
         at -= 1;
@@ -352,6 +353,13 @@ pub fn http_date(unix_seconds: u64) -> [u8; 29] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn digits_are_decimal() {
+        assert_eq!(digits(0, &mut [0; 20]), b"0");
+        assert_eq!(digits(1234567, &mut [0; 20]), b"1234567");
+        assert_eq!(digits(u64::MAX, &mut [0; 20]), u64::MAX.to_string().as_bytes());
+    }
 
     fn parse(text: &[u8]) -> Result<Option<RequestHead>, HeadError> {
         parse_request(text, &mut Vec::new())

@@ -383,7 +383,7 @@ impl Conn {
         head.extend_from_slice(req.extra);
         if !req.body.is_empty() || req.method == "POST" {
             head.extend_from_slice(b"\r\nContent-Length: ");
-            head.extend_from_slice(itoa(req.body.len(), &mut [0u8; 20]));
+            head.extend_from_slice(switchboard_protocol::http1::digits(req.body.len() as u64, &mut [0u8; 20]));
         }
         head.extend_from_slice(b"\r\n\r\n");
         if req.body.len() <= 4096 {
@@ -535,19 +535,6 @@ pub fn raw_headers(headers: &[(http::HeaderName, http::HeaderValue)]) -> Vec<u8>
         raw.extend_from_slice(value.as_bytes());
     }
     raw
-}
-
-/// Formats `n` in decimal into `buf` and returns the digits.
-fn itoa(mut n: usize, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[i..];
-        }
-    }
 }
 
 impl Body {
@@ -943,12 +930,6 @@ mod tests {
         drop(pool.send(&post(b"2"), false).await.unwrap()); // body never read
         pool.send(&post(b"3"), false).await.unwrap().body.collect(64).await.unwrap();
         assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 3, "neither of the first two was reused");
-    }
-
-    #[test]
-    fn itoa_writes_decimal() {
-        assert_eq!(itoa(0, &mut [0; 20]), b"0");
-        assert_eq!(itoa(1234567, &mut [0; 20]), b"1234567");
     }
 
     #[tokio::test]
