@@ -62,11 +62,18 @@ fn ows() -> impl Strategy<Value = &'static str> {
 type Head = (Vec<u8>, Vec<(String, Vec<u8>)>, Option<u64>);
 
 fn head() -> impl Strategy<Value = Head> {
+    head_of(0..12, prop::option::of(any::<u32>()))
+}
+
+/// A well-formed head with this many header lines besides its
+/// `Content-Length`, and that length. Tests that need a kind of head ask for
+/// it here rather than filter `head()`: a long run rejects too many cases.
+fn head_of(lines: std::ops::Range<usize>, length: impl Strategy<Value = Option<u32>>) -> impl Strategy<Value = Head> {
     (
         "[A-Z]{1,7}",
         "/[A-Za-z0-9/._~?=&%-]{0,40}",
-        prop::collection::vec((name(), ows(), value(), ows()), 0..12),
-        prop::option::of(any::<u32>()),
+        prop::collection::vec((name(), ows(), value(), ows()), lines),
+        length,
         any::<prop::sample::Index>(),
         prop::bool::ANY,
     )
@@ -169,7 +176,7 @@ proptest! {
 
     #[test]
     fn a_length_that_is_not_a_plain_number_is_refused(
-        (text, _, _) in head().prop_filter("no length of its own", |(_, _, l)| l.is_none()),
+        (text, _, _) in head_of(0..12, Just(None)),
         bad in prop_oneof![
             Just("+5".to_owned()), Just("-5".to_owned()), Just("5, 5".to_owned()), Just("0x10".to_owned()),
             Just("5 5".to_owned()), Just("".to_owned()), Just("1e3".to_owned()), Just("٣".to_owned()),
@@ -183,7 +190,7 @@ proptest! {
 
     #[test]
     fn folded_lines_bare_crs_and_spaced_colons_are_refused(
-        (text, _, length) in head().prop_filter("some header lines", |(_, w, _)| !w.is_empty()),
+        (text, _, length) in head_of(1..12, prop::option::of(any::<u32>())),
         which in 0..3usize,
         fold in prop_oneof![Just(" "), Just("\t")],
     ) {
