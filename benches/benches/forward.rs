@@ -1,14 +1,15 @@
 //! A full `tools/call` through the router, in-process, to the mock upstream
 //! over HTTP, next to the same call made directly; the router's heap
-//! allocations per forwarded call; `tools/list` across 50 upstreams from the
-//! cache; and calls with 10, 1,000 and 10,000 tools in the catalog.
+//! allocations per forwarded call; the heap an idle session holds;
+//! `tools/list` across 50 upstreams from the cache; and calls with 10, 1,000
+//! and 10,000 tools in the catalog.
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use switchboard_benches::rig::Rig;
-use switchboard_benches::{marked_allocations, Conn, Counting};
+use switchboard_benches::{live_bytes, marked_allocations, Conn, Counting};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -41,6 +42,36 @@ fn tools_call(c: &mut Criterion) {
     group.bench_function("direct", |b| b.iter(|| assert_eq!(direct.send(&direct_request).status, 200)));
     group.bench_function("routed", |b| b.iter(|| assert_eq!(routed.send(&routed_request).status, 200)));
     group.finish();
+}
+
+/// The heap an idle session holds in the router (the memory store): what
+/// sessions opened by `initialize` and pinged once add to the heap, each.
+/// Printed, not timed.
+fn idle_sessions(_: &mut Criterion) {
+    let rig = Rig::start(1, 0);
+    let mut conn = rig.connect();
+    let init = br#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"0"}}}"#;
+    let init = conn.request("/mcp", &[], init);
+    let open = |n: usize, conn: &mut Conn| {
+        for _ in 0..n {
+            let answer = conn.send(&init);
+            assert_eq!(answer.status, 200);
+            let session = answer.header("mcp-session-id").expect("session id");
+            let ping = conn.request(
+                "/mcp",
+                &[("Mcp-Session-Id", session), ("Mcp-Protocol-Version", "2025-11-25")],
+                br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+            );
+            assert_eq!(conn.send(&ping).status, 200);
+        }
+    };
+    // Past the first sessions' one-time costs (tables, pools), then 4,000.
+    open(1_000, &mut conn);
+    let before = live_bytes();
+    let sessions = 4_000;
+    open(sessions, &mut conn);
+    let per_session = (live_bytes() - before) as f64 / sessions as f64;
+    println!("memory: heap bytes an idle session holds (memory store): {per_session:.0}");
 }
 
 fn tools_list_50_upstreams(c: &mut Criterion) {
@@ -80,6 +111,6 @@ fn call_with_catalog_size(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(30).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
-    targets = tools_call, tools_list_50_upstreams, call_with_catalog_size
+    targets = tools_call, idle_sessions, tools_list_50_upstreams, call_with_catalog_size
 }
 criterion_main!(benches);

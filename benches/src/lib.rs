@@ -5,7 +5,8 @@
 //! every benchmark binary. It counts every allocation, and separately those
 //! made on threads that called [`count_this_thread`] (the router's own
 //! thread in the full-call benchmark), so the router's allocations per call
-//! can be told apart from the client's and the mock's.
+//! can be told apart from the client's and the mock's; and the bytes held
+//! ([`live_bytes`]), for what a thing kept costs in heap.
 // The allocator needs `unsafe impl GlobalAlloc`; it only counts and then
 // delegates to the system allocator with the same arguments, so it upholds
 // every contract the system allocator does.
@@ -15,7 +16,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 pub mod rig;
 
@@ -24,6 +25,7 @@ pub struct Counting;
 
 static ALL: AtomicU64 = AtomicU64::new(0);
 static MARKED: AtomicU64 = AtomicU64::new(0);
+static LIVE: AtomicI64 = AtomicI64::new(0);
 
 thread_local! {
     static MARK: Cell<bool> = const { Cell::new(false) };
@@ -32,23 +34,27 @@ thread_local! {
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count();
+        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
         // SAFETY: same layout, forwarded unchanged.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         count();
+        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
         // SAFETY: same layout, forwarded unchanged.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count();
+        LIVE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
         // SAFETY: ptr and layout come from this allocator, which is System underneath.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
         // SAFETY: ptr and layout come from this allocator, which is System underneath.
         unsafe { System.dealloc(ptr, layout) }
     }
@@ -79,6 +85,12 @@ pub fn allocations() -> u64 {
 /// Allocations made so far on threads that called [`count_this_thread`].
 pub fn marked_allocations() -> u64 {
     MARKED.load(Ordering::Relaxed)
+}
+
+/// Heap bytes allocated and not yet freed, by every thread (as asked for:
+/// the allocator's own overhead is not counted).
+pub fn live_bytes() -> i64 {
+    LIVE.load(Ordering::Relaxed)
 }
 
 /// Allocations made by `f` on this thread (and any other, so run it alone).

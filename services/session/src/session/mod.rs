@@ -15,6 +15,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -112,7 +113,7 @@ pub struct Session {
     checked_ms: AtomicU64,
     /// Upstream sessions that other replicas may continue, by upstream:
     /// loaded from the store (channels resume them on first use) or opened here.
-    known: Mutex<HashMap<UpstreamId, UpstreamSession>>,
+    known: Mutex<Known>,
     /// Each upstream it used, made on first use: few, so a vector. An
     /// upstream retired while the router runs leaves it
     /// ([`drop_upstream`](Self::drop_upstream)).
@@ -120,8 +121,9 @@ pub struct Session {
     /// Requests in flight: (hash of the client's id, upstream). A vector that
     /// keeps its capacity, so tracking a request costs no allocation.
     inflight: Mutex<Vec<(u64, UpstreamId)>>,
-    /// Stream 0: messages not tied to a request.
-    standalone: Arc<Log>,
+    /// Stream 0: messages not tied to a request, made when the first is
+    /// sent or a GET stream opens ([`Session::standalone`]).
+    standalone: OnceLock<Arc<Log>>,
     /// Whether a GET stream was ever opened: upstream channels then listen.
     listening: AtomicBool,
     /// Recent request streams, for resumption.
@@ -131,7 +133,7 @@ pub struct Session {
     /// stream 0 lives and request streams are copied as they go.
     shared: Option<Arc<SharedStreams>>,
     /// Readers of shared streams running here.
-    shared_readers: Arc<AtomicUsize>,
+    shared_readers: AtomicUsize,
     /// The level of `logging/setLevel`, for stateless upstreams (which get
     /// it with each request).
     log_level: Mutex<Option<String>>,
@@ -144,8 +146,9 @@ pub struct Session {
     closed: AtomicBool,
     /// Closed by [`detach`](Session::detach): the session goes on elsewhere.
     detached: AtomicBool,
-    /// Resource subscriptions to stateless (2026-07-28) upstreams.
-    subscriptions: crate::subscriptions::Subscriptions,
+    /// Resource subscriptions to stateless (2026-07-28) upstreams, made on
+    /// the first (few sessions have any).
+    subscriptions: OnceLock<Box<crate::subscriptions::Subscriptions>>,
     me: Weak<Session>,
 }
 
@@ -191,7 +194,7 @@ impl Session {
             capabilities,
         };
         let session = Self::build(id, Kind::Stored, client, ctx, ctx.shared.clone());
-        *session.known.lock().expect("lock") = known;
+        *session.known.lock().expect("lock") = Known(known.into_iter().collect());
         session.opened_ms.store(record.opened_ms, Ordering::Relaxed);
         Some(session)
     }
@@ -253,24 +256,24 @@ impl Session {
             for_tenant: id.starts_with(TENANT_PREFIX),
             kept_streams: if id.starts_with(TENANT_PREFIX) { TENANT_KEPT_STREAMS } else { KEPT_STREAMS },
             checked_ms: AtomicU64::new(now_ms),
-            known: Mutex::new(HashMap::new()),
+            known: Mutex::new(Known(Vec::new())),
             version,
             capabilities,
             links: Mutex::new(Vec::new()),
             opened_ms: AtomicU64::new(switchboard_core::time::now_ms() as u64),
             inflight: Mutex::new(Vec::new()),
-            standalone: Log::new(0),
+            standalone: OnceLock::new(),
             listening: AtomicBool::new(false),
             streams: Mutex::new(VecDeque::new()),
             next_stream: AtomicU64::new(first_stream),
             shared,
-            shared_readers: Arc::new(AtomicUsize::new(0)),
+            shared_readers: AtomicUsize::new(0),
             log_level: Mutex::new(None),
             last_used: AtomicU64::new(now_ms),
             ctx: ctx.clone(),
             closed: AtomicBool::new(false),
             detached: AtomicBool::new(false),
-            subscriptions: Default::default(),
+            subscriptions: OnceLock::new(),
             me: me.clone(),
             id,
         })
@@ -331,14 +334,21 @@ impl Session {
     /// Whether the session is in use even without new requests: a request
     /// in flight, or a client reading its GET stream.
     pub fn busy(&self) -> bool {
-        self.has_inflight() || self.standalone.has_readers() || self.shared_readers.load(Ordering::Relaxed) > 0
+        self.has_inflight()
+            || self.standalone.get().is_some_and(|log| log.has_readers())
+            || self.shared_readers.load(Ordering::Relaxed) > 0
+    }
+
+    /// Stream 0, made on first use.
+    fn standalone(&self) -> &Arc<Log> {
+        self.standalone.get_or_init(|| Log::new(0))
     }
 
     /// Whether the session keeps resource subscriptions here (listen
     /// streams to upstreams that speak only MCP 2026-07-28): another
     /// replica could not take them over.
     pub fn holds_subscriptions(&self) -> bool {
-        self.subscriptions.any()
+        self.subscriptions.get().is_some_and(|s| s.any())
     }
 
     /// Whether a request of the session is in flight here.
@@ -352,6 +362,7 @@ impl Session {
             .known
             .lock()
             .expect("lock")
+            .0
             .iter()
             .map(|(u, at)| (self.ctx.upstreams[*u].name.to_string(), at.clone()))
             .collect();
@@ -411,7 +422,7 @@ impl Session {
                 shared.push(&self.id, message, on_refused)
             }
             None => {
-                let taken = self.standalone.offer(&message, None);
+                let taken = self.standalone().offer(&message, None);
                 if let (false, Some((u, original)), Some(relay)) = (taken, from, self.ctx.relay.upgrade()) {
                     relay.not_delivered(self, u, original, "client_backlog");
                 }
@@ -427,7 +438,7 @@ impl Session {
     pub fn push_answer(&self, message: Bytes) -> bool {
         match &self.shared {
             Some(shared) => shared.push(&self.id, message, None),
-            None => self.standalone.push(&message),
+            None => self.standalone().push(&message),
         }
     }
 
@@ -439,7 +450,7 @@ impl Session {
             None => {
                 // An announcement that does not fit is one the client
                 // would learn nothing new from: lists are fetched whole.
-                let _ = self.standalone.offer(&message, None);
+                let _ = self.standalone().offer(&message, None);
             }
         }
     }
@@ -469,8 +480,8 @@ impl Session {
     /// start listening from the first GET on.
     pub fn open_stream(&self, resume: Option<EventId>) -> Result<mpsc::Receiver<Bytes>, SessionError> {
         let (log, after) = match resume.map(|id| (id.stream, id.seq)) {
-            None => (self.standalone.clone(), self.standalone.undelivered()),
-            Some((0, seq)) => (self.standalone.clone(), Some(seq)),
+            None => (self.standalone().clone(), self.standalone().undelivered()),
+            Some((0, seq)) => (self.standalone().clone(), Some(seq)),
             Some((stream, seq)) => {
                 let streams = self.streams.lock().expect("lock");
                 let log = streams.iter().find(|l| l.stream == stream).cloned().ok_or(SessionError::UnknownStream)?;
@@ -519,7 +530,7 @@ impl Session {
             }
         }
         self.shared_readers.fetch_add(1, Ordering::Relaxed);
-        let guard = Arc::new(ReaderGuard(self.shared_readers.clone()));
+        let guard = Arc::new(ReaderGuard(self.me.clone()));
         let after = resume.map(|id| id.seq);
         let open = |tx, guard| async {
             shared.reader(&self.id, stream, after, tx, guard).await.map_err(|e| {
@@ -540,7 +551,7 @@ impl Session {
             return Err(SessionError::UnknownStream);
         }
         if stream == 0 {
-            let known: Vec<UpstreamId> = self.known.lock().expect("lock").keys().copied().collect();
+            let known: Vec<UpstreamId> = self.known.lock().expect("lock").0.iter().map(|(u, _)| *u).collect();
             for u in known {
                 let _ = self.existing_channel(u).await;
             }
@@ -647,7 +658,13 @@ impl Session {
             affinity: &self.id,
             credentials: self.credentials(upstream.id),
         };
-        self.subscriptions
+        let subscriptions = self.subscriptions.get_or_init(Box::default);
+        // Made after the session ended (which stops only those it finds):
+        // stopped as it would have been, so that no stream starts.
+        if self.closed.load(Ordering::SeqCst) {
+            subscriptions.stop();
+        }
+        subscriptions
             .change(upstream, uri, on, client, inbox)
             .await
             .map_err(|e| SessionError::upstream(&upstream.name, e))
@@ -657,9 +674,9 @@ impl Session {
     /// its stream ends and its channels stop, leaving upstream sessions open.
     pub async fn detach(&self) {
         self.detached.store(true, Ordering::Relaxed);
-        self.closed.store(true, Ordering::Relaxed);
+        self.closed.store(true, Ordering::SeqCst);
         self.close_stream();
-        self.subscriptions.stop();
+        self.stop_subscriptions();
         for (_, channel) in self.open_channels() {
             channel.detach().await;
         }
@@ -678,11 +695,11 @@ impl Session {
     }
 
     async fn end_here(&self, measured_here: bool) {
-        if self.closed.swap(true, Ordering::Relaxed) {
+        if self.closed.swap(true, Ordering::SeqCst) {
             return;
         }
         self.close_stream();
-        self.subscriptions.stop();
+        self.stop_subscriptions();
         let now = switchboard_core::time::now_ms() as u64;
         let since = |opened: u64| (opened > 0).then(|| std::time::Duration::from_millis(now.saturating_sub(opened)));
         if let Some(lasted) = since(self.opened_ms.load(Ordering::Relaxed)).filter(|_| measured_here) {
@@ -727,6 +744,13 @@ impl Session {
         links.iter().find(|(id, _)| *id == u).map(|(_, link)| link.clone())
     }
 
+    /// Stops the session's resource subscriptions, if it has any.
+    fn stop_subscriptions(&self) {
+        if let Some(subscriptions) = self.subscriptions.get() {
+            subscriptions.stop();
+        }
+    }
+
     /// Upstream `u` was retired: the session's channel to it is closed
     /// (its upstream session ended, and measured) and forgotten, with the
     /// upstream session other replicas knew.
@@ -736,7 +760,7 @@ impl Session {
             let at = links.iter().position(|(id, _)| *id == u);
             at.map(|at| links.swap_remove(at).1)
         };
-        self.known.lock().expect("lock").remove(&u);
+        self.known.lock().expect("lock").remove(u);
         let Some(link) = link else { return };
         if let Some(channel) = link.channel.get() {
             channel.close().await;
@@ -749,7 +773,9 @@ impl Session {
     /// session's only stream carries its answers, so it is left alone.
     pub fn close_stream(&self) {
         if !self.legacy {
-            self.standalone.cut();
+            if let Some(log) = self.standalone.get() {
+                log.cut();
+            }
             if let Some(shared) = &self.shared {
                 shared.cut_session(&self.id);
             }
@@ -758,11 +784,34 @@ impl Session {
 }
 
 /// Counts a shared-stream reader of a session while it runs.
-struct ReaderGuard(Arc<AtomicUsize>);
+struct ReaderGuard(Weak<Session>);
 
 impl Drop for ReaderGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        if let Some(session) = self.0.upgrade() {
+            session.shared_readers.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Upstream sessions other replicas may continue, by upstream: few, so a
+/// vector (smaller than a map when idle).
+struct Known(Vec<(UpstreamId, UpstreamSession)>);
+
+impl Known {
+    fn get(&self, u: UpstreamId) -> Option<&UpstreamSession> {
+        self.0.iter().find(|(id, _)| *id == u).map(|(_, at)| at)
+    }
+
+    fn insert(&mut self, u: UpstreamId, at: UpstreamSession) {
+        match self.0.iter_mut().find(|(id, _)| *id == u) {
+            Some((_, slot)) => *slot = at,
+            None => self.0.push((u, at)),
+        }
+    }
+
+    fn remove(&mut self, u: UpstreamId) {
+        self.0.retain(|(id, _)| *id != u);
     }
 }
 

@@ -120,7 +120,7 @@ impl Session {
     /// records it now, which another replica may have opened since this
     /// one loaded the session. A store that cannot be reached: none known.
     async fn known_upstream(&self, u: UpstreamId) -> Option<UpstreamSession> {
-        if let Some(at) = self.known.lock().expect("lock").get(&u).cloned() {
+        if let Some(at) = self.known.lock().expect("lock").get(u).cloned() {
             return Some(at);
         }
         if !self.stored || !self.ctx.store.shared() {
@@ -237,7 +237,7 @@ impl Session {
         }
         if self.open_channel(u).is_none() {
             // Read from the store: the new one.
-            self.known.lock().expect("lock").remove(&u);
+            self.known.lock().expect("lock").remove(u);
             let _ = self.existing_channel(u).await;
         }
     }

@@ -23,9 +23,23 @@ pub struct MemoryStore {
 
 #[derive(Default)]
 struct MemoryState {
-    live: HashMap<String, (Stored, Instant)>,
+    /// Boxed: a table of many sessions has empty slots, each as large as
+    /// what it holds (a pointer, not a whole record).
+    live: HashMap<Box<str>, Box<Entry>>,
     /// Ended sessions, until their tombstone expires.
     gone: HashMap<String, Instant>,
+}
+
+/// A live session: its record, and when it expires.
+struct Entry {
+    stored: Stored,
+    expires: Instant,
+}
+
+impl Entry {
+    fn new(stored: &Stored, expires: Instant) -> Box<Entry> {
+        Box::new(Entry { stored: stored.clone(), expires })
+    }
 }
 
 impl MemoryStore {
@@ -51,7 +65,7 @@ impl SessionStore for MemoryStore {
     async fn create(&self, id: &str, stored: &Stored) -> Result<(), StoreError> {
         let mut state = self.state.lock().expect("lock");
         state.gone.remove(id);
-        state.live.insert(id.to_owned(), (stored.clone(), self.now() + self.idle));
+        state.live.insert(id.into(), Entry::new(stored, self.now() + self.idle));
         Ok(())
     }
 
@@ -62,10 +76,10 @@ impl SessionStore for MemoryStore {
             return Ok(Repair::Ended);
         }
         match state.live.get(id) {
-            Some((_, expires)) if *expires >= now => Ok(Repair::Live),
+            Some(entry) if entry.expires >= now => Ok(Repair::Live),
             Some(_) => Ok(Repair::Ended),
             None => {
-                state.live.insert(id.to_owned(), (stored.clone(), now + self.idle));
+                state.live.insert(id.into(), Entry::new(stored, now + self.idle));
                 Ok(Repair::Written)
             }
         }
@@ -76,9 +90,9 @@ impl SessionStore for MemoryStore {
         let mut state = self.state.lock().expect("lock");
         let gone = state.gone.get(id).is_some_and(|until| *until > now);
         match state.live.get_mut(id) {
-            Some((stored, expires)) if *expires >= now => {
-                *expires = now + self.idle;
-                Ok(Loaded::Live(stored.clone()))
+            Some(entry) if entry.expires >= now => {
+                entry.expires = now + self.idle;
+                Ok(Loaded::Live(entry.stored.clone()))
             }
             Some(_) => Ok(Loaded::Ended),
             None if gone => Ok(Loaded::Ended),
@@ -91,8 +105,8 @@ impl SessionStore for MemoryStore {
         let mut state = self.state.lock().expect("lock");
         let gone = state.gone.get(id).is_some_and(|until| *until > now);
         match state.live.get_mut(id) {
-            Some((_, expires)) if *expires >= now => {
-                *expires = now + self.idle;
+            Some(entry) if entry.expires >= now => {
+                entry.expires = now + self.idle;
                 Ok(Touch::Alive)
             }
             Some(_) => Ok(Touch::Ended),
@@ -103,7 +117,7 @@ impl SessionStore for MemoryStore {
 
     async fn upstream(&self, id: &str, upstream: &str) -> Result<Option<UpstreamSession>, StoreError> {
         let state = self.state.lock().expect("lock");
-        Ok(state.live.get(id).and_then(|(stored, _)| stored.upstreams.get(upstream).cloned()))
+        Ok(state.live.get(id).and_then(|entry| entry.stored.upstreams.get(upstream).cloned()))
     }
 
     async fn claim_upstream(
@@ -114,7 +128,7 @@ impl SessionStore for MemoryStore {
         fresh: &UpstreamSession,
     ) -> Result<Claim, StoreError> {
         let mut state = self.state.lock().expect("lock");
-        let Some((stored, _)) = state.live.get_mut(id) else { return Ok(Claim::Gone) };
+        let Some(Entry { stored, .. }) = state.live.get_mut(id).map(|e| &mut **e) else { return Ok(Claim::Gone) };
         match stored.upstreams.get(upstream) {
             Some(current) if Some(current) != stale && current != fresh => Ok(Claim::Lost(current.clone())),
             _ => {
@@ -131,7 +145,7 @@ impl SessionStore for MemoryStore {
     async fn remove(&self, id: &str) -> Result<Option<Stored>, StoreError> {
         let now = self.now();
         let mut state = self.state.lock().expect("lock");
-        let removed = state.live.remove(id).map(|(stored, _)| stored);
+        let removed = state.live.remove(id).map(|entry| entry.stored);
         if removed.is_some() {
             state.gone.insert(id.to_owned(), now + self.idle);
         }
@@ -142,13 +156,14 @@ impl SessionStore for MemoryStore {
         let now = self.now();
         let mut state = self.state.lock().expect("lock");
         state.gone.retain(|_, until| *until > now);
-        let ids: Vec<String> =
-            state.live.iter().filter(|(_, (_, expires))| *expires < now).map(|(id, _)| id.clone()).take(max).collect();
+        let ids: Vec<Box<str>> =
+            state.live.iter().filter(|(_, entry)| entry.expires < now).map(|(id, _)| id.clone()).take(max).collect();
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
-            if let Some((stored, _)) = state.live.remove(&id) {
+            if let Some(entry) = state.live.remove(&id) {
+                let id = String::from(id);
                 state.gone.insert(id.clone(), now + self.idle);
-                out.push((id, stored));
+                out.push((id, entry.stored));
             }
         }
         Ok(out)
