@@ -90,6 +90,9 @@ struct Conn<'a, S> {
     buf: BytesMut,
     out: Vec<u8>,
     spans: Vec<HeaderSpan>,
+    /// The current request's headers, as the phases read them: one map
+    /// kept for the connection (emptied after each request, its room kept).
+    headers: HeaderMap,
     requests: u64,
     /// The end of the last answer (or the accept): idleness counts from it.
     quiet_since: Instant,
@@ -115,6 +118,7 @@ where
         buf: BytesMut::with_capacity(8 * 1024),
         out: Vec::with_capacity(1024),
         spans: Vec::new(),
+        headers: HeaderMap::new(),
         requests: 0,
         quiet_since: now,
         timer: Box::pin(tokio::time::sleep_until(now + limits.header_timeout)),
@@ -222,24 +226,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
         }
         let head_bytes = self.buf.split_to(head.len).freeze();
         let body = self.buf.split_to(length).freeze();
-        let headers = match header_map(&head_bytes, &self.spans) {
-            Ok(headers) => headers,
-            Err(e) => {
-                let response = downstream::transport::reject_unread(self.cx.app, e);
-                let _ = self.respond(response, true).await;
-                return Next::Close;
-            }
-        };
+        if let Err(e) = header_map(&head_bytes, &self.spans, &mut self.headers) {
+            let response = downstream::transport::reject_unread(self.cx.app, e);
+            let _ = self.respond(response, true).await;
+            return Next::Close;
+        }
         drop(head_bytes);
         self.requests += 1;
         // The phases run while the client is watched: one that hangs up
         // abandons its request (cancelled upstream), as under hyper.
-        let Conn { io, buf, cx, eof, .. } = self;
-        let phases = downstream::post_read(cx.app, started, &headers, body, cx.extensions);
-        let Some(response) = until_hang_up(phases, io, buf, eof).await else {
+        let Conn { io, buf, cx, eof, headers, .. } = self;
+        let phases = downstream::post_read(cx.app, started, headers, body, cx.extensions);
+        let answered = until_hang_up(phases, io, buf, eof).await;
+        // The values share the head's bytes: let them go with it.
+        self.headers.clear();
+        let Some(response) = answered else {
             return Next::Close;
         };
-        drop(headers);
         let close = head.close || self.draining();
         match self.respond(response, close).await {
             Ok(false) => {
@@ -538,10 +541,12 @@ static KNOWN: [HeaderName; 6] = [
     HeaderName::from_static("traceparent"),
 ];
 
-/// The request's headers as the phases read them: names parsed (the
-/// standard ones are not allocated), values sharing the head's bytes.
-fn header_map(head: &Bytes, spans: &[HeaderSpan]) -> Result<HeaderMap, Error> {
-    let mut map = HeaderMap::with_capacity(spans.len());
+/// The request's headers as the phases read them, into `map` (emptied
+/// first): names parsed (the standard ones are not allocated), values
+/// sharing the head's bytes.
+fn header_map(head: &Bytes, spans: &[HeaderSpan], map: &mut HeaderMap) -> Result<(), Error> {
+    map.clear();
+    map.reserve(spans.len());
     for span in spans {
         let name = &head[span.name.clone()];
         // MCP's own names are not among http's standard ones: taken from
@@ -556,7 +561,7 @@ fn header_map(head: &Bytes, spans: &[HeaderSpan]) -> Result<HeaderMap, Error> {
             .map_err(|_| Error::MalformedHttp(http1::HeadError::Malformed("invalid header value")))?;
         map.append(name, value);
     }
-    Ok(map)
+    Ok(())
 }
 
 /// Reads what the socket has into `buf` (through a small copy: this is
