@@ -1,6 +1,9 @@
 //! Audit throughput: records per second into PostgreSQL and SQLite, written
-//! as the audit writer writes them (multi-row inserts of 500 records, ids
-//! skipped when present). PostgreSQL is the machine's
+//! as the audit writer writes them (batches of 500 records, ids skipped when
+//! present: `AuditWriter`, one `UNNEST` insert on PostgreSQL, one prepared
+//! insert per row in one transaction on SQLite); and on SQLite through the
+//! pool as well (sqlx, as the admin API writes its few records), for
+//! comparison. PostgreSQL is the machine's
 //! (`SWITCHBOARD_BENCH_POSTGRES`, default `postgres://postgres@127.0.0.1:5432/postgres`),
 //! in a database created for the run and dropped after; without it, only
 //! SQLite is measured.
@@ -10,7 +13,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use sqlx::Connection;
-use switchboard_db::{AuditRecord, Database};
+use switchboard_db::{AuditRecord, AuditWriter, Database};
 
 const BATCH: usize = 500;
 
@@ -40,15 +43,20 @@ fn batch(next: &AtomicU64) -> Vec<AuditRecord> {
         .collect()
 }
 
-fn measure(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, db: &Database) {
+/// Through the audit writer's way (`pool`: through the pool instead).
+fn measure(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, db: &Database, pool: bool) {
     let next = AtomicU64::new(0);
+    let mut writer = (!pool).then(|| db.audit_writer(Duration::from_secs(3)).expect("the audit writer's way"));
     let mut group = c.benchmark_group("audit");
     group.throughput(Throughput::Elements(BATCH as u64));
     group.sample_size(20).measurement_time(Duration::from_secs(5));
     group.bench_function(format!("{name}/insert_batch_{BATCH}"), |b| {
         b.iter_batched(
             || batch(&next),
-            |records| rt.block_on(db.insert_audit(&records)).expect("insert"),
+            |records| match &mut writer {
+                Some(writer) => rt.block_on(writer.insert(&records)).expect("insert"),
+                None => rt.block_on(db.insert_audit(&records)).expect("insert"),
+            },
             criterion::BatchSize::SmallInput,
         )
     });
@@ -65,7 +73,8 @@ fn audit(c: &mut Criterion) {
     let sqlite = Database::connect(&format!("sqlite:{}", dir.join("audit.db").display()), Duration::from_secs(3))
         .expect("sqlite");
     rt.block_on(sqlite.migrate()).expect("migrate sqlite");
-    measure(c, &rt, "sqlite", &sqlite);
+    measure(c, &rt, "sqlite", &sqlite, false);
+    measure(c, &rt, "sqlite/pool", &sqlite, true);
     let _ = std::fs::remove_dir_all(&dir);
 
     let admin = std::env::var("SWITCHBOARD_BENCH_POSTGRES")
@@ -83,7 +92,7 @@ fn audit(c: &mut Criterion) {
     let url = format!("{}/{name}", admin.rsplit_once('/').map_or(admin.as_str(), |(base, _)| base));
     let pg = Database::connect(&url, Duration::from_secs(3)).expect("postgres");
     rt.block_on(pg.migrate()).expect("migrate postgres");
-    measure(c, &rt, "postgres", &pg);
+    measure(c, &rt, "postgres", &pg, false);
     drop(pg);
     rt.block_on(async {
         if let Ok(mut conn) = sqlx::PgConnection::connect(&admin).await {

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, Notify};
 
-use switchboard_db::{AuditRecord, Database};
+use switchboard_db::{AuditRecord, AuditWriter, Database};
 
 pub use crate::metrics::Metrics;
 use spool::Spool;
@@ -101,7 +101,7 @@ impl Audit {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let db = {
             let _context = runtime.enter();
-            db.separate_pool().map_err(std::io::Error::other)?
+            db.audit_writer(options.write_timeout).map_err(std::io::Error::other)?
         };
         let writer =
             Writer { db, rx, spool: spool.clone(), metrics: metrics.clone(), options, capacity: tx.max_capacity() };
@@ -170,7 +170,7 @@ impl Ids {
 }
 
 struct Writer {
-    db: Database,
+    db: AuditWriter,
     rx: mpsc::Receiver<AuditRecord>,
     spool: Arc<Mutex<Spool>>,
     metrics: Arc<Metrics>,
@@ -247,7 +247,7 @@ impl Writer {
     async fn write(&mut self, batch: &mut Vec<AuditRecord>, retry_at: &mut tokio::time::Instant) {
         let spooling = self.spool.lock().expect("lock").pending();
         if !spooling {
-            match tokio::time::timeout(self.options.write_timeout, self.db.insert_audit(batch)).await {
+            match tokio::time::timeout(self.options.write_timeout, self.db.insert(batch)).await {
                 Ok(Ok(_)) => {
                     self.metrics.written(batch.len());
                     if let Some(oldest) = batch.iter().map(|r| r.at_ms).min() {
@@ -307,7 +307,7 @@ impl Writer {
             }
             let mut replayed = 0;
             if !records.is_empty() {
-                match tokio::time::timeout(self.options.write_timeout, self.db.insert_audit(&records)).await {
+                match tokio::time::timeout(self.options.write_timeout, self.db.insert(&records)).await {
                     Ok(Ok(_)) => replayed = records.len(),
                     Ok(Err(e)) => {
                         tracing::debug!(error = %e, "audit: database still unavailable");

@@ -1,6 +1,7 @@
 //! The database: tenants, API keys, the audit log and the vault's sealed
 //! credentials (`credentials.rs`), on PostgreSQL or on an
-//! embedded SQLite file, through sqlx's `Any` driver with one set of queries.
+//! embedded SQLite file, through sqlx's `Any` driver with one set of queries
+//! (the audit writer's inserts on drivers of their own: `audit_writer.rs`).
 //!
 //! The schema lives in `migrations/postgres` and `migrations/sqlite` (the same
 //! tables; only the auto-increment column differs). Every change to tenants or
@@ -21,10 +22,12 @@ use tokio::sync::mpsc;
 /// The channel PostgreSQL replicas listen on.
 pub const CHANGES_CHANNEL: &str = "switchboard_changes";
 
+mod audit_writer;
 mod credentials;
 mod pins;
 mod upstreams;
 pub mod usage;
+pub use audit_writer::AuditWriter;
 pub use credentials::{CredentialRow, VAULT_CHANNEL};
 pub use pins::{NewPin, PinDigests, PinRow, PINS_CHANNEL};
 pub use upstreams::{UpstreamRow, UPSTREAMS_CHANNEL};
@@ -43,6 +46,8 @@ pub enum DbError {
     Exists(String),
     #[error("{0} not found")]
     NotFound(String),
+    #[error("sqlite: {0}")]
+    Sqlite(String),
     #[error("unsupported database URL {0:?}: use postgres://… or sqlite:…")]
     Url(String),
     #[error("stored policy of tenant {tenant:?} is not valid JSON: {error}")]
@@ -681,60 +686,87 @@ fn audit_row(r: &AnyRow) -> Result<AuditRecord, sqlx::Error> {
 mod tests {
     use super::*;
 
+    /// `n` records whose every column differs from the others' (a value
+    /// bound to the wrong column is read back wrong), some absent.
     fn records(n: usize, run: &str) -> Vec<AuditRecord> {
         (0..n)
             .map(|i| AuditRecord {
                 id: format!("{run}-{i:05}"),
-                at_ms: i as i64,
+                at_ms: 11 * i as i64,
                 tenant: Some("acme".into()),
-                key_prefix: None,
-                session: Some("s".into()),
-                method: "tools/call".into(),
+                key_prefix: (i % 3 != 0).then(|| format!("k{i}")),
+                session: Some(format!("s{i}")),
+                method: format!("m{i}"),
                 target: Some(format!("t{i}")),
-                upstream: Some("u".into()),
-                outcome: "ok".into(),
-                error_code: (i % 7 == 0).then_some(-32603),
-                latency_us: 10,
-                request_bytes: 100,
-                response_bytes: 200,
-                trace_id: None,
+                upstream: (i % 4 != 0).then(|| format!("u{i}")),
+                outcome: format!("o{i}"),
+                error_code: (i % 7 == 0).then_some(-32603 - i as i64),
+                latency_us: 3 * i as i64 + 1,
+                request_bytes: 5 * i as i64 + 2,
+                response_bytes: 7 * i as i64 + 3,
+                trace_id: (i % 2 == 0).then(|| format!("trace{i}")),
                 arguments: (i % 5 == 0).then(|| format!("{{\"i\":{i}}}")),
-                user: None,
+                user: (i % 6 != 0).then(|| format!("user{i}")),
             })
             .collect()
     }
 
+    /// Writes through the audit writer's way if given, else the pool's.
+    async fn insert(db: &Database, writer: &mut Option<AuditWriter>, batch: &[AuditRecord]) -> u64 {
+        match writer {
+            Some(writer) => writer.insert(batch).await.unwrap(),
+            None => db.insert_audit(batch).await.unwrap(),
+        }
+    }
+
     /// Every size of batch is written whole, once, in its fixed-size
     /// statements; written again, nothing is duplicated.
-    async fn batches_are_written_exactly_once(db: &Database) {
+    /// Every size of batch is written whole, once, each record as it was
+    /// (every column read back), in order; written again, nothing is
+    /// duplicated. Through the pool, or the audit writer's way.
+    async fn batches_are_written_exactly_once(db: &Database, mut writer: Option<AuditWriter>) {
         db.migrate().await.unwrap();
-        let mut total = 0;
+        let mut written = Vec::new();
         for (run, n) in [1, 7, 8, 9, 128, 129, 300, 500].into_iter().enumerate() {
             let batch = records(n, &format!("r{run}"));
-            assert_eq!(db.insert_audit(&batch).await.unwrap(), n as u64, "a batch of {n}");
-            assert_eq!(db.insert_audit(&batch).await.unwrap(), 0, "a batch of {n}, again");
-            total += n;
+            assert_eq!(insert(db, &mut writer, &batch).await, n as u64, "a batch of {n}");
+            assert_eq!(insert(db, &mut writer, &batch).await, 0, "a batch of {n}, again");
+            written.extend(batch);
         }
-        assert_eq!(db.count_audit(Some("acme")).await.unwrap(), total as i64);
+        assert_eq!(db.count_audit(Some("acme")).await.unwrap(), written.len() as i64);
         let back = db.query_audit(&AuditQuery { tenant: None, since_ms: None, after_seq: None, limit: 10_000 }).await;
         let back: Vec<AuditRecord> = back.unwrap().into_iter().map(|(_, r)| r).collect();
-        assert_eq!(back.iter().find(|r| r.id == "r6-00295").unwrap(), &records(300, "r6")[295]);
+        assert_eq!(back.len(), written.len());
+        for (back, written) in back.iter().zip(&written) {
+            assert_eq!(back, written);
+        }
     }
 
     #[tokio::test]
     async fn audit_batches_on_sqlite() {
-        let file = std::env::temp_dir().join(switchboard_test_support::services::unique("sb-db-audit-"));
-        let db = Database::connect(&format!("sqlite:{}?mode=rwc", file.display()), Duration::from_secs(5)).unwrap();
-        batches_are_written_exactly_once(&db).await;
-        let _ = std::fs::remove_file(file);
+        for through_writer in [false, true] {
+            let file = std::env::temp_dir().join(switchboard_test_support::services::unique("sb-db-audit-"));
+            let db = Database::connect(&format!("sqlite:{}?mode=rwc", file.display()), Duration::from_secs(5)).unwrap();
+            let writer = through_writer.then(|| db.audit_writer(Duration::from_secs(5)).unwrap());
+            assert_eq!(
+                matches!(writer, Some(AuditWriter::Sqlite(_))),
+                through_writer,
+                "a file has a connection of its own"
+            );
+            batches_are_written_exactly_once(&db, writer).await;
+            let _ = std::fs::remove_file(file);
+        }
     }
 
     #[tokio::test]
     async fn audit_batches_on_postgres() {
-        let temp = switchboard_test_support::services::TempDatabase::create().await;
-        let db = Database::connect(&temp.url, Duration::from_secs(5)).unwrap();
-        batches_are_written_exactly_once(&db).await;
-        drop(db);
-        temp.drop_now().await;
+        for through_writer in [false, true] {
+            let temp = switchboard_test_support::services::TempDatabase::create().await;
+            let db = Database::connect(&temp.url, Duration::from_secs(5)).unwrap();
+            let writer = through_writer.then(|| db.audit_writer(Duration::from_secs(5)).unwrap());
+            batches_are_written_exactly_once(&db, writer).await;
+            drop(db);
+            temp.drop_now().await;
+        }
     }
 }
