@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use sqlx::Connection;
-use switchboard_db::{AuditRecord, AuditWriter, Database};
+use switchboard_db::{AuditRecord, Database};
 
 const BATCH: usize = 500;
 
