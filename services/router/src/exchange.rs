@@ -114,6 +114,12 @@ pub struct Named {
 
 /// The text of the JSON string `raw`, borrowed unless it has escapes.
 fn json_text(raw: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
+    // A plain string (nothing escaped) is its own text: no parse.
+    if let [b'"', inner @ .., b'"'] = raw {
+        if !inner.iter().any(|&b| b == b'\\' || b == b'"' || b < 0x20) {
+            return std::str::from_utf8(inner).ok().map(std::borrow::Cow::Borrowed);
+        }
+    }
     serde_json::from_slice::<&RawValue>(raw).ok().and_then(jsonrpc::as_str)
 }
 
@@ -810,4 +816,19 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 /// Whether the upstream leg of a request failed (its span's status).
 fn upstream_failed(outcome: Outcome) -> bool {
     matches!(outcome, Outcome::UpstreamFailed | Outcome::Timeout | Outcome::Error)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn json_text_reads_plain_strings_in_place_and_escaped_ones_through_the_parser() {
+        use std::borrow::Cow;
+        assert!(matches!(super::json_text(br#""web__echo""#), Some(Cow::Borrowed("web__echo"))));
+        assert!(matches!(super::json_text(br#""""#), Some(Cow::Borrowed(""))));
+        assert_eq!(super::json_text(br#""a\"b\u00e9""#).as_deref(), Some("a\"bé"));
+        assert!(matches!(super::json_text("\"caf\u{e9}\"".as_bytes()), Some(Cow::Borrowed("café"))));
+        assert_eq!(super::json_text(b"\"a\x01b\""), None, "a control character is not JSON");
+        assert_eq!(super::json_text(b"12"), None);
+        assert_eq!(super::json_text(b"\""), None);
+    }
 }
