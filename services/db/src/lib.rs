@@ -139,7 +139,10 @@ impl std::fmt::Debug for Database {
 /// A batch of audit records in one PostgreSQL statement, whatever its size:
 /// each column bound as one array (prepared once per connection; no
 /// per-row placeholders to bind and convert).
-async fn insert_audit_unnest(pg: &sqlx::PgPool, records: &[AuditRecord]) -> Result<u64, sqlx::Error> {
+async fn insert_audit_unnest<'e, E>(pg: E, records: &[AuditRecord]) -> Result<u64, sqlx::Error>
+where
+    E: sqlx::Executor<'e, Database = sqlx::Postgres>,
+{
     const INSERT: &str = "INSERT INTO audit_log (id, at_ms, tenant, key_prefix, session, method, target, upstream, \
         outcome, error_code, latency_us, request_bytes, response_bytes, trace_id, arguments, user_id) \
         SELECT * FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], \
@@ -168,6 +171,10 @@ async fn insert_audit_unnest(pg: &sqlx::PgPool, records: &[AuditRecord]) -> Resu
         .await?;
     Ok(done.rows_affected())
 }
+
+/// The most rows one PostgreSQL audit insert carries (a batch is cut into
+/// statements of this many in one transaction).
+const PG_AUDIT_CHUNK: usize = 32;
 
 /// The sizes of the audit inserts a batch is cut into, largest first.
 const AUDIT_CHUNKS: [usize; 4] = [128, 32, 8, 1];
@@ -428,7 +435,23 @@ impl Database {
             return Ok(0);
         }
         if let Some(pg) = &self.pg {
-            return Ok(insert_audit_unnest(pg, records).await?);
+            if records.len() <= PG_AUDIT_CHUNK {
+                return Ok(insert_audit_unnest(pg, records).await?);
+            }
+            // In statements of a few dozen rows, one transaction: each
+            // statement's encoding (here) and insert (at the server) is
+            // short, and the writer waits for the server between them, so
+            // neither holds a core the request path wants for long (pinned
+            // beside the router, one statement per batch of a thousand put
+            // p99 at one connection at 2.8 ms; in statements of 32, 0.6 to
+            // 0.75 ms, with more calls per second at 32 connections too).
+            let mut tx = pg.begin().await?;
+            let mut written = 0;
+            for chunk in records.chunks(PG_AUDIT_CHUNK) {
+                written += insert_audit_unnest(&mut *tx, chunk).await?;
+            }
+            tx.commit().await?;
+            return Ok(written);
         }
         // In statements of a few fixed sizes, so that each is prepared once
         // per connection and kept (a statement per batch size would be
