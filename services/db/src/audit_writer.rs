@@ -54,9 +54,15 @@ impl Database {
 }
 
 /// The file of an SQLite database the writer may open a connection of its
-/// own to (`None`: PostgreSQL, or an in-memory database).
+/// own to. `None`: PostgreSQL, an in-memory database, or a URL asking for
+/// more than a file opened read-write (a VFS, read-only, immutable...),
+/// which only sqlx's connections honour: the writer then uses the pool.
 fn sqlite_file(db: &Database) -> Option<PathBuf> {
-    if db.backend != Backend::Sqlite || db.url.contains(":memory:") || db.url.contains("mode=memory") {
+    if db.backend != Backend::Sqlite || db.url.contains(":memory:") {
+        return None;
+    }
+    let query = db.url.split_once('?').map_or("", |(_, query)| query);
+    if !query.split('&').all(|p| matches!(p, "" | "mode=rw" | "mode=rwc")) {
         return None;
     }
     let options = sqlx::sqlite::SqliteConnectOptions::from_str(&db.url).ok()?;
@@ -75,13 +81,18 @@ impl AuditWriter {
     }
 }
 
-/// An SQLite file's audit log, through a connection opened on first use
-/// and again after a failure.
+/// An SQLite file's audit log, through a connection opened on first use,
+/// again after a failure, and again after [`REOPEN_AFTER`].
 pub struct SqliteAudit {
     path: PathBuf,
     busy: Duration,
-    conn: Option<rusqlite::Connection>,
+    conn: Option<(rusqlite::Connection, std::time::Instant)>,
 }
+
+/// A connection is opened afresh this often: a file replaced under the
+/// router (restored from a backup) is written to within this long, as the
+/// pool's connections, which it recycles, would.
+const REOPEN_AFTER: Duration = Duration::from_secs(10 * 60);
 
 impl SqliteAudit {
     fn insert(&mut self, records: &[AuditRecord]) -> Result<u64, DbError> {
@@ -97,10 +108,11 @@ impl SqliteAudit {
     }
 
     fn try_insert(&mut self, records: &[AuditRecord]) -> Result<u64, rusqlite::Error> {
-        if self.conn.is_none() {
-            self.conn = Some(open(&self.path, self.busy)?);
+        if self.conn.as_ref().is_none_or(|(_, opened)| opened.elapsed() >= REOPEN_AFTER) {
+            self.conn = None;
+            self.conn = Some((open(&self.path, self.busy)?, std::time::Instant::now()));
         }
-        let conn = self.conn.as_mut().expect("opened above");
+        let (conn, _) = self.conn.as_mut().expect("opened above");
         // IMMEDIATE: the write lock is taken (or waited for) at the start,
         // never upgraded halfway.
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;

@@ -782,6 +782,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_writer_opens_sqlite_files_itself_only_when_the_url_asks_for_nothing_more() {
+        let file = std::env::temp_dir().join("sb-db-never-created.db");
+        let way = |url: String| {
+            let db = Database::connect(&url, Duration::from_secs(1)).unwrap();
+            matches!(db.audit_writer(Duration::from_secs(1)).unwrap(), AuditWriter::Sqlite(_))
+        };
+        let path = file.display();
+        assert!(way(format!("sqlite:{path}")));
+        assert!(way(format!("sqlite://{path}?mode=rwc")));
+        assert!(way(format!("sqlite:{path}?mode=rw")));
+        // Settings only sqlx's connections honour: the pool writes.
+        assert!(!way(format!("sqlite:{path}?vfs=unix-dotfile")));
+        assert!(!way(format!("sqlite:{path}?mode=ro")));
+        assert!(!way(format!("sqlite:{path}?mode=rwc&immutable=1")));
+        assert!(!way("sqlite::memory:".to_owned()));
+        assert!(!file.exists(), "nothing is opened before the first write");
+    }
+
+    #[tokio::test]
     async fn audit_batches_on_postgres() {
         for through_writer in [false, true] {
             let temp = switchboard_test_support::services::TempDatabase::create().await;

@@ -29,9 +29,10 @@
 //! sooner.
 //!
 //! A client that ends its side after pipelining requests (a half-close) is
-//! answered every request it sent, then closed; one that ends it with no
-//! request behind the one in flight has hung up, and that request is
-//! abandoned, as under hyper.
+//! answered every request it sent, then closed (hyper too answers those
+//! handed to it, told of the half-close); one that ends it with no request
+//! behind the one in flight has hung up, and that request is abandoned, as
+//! under hyper.
 
 use std::io::IoSlice;
 use std::pin::Pin;
@@ -57,8 +58,10 @@ pub enum Ended<S> {
     /// Closed (by either side, or for idleness, or refused).
     Closed,
     /// A request this path does not serve: hyper takes the connection,
-    /// reading what was buffered first. `requests` were served here before.
-    HandOff { io: Rewind<S>, requests: u64 },
+    /// reading what was buffered first. `requests` were served here before;
+    /// `half_closed`: the client ended its side after sending what is
+    /// buffered (hyper must answer it all the same).
+    HandOff { io: Rewind<S>, requests: u64, half_closed: bool },
 }
 
 /// What a connection served here needs of the server.
@@ -434,7 +437,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
 
     /// The connection as hyper takes it: what was read, then the socket.
     fn hand_off(self) -> Ended<S> {
-        Ended::HandOff { io: Rewind { buffered: self.buf.freeze(), inner: self.io }, requests: self.requests }
+        Ended::HandOff {
+            io: Rewind { buffered: self.buf.freeze(), inner: self.io },
+            requests: self.requests,
+            half_closed: self.eof,
+        }
     }
 }
 

@@ -293,13 +293,19 @@ impl Served {
             crate::h1::Ctx { app: &self.app, conns: &self.conns, extensions: &extensions, drain: self.drain.take() };
         match crate::h1::serve(stream, cx).await {
             crate::h1::Ended::Closed => {}
-            crate::h1::Ended::HandOff { io, requests } => {
+            crate::h1::Ended::HandOff { io, requests, half_closed } => {
                 let activity = Activity::new();
                 if requests > 0 {
                     // Idle from now on, not waiting for a first request.
                     drop(activity.begin());
                 }
-                self.serve(TokioIo::new(io), activity, admitted, (cert, peer)).await;
+                let mut served = self;
+                if half_closed {
+                    // Its end was read already: the requests it sent
+                    // before it are answered, not taken for hung up.
+                    served.builder.http1().half_close(true);
+                }
+                served.serve(TokioIo::new(io), activity, admitted, (cert, peer)).await;
             }
         }
     }

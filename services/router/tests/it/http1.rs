@@ -212,18 +212,23 @@ async fn a_half_close_after_pipelining_and_a_slow_body_are_served() {
     client.initialize().await;
     let session = client.session.clone().expect("a session");
 
-    // Two calls in one write, then the client's side ended: both answered.
+    // Two calls and a GET (hyper's) in one write, then the client's side
+    // ended: all three answered.
     let mut stream = tokio::net::TcpStream::connect(router.addr).await.unwrap();
     let mut pipelined = call(&session, 1, false);
     pipelined.extend(call(&session, 2, false));
+    pipelined.extend_from_slice(b"GET /healthz HTTP/1.1\r\nHost: router\r\n\r\n");
     stream.write_all(&pipelined).await.unwrap();
     stream.shutdown().await.unwrap();
     let mut got = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut got)).await.expect("closed").unwrap();
     let text = String::from_utf8_lossy(&got);
+    let answers = bodies(&text);
+    assert_eq!(answers.len(), 3, "{text}");
     let ids: Vec<Value> =
-        bodies(&text).iter().map(|(_, body)| serde_json::from_str::<Value>(body).unwrap()["id"].clone()).collect();
+        answers[..2].iter().map(|(_, body)| serde_json::from_str::<Value>(body).unwrap()["id"].clone()).collect();
     assert_eq!(ids, [json!(1), json!(2)], "{text}");
+    assert_eq!(answers[2], (200, "ok\n".to_owned()), "{text}");
 
     // A body sent over 2 s, a piece every 400 ms: each pause is within the
     // 1 s idle limit, though the whole outlasts the 1 s header limit.

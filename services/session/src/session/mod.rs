@@ -664,10 +664,13 @@ impl Session {
         if self.closed.load(Ordering::SeqCst) {
             subscriptions.stop();
         }
-        subscriptions
-            .change(upstream, uri, on, client, inbox)
-            .await
-            .map_err(|e| SessionError::upstream(&upstream.name, e))
+        let changed = subscriptions.change(upstream, uri, on, client, inbox).await;
+        // Ended meanwhile (its stop may have found the change under way and
+        // left it): whatever the change started ends now.
+        if self.closed.load(Ordering::SeqCst) {
+            subscriptions.stop();
+        }
+        changed.map_err(|e| SessionError::upstream(&upstream.name, e))
     }
 
     /// Stops serving the session here while it goes on at other replicas:
