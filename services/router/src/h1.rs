@@ -238,9 +238,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
         self.requests += 1;
         // The phases run while the client is watched: one that hangs up
         // abandons its request (cancelled upstream), as under hyper.
-        let Conn { io, buf, cx, eof, headers, .. } = self;
-        let phases = downstream::post_read(cx.app, started, headers, body, cx.extensions);
-        let answered = until_hang_up(phases, io, buf, eof).await;
+        let answered = {
+            let Conn { io, buf, cx, eof, headers, .. } = self;
+            // Pinned where it is made: moving it is copying all of it.
+            let phases = std::pin::pin!(downstream::post_read(cx.app, started, headers, body, cx.extensions));
+            until_hang_up(phases, io, buf, eof).await.map(downstream::refused_or)
+        };
         // The values share the head's bytes: let them go with it.
         self.headers.clear();
         let Some(response) = answered else {
@@ -449,12 +452,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
 /// fails) first; bytes it sends meanwhile (its next request) are kept in
 /// `buf` (see [`watch_client`]).
 async fn until_hang_up<F: std::future::Future, S: AsyncRead + Unpin>(
-    work: F,
+    mut work: Pin<&mut F>,
     io: &mut S,
     buf: &mut BytesMut,
     eof: &mut bool,
 ) -> Option<F::Output> {
-    let mut work = std::pin::pin!(work);
     std::future::poll_fn(|cx| {
         if let Poll::Ready(output) = work.as_mut().poll(cx) {
             return Poll::Ready(Some(output));

@@ -304,7 +304,10 @@ impl Pool {
         loop {
             let (mut conn, reused) = match self.checkout() {
                 Some(conn) => (conn, true),
-                None => (self.connect().await?, false),
+                // Boxed (as below): the exchange with a pooled connection
+                // is the common case, and every await of this future
+                // copies it whole, room for a connect included.
+                None => (Box::pin(self.connect()).await?, false),
             };
             match conn.exchange(&self.host, req, want_session_id).await {
                 Ok(head) => {
@@ -326,7 +329,7 @@ impl Pool {
                 // Nothing reached the server: safe to send again, on a new connection.
                 Err(Exchange::Unsent(_)) if reused && !retried => {
                     retried = true;
-                    let conn = self.connect().await?;
+                    let conn = Box::pin(self.connect()).await?;
                     self.checkin(conn);
                 }
                 Err(Exchange::Unsent(e)) | Err(Exchange::Failed(e)) => return Err(e),

@@ -36,107 +36,110 @@ const MAX_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Phase 6, resolve, then phase 7: forwards and answers one request of a
 /// session. The exchange is finished however it ends.
-pub async fn forward(
+#[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see post_phases)")]
+pub fn forward<'a, 'e>(
     mut x: Exchange,
-    session: &Arc<Session>,
+    session: &'a Arc<Session>,
     method: Method,
-    env: &Envelope<'_>,
-    body: &Bytes,
+    env: &'a Envelope<'e>,
+    body: &'a Bytes,
     accepts_sse: bool,
-) -> Response<Body> {
-    let id = env.id.expect("a request has an id");
-    let who = x.principal().expect("authenticated").clone();
-    let traceparent = x.upstream_traceparent();
-    let resolved = match resolve(x.app(), &who, method, env, body, traceparent.as_deref()).await {
-        Ok(Resolution::Upstream(resolved)) => resolved,
-        Ok(Resolution::Local(tool, named)) => {
+) -> impl std::future::Future<Output = Response<Body>> + use<'a, 'e> {
+    async move {
+        let id = env.id.expect("a request has an id");
+        let who = x.principal().expect("authenticated").clone();
+        let traceparent = x.upstream_traceparent();
+        let resolved = match resolve(x.app(), &who, method, env, body, traceparent.as_deref()).await {
+            Ok(Resolution::Upstream(resolved)) => resolved,
+            Ok(Resolution::Local(tool, named)) => {
+                x.set_target(named);
+                return respond::json(Box::pin(call_local(x, tool, id)).await);
+            }
+            Err(e) => {
+                let outcome = match e {
+                    _ if e.side() == crate::error::Side::Upstream => Outcome::UpstreamFailed,
+                    Error::InvalidParams(_) => Outcome::Rejected,
+                    _ => Outcome::Error,
+                };
+                return x.fail_as(Some(id), &e, outcome);
+            }
+        };
+        let mut resolved = resolved;
+        let u = resolved.upstream;
+        x.served_by(u);
+        if let Some(named) = resolved.target.take() {
             x.set_target(named);
-            return respond::json(Box::pin(call_local(x, tool, id)).await);
         }
-        Err(e) => {
-            let outcome = match e {
-                _ if e.side() == crate::error::Side::Upstream => Outcome::UpstreamFailed,
-                Error::InvalidParams(_) => Outcome::Rejected,
-                _ => Outcome::Error,
-            };
-            return x.fail_as(Some(id), &e, outcome);
+        let app = x.app().clone();
+        if super::authorize::era_catalog(&app, &who, u).is_stateless_only(u) {
+            if matches!(method, Method::ResourcesSubscribe | Method::ResourcesUnsubscribe) {
+                return Box::pin(super::stateless_upstream::subscribe(x, session, method, id, resolved)).await;
+            }
+            return Box::pin(super::stateless_upstream::forward(x, session, method, id, resolved, accepts_sse)).await;
         }
-    };
-    let mut resolved = resolved;
-    let u = resolved.upstream;
-    x.served_by(u);
-    if let Some(named) = resolved.target.take() {
-        x.set_target(named);
-    }
-    let app = x.app().clone();
-    if super::authorize::era_catalog(&app, &who, u).is_stateless_only(u) {
-        if matches!(method, Method::ResourcesSubscribe | Method::ResourcesUnsubscribe) {
-            return Box::pin(super::stateless_upstream::subscribe(x, session, method, id, resolved)).await;
-        }
-        return Box::pin(super::stateless_upstream::forward(x, session, method, id, resolved, accepts_sse)).await;
-    }
-    let upstream = &app.upstreams[u];
-    let channel = match channel(session, u).await {
-        Ok(channel) => channel,
-        Err((e, outcome)) => return x.fail_as(Some(id), &e, outcome),
-    };
-    let deadline = tokio::time::Instant::now() + upstream.config.timeout;
-    // Noted by its id in the client's body (shared, not copied): the same
-    // id the rewritten body carries.
-    x.in_flight(session, u, body, span(body, id.get()));
-    let sent_body = resolved.body.clone();
-    let sent: &RawValue = serde_json::from_slice(&sent_body[resolved.id.clone()]).expect("the id is JSON");
-    let out = Outgoing {
-        body: resolved.body,
-        method,
-        id: resolved.id,
-        progress_token: resolved.progress_token,
-        traceparent: resolved.traceparent,
-    };
-    x.upstream_sent();
-    match tokio::time::timeout_at(deadline, channel.request(out)).await {
-        Err(_) => {
-            cancel_upstream(&app, session, u, id.get(), "timeout");
-            let e = Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout };
-            x.fail_as(Some(id), &e, Outcome::Timeout)
-        }
-        Ok(Err(e)) => x.fail_as(Some(id), &Error::upstream(&upstream.name, e), Outcome::UpstreamFailed),
-        Ok(Ok(Reply::Done(message))) => match parse_answer(&app, u, method, &message, sent, id) {
-            Some((message, outcome)) => {
-                let code = if outcome == Outcome::Error { error_code(&message) } else { None };
-                x.add_sent(message.len());
-                x.finish(outcome, code);
-                respond::json(message)
+        let upstream = &app.upstreams[u];
+        let channel = match channel(session, u).await {
+            Ok(channel) => channel,
+            Err((e, outcome)) => return x.fail_as(Some(id), &e, outcome),
+        };
+        let deadline = tokio::time::Instant::now() + upstream.config.timeout;
+        // Noted by its id in the client's body (shared, not copied): the same
+        // id the rewritten body carries.
+        x.in_flight(session, u, body, span(body, id.get()));
+        let sent_body = resolved.body.clone();
+        let sent: &RawValue = serde_json::from_slice(&sent_body[resolved.id.clone()]).expect("the id is JSON");
+        let out = Outgoing {
+            body: resolved.body,
+            method,
+            id: resolved.id,
+            progress_token: resolved.progress_token,
+            traceparent: resolved.traceparent,
+        };
+        x.upstream_sent();
+        match tokio::time::timeout_at(deadline, channel.request(out)).await {
+            Err(_) => {
+                cancel_upstream(&app, session, u, id.get(), "timeout");
+                let e = Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout };
+                x.fail_as(Some(id), &e, Outcome::Timeout)
             }
-            None => {
-                let e = not_the_answer(&app, u);
-                x.fail_as(Some(id), &e, Outcome::UpstreamFailed)
+            Ok(Err(e)) => x.fail_as(Some(id), &Error::upstream(&upstream.name, e), Outcome::UpstreamFailed),
+            Ok(Ok(Reply::Done(message))) => match parse_answer(&app, u, method, &message, sent, id) {
+                Some((message, outcome)) => {
+                    let code = if outcome == Outcome::Error { error_code(&message) } else { None };
+                    x.add_sent(message.len());
+                    x.finish(outcome, code);
+                    respond::json(message)
+                }
+                None => {
+                    let e = not_the_answer(&app, u);
+                    x.fail_as(Some(id), &e, Outcome::UpstreamFailed)
+                }
+            },
+            Ok(Ok(Reply::Stream(stream))) => {
+                let call = Call {
+                    x,
+                    session: session.clone(),
+                    upstream: u,
+                    method,
+                    id: sent.to_owned(),
+                    client_id: id.to_owned(),
+                    deadline,
+                };
+                if !accepts_sse {
+                    return Box::pin(call.drain(stream)).await;
+                }
+                // The relay finishes the exchange from here, client or no client.
+                let log = session.new_stream();
+                call.record_origin(&log, channel.as_ref());
+                if session.version >= ProtocolVersion::V2025_11_25 && !session.legacy {
+                    // Something to resume from before the first real event.
+                    log.prime(RETRY);
+                }
+                let (tx, rx) = mpsc::channel(64);
+                tokio::spawn(log.clone().reader(None, tx));
+                tokio::spawn(call.relay(stream, log));
+                respond::sse(rx, app.config.server.keep_alive)
             }
-        },
-        Ok(Ok(Reply::Stream(stream))) => {
-            let call = Call {
-                x,
-                session: session.clone(),
-                upstream: u,
-                method,
-                id: sent.to_owned(),
-                client_id: id.to_owned(),
-                deadline,
-            };
-            if !accepts_sse {
-                return Box::pin(call.drain(stream)).await;
-            }
-            // The relay finishes the exchange from here, client or no client.
-            let log = session.new_stream();
-            call.record_origin(&log, channel.as_ref());
-            if session.version >= ProtocolVersion::V2025_11_25 && !session.legacy {
-                // Something to resume from before the first real event.
-                log.prime(RETRY);
-            }
-            let (tx, rx) = mpsc::channel(64);
-            tokio::spawn(log.clone().reader(None, tx));
-            tokio::spawn(call.relay(stream, log));
-            respond::sse(rx, app.config.server.keep_alive)
         }
     }
 }
