@@ -35,6 +35,9 @@ pub struct Settings {
     pub batch: usize,
     /// How long one export may take.
     pub timeout: Duration,
+    /// How long the first span waiting waits for others before its batch
+    /// is sent (sooner when `batch` are waiting); zero: each as it comes.
+    pub flush_every: Duration,
 }
 
 /// The tracer, and what keeps its exports going.
@@ -109,12 +112,25 @@ impl Bounded {
     ) -> Bounded {
         exporter.set_resource(&resource);
         let (queue, mut waiting) = mpsc::channel::<SpanData>(settings.queue.max(1));
-        let (batch, timeout) = (settings.batch.max(1), settings.timeout);
+        let (batch, timeout, flush_every) = (settings.batch.max(1), settings.timeout, settings.flush_every);
         let counted = spans.clone();
         tokio::spawn(async move {
             let mut spans = Vec::with_capacity(batch);
             let mut quiet_until = tokio::time::Instant::now();
             while waiting.recv_many(&mut spans, batch).await > 0 {
+                // Others gather for up to `flush_every`: at a low sampling
+                // ratio spans come one request (two spans) at a time, and an
+                // export each (an HTTP request, its protobuf body) cost the
+                // router's thread more than all the requests it traced.
+                let deadline = tokio::time::Instant::now() + flush_every;
+                while spans.len() < batch {
+                    let room = batch - spans.len();
+                    let more = waiting.recv_many(&mut spans, room);
+                    match tokio::time::timeout_at(deadline, more).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                }
                 let n = spans.len() as u64;
                 let sent = tokio::time::timeout(timeout, exporter.export(std::mem::take(&mut spans))).await;
                 match sent {
@@ -153,5 +169,96 @@ impl SpanProcessor for Bounded {
 
     fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use opentelemetry::trace::{Span as _, Tracer as _};
+
+    use super::*;
+
+    /// Records the size of each batch it is given.
+    #[derive(Debug, Clone, Default)]
+    struct Batches(Arc<Mutex<Vec<usize>>>);
+
+    impl SpanExporter for Batches {
+        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+            self.0.lock().unwrap().push(batch.len());
+            Ok(())
+        }
+    }
+
+    impl Batches {
+        fn seen(&self) -> Vec<usize> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    fn provider(batches: &Batches, batch: usize, flush_every: Duration) -> SdkTracerProvider {
+        let settings = Settings {
+            endpoint: "http://127.0.0.1:1".into(),
+            protocol: Protocol::HttpProtobuf,
+            service_name: "test".into(),
+            queue: 100,
+            batch,
+            timeout: Duration::from_secs(1),
+            flush_every,
+        };
+        let spans = IntCounterVec::new(Opts::new("spans", "spans"), &["outcome"]).unwrap();
+        let resource = Resource::builder().with_service_name("test").build();
+        let processor = Bounded::start(batches.clone(), resource, &settings, spans);
+        SdkTracerProvider::builder().with_span_processor(processor).build()
+    }
+
+    fn end_spans(provider: &SdkTracerProvider, n: usize) {
+        let tracer = provider.tracer("test");
+        for i in 0..n {
+            tracer.start(format!("span {i}")).end();
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn spans_wait_to_be_sent_together() {
+        let batches = Batches::default();
+        let provider = provider(&batches, 512, Duration::from_millis(300));
+        end_spans(&provider, 5);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(batches.seen(), Vec::<usize>::new(), "sent before flush_every passed");
+        end_spans(&provider, 2);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(batches.seen(), vec![7], "one batch, once flush_every passed since the first span");
+        // A later span waits flush_every again.
+        end_spans(&provider, 1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(batches.seen(), vec![7]);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(batches.seen(), vec![7, 1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_batch_goes_at_once_and_the_rest_when_the_tracer_stops() {
+        let batches = Batches::default();
+        let provider = provider(&batches, 3, Duration::from_secs(60));
+        end_spans(&provider, 7);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(batches.seen(), vec![3, 3], "full batches are not held back");
+        // Stopped (the queue closes): what waits is sent, not lost.
+        drop(provider);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(batches.seen(), vec![3, 3, 1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_wait_sends_each_as_it_comes() {
+        let batches = Batches::default();
+        let provider = provider(&batches, 512, Duration::ZERO);
+        end_spans(&provider, 1);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        end_spans(&provider, 1);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(batches.seen(), vec![1, 1]);
     }
 }

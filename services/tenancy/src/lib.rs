@@ -283,7 +283,8 @@ pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
             }
         }
     }
-    headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim).filter(|k| !k.is_empty())
+    static X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+    headers.get(&X_API_KEY).and_then(|v| v.to_str().ok()).map(str::trim).filter(|k| !k.is_empty())
 }
 
 /// A new random key, with its prefix and the hash to store.

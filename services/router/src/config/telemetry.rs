@@ -17,6 +17,7 @@ pub struct RawTelemetry {
     pub queue: Option<u64>,
     pub batch: Option<u64>,
     pub export_timeout: Option<RawDuration>,
+    pub flush_every: Option<RawDuration>,
     pub metrics_interval: Option<RawDuration>,
 }
 
@@ -69,6 +70,18 @@ pub fn validate(raw: RawTelemetry, bad: &mut impl FnMut(String, String)) -> Tele
             default as usize
         }
     };
+    let flush_every = match raw.flush_every.as_ref().map(RawDuration::parse) {
+        None => Duration::from_secs(1),
+        Some(Ok(d)) if d <= Duration::from_secs(60) => d,
+        Some(Ok(_)) => {
+            bad("telemetry.flush_every".into(), "at most 60s".into());
+            Duration::from_secs(1)
+        }
+        Some(Err(e)) => {
+            bad("telemetry.flush_every".into(), e);
+            Duration::from_secs(1)
+        }
+    };
     let queue = count(raw.queue, 2048, "queue", bad);
     let batch = count(raw.batch, 512, "batch", bad);
     let export = match raw.otlp_endpoint.filter(|e| !e.trim().is_empty()) {
@@ -90,6 +103,7 @@ pub fn validate(raw: RawTelemetry, bad: &mut impl FnMut(String, String)) -> Tele
                 queue,
                 batch,
                 timeout,
+                flush_every,
             })
         }
     };
@@ -108,4 +122,31 @@ pub fn validate(raw: RawTelemetry, bad: &mut impl FnMut(String, String)) -> Tele
     }
     .filter(|_| export.is_some());
     TelemetryConfig { export, sample_ratio, metrics_interval }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flush_every(value: Option<RawDuration>) -> (Option<Duration>, Vec<String>) {
+        let raw = RawTelemetry {
+            otlp_endpoint: Some("http://127.0.0.1:4318".into()),
+            flush_every: value,
+            ..RawTelemetry::default()
+        };
+        let mut errors = Vec::new();
+        let config = validate(raw, &mut |key, why| errors.push(format!("{key}: {why}")));
+        (config.export.map(|e| e.flush_every), errors)
+    }
+
+    #[test]
+    fn spans_are_gathered_for_flush_every() {
+        assert_eq!(flush_every(None), (Some(Duration::from_secs(1)), vec![]));
+        assert_eq!(flush_every(Some(RawDuration::Text("250ms".into()))), (Some(Duration::from_millis(250)), vec![]));
+        assert_eq!(flush_every(Some(RawDuration::Seconds(0))), (Some(Duration::ZERO), vec![]));
+        let (_, errors) = flush_every(Some(RawDuration::Seconds(61)));
+        assert_eq!(errors, ["telemetry.flush_every: at most 60s"]);
+        let (_, errors) = flush_every(Some(RawDuration::Text("soon".into())));
+        assert!(errors.len() == 1 && errors[0].starts_with("telemetry.flush_every: "), "{errors:?}");
+    }
 }

@@ -96,8 +96,11 @@ pub fn unwrap_call(env: &Envelope<'_>, body: &Bytes, separator: &str) -> Result<
         return Ok(None);
     }
     // Every call passes here: its params are read only if the body could
-    // name the call meta-tool at all (a scan, no parse, no allocation).
-    if memchr::memmem::find(body, Meta::Call.suffix().as_bytes()).is_none() {
+    // name the call meta-tool at all (a scan, no parse, no allocation; the
+    // searcher made once, as making one was most of the scan's cost).
+    static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(Meta::Call.suffix()));
+    if FINDER.find(body).is_none() {
         return Ok(None);
     }
     let Some(params) = env.params else { return Ok(None) };
