@@ -523,6 +523,8 @@ impl App {
         if let Some(audit) = &self.audit {
             audit.close(self.config.server.shutdown_grace).await;
         }
+        // The spans of the last requests, gathered for a batch, go too.
+        self.telemetry.close(self.config.server.shutdown_grace).await;
     }
 
     /// An upstream's list changed: mark it stale and, if clients may have

@@ -114,6 +114,14 @@ impl Telemetry {
         }
     }
 
+    /// Sends the spans gathered and queued, and stops exporting them (at
+    /// shutdown, after the last request); waits at most `grace`.
+    pub async fn close(&self, grace: std::time::Duration) {
+        if let Some(exporting) = &self.exporting {
+            exporting.close(grace).await;
+        }
+    }
+
     /// Counts spans dropped before they finished (a bound was hit).
     pub fn dropped(&self, n: u64) {
         if let Some(exporting) = &self.exporting {

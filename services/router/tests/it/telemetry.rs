@@ -339,3 +339,29 @@ async fn the_mcp_metrics_are_exported_over_otlp_both_ways() {
         router.stop().await;
     }
 }
+
+/// Spans wait up to `flush_every` to go out together; a router shut down
+/// sends those it gathered before it ends, none lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_gathered_for_a_batch_are_sent_when_the_router_stops() {
+    let (_receiver, receiver) = otlp_receiver().await;
+    let gh = MockServer::start(mock_named("gh")).await;
+    let config = format!(
+        "[telemetry]\notlp_endpoint = \"{receiver}\"\nsample_ratio = 0.0\nflush_every = \"60s\"\n{upstream}",
+        upstream = http_upstream("gh", &gh.url, ""),
+    );
+    let router = Router::start(&config).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    let trace = format!("{:032x}", rand_u128());
+    let parent = format!("00-{trace}-00f067aa0ba902b7-01");
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "gh__echo", "arguments": {"text": "x"}}});
+    let reply = client.post_raw(serde_json::to_vec(&call).unwrap().into(), &[("traceparent", &parent)]).await;
+    assert!(reply.json()["result"].is_object(), "{}", reply.json());
+    // Gathered, not sent: a batch is far from full and 60s far off.
+    let early = eventually(Duration::from_secs(2), || async { !spans_of(&receiver, &trace).await.is_empty() }).await;
+    assert!(!early, "sent before flush_every passed");
+    router.stop().await;
+    let spans = spans_of(&receiver, &trace).await;
+    assert_eq!(spans.len(), 2, "the SERVER and CLIENT spans, sent as the router stopped: {spans:#?}");
+}
