@@ -742,20 +742,25 @@ mod tests {
         }
     }
 
-    /// Every size of batch is written whole, once, in its fixed-size
-    /// statements; written again, nothing is duplicated.
     /// Every size of batch is written whole, once, each record as it was
-    /// (every column read back), in order; written again, nothing is
-    /// duplicated. Through the pool, or the audit writer's way.
+    /// (every column read back), in order, in its fixed-size statements;
+    /// written again, nothing is duplicated, and a batch of old and new
+    /// records writes the new ones. Through the pool, or the audit writer's
+    /// way.
     async fn batches_are_written_exactly_once(db: &Database, mut writer: Option<AuditWriter>) {
         db.migrate().await.unwrap();
         let mut written = Vec::new();
-        for (run, n) in [1, 7, 8, 9, 128, 129, 300, 500].into_iter().enumerate() {
+        for (run, n) in [1, 7, 8, 9, 15, 16, 17, 33, 128, 129, 300, 500].into_iter().enumerate() {
             let batch = records(n, &format!("r{run}"));
             assert_eq!(insert(db, &mut writer, &batch).await, n as u64, "a batch of {n}");
             assert_eq!(insert(db, &mut writer, &batch).await, 0, "a batch of {n}, again");
             written.extend(batch);
         }
+        let new = records(20, "mixed");
+        let mixed: Vec<AuditRecord> =
+            written[..20].iter().cloned().zip(new.iter().cloned()).flat_map(|(a, b)| [a, b]).collect();
+        assert_eq!(insert(db, &mut writer, &mixed).await, 20, "the new records of a mixed batch");
+        written.extend(new);
         assert_eq!(db.count_audit(Some("acme")).await.unwrap(), written.len() as i64);
         let back = db.query_audit(&AuditQuery { tenant: None, since_ms: None, after_seq: None, limit: 10_000 }).await;
         let back: Vec<AuditRecord> = back.unwrap().into_iter().map(|(_, r)| r).collect();
