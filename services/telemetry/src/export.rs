@@ -37,7 +37,8 @@ pub struct Settings {
     /// How long one export may take.
     pub timeout: Duration,
     /// How long the first span waiting waits for others before its batch
-    /// is sent (sooner when `batch` are waiting); zero: each as it comes.
+    /// is sent (sooner when `batch` are waiting); zero: what is queued goes
+    /// at once.
     pub flush_every: Duration,
 }
 
