@@ -37,11 +37,41 @@ fn tools_call(c: &mut Criterion) {
     }
     let per_call = (marked_allocations() - before) as f64 / calls as f64;
     println!("allocations: router heap allocations per forwarded small tools/call: {per_call:.1}");
+    audited_allocations(calls);
 
     let mut group = c.benchmark_group("tools_call");
     group.bench_function("direct", |b| b.iter(|| assert_eq!(direct.send(&direct_request).status, 200)));
     group.bench_function("routed", |b| b.iter(|| assert_eq!(routed.send(&routed_request).status, 200)));
     group.finish();
+}
+
+/// The same count with every call audited (to an SQLite file): what an
+/// audit record adds to the request path (its writer's thread is not
+/// counted).
+fn audited_allocations(calls: u64) {
+    let dir = std::env::temp_dir().join(format!("switchboard-bench-audit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let rig = Rig::start_with(
+        1,
+        0,
+        &format!(
+            "[database]\nurl = \"sqlite:{dir}/audit.db\"\n[audit]\nenabled = true\nspool = \"{dir}/audit.spool\"\n",
+            dir = dir.display()
+        ),
+    );
+    let mut conn = rig.connect();
+    let request = rig.request(&conn, CALL);
+    for _ in 0..1_000 {
+        assert_eq!(conn.send(&request).status, 200);
+    }
+    let before = marked_allocations();
+    for _ in 0..calls {
+        black_box(conn.send(&request));
+    }
+    let per_call = (marked_allocations() - before) as f64 / calls as f64;
+    println!("allocations: the same, audited (SQLite): {per_call:.1}");
+    drop(conn);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The heap an idle session holds in the router (the memory store): what

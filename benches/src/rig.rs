@@ -41,14 +41,18 @@ impl Rig {
         Rig::start_with(upstreams, tools, "")
     }
 
-    /// [`Rig::start`] with more configuration (whole sections, TOML).
+    /// [`Rig::start`] with more configuration (whole sections, TOML). No
+    /// database unless `extra` has a `[database]` section.
     pub fn start_with(upstreams: usize, tools: usize, extra: &str) -> Rig {
         let mock =
             start_mock(Options { name: "bench".into(), stateless: true, extra_tools: tools, ..Options::default() });
         let mut config = String::from(
-            "[log]\nlevel = \"warn\"\n[catalog]\nretry_after = \"60s\"\n[auth]\nmode = \"none\"\n[database]\nurl = \"\"\n\
+            "[log]\nlevel = \"warn\"\n[catalog]\nretry_after = \"60s\"\n[auth]\nmode = \"none\"\n\
              [egress]\nallow = [\"loopback\"]\n",
         );
+        if !extra.contains("[database]") {
+            config.push_str("[database]\nurl = \"\"\n");
+        }
         config.push_str(extra);
         for i in 0..upstreams {
             config.push_str(&format!(

@@ -10,8 +10,9 @@
 //! their in-memory copy ([`crate::tenancy`]). This module must never be called
 //! per request: the request path reads that copy only.
 
+use std::borrow::Cow;
 use std::str::FromStr;
-use std::sync::Once;
+use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -82,19 +83,25 @@ pub struct KeyRow {
 }
 
 /// One audit record.
+///
+/// Made on the request path and written on the audit writer's thread: the
+/// names it shares with the request (tenant, key prefix, session, upstream,
+/// user) are the request's own `Arc`s, and the method and outcome the
+/// router's constant names where it has one, so that a record costs few
+/// allocations, each freed on another thread.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct AuditRecord {
     /// Unique, chosen when the request is made (128 random bits, hex).
     pub id: String,
     pub at_ms: i64,
-    pub tenant: Option<String>,
-    pub key_prefix: Option<String>,
-    pub session: Option<String>,
-    pub method: String,
+    pub tenant: Option<Arc<str>>,
+    pub key_prefix: Option<Arc<str>>,
+    pub session: Option<Arc<str>>,
+    pub method: Cow<'static, str>,
     /// The tool, prompt or resource, as the client named it.
     pub target: Option<String>,
-    pub upstream: Option<String>,
-    pub outcome: String,
+    pub upstream: Option<Arc<str>>,
+    pub outcome: Cow<'static, str>,
     pub error_code: Option<i64>,
     pub latency_us: i64,
     pub request_bytes: i64,
@@ -105,7 +112,7 @@ pub struct AuditRecord {
     pub arguments: Option<String>,
     /// The user an OAuth access token named (`None` for an API key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
+    pub user: Option<Arc<str>>,
 }
 
 /// A filter for reading the audit log back.
@@ -156,10 +163,10 @@ where
         .bind(column(|r| r.tenant.as_deref()))
         .bind(column(|r| r.key_prefix.as_deref()))
         .bind(column(|r| r.session.as_deref()))
-        .bind(column(|r| Some(&r.method)))
+        .bind(column(|r| Some(r.method.as_ref())))
         .bind(column(|r| r.target.as_deref()))
         .bind(column(|r| r.upstream.as_deref()))
-        .bind(column(|r| Some(&r.outcome)))
+        .bind(column(|r| Some(r.outcome.as_ref())))
         .bind(records.iter().map(|r| r.error_code).collect::<Vec<_>>())
         .bind(number(|r| r.latency_us))
         .bind(number(|r| r.request_bytes))
@@ -492,10 +499,10 @@ impl Database {
                 .bind(r.tenant.as_deref())
                 .bind(r.key_prefix.as_deref())
                 .bind(r.session.as_deref())
-                .bind(r.method.as_str())
+                .bind(r.method.as_ref())
                 .bind(r.target.as_deref())
                 .bind(r.upstream.as_deref())
-                .bind(r.outcome.as_str())
+                .bind(r.outcome.as_ref())
                 .bind(r.error_code)
                 .bind(r.latency_us)
                 .bind(r.request_bytes)
@@ -685,23 +692,24 @@ fn tenant_row(r: &AnyRow) -> Result<TenantRow, DbError> {
 }
 
 fn audit_row(r: &AnyRow) -> Result<AuditRecord, sqlx::Error> {
+    let shared = |i: usize| r.try_get::<Option<String>, _>(i).map(|t| t.map(Arc::from));
     Ok(AuditRecord {
         id: r.try_get(1)?,
         at_ms: r.try_get(2)?,
-        tenant: r.try_get(3)?,
-        key_prefix: r.try_get(4)?,
-        session: r.try_get(5)?,
-        method: r.try_get(6)?,
+        tenant: shared(3)?,
+        key_prefix: shared(4)?,
+        session: shared(5)?,
+        method: Cow::Owned(r.try_get(6)?),
         target: r.try_get(7)?,
-        upstream: r.try_get(8)?,
-        outcome: r.try_get(9)?,
+        upstream: shared(8)?,
+        outcome: Cow::Owned(r.try_get(9)?),
         error_code: r.try_get(10)?,
         latency_us: r.try_get(11)?,
         request_bytes: r.try_get(12)?,
         response_bytes: r.try_get(13)?,
         trace_id: r.try_get(14)?,
         arguments: r.try_get(15)?,
-        user: r.try_get(16)?,
+        user: shared(16)?,
     })
 }
 
@@ -717,19 +725,19 @@ mod tests {
                 id: format!("{run}-{i:05}"),
                 at_ms: 11 * i as i64,
                 tenant: Some("acme".into()),
-                key_prefix: (i % 3 != 0).then(|| format!("k{i}")),
-                session: Some(format!("s{i}")),
-                method: format!("m{i}"),
+                key_prefix: (i % 3 != 0).then(|| format!("k{i}").into()),
+                session: Some(format!("s{i}").into()),
+                method: format!("m{i}").into(),
                 target: Some(format!("t{i}")),
-                upstream: (i % 4 != 0).then(|| format!("u{i}")),
-                outcome: format!("o{i}"),
+                upstream: (i % 4 != 0).then(|| format!("u{i}").into()),
+                outcome: format!("o{i}").into(),
                 error_code: (i % 7 == 0).then_some(-32603 - i as i64),
                 latency_us: 3 * i as i64 + 1,
                 request_bytes: 5 * i as i64 + 2,
                 response_bytes: 7 * i as i64 + 3,
                 trace_id: (i % 2 == 0).then(|| format!("trace{i}")),
                 arguments: (i % 5 == 0).then(|| format!("{{\"i\":{i}}}")),
-                user: (i % 6 != 0).then(|| format!("user{i}")),
+                user: (i % 6 != 0).then(|| format!("user{i}").into()),
             })
             .collect()
     }

@@ -87,7 +87,7 @@ impl TaskRunner for Tasks {
                         after: timeout,
                     }),
                 };
-                (Some(format!("edge:{}", handler_device.name)), result.map_err(Error::from))
+                (Some(Arc::from(format!("edge:{}", handler_device.name))), result.map_err(Error::from))
             }
             None => {
                 let result = call_internal(app, &principal.tenant, session, &handler, &arguments, timeout).await;
@@ -98,7 +98,7 @@ impl TaskRunner for Tasks {
                     .current()
                     .list(switchboard_protocol::methods::ListKind::Tools)
                     .get(&handler)
-                    .map(|item| app.upstreams[item.upstream].name.to_string());
+                    .map(|item| app.upstreams[item.upstream].name.clone());
                 (upstream, result)
             }
         };
@@ -125,9 +125,9 @@ impl TaskRunner for Tasks {
             let record = switchboard_db::AuditRecord {
                 id: audit.new_id(),
                 at_ms: switchboard_core::time::now_ms(),
-                tenant: Some(principal.tenant.name.to_string()),
-                key_prefix: Some(principal.key_prefix.to_string()).filter(|p| !p.is_empty()),
-                session: Some(session.id.to_string()),
+                tenant: Some(principal.tenant.name.clone()),
+                key_prefix: Some(principal.key_prefix.clone()).filter(|p| !p.is_empty()),
+                session: Some(session.id.clone()),
                 method: "tools/call".into(),
                 target: Some(handler.clone()),
                 upstream,
@@ -138,7 +138,7 @@ impl TaskRunner for Tasks {
                 response_bytes: answer.len() as i64,
                 trace_id: None,
                 arguments: principal.tenant.audit_arguments.then(|| arguments.to_string()),
-                user: principal.user.as_ref().map(|u| u.to_string()),
+                user: principal.user.clone(),
             };
             app.feed.publish(&record);
             audit.record(record);

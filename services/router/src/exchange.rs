@@ -11,6 +11,7 @@
 //! An exchange dropped unfinished finishes as `abandoned`, and a request in
 //! flight upstream is then cancelled there.
 
+use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -501,7 +502,7 @@ impl Exchange {
         if let Some(audit) = &self.app.audit {
             let mut record = self.draft(headers, env, request_bytes);
             if env.is_none() {
-                record.method = http.to_owned();
+                record.method = http.into();
             }
             record.outcome = "refused".into();
             record.error_code = Some(err.code());
@@ -544,10 +545,10 @@ impl Exchange {
         if let (Some(mut record), Some(audit)) = (self.record.take(), self.app.audit.as_ref()) {
             record.upstream = match &self.served {
                 Served::Router => None,
-                Served::Upstream(u) => Some(owned(&self.app.upstreams[*u].name)),
-                Served::Local(name) => Some(owned(name)),
+                Served::Upstream(u) => Some(self.app.upstreams[*u].name.clone()),
+                Served::Local(name) => Some(name.clone()),
             };
-            record.outcome = outcome.label().to_owned();
+            record.outcome = outcome.label().into();
             record.error_code = error_code;
             record.latency_us = elapsed.as_micros() as i64;
             record.response_bytes = self.sent as i64;
@@ -744,31 +745,31 @@ impl Exchange {
             _ => None,
         };
         let key_prefix = match who {
-            Some(who) if !who.key_prefix.is_empty() => Some(owned(&who.key_prefix)),
+            Some(who) if !who.key_prefix.is_empty() => Some(who.key_prefix.clone()),
             Some(_) => None,
             // An unknown key: keep its prefix only if it has our format (never
             // part of some other secret).
             None => switchboard_tenancy::presented_key(headers)
                 .filter(|k| k.len() == 43 && k.starts_with("sb_"))
-                .map(|k| k[..switchboard_tenancy::PREFIX_LEN].to_owned()),
+                .map(|k| Arc::from(&k[..switchboard_tenancy::PREFIX_LEN])),
         };
         AuditRecord {
             id: audit.new_id(),
             at_ms: switchboard_core::time::now_ms(),
-            tenant: who.map(|w| owned(&w.tenant.name)),
+            tenant: who.map(|w| w.tenant.name.clone()),
             key_prefix,
-            session: self.session.as_ref().map(|s| owned(&s.id)),
-            method: env.map_or_else(String::new, |e| e.method_str().to_owned()),
+            session: self.session.as_ref().map(|s| s.id.clone()),
+            method: env.map_or(Cow::Borrowed(""), |e| method_name(e.method_str())),
             target: target.and_then(jsonrpc::as_str).map(|t| t.into_owned()),
             upstream: None,
-            outcome: String::new(),
+            outcome: Cow::Borrowed(""),
             error_code: None,
             latency_us: 0,
             request_bytes: request_bytes as i64,
             response_bytes: 0,
             trace_id: trace_id(headers),
             arguments,
-            user: who.and_then(|w| w.user.as_deref()).map(owned),
+            user: who.and_then(|w| w.user.clone()),
         }
     }
 }
@@ -822,11 +823,13 @@ fn mentions_traceparent(params: &[u8]) -> bool {
     FINDER.find(params).is_some()
 }
 
-/// A copy of `text` for an audit record (`to_string` on an `Arc<str>` goes
-/// through the formatting machinery: about 300 instructions each, four
-/// times a request).
-fn owned(text: &str) -> String {
-    text.to_owned()
+/// An audit record's method: the router's own name for a method it knows
+/// (nothing copied), the client's text for one it does not.
+fn method_name(wire: &str) -> Cow<'static, str> {
+    match Method::from_name(wire) {
+        Method::Other => Cow::Owned(wire.to_owned()),
+        known => Cow::Borrowed(known.as_str()),
+    }
 }
 
 /// Whether the upstream leg of a request failed (its span's status).
@@ -836,6 +839,15 @@ fn upstream_failed(outcome: Outcome) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_audited_method_is_the_routers_own_name_when_known_and_the_clients_text_otherwise() {
+        use std::borrow::Cow;
+        assert!(matches!(super::method_name("tools/call"), Cow::Borrowed("tools/call")));
+        assert!(matches!(super::method_name("resources/read"), Cow::Borrowed("resources/read")));
+        assert!(matches!(super::method_name("vendor/thing"), Cow::Owned(m) if m == "vendor/thing"));
+        assert!(matches!(super::method_name(""), Cow::Owned(m) if m.is_empty()));
+    }
+
     #[test]
     fn json_text_reads_plain_strings_in_place_and_escaped_ones_through_the_parser() {
         use std::borrow::Cow;

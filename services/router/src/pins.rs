@@ -21,6 +21,7 @@
 //! with its database down at start, a tenant that asked for pinning gets
 //! nothing it has not approved.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -351,17 +352,23 @@ pub struct Event<'a> {
 
 impl Event<'_> {
     /// Its audit record (`user`: the operator who decided, if one did).
-    pub fn record(&self, id: String, method: &str, outcome: &str, user: Option<String>) -> switchboard_db::AuditRecord {
+    pub fn record(
+        &self,
+        id: String,
+        method: &str,
+        outcome: &str,
+        user: Option<Arc<str>>,
+    ) -> switchboard_db::AuditRecord {
         switchboard_db::AuditRecord {
             id,
             at_ms: switchboard_core::time::now_ms(),
-            tenant: Some(self.tenant.to_owned()),
+            tenant: Some(Arc::from(self.tenant)),
             key_prefix: None,
             session: None,
-            method: method.to_owned(),
+            method: Cow::Owned(method.to_owned()),
             target: Some(self.tool.to_owned()),
-            upstream: Some(self.upstream.to_owned()),
-            outcome: outcome.to_owned(),
+            upstream: Some(Arc::from(self.upstream)),
+            outcome: Cow::Owned(outcome.to_owned()),
             error_code: None,
             latency_us: 0,
             request_bytes: 0,

@@ -104,7 +104,8 @@ impl Admin {
         let mut id = [0u8; 16];
         getrandom::fill(&mut id).expect("the operating system's random source");
         let event = crate::pins::Event { tenant: &row.tenant, tool: &row.tool, upstream: &row.upstream };
-        let record = event.record(hex::encode(id), method, outcome, Some(format!("operator ({by})")));
+        let record =
+            event.record(hex::encode(id), method, outcome, Some(std::sync::Arc::from(format!("operator ({by})"))));
         if let Err(e) = self.db.insert_audit(&[record]).await {
             tracing::error!(error = %e, tenant = %row.tenant, tool = %row.tool, "cannot write the audit record of a pin decision");
         }

@@ -69,7 +69,7 @@ async fn every_forwarded_call_leaves_one_audit_record() {
     }
     let unknown = records.iter().map(|(_, r)| r).find(|r| r.target.as_deref() == Some("beta__echo")).unwrap();
     assert_eq!(
-        (unknown.outcome.as_str(), unknown.error_code, unknown.upstream.as_deref()),
+        (unknown.outcome.as_ref(), unknown.error_code, unknown.upstream.as_deref()),
         ("error", Some(-32602), None)
     );
 

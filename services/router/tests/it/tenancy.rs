@@ -253,7 +253,7 @@ async fn a_burst_over_the_limit_gets_429_with_retry_after() {
             .await
             .unwrap()
             .into_iter()
-            .map(|(_, r)| (r.method, r.target.unwrap_or_default(), r.outcome, r.error_code))
+            .map(|(_, r)| (r.method.into_owned(), r.target.unwrap_or_default(), r.outcome.into_owned(), r.error_code))
             .collect::<Vec<_>>()
         }
     };
@@ -597,7 +597,7 @@ async fn stateless_clients_are_tenants_too() {
         .into_iter()
         .map(|(_, r)| {
             let own_key = key_a.starts_with(r.key_prefix.as_deref().unwrap_or("-"));
-            (r.method, r.target.unwrap_or_default(), r.outcome, own_key)
+            (r.method.into_owned(), r.target.unwrap_or_default(), r.outcome.into_owned(), own_key)
         })
         .collect();
     acme_records.sort();

@@ -78,7 +78,9 @@ async fn metered_run(database_url: &str) {
     // What the records add up to, by (tenant, upstream, tool).
     let mut sums: BTreeMap<Group, [i64; 6]> = BTreeMap::new();
     for r in &records {
-        let s = sums.entry((r.tenant.clone(), r.upstream.clone(), r.target.clone())).or_default();
+        let s = sums
+            .entry((r.tenant.as_deref().map(str::to_owned), r.upstream.as_deref().map(str::to_owned), r.target.clone()))
+            .or_default();
         s[0] += 1;
         s[1] += i64::from(r.outcome != "ok");
         s[2] += r.request_bytes;
