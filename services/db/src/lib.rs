@@ -155,7 +155,7 @@ where
         SELECT * FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], \
         $8::text[], $9::text[], $10::int8[], $11::int8[], $12::int8[], $13::int8[], $14::text[], $15::text[], \
         $16::text[]) ON CONFLICT (id) DO NOTHING";
-    let column = |f: fn(&AuditRecord) -> Option<&str>| records.iter().map(f).collect::<Vec<_>>();
+    let column = |f: fn(&AuditRecord) -> Option<&str>| records.iter().map(|r| f(r).map(pg_text)).collect::<Vec<_>>();
     let number = |f: fn(&AuditRecord) -> i64| records.iter().map(f).collect::<Vec<_>>();
     let done = sqlx::query::<sqlx::Postgres>(INSERT)
         .bind(column(|r| Some(&r.id)))
@@ -177,6 +177,18 @@ where
         .execute(pg)
         .await?;
     Ok(done.rows_affected())
+}
+
+/// `text` for PostgreSQL, whose `text` cannot hold the NUL character: a NUL
+/// a client sent (in a tool's name, a method, a token's user) is stored as
+/// U+FFFD. Stored as sent, it failed the whole insert, and every batch after
+/// it, spooled behind it, failed with it.
+fn pg_text(text: &str) -> Cow<'_, str> {
+    if text.as_bytes().contains(&0) {
+        Cow::Owned(text.replace('\0', "\u{FFFD}"))
+    } else {
+        Cow::Borrowed(text)
+    }
 }
 
 /// The most rows one PostgreSQL audit insert carries (a batch is cut into
@@ -753,8 +765,8 @@ mod tests {
     /// Every size of batch is written whole, once, each record as it was
     /// (every column read back), in order, in its fixed-size statements;
     /// written again, nothing is duplicated, and a batch of old and new
-    /// records writes the new ones. Through the pool, or the audit writer's
-    /// way.
+    /// records writes the new ones, and NUL characters are no obstacle.
+    /// Through the pool, or the audit writer's way.
     async fn batches_are_written_exactly_once(db: &Database, mut writer: Option<AuditWriter>) {
         db.migrate().await.unwrap();
         let mut written = Vec::new();
@@ -769,6 +781,19 @@ mod tests {
             written[..20].iter().cloned().zip(new.iter().cloned()).flat_map(|(a, b)| [a, b]).collect();
         assert_eq!(insert(db, &mut writer, &mixed).await, 20, "the new records of a mixed batch");
         written.extend(new);
+        // NUL characters a client sent: written (on PostgreSQL, whose text
+        // cannot hold them, as U+FFFD), with the records after them.
+        let mut nul = records(2, "nul");
+        nul[0].target = Some("al\0pha".into());
+        nul[0].method = "tools/\0call".into();
+        nul[0].user = Some("u\0".into());
+        assert_eq!(insert(db, &mut writer, &nul).await, 2, "a batch with NUL characters");
+        if db.backend == Backend::Postgres {
+            nul[0].target = Some("al\u{FFFD}pha".into());
+            nul[0].method = "tools/\u{FFFD}call".into();
+            nul[0].user = Some("u\u{FFFD}".into());
+        }
+        written.extend(nul);
         assert_eq!(db.count_audit(Some("acme")).await.unwrap(), written.len() as i64);
         let back = db.query_audit(&AuditQuery { tenant: None, since_ms: None, after_seq: None, limit: 10_000 }).await;
         let back: Vec<AuditRecord> = back.unwrap().into_iter().map(|(_, r)| r).collect();

@@ -98,6 +98,41 @@ async fn every_forwarded_call_leaves_one_audit_record() {
     pg.drop_now().await;
 }
 
+/// PostgreSQL's text cannot hold a NUL character: a client's tool name with
+/// one is audited (as U+FFFD), and the records after it are written too, not
+/// spooled behind a batch that can never be written.
+#[tokio::test]
+async fn a_nul_character_a_client_sends_is_audited_and_holds_up_no_record_after_it() {
+    let pg = TempDatabase::create().await;
+    let (_alpha, _beta, config, admin) = setup_with_admin(&pg.url, "").await;
+    admin.create_tenant("nul", policy(&["alpha"])).await.unwrap();
+    let key = admin.create_key("nul", None).await.unwrap().key;
+    let router = Router::start(&config).await;
+    let mut c = Client::with_key(&router.url, &key);
+    c.initialize().await;
+    let unknown = c.call_tool("alpha__ec\u{0}ho", json!({})).await;
+    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
+    for i in 0..3 {
+        assert!(c.call_tool("alpha__echo", json!({"i": i})).await["result"].is_object());
+    }
+    let db = Database::connect(&pg.url, Duration::from_secs(3)).unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || async { db.count_audit(Some("nul")).await.unwrap() == 4 }).await,
+        "every record written: {:?}",
+        db.count_audit(Some("nul")).await
+    );
+    let records = db
+        .query_audit(&switchboard_db::AuditQuery { tenant: Some("nul".into()), limit: 10, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(records[0].1.target.as_deref(), Some("alpha__ec\u{FFFD}ho"));
+    assert_eq!(records[0].1.outcome, "error");
+    assert_eq!(router.metric("switchboard_audit_write_failures_total", &[]).await, 0.0);
+    assert_eq!(router.metric("switchboard_audit_records_total", &["event=\"spooled\""]).await, 0.0);
+    router.stop().await;
+    pg.drop_now().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_records_survive_a_postgres_outage_exactly_once() {
     let server = PrivatePostgres::start();
