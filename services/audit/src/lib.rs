@@ -9,6 +9,10 @@
 //! records reach the database in the order they were made, each exactly once
 //! (the database skips ids it already has). If the queue is full, the request
 //! path appends its record to the spool itself rather than drop it.
+//!
+//! A record's id is given where it leaves the queue: by the writer as it
+//! takes the record, or by the request that spools it itself. The request
+//! path does not make one (an allocation freed on the writer's thread).
 
 mod metrics;
 pub mod spool;
@@ -46,15 +50,18 @@ pub struct Sink {
     queue: mpsc::Sender<AuditRecord>,
     spool: Arc<Mutex<Spool>>,
     metrics: Arc<Metrics>,
+    ids: Arc<Ids>,
 }
 
 impl Sink {
     /// Queues a record; never waits. If the queue is full the record is
-    /// appended to the spool here instead.
+    /// appended to the spool here instead. A record without an id (`""`) is
+    /// given one.
     pub fn record(&self, record: AuditRecord) {
         match self.queue.try_send(record) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(record) | mpsc::error::TrySendError::Closed(record)) => {
+                let record = self.ids.stamp(record);
                 self.metrics.overflow();
                 let mut spool = self.spool.lock().expect("lock");
                 match spool.append(std::slice::from_ref(&record)) {
@@ -77,7 +84,7 @@ pub struct Audit {
     sink: Sink,
     stop: Arc<Notify>,
     done: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
-    ids: Ids,
+    ids: Arc<Ids>,
 }
 
 impl Audit {
@@ -103,18 +110,28 @@ impl Audit {
             let _context = runtime.enter();
             db.audit_writer(options.write_timeout).map_err(std::io::Error::other)?
         };
-        let writer =
-            Writer { db, rx, spool: spool.clone(), metrics: metrics.clone(), options, capacity: tx.max_capacity() };
+        let ids = Arc::new(Ids::new());
+        let writer = Writer {
+            db,
+            rx,
+            spool: spool.clone(),
+            metrics: metrics.clone(),
+            options,
+            capacity: tx.max_capacity(),
+            ids: ids.clone(),
+        };
         let stop_writer = stop.clone();
         std::thread::Builder::new().name("switchboard-audit".into()).spawn(move || {
             runtime.block_on(writer.run(stop_writer));
             let _ = done_tx.send(());
         })?;
-        let sink = Sink { queue: tx, spool, metrics };
-        Ok(Audit { sink, stop, done: Mutex::new(Some(done)), ids: Ids::new() })
+        let sink = Sink { queue: tx, spool, metrics, ids: ids.clone() };
+        Ok(Audit { sink, stop, done: Mutex::new(Some(done)), ids })
     }
 
-    /// A new record id, unique across replicas and restarts.
+    /// A new record id, unique across replicas and restarts, for a record
+    /// whose id must be known before it is queued (a record queued with
+    /// `""` is given one as it leaves the queue).
     pub fn new_id(&self) -> String {
         self.ids.next()
     }
@@ -157,6 +174,14 @@ impl Ids {
         Ids { process: hex::encode(bytes), counter: AtomicU64::new(0) }
     }
 
+    /// `record` with an id: its own, or a new one if it has none.
+    fn stamp(&self, mut record: AuditRecord) -> AuditRecord {
+        if record.id.is_empty() {
+            record.id = self.next();
+        }
+        record
+    }
+
     fn next(&self) -> String {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
         let mut id = String::with_capacity(32);
@@ -176,6 +201,7 @@ struct Writer {
     metrics: Arc<Metrics>,
     options: Options,
     capacity: usize,
+    ids: Arc<Ids>,
 }
 
 impl Writer {
@@ -195,7 +221,7 @@ impl Writer {
             if !stopping {
                 tokio::select! {
                     r = self.rx.recv() => match r {
-                        Some(r) => batch.push(r),
+                        Some(r) => batch.push(self.ids.stamp(r)),
                         None => stopping = true,
                     },
                     () = tokio::time::sleep_until(wait) => {}
@@ -225,7 +251,7 @@ impl Writer {
             }
             while batch.len() < self.options.batch {
                 match self.rx.try_recv() {
-                    Ok(r) => batch.push(r),
+                    Ok(r) => batch.push(self.ids.stamp(r)),
                     Err(_) => break,
                 }
             }
@@ -355,5 +381,32 @@ mod tests {
         assert_eq!(&id[..16], ids.process);
         assert_eq!(&id[16..], "0123456789abcdef");
         assert_eq!(&ids.next()[16..], "0123456789abcdf0");
+    }
+
+    #[test]
+    fn a_record_without_an_id_is_given_one_and_one_with_an_id_keeps_it() {
+        let ids = Ids::new();
+        let record = |id: &str| AuditRecord {
+            id: id.into(),
+            at_ms: 1,
+            tenant: None,
+            key_prefix: None,
+            session: None,
+            method: "tools/call".into(),
+            target: None,
+            upstream: None,
+            outcome: "ok".into(),
+            error_code: None,
+            latency_us: 1,
+            request_bytes: 2,
+            response_bytes: 3,
+            trace_id: None,
+            arguments: None,
+            user: None,
+        };
+        let (a, b) = (ids.stamp(record("")).id, ids.stamp(record("")).id);
+        assert_eq!((a.len(), b.len()), (32, 32));
+        assert_ne!(a, b);
+        assert_eq!(ids.stamp(record("pin-1")).id, "pin-1");
     }
 }

@@ -91,7 +91,9 @@ pub struct KeyRow {
 /// allocations, each freed on another thread.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct AuditRecord {
-    /// Unique, chosen when the request is made (128 random bits, hex).
+    /// Unique (64 random bits fixed per process, then a counter; hex). A
+    /// request's record is queued with none (`""`) and given one as it
+    /// leaves the audit queue.
     pub id: String,
     pub at_ms: i64,
     pub tenant: Option<Arc<str>>,
