@@ -26,18 +26,9 @@ fn tools_call(c: &mut Criterion) {
     let mut direct = Conn::open(rig.mocks[0]);
     let direct_request = direct.request("/mcp", &[], DIRECT);
 
-    // Warm up (connections, pools, catalog), then count the router's allocations.
-    for _ in 0..1_000 {
-        assert_eq!(routed.send(&routed_request).status, 200);
-    }
-    let calls = 10_000;
-    let before = marked_allocations();
-    for _ in 0..calls {
-        black_box(routed.send(&routed_request));
-    }
-    let per_call = (marked_allocations() - before) as f64 / calls as f64;
+    let per_call = allocations_per_call(&mut routed, &routed_request);
     println!("allocations: router heap allocations per forwarded small tools/call: {per_call:.1}");
-    audited_allocations(calls);
+    audited_allocations();
 
     let mut group = c.benchmark_group("tools_call");
     group.bench_function("direct", |b| b.iter(|| assert_eq!(direct.send(&direct_request).status, 200)));
@@ -45,10 +36,24 @@ fn tools_call(c: &mut Criterion) {
     group.finish();
 }
 
+/// The router's allocations per `request` sent on `conn`, after a warm-up
+/// (connections, pools, catalog).
+fn allocations_per_call(conn: &mut Conn, request: &[u8]) -> f64 {
+    for _ in 0..1_000 {
+        assert_eq!(conn.send(request).status, 200);
+    }
+    let calls = 10_000;
+    let before = marked_allocations();
+    for _ in 0..calls {
+        black_box(conn.send(request));
+    }
+    (marked_allocations() - before) as f64 / calls as f64
+}
+
 /// The same count with every call audited (to an SQLite file): what an
 /// audit record adds to the request path (its writer's thread is not
 /// counted).
-fn audited_allocations(calls: u64) {
+fn audited_allocations() {
     let dir = std::env::temp_dir().join(format!("switchboard-bench-audit-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let rig = Rig::start_with(
@@ -61,14 +66,7 @@ fn audited_allocations(calls: u64) {
     );
     let mut conn = rig.connect();
     let request = rig.request(&conn, CALL);
-    for _ in 0..1_000 {
-        assert_eq!(conn.send(&request).status, 200);
-    }
-    let before = marked_allocations();
-    for _ in 0..calls {
-        black_box(conn.send(&request));
-    }
-    let per_call = (marked_allocations() - before) as f64 / calls as f64;
+    let per_call = allocations_per_call(&mut conn, &request);
     println!("allocations: the same, audited (SQLite): {per_call:.1}");
     drop(conn);
     let _ = std::fs::remove_dir_all(&dir);

@@ -386,24 +386,7 @@ mod tests {
     #[test]
     fn a_record_without_an_id_is_given_one_and_one_with_an_id_keeps_it() {
         let ids = Ids::new();
-        let record = |id: &str| AuditRecord {
-            id: id.into(),
-            at_ms: 1,
-            tenant: None,
-            key_prefix: None,
-            session: None,
-            method: "tools/call".into(),
-            target: None,
-            upstream: None,
-            outcome: "ok".into(),
-            error_code: None,
-            latency_us: 1,
-            request_bytes: 2,
-            response_bytes: 3,
-            trace_id: None,
-            arguments: None,
-            user: None,
-        };
+        let record = |id: &str| AuditRecord { id: id.into(), ..spool::tests::record(0) };
         let (a, b) = (ids.stamp(record("")).id, ids.stamp(record("")).id);
         assert_eq!((a.len(), b.len()), (32, 32));
         assert_ne!(a, b);

@@ -114,10 +114,11 @@ impl Spool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn record(i: usize) -> AuditRecord {
+    /// A record with id `r{i}`.
+    pub(crate) fn record(i: usize) -> AuditRecord {
         AuditRecord {
             id: format!("r{i}"),
             at_ms: i as i64,
