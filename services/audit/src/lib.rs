@@ -10,6 +10,13 @@
 //! (the database skips ids it already has). If the queue is full, the request
 //! path appends its record to the spool itself rather than drop it.
 //!
+//! A record the database refuses for what it holds (a check, a type, a size:
+//! PostgreSQL once refused a NUL character), rather than for being down,
+//! would be refused on every retry and hold up every record behind it. The
+//! writer then writes the batch in halves, halving any part refused, and
+//! sets aside the records refused on their own: appended to the rejected
+//! file beside the spool, counted, logged. The rest are written.
+//!
 //! A record's id is given where it leaves the queue: by the writer as it
 //! takes the record, or by the request that spools it itself. The request
 //! path does not make one (an allocation freed on the writer's thread).
@@ -113,6 +120,7 @@ impl Audit {
         let ids = Arc::new(Ids::new());
         let writer = Writer {
             db,
+            rejected: rejected_path(spool_path),
             rx,
             spool: spool.clone(),
             metrics: metrics.clone(),
@@ -194,8 +202,15 @@ impl Ids {
     }
 }
 
+/// Where the records the database refused go: beside the spool, its name
+/// ending in `.rejected` instead of the spool's extension.
+pub fn rejected_path(spool_path: &Path) -> std::path::PathBuf {
+    spool_path.with_extension("rejected")
+}
+
 struct Writer {
     db: AuditWriter,
+    rejected: std::path::PathBuf,
     rx: mpsc::Receiver<AuditRecord>,
     spool: Arc<Mutex<Spool>>,
     metrics: Arc<Metrics>,
@@ -282,6 +297,14 @@ impl Writer {
                     batch.clear();
                     return;
                 }
+                Ok(Err(e)) if e.refuses_content() => {
+                    if let Some(written) = self.sort_out(batch, &e).await {
+                        self.metrics.written(written);
+                        batch.clear();
+                        return;
+                    }
+                    tracing::warn!(records = batch.len(), "audit: database write failed while setting aside a refused record; spooling to disk until it is back");
+                }
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, records = batch.len(), "audit: database write failed; spooling to disk until it is back");
                 }
@@ -311,6 +334,70 @@ impl Writer {
         batch.clear();
     }
 
+    /// Writes `records`, which the database refused together (`refusal`), in
+    /// parts: halves, and halves of any part refused, until each record it
+    /// refuses is found on its own; those are set aside. How many were
+    /// written; `None` if the database failed otherwise on the way (then
+    /// nothing is set aside, and the caller keeps all the records: those
+    /// already written are skipped when they are written again).
+    async fn sort_out(&mut self, records: &[AuditRecord], refusal: &switchboard_db::DbError) -> Option<usize> {
+        let mut refused: Vec<(usize, String)> = Vec::new();
+        let mut written = 0;
+        // Parts still to write, the next one last: in order.
+        let mut parts = vec![(0, records.len())];
+        let mut first = Some(refusal.to_string());
+        while let Some((start, end)) = parts.pop() {
+            // The whole was refused already.
+            let outcome = match first.take() {
+                Some(refusal) => Err(refusal),
+                None => {
+                    match tokio::time::timeout(self.options.write_timeout, self.db.insert(&records[start..end])).await {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err(e)) if e.refuses_content() => Err(e.to_string()),
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "audit: database write failed while sorting out a refused batch");
+                            return None;
+                        }
+                        Err(_) => return None,
+                    }
+                }
+            };
+            match outcome {
+                Ok(()) => written += end - start,
+                Err(refusal) if end - start == 1 => refused.push((start, refusal)),
+                Err(_) => {
+                    let middle = start + (end - start) / 2;
+                    parts.push((middle, end));
+                    parts.push((start, middle));
+                }
+            }
+        }
+        if refused.is_empty() {
+            return Some(written);
+        }
+        let set_aside = spool::set_aside(&self.rejected, refused.iter().map(|&(i, _)| &records[i]));
+        for (i, refusal) in &refused {
+            let r = &records[*i];
+            match &set_aside {
+                Ok(()) => tracing::error!(
+                    id = %r.id, tenant = r.tenant.as_deref().unwrap_or(""), method = %r.method, error = %refusal,
+                    path = %self.rejected.display(),
+                    "audit: the database refused a record; set aside in the rejected file"
+                ),
+                Err(e) => tracing::error!(
+                    id = %r.id, tenant = r.tenant.as_deref().unwrap_or(""), method = %r.method, error = %refusal,
+                    write_error = %e, path = %self.rejected.display(),
+                    "audit: record lost: the database refused it and the rejected file cannot be written"
+                ),
+            }
+        }
+        match set_aside {
+            Ok(()) => self.metrics.rejected(refused.len()),
+            Err(_) => self.metrics.lost(refused.len()),
+        }
+        Some(written)
+    }
+
     /// Replays the spool into the database, batch by batch, until it is
     /// empty or the database fails again.
     async fn replay(&mut self, retry_at: &mut tokio::time::Instant) {
@@ -335,6 +422,13 @@ impl Writer {
             if !records.is_empty() {
                 match tokio::time::timeout(self.options.write_timeout, self.db.insert(&records)).await {
                     Ok(Ok(_)) => replayed = records.len(),
+                    Ok(Err(e)) if e.refuses_content() => match self.sort_out(&records, &e).await {
+                        Some(written) => replayed = written,
+                        None => {
+                            *retry_at = tokio::time::Instant::now() + self.options.retry_every;
+                            return;
+                        }
+                    },
                     Ok(Err(e)) => {
                         tracing::debug!(error = %e, "audit: database still unavailable");
                         *retry_at = tokio::time::Instant::now() + self.options.retry_every;
@@ -371,6 +465,53 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A spool stuck behind a record the database refuses (as a NUL once
+    /// held up PostgreSQL's): on start, its replay writes the records around
+    /// that one and sets that one aside, and the spool empties.
+    #[tokio::test]
+    async fn a_spooled_record_the_database_refuses_is_set_aside_and_the_rest_replayed() {
+        let dir = std::env::temp_dir().join(format!("sb-audit-refused-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("audit.db");
+        let db = Database::connect(&format!("sqlite:{}?mode=rwc", file.display()), Duration::from_secs(5)).unwrap();
+        db.migrate().await.unwrap();
+        rusqlite::Connection::open(&file)
+            .unwrap()
+            .execute_batch(
+                "CREATE TRIGGER no_poison BEFORE INSERT ON audit_log WHEN NEW.target = 'poison' \
+                 BEGIN SELECT RAISE(ABORT, 'no poison'); END",
+            )
+            .unwrap();
+        let spool_path = dir.join("audit.spool");
+        let mut records: Vec<AuditRecord> = (0..7).map(spool::tests::record).collect();
+        records[2].target = Some("poison".into());
+        Spool::open(&spool_path).unwrap().append(&records).unwrap();
+
+        let metrics = Arc::new(Metrics::new(&switchboard_core::metrics::Registry::new()));
+        let options = Options {
+            queue: 16,
+            batch: 100,
+            write_timeout: Duration::from_secs(5),
+            retry_every: Duration::from_millis(50),
+            flush_every: Duration::from_millis(10),
+        };
+        let audit = Audit::start(db.clone(), &spool_path, options, metrics.clone()).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while db.count_audit(Some("t")).await.unwrap() < 6 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        audit.close(Duration::from_secs(5)).await;
+        assert_eq!(db.count_audit(Some("t")).await.unwrap(), 6, "the six others written");
+        let rejected = std::fs::read_to_string(rejected_path(&spool_path)).unwrap();
+        let rejected: Vec<AuditRecord> = rejected.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(rejected, [records[2].clone()]);
+        assert!(!Spool::open(&spool_path).unwrap().pending(), "the spool emptied");
+        let count = |event: &str| metrics.count(event);
+        assert_eq!((count("replayed"), count("rejected"), count("lost")), (6, 1, 0));
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     #[test]
     fn ids_are_the_process_then_the_counter_in_hex() {

@@ -25,7 +25,8 @@ impl Metrics {
                 registry,
                 "switchboard_audit_records_total",
                 "Audit records by what happened to them: written, spooled, replayed, overflow (queue full, \
-                 spooled by the request), lost.",
+                 spooled by the request), rejected (refused by the database for what it holds, set aside in the \
+                 rejected file), lost.",
                 &["event"],
             ),
             write_failures: counter(
@@ -45,7 +46,7 @@ impl Metrics {
         };
         // Every event from the start, so that a rate or an increase of any of
         // them has a series to work on before it first happens.
-        for event in ["written", "spooled", "replayed", "overflow", "lost"] {
+        for event in ["written", "spooled", "replayed", "overflow", "rejected", "lost"] {
             metrics.records.with_label_values(&[event]);
         }
         metrics
@@ -81,8 +82,18 @@ impl Metrics {
         self.records.with_label_values(&["overflow"]).inc();
     }
 
+    pub(crate) fn rejected(&self, n: usize) {
+        self.records.with_label_values(&["rejected"]).inc_by(n as u64);
+    }
+
     pub(crate) fn lost(&self, n: usize) {
         self.records.with_label_values(&["lost"]).inc_by(n as u64);
+    }
+
+    /// How many records went through `event`.
+    #[cfg(test)]
+    pub(crate) fn count(&self, event: &str) -> u64 {
+        self.records.with_label_values(&[event]).get()
     }
 
     pub(crate) fn write_failed(&self) {

@@ -48,11 +48,7 @@ impl Spool {
 
     /// Appends records, durably.
     pub fn append(&mut self, records: &[AuditRecord]) -> std::io::Result<()> {
-        let mut buf = Vec::with_capacity(records.len() * 256);
-        for r in records {
-            serde_json::to_writer(&mut buf, r).expect("serializable");
-            buf.push(b'\n');
-        }
+        let buf = lines(records);
         self.file.write_all(&buf)?;
         self.file.sync_data()?;
         self.len += buf.len() as u64;
@@ -111,6 +107,26 @@ impl Spool {
         File::open(&tmp)?.sync_data()?;
         std::fs::rename(&tmp, &self.offset_path)
     }
+}
+
+/// Records as the spool holds them: one JSON object per line.
+fn lines<'r>(records: impl IntoIterator<Item = &'r AuditRecord>) -> Vec<u8> {
+    let mut buf = Vec::new();
+    for r in records {
+        serde_json::to_writer(&mut buf, r).expect("serializable");
+        buf.push(b'\n');
+    }
+    buf
+}
+
+/// Appends records the database refused to `path` (created if need be), in
+/// the spool's format, durably: kept for the operator, never replayed by the
+/// router. Appended to the spool of a stopped router, once what made the
+/// database refuse them is fixed, they are replayed when it starts.
+pub fn set_aside<'r>(path: &Path, records: impl IntoIterator<Item = &'r AuditRecord>) -> std::io::Result<()> {
+    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
+    file.write_all(&lines(records))?;
+    file.sync_data()
 }
 
 #[cfg(test)]

@@ -99,12 +99,15 @@ impl SqliteAudit {
         if records.is_empty() {
             return Ok(0);
         }
-        let written = self.try_insert(records);
-        if written.is_err() {
+        self.try_insert(records).map_err(|e| {
+            if e.sqlite_error().is_some_and(|f| crate::sqlite_refuses_content(f.extended_code)) {
+                // The rows, not the connection: it is kept.
+                return DbError::Refused(e.to_string());
+            }
             // Opened afresh next time (the file may have been replaced).
             self.conn = None;
-        }
-        written.map_err(|e| DbError::Sqlite(e.to_string()))
+            DbError::Sqlite(e.to_string())
+        })
     }
 
     fn try_insert(&mut self, records: &[AuditRecord]) -> Result<u64, rusqlite::Error> {

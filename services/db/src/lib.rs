@@ -49,10 +49,43 @@ pub enum DbError {
     NotFound(String),
     #[error("sqlite: {0}")]
     Sqlite(String),
+    /// The database refused what was written (a check, a type, a size), not
+    /// the writing: the same rows would be refused again.
+    #[error("refused by the database: {0}")]
+    Refused(String),
     #[error("unsupported database URL {0:?}: use postgres://… or sqlite:…")]
     Url(String),
     #[error("stored policy of tenant {tenant:?} is not valid JSON: {error}")]
     Policy { tenant: String, error: String },
+}
+
+impl DbError {
+    /// Whether the database refused the rows it was given for what they
+    /// hold (PostgreSQL's SQLSTATE classes 22, data exception, 23, integrity
+    /// constraint violation, and 54, a value too large for an index; SQLite's
+    /// TOOBIG, CONSTRAINT and MISMATCH), rather than failing to write: the
+    /// same rows would be refused again however often they were retried.
+    pub fn refuses_content(&self) -> bool {
+        match self {
+            DbError::Refused(_) => true,
+            DbError::Database(sqlx::Error::Database(e)) => match e.code() {
+                Some(code) if e.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().is_some() => {
+                    matches!(code.get(..2), Some("22" | "23" | "54"))
+                }
+                Some(code) if e.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() => {
+                    code.parse().is_ok_and(sqlite_refuses_content)
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
+/// Whether an SQLite result code (primary or extended) says the database
+/// refused a row for what it holds: TOOBIG (18), CONSTRAINT (19), MISMATCH (20).
+fn sqlite_refuses_content(code: i32) -> bool {
+    matches!(code & 0xff, 18..=20)
 }
 
 /// Which server a [`Database`] talks to.
@@ -818,6 +851,64 @@ mod tests {
             );
             batches_are_written_exactly_once(&db, writer).await;
             let _ = std::fs::remove_file(file);
+        }
+    }
+
+    /// A batch with a row the database refuses (a constraint on what it
+    /// holds) fails whole, as refused for its content; a table that is not
+    /// there fails, but not for the rows' content. Through the pool, or the
+    /// audit writer's way; `refuse` and `drop` are the backend's statements.
+    async fn refusals_are_told_from_other_failures(db: &Database, mut writer: Option<AuditWriter>) {
+        db.migrate().await.unwrap();
+        let (refuse, drop) = match db.backend {
+            Backend::Postgres => (
+                "ALTER TABLE audit_log ADD CONSTRAINT no_poison CHECK (target IS DISTINCT FROM 'poison')",
+                "ALTER TABLE audit_log RENAME TO audit_log_gone",
+            ),
+            Backend::Sqlite => (
+                "CREATE TRIGGER no_poison BEFORE INSERT ON audit_log WHEN NEW.target = 'poison' \
+                 BEGIN SELECT RAISE(ABORT, 'no poison'); END",
+                "ALTER TABLE audit_log RENAME TO audit_log_gone",
+            ),
+        };
+        sqlx::query(refuse).execute(&db.pool).await.unwrap();
+        let mut insert = async |batch: &[AuditRecord]| match &mut writer {
+            Some(writer) => writer.insert(batch).await,
+            None => db.insert_audit(batch).await,
+        };
+        for n in [1, 3, 40] {
+            let mut batch = records(n, &format!("refused{n}"));
+            batch[n / 2].target = Some("poison".into());
+            let refused = insert(&batch).await.expect_err("a row is refused");
+            assert!(refused.refuses_content(), "{n} rows: {refused}");
+        }
+        assert_eq!(db.count_audit(None).await.unwrap(), 0, "a refused batch writes nothing");
+        assert_eq!(insert(&records(3, "fine")).await.unwrap(), 3, "the way to the database still works");
+        sqlx::query(drop).execute(&db.pool).await.unwrap();
+        let failed = insert(&records(3, "gone")).await.expect_err("no table");
+        assert!(!failed.refuses_content(), "{failed}");
+    }
+
+    #[tokio::test]
+    async fn refusals_on_sqlite() {
+        for through_writer in [false, true] {
+            let file = std::env::temp_dir().join(switchboard_test_support::services::unique("sb-db-refused-"));
+            let db = Database::connect(&format!("sqlite:{}?mode=rwc", file.display()), Duration::from_secs(5)).unwrap();
+            let writer = through_writer.then(|| db.audit_writer(Duration::from_secs(5)).unwrap());
+            refusals_are_told_from_other_failures(&db, writer).await;
+            let _ = std::fs::remove_file(file);
+        }
+    }
+
+    #[tokio::test]
+    async fn refusals_on_postgres() {
+        for through_writer in [false, true] {
+            let temp = switchboard_test_support::services::TempDatabase::create().await;
+            let db = Database::connect(&temp.url, Duration::from_secs(5)).unwrap();
+            let writer = through_writer.then(|| db.audit_writer(Duration::from_secs(5)).unwrap());
+            refusals_are_told_from_other_failures(&db, writer).await;
+            drop(db);
+            temp.drop_now().await;
         }
     }
 

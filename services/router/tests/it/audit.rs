@@ -133,6 +133,93 @@ async fn a_nul_character_a_client_sends_is_audited_and_holds_up_no_record_after_
     pg.drop_now().await;
 }
 
+/// A record the database refuses for what it holds (here a constraint the
+/// operator added; before, a NUL character on PostgreSQL) is set aside in
+/// the rejected file, counted and logged, and the records around it, in its
+/// batch and after it, are written: none waits behind it in the spool. On
+/// PostgreSQL and on the default SQLite file.
+#[tokio::test]
+async fn a_record_the_database_refuses_is_set_aside_and_the_others_are_written() {
+    let pg = TempDatabase::create().await;
+    let dir = std::env::temp_dir().join(switchboard_test_support::services::unique("sb-refused-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sqlite = format!("sqlite://{}?mode=rwc", dir.join("switchboard.db").display());
+    for url in [pg.url.clone(), sqlite] {
+        // A batch gathers for 300 ms: the refused record is written in one
+        // with the records around it.
+        let (_alpha, _beta, config, admin) = setup_with_admin(&url, "flush_every = \"300ms\"").await;
+        admin.create_tenant("refused", policy(&["alpha"])).await.unwrap();
+        let key = admin.create_key("refused", None).await.unwrap().key;
+        if url.starts_with("postgres") {
+            let pool = sqlx::PgPool::connect(&url).await.unwrap();
+            sqlx::query(
+                "ALTER TABLE audit_log ADD CONSTRAINT no_poison CHECK (target IS DISTINCT FROM 'alpha__poison')",
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
+        } else {
+            let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+            sqlx::query(
+                "CREATE TRIGGER no_poison BEFORE INSERT ON audit_log WHEN NEW.target = 'alpha__poison' \
+                 BEGIN SELECT RAISE(ABORT, 'no poison'); END",
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        let spool = switchboard_router::Config::from_toml(&config).unwrap().audit.spool;
+        let rejected = switchboard_audit::rejected_path(&spool);
+        let router = Router::start(&config).await;
+        let mut c = Client::with_key(&router.url, &key);
+        c.initialize().await;
+        for i in 0..6 {
+            if i == 3 {
+                assert_eq!(c.call_tool("alpha__poison", json!({})).await["error"]["code"], -32602);
+            }
+            assert!(c.call_tool("alpha__echo", json!({"i": i})).await["result"].is_object());
+        }
+        let db = Database::connect(&url, Duration::from_secs(3)).unwrap();
+        assert!(
+            eventually(Duration::from_secs(10), || async { db.count_audit(Some("refused")).await.unwrap() == 6 }).await,
+            "{url}: the six other records written: {:?}",
+            db.count_audit(Some("refused")).await
+        );
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                router.metric("switchboard_audit_records_total", &["event=\"rejected\""]).await == 1.0
+            })
+            .await,
+            "{url}"
+        );
+        let set_aside = std::fs::read_to_string(&rejected).unwrap();
+        let lines: Vec<switchboard_db::AuditRecord> =
+            set_aside.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), 1, "{url}: {set_aside}");
+        assert_eq!(
+            (lines[0].tenant.as_deref(), lines[0].target.as_deref(), lines[0].outcome.as_ref()),
+            (Some("refused"), Some("alpha__poison"), "error")
+        );
+        assert_eq!(lines[0].id.len(), 32, "given its id");
+        // Later records are written directly, nothing spooled or lost.
+        assert!(c.call_tool("alpha__echo", json!({"i": 6})).await["result"].is_object());
+        assert!(
+            eventually(Duration::from_secs(10), || async { db.count_audit(Some("refused")).await.unwrap() == 7 }).await
+        );
+        for event in ["spooled", "lost"] {
+            assert_eq!(
+                router.metric("switchboard_audit_records_total", &[&format!("event=\"{event}\"")]).await,
+                0.0,
+                "{url}: {event}"
+            );
+        }
+        assert_eq!(router.metric("switchboard_audit_spool_bytes", &[]).await, 0.0);
+        router.stop().await;
+    }
+    pg.drop_now().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_records_survive_a_postgres_outage_exactly_once() {
     let server = PrivatePostgres::start();
