@@ -1,5 +1,15 @@
 //! The `switchboard` command: parse arguments, set up logging, run.
 
+/// mimalloc rather than glibc's allocator: a forwarded call allocates a few
+/// small buffers and frees them soon after, often on another thread (an
+/// audit record, freed by the writer), which glibc's arenas serve slower.
+/// Pinned to one core (loadtest/run's placement), router CPU per call fell
+/// 6 to 10% with it (bare and with audit to PostgreSQL, 32 connections);
+/// unpinned, it measured the same as glibc's. Idle sessions: about 925
+/// bytes each against 915.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
