@@ -838,8 +838,9 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn audit_batches_on_sqlite() {
+    /// Runs `check` on a new SQLite file, once through the pool and once
+    /// through the audit writer's way (a connection of its own).
+    async fn on_sqlite(check: impl AsyncFn(&Database, Option<AuditWriter>)) {
         for through_writer in [false, true] {
             let file = std::env::temp_dir().join(switchboard_test_support::services::unique("sb-db-audit-"));
             let db = Database::connect(&format!("sqlite:{}?mode=rwc", file.display()), Duration::from_secs(5)).unwrap();
@@ -849,9 +850,32 @@ mod tests {
                 through_writer,
                 "a file has a connection of its own"
             );
-            batches_are_written_exactly_once(&db, writer).await;
+            check(&db, writer).await;
             let _ = std::fs::remove_file(file);
         }
+    }
+
+    /// Runs `check` on a new PostgreSQL database, once through the pool and
+    /// once through the audit writer's way (a pool of its own).
+    async fn on_postgres(check: impl AsyncFn(&Database, Option<AuditWriter>)) {
+        for through_writer in [false, true] {
+            let temp = switchboard_test_support::services::TempDatabase::create().await;
+            let db = Database::connect(&temp.url, Duration::from_secs(5)).unwrap();
+            let writer = through_writer.then(|| db.audit_writer(Duration::from_secs(5)).unwrap());
+            check(&db, writer).await;
+            drop(db);
+            temp.drop_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn audit_batches_on_sqlite() {
+        on_sqlite(batches_are_written_exactly_once).await;
+    }
+
+    #[tokio::test]
+    async fn audit_batches_on_postgres() {
+        on_postgres(batches_are_written_exactly_once).await;
     }
 
     /// A batch with a row the database refuses (a constraint on what it
@@ -891,25 +915,12 @@ mod tests {
 
     #[tokio::test]
     async fn refusals_on_sqlite() {
-        for through_writer in [false, true] {
-            let file = std::env::temp_dir().join(switchboard_test_support::services::unique("sb-db-refused-"));
-            let db = Database::connect(&format!("sqlite:{}?mode=rwc", file.display()), Duration::from_secs(5)).unwrap();
-            let writer = through_writer.then(|| db.audit_writer(Duration::from_secs(5)).unwrap());
-            refusals_are_told_from_other_failures(&db, writer).await;
-            let _ = std::fs::remove_file(file);
-        }
+        on_sqlite(refusals_are_told_from_other_failures).await;
     }
 
     #[tokio::test]
     async fn refusals_on_postgres() {
-        for through_writer in [false, true] {
-            let temp = switchboard_test_support::services::TempDatabase::create().await;
-            let db = Database::connect(&temp.url, Duration::from_secs(5)).unwrap();
-            let writer = through_writer.then(|| db.audit_writer(Duration::from_secs(5)).unwrap());
-            refusals_are_told_from_other_failures(&db, writer).await;
-            drop(db);
-            temp.drop_now().await;
-        }
+        on_postgres(refusals_are_told_from_other_failures).await;
     }
 
     #[tokio::test]
@@ -929,17 +940,5 @@ mod tests {
         assert!(!way(format!("sqlite:{path}?mode=rwc&immutable=1")));
         assert!(!way("sqlite::memory:".to_owned()));
         assert!(!file.exists(), "nothing is opened before the first write");
-    }
-
-    #[tokio::test]
-    async fn audit_batches_on_postgres() {
-        for through_writer in [false, true] {
-            let temp = switchboard_test_support::services::TempDatabase::create().await;
-            let db = Database::connect(&temp.url, Duration::from_secs(5)).unwrap();
-            let writer = through_writer.then(|| db.audit_writer(Duration::from_secs(5)).unwrap());
-            batches_are_written_exactly_once(&db, writer).await;
-            drop(db);
-            temp.drop_now().await;
-        }
     }
 }
