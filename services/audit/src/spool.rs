@@ -111,7 +111,8 @@ impl Spool {
 
 /// Records as the spool holds them: one JSON object per line.
 fn lines<'r>(records: impl IntoIterator<Item = &'r AuditRecord>) -> Vec<u8> {
-    let mut buf = Vec::new();
+    let records = records.into_iter();
+    let mut buf = Vec::with_capacity(records.size_hint().0 * 256);
     for r in records {
         serde_json::to_writer(&mut buf, r).expect("serializable");
         buf.push(b'\n');
