@@ -148,7 +148,17 @@ impl<'a> Envelope<'a> {
                 };
             }
         }
-        let wire: Wire<'a> = serde_json::from_slice(input).map_err(ParseError::from_serde)?;
+        // Valid UTF-8 (nearly every message) is checked once here, as a
+        // whole, and parsed as text: parsed as bytes, each raw member would
+        // be checked again as it is borrowed (seven checks per forwarded
+        // call, request and answer). Anything else is parsed as bytes, for
+        // serde_json's own error at the bad byte (or none, when the bad
+        // bytes are in a member skipped unread): the same outcome either way.
+        let wire: Result<Wire<'a>, _> = match std::str::from_utf8(input) {
+            Ok(text) => serde_json::from_str(text),
+            Err(_) => serde_json::from_slice(input),
+        };
+        let wire = wire.map_err(ParseError::from_serde)?;
         match wire.jsonrpc {
             Some(v) if v.get() == "\"2.0\"" => {}
             Some(_) => return Err(ParseError::Invalid("\"jsonrpc\" must be \"2.0\"".into())),
@@ -517,6 +527,27 @@ mod tests {
             assert_eq!(err.code(), *expected, "{}: {err}", String::from_utf8_lossy(input));
         }
         assert!(matches!(Envelope::parse(b"[1,2]"), Err(ParseError::Batch)));
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_a_parse_error_wherever_the_router_reads_them() {
+        // In a member read (a string, or borrowed raw): -32700, as before
+        // the text was checked whole.
+        for input in [
+            &b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"pi\xffng\"}"[..],
+            b"{\"jsonrpc\":\"2.0\",\"id\":\"\xc3\",\"method\":\"ping\"}",
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"x\",\"params\":{\"a\":\"\xe2\x82\"}}",
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":[\"\xff\"]}",
+        ] {
+            let err = Envelope::parse(input).expect_err(&String::from_utf8_lossy(input));
+            assert_eq!(err.code(), code::PARSE_ERROR, "{}: {err}", String::from_utf8_lossy(input));
+        }
+        // Valid UTF-8 beyond ASCII, raw and escaped, is read as before.
+        let env = Envelope::parse("{\"jsonrpc\":\"2.0\",\"id\":\"caf\u{e9}\",\"method\":\"\u{2603}\",\"params\":{\"t\":\"\\u00e9\u{1F600}\"}}".as_bytes())
+            .unwrap();
+        assert_eq!(env.id.unwrap().get(), "\"caf\u{e9}\"");
+        assert_eq!(env.method_str(), "\u{2603}");
+        assert_eq!(env.params.unwrap().get(), "{\"t\":\"\\u00e9\u{1F600}\"}");
     }
 
     #[test]

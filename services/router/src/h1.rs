@@ -540,29 +540,46 @@ fn write_head<'h>(
     }
 }
 
-/// Header names clients of an MCP endpoint send that http does not know.
-static KNOWN: [HeaderName; 6] = [
-    HeaderName::from_static("mcp-session-id"),
-    HeaderName::from_static("mcp-protocol-version"),
-    HeaderName::from_static("mcp-method"),
-    HeaderName::from_static("mcp-name"),
-    HeaderName::from_static("last-event-id"),
-    HeaderName::from_static("traceparent"),
+/// The header names requests to `/mcp` carry, each as written in lower
+/// case, matched here by length and bytes rather than parsed: MCP's own
+/// (which http does not know, and would lower-case into a new allocation
+/// each time) and the standard ones clients send. `None`: a framing
+/// header, which this layer reads itself (the `Host` count, the body's
+/// `Content-Length`, `Connection: close`) and the phases never do; it is
+/// left out of their map, which costs per entry.
+static KNOWN: [(&[u8], Option<HeaderName>); 17] = [
+    (b"host", None),
+    (b"accept", Some(http::header::ACCEPT)),
+    (b"origin", Some(http::header::ORIGIN)),
+    (b"x-api-key", Some(HeaderName::from_static("x-api-key"))),
+    (b"connection", None),
+    (b"user-agent", Some(http::header::USER_AGENT)),
+    (b"traceparent", Some(HeaderName::from_static("traceparent"))),
+    (b"content-type", Some(http::header::CONTENT_TYPE)),
+    (b"authorization", Some(http::header::AUTHORIZATION)),
+    (b"last-event-id", Some(HeaderName::from_static("last-event-id"))),
+    (b"content-length", None),
+    (b"mcp-session-id", Some(HeaderName::from_static("mcp-session-id"))),
+    (b"mcp-method", Some(HeaderName::from_static("mcp-method"))),
+    (b"mcp-name", Some(HeaderName::from_static("mcp-name"))),
+    (b"accept-encoding", Some(http::header::ACCEPT_ENCODING)),
+    (b"accept-language", Some(http::header::ACCEPT_LANGUAGE)),
+    (b"mcp-protocol-version", Some(HeaderName::from_static("mcp-protocol-version"))),
 ];
 
 /// The request's headers as the phases read them, into `map` (emptied
-/// first): names parsed (the standard ones are not allocated), values
-/// sharing the head's bytes.
+/// first): names looked up in [`KNOWN`] or parsed (the standard ones are
+/// not allocated), values sharing the head's bytes; the framing headers
+/// left out.
 fn header_map(head: &Bytes, spans: &[HeaderSpan], map: &mut HeaderMap) -> Result<(), Error> {
     map.clear();
     map.reserve(spans.len());
     for span in spans {
         let name = &head[span.name.clone()];
-        // MCP's own names are not among http's standard ones: taken from
-        // here rather than lower-cased into a new allocation each time.
-        let known = KNOWN.iter().find(|k| k.as_str().as_bytes().eq_ignore_ascii_case(name));
+        let known = KNOWN.iter().find(|(k, _)| k.len() == name.len() && k.eq_ignore_ascii_case(name));
         let name = match known {
-            Some(known) => known.clone(),
+            Some((_, Some(known))) => known.clone(),
+            Some((_, None)) => continue,
             None => HeaderName::from_bytes(name)
                 .map_err(|_| Error::MalformedHttp(http1::HeadError::Malformed("invalid header name")))?,
         };
@@ -679,5 +696,53 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_known_name_is_the_header_it_is_matched_as() {
+        for (bytes, name) in &KNOWN {
+            let parsed = HeaderName::from_bytes(bytes).unwrap();
+            assert_eq!(*bytes, parsed.as_str().as_bytes(), "written in lower case");
+            if let Some(name) = name {
+                assert_eq!(parsed, name);
+            }
+        }
+        let framing: Vec<_> = KNOWN.iter().filter(|(_, n)| n.is_none()).map(|(b, _)| *b).collect();
+        assert_eq!(framing, [&b"host"[..], b"connection", b"content-length"]);
+    }
+
+    #[test]
+    fn the_header_map_has_every_line_under_its_name_in_order_sharing_the_head() {
+        let head = Bytes::from_static(
+            b"POST /mcp HTTP/1.1\r\nHOST: a\r\nMcp-Session-Id: s1\r\nX-Custom-Thing: one\r\n\
+              accept: application/json\r\nAccept: text/event-stream\r\nMCP-PROTOCOL-VERSION: 2025-11-25\r\n\
+              Content-Length: 2\r\nx-custom-thing: two\r\n\r\n",
+        );
+        let mut spans = Vec::new();
+        http1::parse_request(&head, &mut spans).unwrap().unwrap();
+        let mut map = HeaderMap::new();
+        map.insert("stale", HeaderValue::from_static("from the last request"));
+        header_map(&head, &spans, &mut map).unwrap();
+        assert_eq!(map.len(), 6);
+        assert!(map.get("stale").is_none());
+        // Framing: read by this layer, not the phases.
+        assert!(map.get(http::header::HOST).is_none());
+        assert!(map.get(http::header::CONTENT_LENGTH).is_none());
+        assert_eq!(map["mcp-session-id"], "s1");
+        assert_eq!(map["mcp-protocol-version"], "2025-11-25");
+        let accept: Vec<_> = map.get_all(http::header::ACCEPT).iter().collect();
+        assert_eq!(accept, ["application/json", "text/event-stream"]);
+        let custom: Vec<_> = map.get_all("x-custom-thing").iter().collect();
+        assert_eq!(custom, ["one", "two"]);
+        let names: Vec<_> = map.keys().map(HeaderName::as_str).collect();
+        assert!(names.iter().all(|n| n.bytes().all(|b| !b.is_ascii_uppercase())), "{names:?}");
+        // Values are slices of the head, not copies.
+        let range = head.as_ptr_range();
+        assert!(range.contains(&map["mcp-session-id"].as_bytes().as_ptr()));
     }
 }
