@@ -15,7 +15,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue};
+use http::HeaderValue;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use switchboard_core::policy::{glob, AuthFailure, Principal};
@@ -24,6 +24,7 @@ use switchboard_tenancy::Directory;
 
 use crate::config::{OAuthConfig, Permission, TenantFrom};
 use crate::error::Error;
+use crate::headers::{Header, Headers};
 use crate::subject::Subject;
 
 /// The verified client certificate of a request's connection (mTLS),
@@ -69,7 +70,7 @@ pub trait Authenticator: Send + Sync {
     /// The caller of a request, from its headers or its connection's
     /// client certificate. A refusal is counted
     /// (`switchboard_auth_failures_total`).
-    fn authenticate<'a>(&'a self, headers: &'a HeaderMap, cert: Option<&ClientCert>) -> Checked<'a>;
+    fn authenticate<'a>(&'a self, headers: Headers<'a>, cert: Option<&ClientCert>) -> Checked<'a>;
 
     /// The `WWW-Authenticate` header a refusal carries, if any.
     fn challenge(&self, err: &Error) -> Option<HeaderValue>;
@@ -161,8 +162,8 @@ impl Front {
         })
     }
 
-    fn keys_only(&self, headers: &HeaderMap) -> Result<Principal, AuthFailure> {
-        self.directory.authenticate(headers, switchboard_core::time::now_ms())
+    fn keys_only(&self, headers: Headers<'_>) -> Result<Principal, AuthFailure> {
+        self.directory.authenticate_key(headers.presented_key(), switchboard_core::time::now_ms())
     }
 
     /// The caller a client certificate names: the tenant its subject maps
@@ -188,22 +189,18 @@ impl Front {
 
 /// The bearer token of `Authorization`, if that is how the caller
 /// presented its credential.
-pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?.trim();
-    if !value.get(..7)?.eq_ignore_ascii_case("bearer ") {
-        return None;
-    }
-    Some(value[7..].trim()).filter(|t| !t.is_empty())
+pub(crate) fn bearer<'a>(headers: Headers<'a>) -> Option<&'a str> {
+    headers.text(Header::Authorization)?.ok().and_then(crate::headers::bearer)
 }
 
 impl Authenticator for Front {
-    fn authenticate<'a>(&'a self, headers: &'a HeaderMap, cert: Option<&ClientCert>) -> Checked<'a> {
+    fn authenticate<'a>(&'a self, headers: Headers<'a>, cert: Option<&ClientCert>) -> Checked<'a> {
         // A key or token sent with the request is the caller; else the
         // connection's certificate.
         if let Some(cert) = cert {
             if !self.subjects.is_empty()
-                && !headers.contains_key(http::header::AUTHORIZATION)
-                && !headers.contains_key("x-api-key")
+                && !headers.contains(Header::Authorization)
+                && !headers.contains(Header::XApiKey)
             {
                 return Checked::Done(self.certificate(cert));
             }
@@ -213,7 +210,7 @@ impl Authenticator for Front {
         };
         // An API key (ours have the `sb_` form; X-API-Key is only for keys).
         let token = match bearer(headers) {
-            Some(token) if !token.starts_with("sb_") && headers.get("x-api-key").is_none() => token,
+            Some(token) if !token.starts_with("sb_") && !headers.contains(Header::XApiKey) => token,
             _ => return Checked::Done(self.keys_only(headers)),
         };
         match oauth.verifier.verify_cached(token) {

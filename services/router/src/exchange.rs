@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
-use http::{HeaderMap, Response};
+use http::Response;
 use serde_json::value::RawValue;
 use switchboard_core::policy::Principal;
 use switchboard_core::{Outcome, UpstreamId};
@@ -34,6 +34,7 @@ use crate::auth::ClientCert;
 use crate::body::Body;
 use crate::downstream::respond;
 use crate::error::Error;
+use crate::headers::{Header, Headers};
 
 /// A request refused before it got far: the response to send (boxed: the
 /// refusal is the rare path, and keeps `Result`s of phases small).
@@ -173,8 +174,8 @@ impl Exchange {
 
     /// The request's trace begins (when traces are on): its parent from
     /// `params._meta.traceparent`, else the `traceparent` header.
-    fn begin_trace(&mut self, headers: &HeaderMap, env: &Envelope<'_>, connection: Option<&http::Extensions>) {
-        let header = headers.get(&TRACEPARENT).and_then(|v| v.to_str().ok());
+    fn begin_trace(&mut self, headers: Headers<'_>, env: &Envelope<'_>, connection: Option<&http::Extensions>) {
+        let header = headers.text(Header::Traceparent).and_then(Result::ok);
         // `params` read only when it can hold a trace context at all.
         let mentioned = env.params.is_some_and(|p| mentions_traceparent(p.get().as_bytes()));
         let meta = env.target().filter(|_| mentioned).and_then(Result::ok).and_then(|t| t.traceparent);
@@ -271,7 +272,7 @@ impl Exchange {
     /// counted by the authenticator. (It waits only for an access token
     /// whose authorization server's keys are not cached yet, or that must
     /// be introspected.)
-    pub async fn authenticate(&mut self, headers: &HeaderMap) -> Result<Principal, Error> {
+    pub async fn authenticate(&mut self, headers: Headers<'_>) -> Result<Principal, Error> {
         let principal =
             self.app.auth.authenticate(headers, self.cert.as_ref()).outcome().await.map_err(Error::Unauthenticated)?;
         self.principal = Some(principal.clone());
@@ -295,9 +296,9 @@ impl Exchange {
     /// Phase: session. The session a request names, if the caller opened
     /// it (the same tenant, and the same key or user); anyone else's session
     /// is reported exactly like one that does not exist.
-    pub async fn find_session(&mut self, headers: &HeaderMap) -> Result<Arc<Session>, Error> {
-        let id = headers.get(&respond::SESSION_ID).ok_or(Error::MissingSession)?;
-        let id = id.to_str().map_err(|_| Error::UnknownSession)?;
+    pub async fn find_session(&mut self, headers: Headers<'_>) -> Result<Arc<Session>, Error> {
+        let id = headers.text(Header::McpSessionId).ok_or(Error::MissingSession)?;
+        let id = id.map_err(|_| Error::UnknownSession)?;
         // `t.…` names a tenant's shared session (stateless clients'): never a client's.
         if id.is_empty() || id.len() > 128 || id.starts_with(switchboard_session::TENANT_PREFIX) {
             return Err(Error::UnknownSession);
@@ -360,7 +361,7 @@ impl Exchange {
     /// its audit record, and a slot of the tenant's limit on requests in
     /// flight (when none is free, [`Exchange::refuse`] the request with the
     /// error: a limit's refusal, audited as `refused` like the others).
-    pub fn open_books(&mut self, headers: &HeaderMap, env: &Envelope<'_>, request_bytes: usize) -> Result<(), Error> {
+    pub fn open_books(&mut self, headers: Headers<'_>, env: &Envelope<'_>, request_bytes: usize) -> Result<(), Error> {
         if self.app.audit.is_some() {
             self.record = Some(Box::new(self.draft(headers, Some(env), request_bytes)));
         }
@@ -452,7 +453,7 @@ impl Exchange {
     /// size), then its body. A refusal is the response to send.
     pub async fn receive(
         &mut self,
-        headers: &HeaderMap,
+        headers: Headers<'_>,
         body: crate::downstream::transport::PostBody,
     ) -> Result<Bytes, Refusal> {
         crate::downstream::transport::receive(&self.app, headers, body).await.map_err(|refusal| {
@@ -465,7 +466,7 @@ impl Exchange {
     /// -32600 if it is not one); and its trace begins, when traces are on.
     pub fn parse<'b>(
         &mut self,
-        headers: &HeaderMap,
+        headers: Headers<'_>,
         body: &'b [u8],
         connection: Option<&http::Extensions>,
     ) -> Result<Envelope<'b>, Refusal> {
@@ -490,7 +491,7 @@ impl Exchange {
     /// (`GET /mcp`) in its record.
     pub fn refuse(
         &mut self,
-        headers: &HeaderMap,
+        headers: Headers<'_>,
         env: Option<&Envelope<'_>>,
         request_bytes: usize,
         err: Error,
@@ -733,7 +734,7 @@ impl Exchange {
     }
 
     /// The audit record of the request, before its outcome is known.
-    fn draft(&self, headers: &HeaderMap, env: Option<&Envelope<'_>>, request_bytes: usize) -> AuditRecord {
+    fn draft(&self, headers: Headers<'_>, env: Option<&Envelope<'_>>, request_bytes: usize) -> AuditRecord {
         let who = self.principal.as_ref();
         let parsed = env.and_then(Envelope::target).and_then(Result::ok);
         let target = parsed
@@ -748,7 +749,8 @@ impl Exchange {
             Some(_) => None,
             // An unknown key: keep its prefix only if it has our format (never
             // part of some other secret).
-            None => switchboard_tenancy::presented_key(headers)
+            None => headers
+                .presented_key()
                 .filter(|k| k.len() == 43 && k.starts_with("sb_"))
                 .map(|k| Arc::from(&k[..switchboard_tenancy::PREFIX_LEN])),
         };
@@ -800,13 +802,9 @@ pub fn cancel_upstream(app: &Arc<App>, session: &Arc<Session>, u: UpstreamId, id
     });
 }
 
-/// The W3C trace context header (a parsed name: looking one up by `&str`
-/// parses the name first).
-static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
-
 /// The trace id of a W3C `traceparent` header (`00-<trace id>-<span id>-<flags>`).
-fn trace_id(headers: &HeaderMap) -> Option<String> {
-    let value = headers.get(&TRACEPARENT)?.to_str().ok()?;
+fn trace_id(headers: Headers<'_>) -> Option<String> {
+    let value = headers.text(Header::Traceparent)?.ok()?;
     let mut parts = value.split('-');
     let (_version, trace) = (parts.next()?, parts.next()?);
     (trace.len() == 32 && trace.bytes().all(|b| b.is_ascii_hexdigit()) && trace != "0".repeat(32))

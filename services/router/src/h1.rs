@@ -41,9 +41,9 @@ use std::task::{Context, Poll};
 use std::time::SystemTime;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, Response};
+use http::Response;
 use http_body::Body as _;
-use switchboard_protocol::http1::{self, Framing, HeaderSpan, RequestHead};
+use switchboard_protocol::http1::{self, Framing, RequestHead};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::Instant;
 
@@ -52,6 +52,7 @@ use crate::body::Body;
 use crate::connections::Connections;
 use crate::downstream;
 use crate::error::Error;
+use crate::headers::Head;
 
 /// How a connection served here ended.
 pub enum Ended<S> {
@@ -92,10 +93,9 @@ struct Conn<'a, S> {
     cx: Ctx<'a>,
     buf: BytesMut,
     out: Vec<u8>,
-    spans: Vec<HeaderSpan>,
-    /// The current request's headers, as the phases read them: one map
-    /// kept for the connection (emptied after each request, its room kept).
-    headers: HeaderMap,
+    /// The current request's header lines, as the phases read them: kept
+    /// for the connection (emptied after each request, its room kept).
+    headers: Head,
     requests: u64,
     /// The end of the last answer (or the accept): idleness counts from it.
     quiet_since: Instant,
@@ -120,8 +120,7 @@ where
         cx,
         buf: BytesMut::with_capacity(8 * 1024),
         out: Vec::with_capacity(1024),
-        spans: Vec::new(),
-        headers: HeaderMap::new(),
+        headers: Head::default(),
         requests: 0,
         quiet_since: now,
         timer: Box::pin(tokio::time::sleep_until(now + limits.header_timeout)),
@@ -164,7 +163,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
             if self.requests == 0 && self.buf.len() >= 3 && self.buf.starts_with(b"PRI") {
                 return Err(HandOff);
             }
-            match http1::parse_request(&self.buf, &mut self.spans) {
+            match http1::parse_request(&self.buf, &mut self.headers.spans) {
                 Ok(Some(head)) => return Ok(Some(head)),
                 Ok(None) => {}
                 // Longer heads are hyper's (it takes up to 400 KiB, 100 lines).
@@ -229,12 +228,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
         }
         let head_bytes = self.buf.split_to(head.len).freeze();
         let body = self.buf.split_to(length).freeze();
-        if let Err(e) = header_map(&head_bytes, &self.spans, &mut self.headers) {
-            let response = downstream::transport::reject_unread(self.cx.app, e);
-            let _ = self.respond(response, true).await;
-            return Next::Close;
-        }
-        drop(head_bytes);
+        self.headers.index(head_bytes);
         self.requests += 1;
         // The phases run while the client is watched: one that hangs up
         // abandons its request (cancelled upstream), as under hyper.
@@ -244,7 +238,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
             let phases = std::pin::pin!(downstream::post_read(cx.app, started, headers, body, cx.extensions));
             until_hang_up(phases, io, buf, eof).await.map(downstream::refused_or)
         };
-        // The values share the head's bytes: let them go with it.
+        // The values are the head's bytes: let them go.
         self.headers.clear();
         let Some(response) = answered else {
             return Next::Close;
@@ -540,56 +534,6 @@ fn write_head<'h>(
     }
 }
 
-/// The header names requests to `/mcp` carry, each as written in lower
-/// case, matched here by length and bytes rather than parsed: MCP's own
-/// (which http does not know, and would lower-case into a new allocation
-/// each time) and the standard ones clients send. `None`: a framing
-/// header, which this layer reads itself (the `Host` count, the body's
-/// `Content-Length`, `Connection: close`) and the phases never do; it is
-/// left out of their map, which costs per entry.
-static KNOWN: [(&[u8], Option<HeaderName>); 17] = [
-    (b"host", None),
-    (b"accept", Some(http::header::ACCEPT)),
-    (b"origin", Some(http::header::ORIGIN)),
-    (b"x-api-key", Some(HeaderName::from_static("x-api-key"))),
-    (b"connection", None),
-    (b"user-agent", Some(http::header::USER_AGENT)),
-    (b"traceparent", Some(HeaderName::from_static("traceparent"))),
-    (b"content-type", Some(http::header::CONTENT_TYPE)),
-    (b"authorization", Some(http::header::AUTHORIZATION)),
-    (b"last-event-id", Some(HeaderName::from_static("last-event-id"))),
-    (b"content-length", None),
-    (b"mcp-session-id", Some(HeaderName::from_static("mcp-session-id"))),
-    (b"mcp-method", Some(HeaderName::from_static("mcp-method"))),
-    (b"mcp-name", Some(HeaderName::from_static("mcp-name"))),
-    (b"accept-encoding", Some(http::header::ACCEPT_ENCODING)),
-    (b"accept-language", Some(http::header::ACCEPT_LANGUAGE)),
-    (b"mcp-protocol-version", Some(HeaderName::from_static("mcp-protocol-version"))),
-];
-
-/// The request's headers as the phases read them, into `map` (emptied
-/// first): names looked up in [`KNOWN`] or parsed (the standard ones are
-/// not allocated), values sharing the head's bytes; the framing headers
-/// left out.
-fn header_map(head: &Bytes, spans: &[HeaderSpan], map: &mut HeaderMap) -> Result<(), Error> {
-    map.clear();
-    map.reserve(spans.len());
-    for span in spans {
-        let name = &head[span.name.clone()];
-        let known = KNOWN.iter().find(|(k, _)| k.len() == name.len() && k.eq_ignore_ascii_case(name));
-        let name = match known {
-            Some((_, Some(known))) => known.clone(),
-            Some((_, None)) => continue,
-            None => HeaderName::from_bytes(name)
-                .map_err(|_| Error::MalformedHttp(http1::HeadError::Malformed("invalid header name")))?,
-        };
-        let value = HeaderValue::from_maybe_shared(head.slice(span.value.clone()))
-            .map_err(|_| Error::MalformedHttp(http1::HeadError::Malformed("invalid header value")))?;
-        map.append(name, value);
-    }
-    Ok(())
-}
-
 /// Reads what the socket has into `buf` (through a small copy: this is
 /// for the rare bytes a client sends while its request is served).
 fn poll_read_buf<S: AsyncRead + Unpin>(
@@ -696,53 +640,5 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_known_name_is_the_header_it_is_matched_as() {
-        for (bytes, name) in &KNOWN {
-            let parsed = HeaderName::from_bytes(bytes).unwrap();
-            assert_eq!(*bytes, parsed.as_str().as_bytes(), "written in lower case");
-            if let Some(name) = name {
-                assert_eq!(parsed, name);
-            }
-        }
-        let framing: Vec<_> = KNOWN.iter().filter(|(_, n)| n.is_none()).map(|(b, _)| *b).collect();
-        assert_eq!(framing, [&b"host"[..], b"connection", b"content-length"]);
-    }
-
-    #[test]
-    fn the_header_map_has_every_line_under_its_name_in_order_sharing_the_head() {
-        let head = Bytes::from_static(
-            b"POST /mcp HTTP/1.1\r\nHOST: a\r\nMcp-Session-Id: s1\r\nX-Custom-Thing: one\r\n\
-              accept: application/json\r\nAccept: text/event-stream\r\nMCP-PROTOCOL-VERSION: 2025-11-25\r\n\
-              Content-Length: 2\r\nx-custom-thing: two\r\n\r\n",
-        );
-        let mut spans = Vec::new();
-        http1::parse_request(&head, &mut spans).unwrap().unwrap();
-        let mut map = HeaderMap::new();
-        map.insert("stale", HeaderValue::from_static("from the last request"));
-        header_map(&head, &spans, &mut map).unwrap();
-        assert_eq!(map.len(), 6);
-        assert!(map.get("stale").is_none());
-        // Framing: read by this layer, not the phases.
-        assert!(map.get(http::header::HOST).is_none());
-        assert!(map.get(http::header::CONTENT_LENGTH).is_none());
-        assert_eq!(map["mcp-session-id"], "s1");
-        assert_eq!(map["mcp-protocol-version"], "2025-11-25");
-        let accept: Vec<_> = map.get_all(http::header::ACCEPT).iter().collect();
-        assert_eq!(accept, ["application/json", "text/event-stream"]);
-        let custom: Vec<_> = map.get_all("x-custom-thing").iter().collect();
-        assert_eq!(custom, ["one", "two"]);
-        let names: Vec<_> = map.keys().map(HeaderName::as_str).collect();
-        assert!(names.iter().all(|n| n.bytes().all(|b| !b.is_ascii_uppercase())), "{names:?}");
-        // Values are slices of the head, not copies.
-        let range = head.as_ptr_range();
-        assert!(range.contains(&map["mcp-session-id"].as_bytes().as_ptr()));
     }
 }

@@ -8,6 +8,8 @@
 //! - `app.rs`: the shared state, what happens to messages upstreams send on
 //!   their own (the sessions' `Relay`), shutdown.
 //! - `exchange.rs`: one request's context through its phases, finished once.
+//! - `h1.rs`, `headers.rs`: the router's own HTTP/1.1 path for the hot POST;
+//!   a request's headers as the phases read them (hyper's map or that path's head).
 //! - `auth.rs`: the authenticate phase (API keys, OAuth access tokens, client
 //!   certificates) and scopes.
 //! - [`tls`], [`subject`]: TLS on the listeners, client certificates' subjects.
@@ -42,6 +44,7 @@ pub mod error;
 mod exchange;
 pub mod feed;
 mod h1;
+mod headers;
 mod keychain;
 mod metrics;
 mod own_token;

@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
 use switchboard_core::policy::{AuthFailure, Policy, Principal, Tenant};
@@ -96,13 +95,8 @@ impl Directory {
         self.open.is_none()
     }
 
-    /// The caller of a request, from its `Authorization: Bearer` or
-    /// `X-API-Key` header. A refusal is counted.
-    pub fn authenticate(&self, headers: &HeaderMap, now_ms: i64) -> Result<Principal, AuthFailure> {
-        self.authenticate_key(presented_key(headers), now_ms)
-    }
-
-    /// The owner of an API key presented some other way (an edge device's
+    /// The owner of the API key a request presents (the router reads it
+    /// from `Authorization: Bearer` or `X-API-Key`; an edge device, from its
     /// `register` message). With authentication off, the open tenant. A
     /// refusal is counted.
     pub fn authenticate_key(&self, key: Option<&str>, now_ms: i64) -> Result<Principal, AuthFailure> {
@@ -272,21 +266,6 @@ fn open_principal(upstreams: &[Arc<str>]) -> Principal {
     Principal::of_key(Arc::new(Tenant::new("default", &policy, upstreams)), Arc::from(""), Arc::from(""))
 }
 
-/// The key a request presents, if any.
-pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
-    if let Some(v) = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
-        let v = v.trim();
-        if v.len() > 7 && v[..7].eq_ignore_ascii_case("bearer ") {
-            let key = v[7..].trim();
-            if !key.is_empty() {
-                return Some(key);
-            }
-        }
-    }
-    static X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
-    headers.get(&X_API_KEY).and_then(|v| v.to_str().ok()).map(str::trim).filter(|k| !k.is_empty())
-}
-
 /// A new random key, with its prefix and the hash to store.
 pub fn generate_key() -> (String, String, String) {
     const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
@@ -365,7 +344,7 @@ mod tests {
     }
 
     #[test]
-    fn keys_are_read_from_either_header() {
+    fn a_key_is_its_tenants_until_it_expires_and_unknown_or_missing_ones_are_refused() {
         let ups: Vec<Arc<str>> = vec!["a".into()];
         let dir = Directory::new(
             ups,
@@ -385,19 +364,13 @@ mod tests {
             revoked_at_ms: None,
         };
         dir.install(1, vec![], vec![row(&prefix, &h, None), row(&old_prefix, &old_h, Some(1000))]);
-        let mut headers = HeaderMap::new();
-        assert_eq!(dir.authenticate(&headers, 0).unwrap_err(), AuthFailure::Missing);
-        headers.insert("authorization", format!("Bearer {key}").parse().unwrap());
-        let p = dir.authenticate(&headers, 0).unwrap();
+        assert_eq!(dir.authenticate_key(None, 0).unwrap_err(), AuthFailure::Missing);
+        assert_eq!(dir.authenticate_key(Some(""), 0).unwrap_err(), AuthFailure::Missing);
+        let p = dir.authenticate_key(Some(&key), 0).unwrap();
         assert_eq!(&*p.tenant.name, "t");
         assert_eq!(&*p.key_prefix, prefix);
-        headers.clear();
-        headers.insert("x-api-key", key.parse().unwrap());
-        assert!(dir.authenticate(&headers, 0).is_ok());
-        headers.insert("x-api-key", "sb_nope".parse().unwrap());
-        assert_eq!(dir.authenticate(&headers, 0).unwrap_err(), AuthFailure::Invalid);
-        headers.insert("x-api-key", old.parse().unwrap());
-        assert!(dir.authenticate(&headers, 999).is_ok());
-        assert_eq!(dir.authenticate(&headers, 1000).unwrap_err(), AuthFailure::Expired);
+        assert_eq!(dir.authenticate_key(Some("sb_nope"), 0).unwrap_err(), AuthFailure::Invalid);
+        assert!(dir.authenticate_key(Some(&old), 999).is_ok());
+        assert_eq!(dir.authenticate_key(Some(&old), 1000).unwrap_err(), AuthFailure::Expired);
     }
 }

@@ -28,11 +28,13 @@ use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
 use crate::exchange::{Exchange, Refusal};
+use crate::headers::Headers;
 use switchboard_core::ids::random_id;
 use switchboard_session::Session;
 
 /// `GET …/sse`: a new connection; `prefix` is the path before `/sse`.
-pub async fn open(app: &Arc<App>, headers: &HeaderMap, connection: &http::Extensions, prefix: &str) -> Response<Body> {
+pub async fn open(app: &Arc<App>, map: &HeaderMap, connection: &http::Extensions, prefix: &str) -> Response<Body> {
+    let headers = Headers::Map(map);
     let mut x = Exchange::new(app, Instant::now(), connection);
     if let Err(e) = check_origin(app, headers) {
         return x.reject(None, e);
@@ -46,7 +48,7 @@ pub async fn open(app: &Arc<App>, headers: &HeaderMap, connection: &http::Extens
     }
     x.discard();
     let id = random_id();
-    let forwarded = headers.get("x-forwarded-prefix").and_then(|v| v.to_str().ok()).unwrap_or("");
+    let forwarded = map.get("x-forwarded-prefix").and_then(|v| v.to_str().ok()).unwrap_or("");
     let endpoint = format!("{}{prefix}/messages?sessionId={id}", forwarded.trim_end_matches('/'));
     let (tx, rx) = mpsc::channel(64);
     let _ = tx.try_send(sse::encode_event(None, Some("endpoint"), endpoint.as_bytes()));
@@ -75,15 +77,17 @@ pub async fn message(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
 async fn message_phases(
     mut x: Exchange,
     id: Arc<str>,
-    headers: HeaderMap,
+    map: HeaderMap,
     body: Incoming,
 ) -> Result<Response<Body>, Refusal> {
     let app = x.app().clone();
-    let body = x.receive(&headers, crate::downstream::transport::PostBody::Incoming(body)).await?;
-    let env = x.parse(&headers, &body, None)?;
-    let who = x.authenticate(&headers).await.map_err(|e| x.refuse(&headers, Some(&env), body.len(), e, "POST"))?;
+    let headers = Headers::Map(&map);
+    let body = crate::downstream::transport::PostBody::incoming(body, &map);
+    let body = x.receive(headers, body).await?;
+    let env = x.parse(headers, &body, None)?;
+    let who = x.authenticate(headers).await.map_err(|e| x.refuse(headers, Some(&env), body.len(), e, "POST"))?;
     if env.kind == MessageKind::Request {
-        x.admit(&env).await.map_err(|e| x.refuse(&headers, Some(&env), body.len(), e, "POST"))?;
+        x.admit(&env).await.map_err(|e| x.refuse(headers, Some(&env), body.len(), e, "POST"))?;
     }
     if env.kind == MessageKind::Request && env.method_str() == "initialize" {
         let stream = app.legacy_take(&id, &who).ok_or_else(|| x.reject(env.id, Error::UnknownSession))?;
@@ -118,7 +122,7 @@ async fn message_phases(
             // Answer in the background; the answer goes out on the SSE stream.
             tokio::spawn(async move {
                 let Ok(env) = Envelope::parse(&body) else { return };
-                let response = request(x, &headers, &session, &env, &body, true).await;
+                let response = request(x, Headers::Map(&map), &session, &env, &body, true).await;
                 move_to_stream(&app, &session, response).await;
             });
         }

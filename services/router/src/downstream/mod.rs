@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method as HttpMethod, Request, Response, StatusCode};
+use http::{HeaderValue, Method as HttpMethod, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde::Deserialize;
 use switchboard_core::policy::Principal;
@@ -45,18 +45,17 @@ use switchboard_protocol::sse::EventId;
 use switchboard_protocol::{Method, ProtocolVersion};
 use switchboard_session::Session;
 
-use self::transport::{accepts_sse, check_origin, check_version, PROTOCOL_VERSION};
+use self::transport::{accepts_sse, check_origin, check_version};
 use crate::app::App;
 use crate::body::Body;
 use crate::config::ResponseMode;
 use crate::error::Error;
 use crate::exchange::{Exchange, Refusal};
-
-static LAST_EVENT_ID: http::HeaderName = http::HeaderName::from_static("last-event-id");
+use crate::headers::{Header, Headers};
 
 /// Serves one request to `/mcp`.
 pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
-    if *req.method() != HttpMethod::POST && stateless_only(req.headers()) {
+    if *req.method() != HttpMethod::POST && stateless_only(req.headers().into()) {
         // A 2026-07-28 exchange is POST only: no session to stream or end.
         let mut response = respond::text(StatusCode::METHOD_NOT_ALLOWED, "stateless MCP (2026-07-28) is POST only\n");
         response.headers_mut().insert(http::header::ALLOW, HeaderValue::from_static("POST"));
@@ -66,8 +65,8 @@ pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
         HttpMethod::POST => post(app, req).await,
         // Boxed (as every branch off the hot POST): the request's future
         // stays small, and hyper moves it whole (see `future_sizes`).
-        HttpMethod::GET => Box::pin(get(app, req.headers(), req.extensions())).await,
-        HttpMethod::DELETE => Box::pin(delete(app, req.headers(), req.extensions())).await,
+        HttpMethod::GET => Box::pin(get(app, req.headers().into(), req.extensions())).await,
+        HttpMethod::DELETE => Box::pin(delete(app, req.headers().into(), req.extensions())).await,
         _ => {
             let mut response = respond::text(StatusCode::METHOD_NOT_ALLOWED, "use POST, GET or DELETE\n");
             response.headers_mut().insert(http::header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
@@ -77,11 +76,11 @@ pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
 }
 
 /// A GET or DELETE that names no session and says 2026-07-28 or later.
-fn stateless_only(headers: &HeaderMap) -> bool {
-    !headers.contains_key(&respond::SESSION_ID)
+fn stateless_only(headers: Headers<'_>) -> bool {
+    !headers.contains(Header::McpSessionId)
         && headers
-            .get(&PROTOCOL_VERSION)
-            .and_then(|v| v.to_str().ok())
+            .text(Header::McpProtocolVersion)
+            .and_then(Result::ok)
             .and_then(|v| ProtocolVersion::parse(v.trim()))
             .is_some_and(ProtocolVersion::is_modern)
 }
@@ -91,9 +90,8 @@ async fn post(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
     let (parts, body) = req.into_parts();
     let mut x = Exchange::new(app, Instant::now(), &parts.extensions);
     x.set_http_version(parts.version);
-    post_phases(x, &parts.headers, transport::PostBody::Incoming(body), &parts.extensions)
-        .await
-        .unwrap_or_else(|refusal| *refusal)
+    let body = transport::PostBody::incoming(body, &parts.headers);
+    post_phases(x, Headers::Map(&parts.headers), body, &parts.extensions).await.unwrap_or_else(|refusal| *refusal)
 }
 
 /// A POST to `/mcp` over HTTP/1.1 whose body was read already, at
@@ -105,12 +103,12 @@ async fn post(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
 pub fn post_read<'a>(
     app: &'a Arc<App>,
     started: Instant,
-    headers: &'a HeaderMap,
+    headers: &'a crate::headers::Head,
     body: Bytes,
     connection: &'a http::Extensions,
 ) -> impl std::future::Future<Output = Result<Response<Body>, Refusal>> + Send + 'a {
     let x = Exchange::new(app, started, connection);
-    post_phases(x, headers, transport::PostBody::Read(body), connection)
+    post_phases(x, Headers::Head(headers), transport::PostBody::Read(body), connection)
 }
 
 /// What to answer, when `phases` refused to send or not.
@@ -127,7 +125,7 @@ pub fn refused_or(phases: Result<Response<Body>, Refusal>) -> Response<Body> {
 #[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see post_phases)")]
 fn post_phases<'a>(
     mut x: Exchange,
-    headers: &'a HeaderMap,
+    headers: Headers<'a>,
     body: transport::PostBody,
     connection: &'a http::Extensions,
 ) -> impl std::future::Future<Output = Result<Response<Body>, Refusal>> + 'a {
@@ -159,7 +157,7 @@ fn post_phases<'a>(
 #[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see post_phases)")]
 fn with_logs<'a>(
     x: Exchange,
-    headers: &'a HeaderMap,
+    headers: Headers<'a>,
     env: Envelope<'a>,
     body: &'a Bytes,
 ) -> impl std::future::Future<Output = Result<Response<Body>, Refusal>> + 'a {
@@ -177,7 +175,7 @@ fn with_logs<'a>(
 #[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see post_phases)")]
 fn after_parse<'a>(
     mut x: Exchange,
-    headers: &'a HeaderMap,
+    headers: Headers<'a>,
     env: Envelope<'a>,
     body: &'a Bytes,
 ) -> impl std::future::Future<Output = Result<Response<Body>, Refusal>> + 'a {
@@ -229,7 +227,7 @@ fn after_parse<'a>(
 #[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see post_phases)")]
 pub(crate) fn request<'a, 'e>(
     mut x: Exchange,
-    headers: &'a HeaderMap,
+    headers: Headers<'a>,
     session: &'a Arc<Session>,
     env: &'a Envelope<'e>,
     body: &'a Bytes,
@@ -446,7 +444,7 @@ pub(crate) async fn answer(
 /// of a refusal).
 async fn session_phases(
     app: &Arc<App>,
-    headers: &HeaderMap,
+    headers: Headers<'_>,
     connection: &http::Extensions,
     http: &'static str,
 ) -> Result<(Exchange, Arc<Session>), Response<Body>> {
@@ -465,7 +463,7 @@ async fn session_phases(
 }
 
 /// GET: the session's stream of messages not tied to a request.
-async fn get(app: &Arc<App>, headers: &HeaderMap, connection: &http::Extensions) -> Response<Body> {
+async fn get(app: &Arc<App>, headers: Headers<'_>, connection: &http::Extensions) -> Response<Body> {
     let (mut x, session) = match session_phases(app, headers, connection, "GET /mcp").await {
         Ok(found) => found,
         Err(response) => return response,
@@ -473,7 +471,7 @@ async fn get(app: &Arc<App>, headers: &HeaderMap, connection: &http::Extensions)
     if let Err(e) = check_version(headers) {
         return x.reject(None, e);
     }
-    let resume = headers.get(&LAST_EVENT_ID).and_then(|v| v.to_str().ok()).and_then(EventId::parse);
+    let resume = headers.text(Header::LastEventId).and_then(Result::ok).and_then(EventId::parse);
     // While draining, answers in flight may still be resumed; nothing new starts.
     if app.shutting_down() && resume.is_none_or(|id| id.stream == 0) {
         return x.reject(None, Error::ShuttingDown);
@@ -489,7 +487,7 @@ async fn get(app: &Arc<App>, headers: &HeaderMap, connection: &http::Extensions)
 }
 
 /// DELETE: ends the session and its upstream sessions.
-async fn delete(app: &Arc<App>, headers: &HeaderMap, connection: &http::Extensions) -> Response<Body> {
+async fn delete(app: &Arc<App>, headers: Headers<'_>, connection: &http::Extensions) -> Response<Body> {
     let (mut x, session) = match session_phases(app, headers, connection, "DELETE /mcp").await {
         Ok(found) => found,
         Err(response) => return response,
@@ -517,7 +515,7 @@ mod future_sizes {
     fn size<A, F: Future>(_: impl Fn(A) -> F) -> usize {
         std::mem::size_of::<F>()
     }
-    type H = &'static HeaderMap;
+    type H = Headers<'static>;
     type E = &'static Envelope<'static>;
     type B = &'static Bytes;
     type S = &'static Arc<Session>;
@@ -528,7 +526,7 @@ mod future_sizes {
         let request = size(|(x, h, s, e, b): (Exchange, H, S, E, B)| super::request(x, h, s, e, b, true));
         let forward = size(|(x, s, e, b): (Exchange, S, E, B)| forward::forward(x, s, Method::ToolsCall, e, b, true));
         let find_session = size(|(mut x, h): (Exchange, H)| async move { x.find_session(h).await });
-        let post_read = size(|(a, h, b): (&'static Arc<App>, H, Bytes)| {
+        let post_read = size(|(a, h, b): (&'static Arc<App>, &'static crate::headers::Head, Bytes)| {
             super::post_read(a, Instant::now(), h, b, Box::leak(Box::default()))
         });
         // Each async level a future sits in copies it whole once more when

@@ -5,7 +5,7 @@
 //! reaches it as a stateless request: `params._meta` gets the protocol
 //! version, the client's capabilities (from its `initialize`) and its log
 //! level (from `logging/setLevel`); the headers get `Mcp-Method` and
-//! `Mcp-Name`. Progress and log notifications come back on the request's
+//! `Mcp-Header`. Progress and log notifications come back on the request's
 //! stream. An `input_required` result becomes server-to-client requests on
 //! that stream (or the session's GET stream, for a client that takes only
 //! JSON), one per input request, with router ids (`m.…`); when the client
@@ -18,7 +18,7 @@ use std::sync::Arc;
 use switchboard_core::UpstreamId;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Response};
+use http::{HeaderName, HeaderValue, Response};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use switchboard_protocol::jsonrpc::{self, Envelope, MessageKind, Target};
@@ -33,6 +33,7 @@ use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
 use crate::exchange::Exchange;
+use crate::headers::Headers;
 use switchboard_core::Outcome;
 use switchboard_session::events::Log;
 use switchboard_session::Session;
@@ -124,12 +125,12 @@ pub(super) async fn subscribe(
 pub(crate) static MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
 
 /// The headers of a request to a stateless upstream besides the version and
-/// method: `Mcp-Name` (the upstream's own name or URI, from the rewritten
+/// method: `Mcp-Header` (the upstream's own name or URI, from the rewritten
 /// `body`) and the client's `Mcp-Param-*` headers, passed through.
 pub(crate) fn upstream_headers(
     method: Method,
     body: &[u8],
-    client: Option<&HeaderMap>,
+    client: Option<Headers<'_>>,
 ) -> Vec<(HeaderName, http::HeaderValue)> {
     let mut extra = Vec::new();
     if let Some(target) = Envelope::parse(body).ok().and_then(|e| e.params).and_then(|p| Target::parse(p).ok()) {
@@ -142,9 +143,13 @@ pub(crate) fn upstream_headers(
             extra.push((MCP_NAME.clone(), header_value(&name)));
         }
     }
-    for (name, value) in client.into_iter().flatten() {
-        if name.as_str().starts_with("mcp-param-") {
-            extra.push((name.clone(), value.clone()));
+    const PARAM: &[u8] = b"mcp-param-";
+    for (name, value) in client.into_iter().flat_map(Headers::iter) {
+        if name.len() >= PARAM.len() && name[..PARAM.len()].eq_ignore_ascii_case(PARAM) {
+            // Both valid already (httparse's checks are http's).
+            if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {
+                extra.push((name, value));
+            }
         }
     }
     extra

@@ -5,8 +5,7 @@
 //! rejections: counted (`switchboard_http_rejections_total`), not audited.
 
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, ORIGIN};
-use http::{HeaderMap, HeaderValue, Response};
+use http::{HeaderValue, Response};
 use hyper::body::Incoming;
 use serde_json::value::RawValue;
 use switchboard_core::body::CollectError;
@@ -17,8 +16,7 @@ use super::respond;
 use crate::app::App;
 use crate::body::Body;
 use crate::error::Error;
-
-pub(crate) static PROTOCOL_VERSION: http::HeaderName = http::HeaderName::from_static("mcp-protocol-version");
+use crate::headers::{Header, Headers};
 
 /// Refuses a request before it reaches the MCP layer, and counts it.
 pub fn reject(app: &App, id: Option<&RawValue>, err: Error) -> Response<Body> {
@@ -34,29 +32,41 @@ pub fn reject_unread(app: &App, err: Error) -> Response<Body> {
     response
 }
 
-/// A POST's body: hyper's, to be read within the limit, or read already
-/// (by the router's own HTTP/1.1 path, [`crate::h1`], which checked its
-/// length against the limit).
+/// A POST's body: hyper's, to be read within the limit (with the length
+/// its `Content-Length` declares, if any), or read already (by the
+/// router's own HTTP/1.1 path, [`crate::h1`], which checked its length
+/// against the limit).
 pub enum PostBody {
-    Incoming(Incoming),
+    Incoming { body: Incoming, declared: Option<u64> },
     Read(Bytes),
+}
+
+impl PostBody {
+    /// hyper's body, with the length `headers` declare.
+    pub fn incoming(body: Incoming, headers: &http::HeaderMap) -> PostBody {
+        let declared =
+            headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+        PostBody::Incoming { body, declared }
+    }
 }
 
 /// The transport checks of a POST (`Origin`, `Content-Type`, size), then its
 /// body; a refusal is the response to send.
-pub async fn receive(app: &App, headers: &HeaderMap, body: PostBody) -> Result<Bytes, Response<Body>> {
+pub async fn receive(app: &App, headers: Headers<'_>, body: PostBody) -> Result<Bytes, Response<Body>> {
     check_origin(app, headers).map_err(|e| reject_unread(app, e))?;
     check_content_type(headers).map_err(|e| reject_unread(app, e))?;
     match body {
-        PostBody::Incoming(body) => read_body(app, headers, body).await.map_err(|e| reject_unread(app, e)),
+        PostBody::Incoming { body, declared } => {
+            read_body(app, declared, body).await.map_err(|e| reject_unread(app, e))
+        }
         PostBody::Read(body) => Ok(body),
     }
 }
 
 /// Browsers send `Origin`; a page on another site must not reach a local router.
-pub fn check_origin(app: &App, headers: &HeaderMap) -> Result<(), Error> {
-    let Some(origin) = headers.get(ORIGIN) else { return Ok(()) };
-    let origin = origin.to_str().unwrap_or("");
+pub fn check_origin(app: &App, headers: Headers<'_>) -> Result<(), Error> {
+    let Some(origin) = headers.text(Header::Origin) else { return Ok(()) };
+    let origin = origin.unwrap_or("");
     if app.config.server.allowed_origins.iter().any(|p| p.matches(origin)) {
         Ok(())
     } else {
@@ -65,20 +75,20 @@ pub fn check_origin(app: &App, headers: &HeaderMap) -> Result<(), Error> {
 }
 
 /// `application/json` (with any parameters), or no `Content-Type` at all.
-fn check_content_type(headers: &HeaderMap) -> Result<(), Error> {
-    let Some(ct) = headers.get(CONTENT_TYPE) else { return Ok(()) };
-    if essence(ct.as_bytes()).eq_ignore_ascii_case(b"application/json") {
+fn check_content_type(headers: Headers<'_>) -> Result<(), Error> {
+    let Some(ct) = headers.get(Header::ContentType) else { return Ok(()) };
+    if essence(ct).eq_ignore_ascii_case(b"application/json") {
         Ok(())
     } else {
-        Err(Error::UnsupportedMediaType(String::from_utf8_lossy(ct.as_bytes()).into_owned()))
+        Err(Error::UnsupportedMediaType(String::from_utf8_lossy(ct).into_owned()))
     }
 }
 
 /// `MCP-Protocol-Version`, when a session's request sends it, must be one
 /// we speak on this endpoint.
-pub fn check_version(headers: &HeaderMap) -> Result<(), Error> {
-    let Some(v) = headers.get(&PROTOCOL_VERSION) else { return Ok(()) };
-    let text = v.to_str().unwrap_or("");
+pub fn check_version(headers: Headers<'_>) -> Result<(), Error> {
+    let Some(text) = headers.text(Header::McpProtocolVersion) else { return Ok(()) };
+    let text = text.unwrap_or("");
     match ProtocolVersion::parse(text) {
         Some(v) if v.is_streamable_http() => Ok(()),
         _ => Err(Error::UnsupportedVersion(text.to_owned())),
@@ -88,11 +98,11 @@ pub fn check_version(headers: &HeaderMap) -> Result<(), Error> {
 /// Whether the client can take an SSE answer. Lenient: a missing `Accept`
 /// or a wildcard counts as yes; only an explicit list without
 /// `text/event-stream` means JSON only.
-pub fn accepts_sse(headers: &HeaderMap) -> bool {
+pub fn accepts_sse(headers: Headers<'_>) -> bool {
     let mut any = false;
-    for value in headers.get_all(http::header::ACCEPT) {
+    for value in headers.get_all(Header::Accept) {
         any = true;
-        for item in value.as_bytes().split(|&b| b == b',') {
+        for item in value.split(|&b| b == b',') {
             let essence = essence(item);
             if essence.eq_ignore_ascii_case(b"text/event-stream")
                 || essence == b"*/*"
@@ -111,9 +121,8 @@ fn essence(media_type: &[u8]) -> &[u8] {
     media_type[..end].trim_ascii()
 }
 
-async fn read_body(app: &App, headers: &HeaderMap, mut body: Incoming) -> Result<Bytes, Error> {
+async fn read_body(app: &App, declared: Option<u64>, mut body: Incoming) -> Result<Bytes, Error> {
     let limit = app.config.server.max_body_bytes;
-    let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         // Refused before a byte of it is read; read and dropped meanwhile,
         // so that a client that writes its whole body before reading the
@@ -157,33 +166,33 @@ const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
+    fn headers(pairs: &[(&'static str, &'static str)]) -> Headers<'static> {
+        let mut h = http::HeaderMap::new();
         for (k, v) in pairs {
             h.append(*k, HeaderValue::from_static(v));
         }
-        h
+        Headers::Map(Box::leak(Box::new(h)))
     }
 
     #[test]
     fn accept_is_lenient() {
-        assert!(accepts_sse(&headers(&[])));
-        assert!(accepts_sse(&headers(&[("accept", "application/json, text/event-stream")])));
-        assert!(accepts_sse(&headers(&[("accept", "*/*")])));
-        assert!(!accepts_sse(&headers(&[("accept", "application/json")])));
-        assert!(accepts_sse(&headers(&[("accept", "application/json"), ("accept", "text/event-stream;q=0.5")])));
+        assert!(accepts_sse(headers(&[])));
+        assert!(accepts_sse(headers(&[("accept", "application/json, text/event-stream")])));
+        assert!(accepts_sse(headers(&[("accept", "*/*")])));
+        assert!(!accepts_sse(headers(&[("accept", "application/json")])));
+        assert!(accepts_sse(headers(&[("accept", "application/json"), ("accept", "text/event-stream;q=0.5")])));
     }
 
     #[test]
     fn content_type_and_version() {
-        assert!(check_content_type(&headers(&[("content-type", "application/json; charset=utf-8")])).is_ok());
-        assert!(check_content_type(&headers(&[])).is_ok());
+        assert!(check_content_type(headers(&[("content-type", "application/json; charset=utf-8")])).is_ok());
+        assert!(check_content_type(headers(&[])).is_ok());
         assert!(matches!(
-            check_content_type(&headers(&[("content-type", "text/plain")])),
+            check_content_type(headers(&[("content-type", "text/plain")])),
             Err(Error::UnsupportedMediaType(_))
         ));
-        assert!(check_version(&headers(&[("mcp-protocol-version", "2025-06-18")])).is_ok());
-        assert!(check_version(&headers(&[("mcp-protocol-version", "2024-11-05")])).is_err());
-        assert!(check_version(&headers(&[("mcp-protocol-version", "1999-01-01")])).is_err());
+        assert!(check_version(headers(&[("mcp-protocol-version", "2025-06-18")])).is_ok());
+        assert!(check_version(headers(&[("mcp-protocol-version", "2024-11-05")])).is_err());
+        assert!(check_version(headers(&[("mcp-protocol-version", "1999-01-01")])).is_err());
     }
 }

@@ -11,7 +11,7 @@
 //!
 //! 1. validate ([`validate`]): `params._meta` carries the protocol version and
 //!    the client's capabilities; the `MCP-Protocol-Version`, `Mcp-Method`
-//!    and `Mcp-Name` headers agree with the body (400 and -32020 if not);
+//!    and `Mcp-Header` headers agree with the body (400 and -32020 if not);
 //!    the version is one we speak (400 and -32022 with the supported list);
 //! 2. authenticate and admit, as for sessions;
 //! 3. route: `server/discover` and the lists are answered here (with
@@ -22,7 +22,7 @@
 //!    unknown ones are 404 and -32601.
 //!
 //! Forwarding depends on the upstream's era. A stateless upstream gets the
-//! request as it came, but for the rewritten name and its own `Mcp-Name`
+//! request as it came, but for the rewritten name and its own `Mcp-Header`
 //! header (with `Mcp-Param-*` headers passed on), and its answer comes back
 //! untouched: `input_required` results and their `requestState` included.
 //! A session-era upstream is bridged (`bridge.rs`).
@@ -34,7 +34,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, Response, StatusCode};
+use http::{Response, StatusCode};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -48,20 +48,18 @@ use switchboard_protocol::{Method, ProtocolVersion};
 use tokio::sync::{broadcast, mpsc};
 
 use super::resolve::{self, Resolution, Resolved};
-use super::stateless_upstream::{upstream_headers, MCP_NAME};
-use super::transport::PROTOCOL_VERSION;
+use super::stateless_upstream::upstream_headers;
 use super::{lists, respond};
 use crate::app::{App, Change};
 use crate::body::Body;
 use crate::error::Error;
 use crate::exchange::Exchange;
+use crate::headers::{Header, Headers};
 use switchboard_upstream::{ModernAnswer, Reply, UpstreamError};
 
-pub(crate) static MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
-
 /// Whether a POST is a stateless request (see the module docs).
-pub fn is_stateless(headers: &HeaderMap, env: &Envelope<'_>) -> bool {
-    if headers.contains_key(&respond::SESSION_ID) {
+pub fn is_stateless(headers: Headers<'_>, env: &Envelope<'_>) -> bool {
+    if headers.contains(Header::McpSessionId) {
         return false;
     }
     // A session client's `initialize` names the version it wants; one that
@@ -70,8 +68,8 @@ pub fn is_stateless(headers: &HeaderMap, env: &Envelope<'_>) -> bool {
         return false;
     }
     let body_says = || modern::request_meta(env.params).ok().flatten().is_some_and(|m| m.protocol_version.is_some());
-    match headers.get(&PROTOCOL_VERSION) {
-        Some(value) => match ProtocolVersion::parse(value.to_str().unwrap_or("").trim()) {
+    match headers.text(Header::McpProtocolVersion) {
+        Some(value) => match ProtocolVersion::parse(value.unwrap_or("").trim()) {
             Some(v) => v.is_modern(),
             // A version we do not know: stateless if the body says it is one.
             None => body_says(),
@@ -92,8 +90,8 @@ fn initialize_names_a_version(env: &Envelope<'_>) -> bool {
 
 /// A header's value as text: trimmed, and decoded if it is in the
 /// `=?base64?…?=` form used for values that are not plain ASCII.
-pub(crate) fn header_text(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
-    modern::header_text(headers.get(name)?.as_bytes())
+pub(crate) fn header_text(headers: Headers<'_>, name: Header) -> Option<String> {
+    modern::header_text(headers.get(name)?)
 }
 
 /// What phase 1 learned of a request.
@@ -117,7 +115,7 @@ impl Validated<'_> {
 }
 
 /// Phase 1: the request's `_meta` and headers (see the module docs).
-pub fn validate<'a>(headers: &HeaderMap, env: &Envelope<'a>) -> Result<Validated<'a>, Error> {
+pub fn validate<'a>(headers: Headers<'_>, env: &Envelope<'a>) -> Result<Validated<'a>, Error> {
     let method = env.method_str();
     let meta = modern::request_meta(env.params)
         .map_err(|e| Error::InvalidMeta(e.to_string()))?
@@ -131,7 +129,7 @@ pub fn validate<'a>(headers: &HeaderMap, env: &Envelope<'a>) -> Result<Validated
             modern::META_CLIENT_CAPABILITIES
         )));
     }
-    match header_text(headers, &PROTOCOL_VERSION) {
+    match header_text(headers, Header::McpProtocolVersion) {
         Some(header) if header != version => {
             return Err(Error::HeaderMismatch(format!(
                 "MCP-Protocol-Version header {header:?} does not match params._meta version {version:?}"
@@ -142,7 +140,7 @@ pub fn validate<'a>(headers: &HeaderMap, env: &Envelope<'a>) -> Result<Validated
     if !ProtocolVersion::parse(version).is_some_and(ProtocolVersion::is_modern) {
         return Err(Error::UnsupportedModernVersion(version.to_owned()));
     }
-    match header_text(headers, &MCP_METHOD) {
+    match header_text(headers, Header::McpMethod) {
         None => return Err(Error::HeaderMismatch("the Mcp-Method header is required".into())),
         Some(header) if header != method => {
             return Err(Error::HeaderMismatch(format!(
@@ -160,14 +158,14 @@ pub fn validate<'a>(headers: &HeaderMap, env: &Envelope<'a>) -> Result<Validated
         let target = env.params.and_then(|p| Target::parse(p).ok()).unwrap_or_default();
         let raw = if field == "name" { target.name } else { target.uri };
         let body = raw.and_then(jsonrpc::as_str);
-        match (header_text(headers, &MCP_NAME), body) {
+        match (header_text(headers, Header::McpName), body) {
             (None, _) => {
-                return Err(Error::HeaderMismatch(format!("the Mcp-Name header is required for {method}")));
+                return Err(Error::HeaderMismatch(format!("the Mcp-Header header is required for {method}")));
             }
             (Some(header), Some(body)) if header == *body => {}
             (Some(header), body) => {
                 return Err(Error::HeaderMismatch(format!(
-                    "Mcp-Name header {header:?} does not match params.{field} {:?}",
+                    "Mcp-Header header {header:?} does not match params.{field} {:?}",
                     body.as_deref().unwrap_or("")
                 )))
             }
@@ -177,7 +175,7 @@ pub fn validate<'a>(headers: &HeaderMap, env: &Envelope<'a>) -> Result<Validated
 }
 
 /// Serves one stateless request, after the transport checks and the envelope.
-pub async fn post(mut x: Exchange, headers: &HeaderMap, env: &Envelope<'_>, body: &Bytes) -> Response<Body> {
+pub async fn post(mut x: Exchange, headers: Headers<'_>, env: &Envelope<'_>, body: &Bytes) -> Response<Body> {
     if env.kind != MessageKind::Request {
         if let Err(e) = x.authenticate(headers).await {
             return x.refuse(headers, Some(env), body.len(), e, "POST");
@@ -219,7 +217,7 @@ pub async fn post(mut x: Exchange, headers: &HeaderMap, env: &Envelope<'_>, body
 /// [`post`] once its headers are checked and its caller known.
 async fn authenticated(
     mut x: Exchange,
-    headers: &HeaderMap,
+    headers: Headers<'_>,
     valid: &Validated<'_>,
     who: Principal,
     env: &Envelope<'_>,
@@ -411,7 +409,7 @@ fn listen(app: &Arc<App>, who: &Principal, id: &RawValue, params: Option<&RawVal
 /// one bridged.
 async fn call(
     mut x: Exchange,
-    headers: &HeaderMap,
+    headers: Headers<'_>,
     valid: &Validated<'_>,
     method: Method,
     env: &Envelope<'_>,
@@ -465,7 +463,7 @@ async fn call(
 /// and its answer as it comes (status, `input_required`, streams).
 async fn passthrough(
     mut x: Exchange,
-    headers: &HeaderMap,
+    headers: Headers<'_>,
     method: Method,
     env: &Envelope<'_>,
     resolved: Resolved,
@@ -622,12 +620,12 @@ mod tests {
     use crate::downstream::stateless_upstream::header_value;
     use http::HeaderValue;
 
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
+    fn headers(pairs: &[(&'static str, &str)]) -> Headers<'static> {
+        let mut h = http::HeaderMap::new();
         for (k, v) in pairs {
             h.append(*k, HeaderValue::from_str(v).unwrap());
         }
-        h
+        Headers::Map(Box::leak(Box::new(h)))
     }
 
     const CALL: &str = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"café","arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"sampling":{}}}}}"#;
@@ -635,14 +633,14 @@ mod tests {
     #[test]
     fn era_is_decided_per_request() {
         let env = Envelope::parse(CALL.as_bytes()).unwrap();
-        assert!(is_stateless(&headers(&[("mcp-protocol-version", "2026-07-28")]), &env));
-        assert!(is_stateless(&headers(&[]), &env), "the body's _meta says so");
-        assert!(!is_stateless(&headers(&[("mcp-protocol-version", "2025-11-25")]), &env));
-        assert!(!is_stateless(&headers(&[("mcp-protocol-version", "2026-07-28"), ("mcp-session-id", "abc")]), &env));
+        assert!(is_stateless(headers(&[("mcp-protocol-version", "2026-07-28")]), &env));
+        assert!(is_stateless(headers(&[]), &env), "the body's _meta says so");
+        assert!(!is_stateless(headers(&[("mcp-protocol-version", "2025-11-25")]), &env));
+        assert!(!is_stateless(headers(&[("mcp-protocol-version", "2026-07-28"), ("mcp-session-id", "abc")]), &env));
         let init = br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25"}}"#;
-        assert!(!is_stateless(&headers(&[("mcp-protocol-version", "2026-07-28")]), &Envelope::parse(init).unwrap()));
+        assert!(!is_stateless(headers(&[("mcp-protocol-version", "2026-07-28")]), &Envelope::parse(init).unwrap()));
         let bare = br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"_meta":{}}}"#;
-        assert!(is_stateless(&headers(&[("mcp-protocol-version", "2026-07-28")]), &Envelope::parse(bare).unwrap()));
+        assert!(is_stateless(headers(&[("mcp-protocol-version", "2026-07-28")]), &Envelope::parse(bare).unwrap()));
     }
 
     #[test]
@@ -653,10 +651,10 @@ mod tests {
             ("mcp-method", " tools/call "),
             ("mcp-name", "=?base64?Y2Fmw6k=?="),
         ];
-        let valid = validate(&headers(&ok), &env).unwrap();
+        let valid = validate(headers(&ok), &env).unwrap();
         assert!(valid.declares("sampling") && !valid.declares("elicitation"));
         let code = |pairs: &[(&'static str, &str)]| {
-            validate(&headers(pairs), &env).err().map(|e| (e.status().as_u16(), e.code()))
+            validate(headers(pairs), &env).err().map(|e| (e.status().as_u16(), e.code()))
         };
         assert_eq!(code(&[ok[0], ("mcp-method", "tools/list"), ok[2]]), Some((400, -32020)));
         assert_eq!(
@@ -664,17 +662,17 @@ mod tests {
             Some((400, -32020)),
             "values are case-sensitive"
         );
-        assert_eq!(code(&[ok[0], ok[1]]), Some((400, -32020)), "Mcp-Name is required for tools/call");
+        assert_eq!(code(&[ok[0], ok[1]]), Some((400, -32020)), "Mcp-Header is required for tools/call");
         assert_eq!(code(&[ok[0], ok[1], ("mcp-name", "cafe")]), Some((400, -32020)));
         assert_eq!(code(&[("mcp-protocol-version", "2025-11-25"), ok[1], ok[2]]), Some((400, -32020)));
         let old = CALL.replace("\"2026-07-28\"", "\"2099-01-01\"");
         let env = Envelope::parse(old.as_bytes()).unwrap();
-        let e = validate(&headers(&[("mcp-protocol-version", "2099-01-01"), ok[1], ok[2]]), &env).err().unwrap();
+        let e = validate(headers(&[("mcp-protocol-version", "2099-01-01"), ok[1], ok[2]]), &env).err().unwrap();
         assert_eq!((e.status().as_u16(), e.code()), (400, -32022));
         assert_eq!(e.data().unwrap()["supported"][0], "2026-07-28");
         let bare = br#"{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{}}"#;
         let e =
-            validate(&headers(&[ok[0], ("mcp-method", "tools/list")]), &Envelope::parse(bare).unwrap()).err().unwrap();
+            validate(headers(&[ok[0], ("mcp-method", "tools/list")]), &Envelope::parse(bare).unwrap()).err().unwrap();
         assert_eq!((e.status().as_u16(), e.code()), (400, -32602));
     }
 
@@ -682,12 +680,9 @@ mod tests {
     fn header_values_round_trip() {
         assert_eq!(header_value("plain_tool").to_str().unwrap(), "plain_tool");
         let encoded = header_value("café");
-        let h = {
-            let mut h = HeaderMap::new();
-            h.insert(MCP_NAME.clone(), encoded);
-            h
-        };
-        assert_eq!(header_text(&h, &MCP_NAME).as_deref(), Some("café"));
+        let mut h = http::HeaderMap::new();
+        h.insert(Header::McpName.header_name(), encoded);
+        assert_eq!(header_text(Headers::Map(&h), Header::McpName).as_deref(), Some("café"));
     }
 
     #[test]

@@ -1,0 +1,428 @@
+//! A request's headers as the phases read them: hyper's `HeaderMap`, or
+//! the router's own HTTP/1.1 path's head ([`crate::h1`]), indexed as it
+//! was parsed.
+//!
+//! The phases look up a handful of names ([`Header`]): MCP's own, the
+//! credentials, `Origin`, `Content-Type`, `Accept`, `traceparent`. On the
+//! h1 path each line's name is matched against those once, by length and
+//! bytes, and the first line of each is remembered: a lookup is an index,
+//! and nothing is allocated or copied. Building a `HeaderMap` instead cost
+//! about 550 instructions per line, and each lookup hashed the name again
+//! (about 4,500 instructions per forwarded call, an eighth of it).
+//!
+//! Values read as text the way `HeaderValue::to_str` reads them: visible
+//! ASCII and tabs only. httparse has already refused what a `HeaderValue`
+//! refuses (control characters) and any name that is not a token.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName};
+use switchboard_protocol::http1::HeaderSpan;
+
+/// The header names the phases read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Header {
+    Accept,
+    Authorization,
+    ContentType,
+    LastEventId,
+    McpMethod,
+    McpName,
+    McpProtocolVersion,
+    McpSessionId,
+    Origin,
+    Traceparent,
+    XApiKey,
+}
+
+/// How many [`Header`]s there are.
+const NAMES: usize = 11;
+
+/// Each [`Header`], in order, as http names it (in lower case).
+static HEADER_NAMES: [HeaderName; NAMES] = [
+    http::header::ACCEPT,
+    http::header::AUTHORIZATION,
+    http::header::CONTENT_TYPE,
+    HeaderName::from_static("last-event-id"),
+    HeaderName::from_static("mcp-method"),
+    HeaderName::from_static("mcp-name"),
+    HeaderName::from_static("mcp-protocol-version"),
+    HeaderName::from_static("mcp-session-id"),
+    http::header::ORIGIN,
+    HeaderName::from_static("traceparent"),
+    HeaderName::from_static("x-api-key"),
+];
+
+impl Header {
+    /// Every name, in order.
+    pub const ALL: [Header; NAMES] = [
+        Header::Accept,
+        Header::Authorization,
+        Header::ContentType,
+        Header::LastEventId,
+        Header::McpMethod,
+        Header::McpName,
+        Header::McpProtocolVersion,
+        Header::McpSessionId,
+        Header::Origin,
+        Header::Traceparent,
+        Header::XApiKey,
+    ];
+
+    /// The name as http's `HeaderName`.
+    pub fn header_name(self) -> &'static HeaderName {
+        &HEADER_NAMES[self as usize]
+    }
+
+    /// The name a header line's `name` (in any case) is, if the phases
+    /// read it. `name` is a token, as httparse takes only those.
+    pub fn of(name: &[u8]) -> Option<Header> {
+        let candidates: &[Header] = match name.len() {
+            6 => &[Header::Accept, Header::Origin],
+            8 => &[Header::McpName],
+            9 => &[Header::XApiKey],
+            10 => &[Header::McpMethod],
+            11 => &[Header::Traceparent],
+            12 => &[Header::ContentType],
+            13 => &[Header::Authorization, Header::LastEventId],
+            14 => &[Header::McpSessionId],
+            20 => &[Header::McpProtocolVersion],
+            _ => return None,
+        };
+        candidates.iter().copied().find(|n| token_is(name, LOWER[*n as usize]))
+    }
+}
+
+/// Whether the token `name` is `lower` (as long, of lower-case letters and
+/// `-`) in any case, eight bytes at a time: setting bit 5 lower-cases a
+/// letter and leaves `-` and the digits as they are, and of the bytes it
+/// would turn into a letter or `-` only the letters are token bytes.
+fn token_is(name: &[u8], lower: &[u8]) -> bool {
+    const CASE: u64 = 0x2020_2020_2020_2020;
+    let (mut name, mut lower) = (name, lower);
+    while let (Some((a, name_rest)), Some((b, lower_rest))) =
+        (name.split_first_chunk::<8>(), lower.split_first_chunk::<8>())
+    {
+        if u64::from_le_bytes(*a) | CASE != u64::from_le_bytes(*b) {
+            return false;
+        }
+        (name, lower) = (name_rest, lower_rest);
+    }
+    name.len() == lower.len() && name.iter().zip(lower).all(|(a, b)| a | 0x20 == *b)
+}
+
+/// Each [`Header`], in order, as its bytes in lower case (`HeaderName::as_str`
+/// goes through a match of http's standard names first).
+static LOWER: [&[u8]; NAMES] = [
+    b"accept",
+    b"authorization",
+    b"content-type",
+    b"last-event-id",
+    b"mcp-method",
+    b"mcp-name",
+    b"mcp-protocol-version",
+    b"mcp-session-id",
+    b"origin",
+    b"traceparent",
+    b"x-api-key",
+];
+
+/// No line: an index into [`Head::first`] that names none.
+const NONE: u8 = u8::MAX;
+
+/// An HTTP/1.1 request head's header lines: the head's bytes, each line's
+/// name and value as spans of them, and the first line of each [`Header`].
+/// Kept for a connection and refilled for each request, its room kept.
+#[derive(Default)]
+pub struct Head {
+    bytes: Bytes,
+    /// Filled by the head's parse ([`switchboard_protocol::http1::parse_request`]).
+    pub spans: Vec<HeaderSpan>,
+    /// Each line's [`Header`] (as `u8`), or [`NONE`].
+    names: Vec<u8>,
+    /// Each [`Header`]'s first line, or [`NONE`].
+    first: [u8; NAMES],
+}
+
+impl Head {
+    /// Indexes the lines of `bytes`, the head [`Head::spans`] were parsed
+    /// from (at most 255 lines: `http1::MAX_HEADERS` is 100).
+    pub fn index(&mut self, bytes: Bytes) {
+        self.first = [NONE; NAMES];
+        self.names.clear();
+        for (line, span) in self.spans.iter().enumerate() {
+            let name = Header::of(&bytes[span.name.clone()]);
+            let line = u8::try_from(line).unwrap_or(NONE);
+            if let Some(name) = name {
+                let first = &mut self.first[name as usize];
+                if *first == NONE {
+                    *first = line;
+                }
+            }
+            self.names.push(name.map_or(NONE, |n| n as u8));
+        }
+        self.bytes = bytes;
+    }
+
+    /// Lets go of the head's bytes (the values shared them).
+    pub fn clear(&mut self) {
+        self.bytes = Bytes::new();
+        self.spans.clear();
+        self.names.clear();
+        self.first = [NONE; NAMES];
+    }
+
+    fn value(&self, span: &Range<usize>) -> &[u8] {
+        &self.bytes[span.clone()]
+    }
+}
+
+/// A request's headers, as the phases read them.
+#[derive(Clone, Copy)]
+pub enum Headers<'a> {
+    /// hyper's request (HTTP/2, GET, DELETE, the legacy endpoints, and
+    /// whatever the h1 path hands it).
+    Map(&'a HeaderMap),
+    /// The h1 path's request.
+    Head(&'a Head),
+}
+
+impl<'a> From<&'a HeaderMap> for Headers<'a> {
+    fn from(map: &'a HeaderMap) -> Self {
+        Headers::Map(map)
+    }
+}
+
+impl<'a> Headers<'a> {
+    /// The first value of `name`, trimmed.
+    pub fn get(self, name: Header) -> Option<&'a [u8]> {
+        match self {
+            Headers::Map(map) => map.get(name.header_name()).map(http::HeaderValue::as_bytes),
+            Headers::Head(head) => {
+                let line = head.first[name as usize];
+                (line != NONE).then(|| head.value(&head.spans[line as usize].value))
+            }
+        }
+    }
+
+    /// The first value of `name` as text, if it is visible ASCII (as
+    /// `HeaderValue::to_str` has it).
+    pub fn text(self, name: Header) -> Option<Result<&'a str, NotText>> {
+        self.get(name).map(text)
+    }
+
+    /// Whether the request has `name` at all.
+    pub fn contains(self, name: Header) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// Every value of `name`, in order.
+    pub fn get_all(self, name: Header) -> impl Iterator<Item = &'a [u8]> {
+        let (map, head) = match self {
+            Headers::Map(map) => (Some(map.get_all(name.header_name()).iter()), None),
+            Headers::Head(head) => (None, Some(head)),
+        };
+        let lines = head.into_iter().flat_map(move |head| {
+            head.names
+                .iter()
+                .zip(&head.spans)
+                .filter(move |(n, _)| **n == name as u8)
+                .map(move |(_, span)| head.value(&span.value))
+        });
+        map.into_iter().flatten().map(http::HeaderValue::as_bytes).chain(lines)
+    }
+
+    /// Every line, its name in lower case for hyper's and as sent for the
+    /// h1 path's (the framing lines included).
+    pub fn iter(self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+        let (map, head) = match self {
+            Headers::Map(map) => (Some(map.iter()), None),
+            Headers::Head(head) => (None, Some(head)),
+        };
+        let lines = head
+            .into_iter()
+            .flat_map(|head| head.spans.iter().map(move |s| (&head.bytes[s.name.clone()], head.value(&s.value))));
+        map.into_iter().flatten().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())).chain(lines)
+    }
+
+    /// The API key or token the request presents: `Authorization: Bearer`,
+    /// else `X-API-Key`.
+    pub fn presented_key(self) -> Option<&'a str> {
+        if let Some(key) = self.text(Header::Authorization).and_then(Result::ok).and_then(bearer) {
+            return Some(key);
+        }
+        self.text(Header::XApiKey)?.ok().map(str::trim).filter(|k| !k.is_empty())
+    }
+}
+
+/// The token of an `Authorization` value in the `Bearer` scheme (any case).
+pub fn bearer(value: &str) -> Option<&str> {
+    let value = value.trim();
+    if !value.get(..7)?.eq_ignore_ascii_case("bearer ") {
+        return None;
+    }
+    Some(value[7..].trim()).filter(|t| !t.is_empty())
+}
+
+/// A value that is not visible ASCII.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotText;
+
+/// A header's `value` as text if it is visible ASCII and tabs, as
+/// `HeaderValue::to_str` has it. Values hold no control characters
+/// (httparse and http refuse them), so that is: if it is ASCII (checked a
+/// word at a time, not a byte).
+fn text(value: &[u8]) -> Result<&str, NotText> {
+    if value.is_ascii() {
+        std::str::from_utf8(value).map_err(|_| NotText)
+    } else {
+        Err(NotText)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use switchboard_protocol::http1;
+
+    #[test]
+    fn every_name_is_found_by_its_bytes_in_any_case_and_nothing_else_is() {
+        for name in Header::ALL {
+            let lower = name.header_name().as_str();
+            assert_eq!(Header::of(lower.as_bytes()), Some(name), "{lower}");
+            assert_eq!(Header::of(lower.to_ascii_uppercase().as_bytes()), Some(name), "{lower}");
+            // One byte off is another header.
+            let mut other = lower.as_bytes().to_vec();
+            other[0] ^= 1;
+            assert_eq!(Header::of(&other), None, "{lower}");
+        }
+        for other in ["host", "content-length", "connection", "user-agent", "mcp-param-x", "", "acceptx"] {
+            assert_eq!(Header::of(other.as_bytes()), None, "{other}");
+        }
+        let indexes: Vec<usize> = Header::ALL.iter().map(|n| *n as usize).collect();
+        assert_eq!(indexes, (0..NAMES).collect::<Vec<_>>(), "ALL is in order");
+        for name in Header::ALL {
+            let lower = LOWER[name as usize];
+            assert_eq!(lower, name.header_name().as_str().as_bytes());
+            assert!(lower.iter().all(|b| b.is_ascii_lowercase() || *b == b'-'), "token_is takes these only");
+        }
+    }
+
+    #[test]
+    fn a_token_is_a_name_in_any_case_and_no_other_token_is() {
+        // Every token byte (RFC 9110) but the letters and `-`, in each place.
+        let others: Vec<u8> = b"!#$%&'*+.^_`|~0123456789".to_vec();
+        for lower in LOWER {
+            let upper = lower.to_ascii_uppercase();
+            assert!(token_is(lower, lower) && token_is(&upper, lower));
+            let mixed: Vec<u8> =
+                lower.iter().enumerate().map(|(i, b)| if i % 3 == 0 { b.to_ascii_uppercase() } else { *b }).collect();
+            assert!(token_is(&mixed, lower));
+            for at in 0..lower.len() {
+                for other in others.iter().chain(b"az-") {
+                    let mut name = lower.to_vec();
+                    if name[at] == *other {
+                        continue;
+                    }
+                    name[at] = *other;
+                    assert!(!token_is(&name, lower), "{:?}", String::from_utf8_lossy(&name));
+                }
+            }
+            assert!(!token_is(&lower[1..], lower) && !token_is(lower, &lower[1..]));
+        }
+    }
+
+    /// A head and the same lines in a HeaderMap, as hyper would give them.
+    fn both(raw: &'static [u8]) -> (Head, HeaderMap) {
+        let mut head = Head::default();
+        http1::parse_request(raw, &mut head.spans).unwrap().unwrap();
+        let mut map = HeaderMap::new();
+        for span in &head.spans {
+            map.append(
+                HeaderName::from_bytes(&raw[span.name.clone()]).unwrap(),
+                HeaderValue::from_bytes(&raw[span.value.clone()]).unwrap(),
+            );
+        }
+        head.index(Bytes::from_static(raw));
+        (head, map)
+    }
+
+    #[test]
+    fn the_head_answers_every_lookup_as_the_map_does() {
+        let (head, map) = both(
+            b"POST /mcp HTTP/1.1\r\nHOST: a\r\nMcp-Session-Id: s1\r\nX-Custom-Thing: one\r\n\
+              accept: application/json\r\nAccept:  text/event-stream \r\nMCP-PROTOCOL-VERSION: 2025-11-25\r\n\
+              Content-Length: 2\r\nx-custom-thing: two\r\nmcp-session-id: s2\r\nOrigin: caf\xc3\xa9\r\n\r\n",
+        );
+        for headers in [Headers::Head(&head), Headers::Map(&map)] {
+            assert_eq!(headers.get(Header::McpSessionId), Some(&b"s1"[..]), "the first of two");
+            assert_eq!(headers.text(Header::McpProtocolVersion), Some(Ok("2025-11-25")));
+            assert!(!headers.contains(Header::Authorization));
+            assert_eq!(headers.get(Header::Traceparent), None);
+            let accept: Vec<_> = headers.get_all(Header::Accept).collect();
+            assert_eq!(accept, [&b"application/json"[..], b"text/event-stream"], "in order, trimmed");
+            let sessions: Vec<_> = headers.get_all(Header::McpSessionId).collect();
+            assert_eq!(sessions, [&b"s1"[..], b"s2"]);
+            assert_eq!(headers.text(Header::Origin), Some(Err(NotText)), "not visible ASCII");
+            assert_eq!(headers.get(Header::Origin), Some("café".as_bytes()));
+            let custom: Vec<_> =
+                headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(b"x-custom-thing")).map(|(_, v)| v).collect();
+            assert_eq!(custom, [&b"one"[..], b"two"]);
+            assert_eq!(headers.iter().count(), 10);
+        }
+    }
+
+    #[test]
+    fn a_refilled_head_forgets_the_last_request() {
+        let mut head = Head::default();
+        let first: &'static [u8] = b"POST /mcp HTTP/1.1\r\nHost: a\r\nMcp-Session-Id: s1\r\nAccept: */*\r\n\r\n";
+        http1::parse_request(first, &mut head.spans).unwrap().unwrap();
+        head.index(Bytes::from_static(first));
+        assert_eq!(Headers::Head(&head).get(Header::McpSessionId), Some(&b"s1"[..]));
+        let second: &'static [u8] = b"POST /mcp HTTP/1.1\r\nAccept: text/event-stream\r\nHost: a\r\n\r\n";
+        http1::parse_request(second, &mut head.spans).unwrap().unwrap();
+        head.index(Bytes::from_static(second));
+        let headers = Headers::Head(&head);
+        assert_eq!(headers.get(Header::McpSessionId), None);
+        assert_eq!(headers.get_all(Header::Accept).collect::<Vec<_>>(), [&b"text/event-stream"[..]]);
+        head.clear();
+        assert_eq!(Headers::Head(&head).get(Header::Accept), None);
+        assert_eq!(Headers::Head(&head).iter().count(), 0);
+    }
+
+    #[test]
+    fn the_presented_key_is_the_bearer_token_else_x_api_key() {
+        let key = |pairs: &[(&'static str, &'static str)]| {
+            let mut map = HeaderMap::new();
+            for (n, v) in pairs {
+                map.append(*n, HeaderValue::from_static(v));
+            }
+            Headers::Map(&map).presented_key().map(str::to_owned)
+        };
+        assert_eq!(key(&[("authorization", "Bearer sb_1")]).as_deref(), Some("sb_1"));
+        assert_eq!(key(&[("authorization", "bearer   sb_1 ")]).as_deref(), Some("sb_1"));
+        assert_eq!(key(&[("authorization", "Basic abc"), ("x-api-key", " sb_2 ")]).as_deref(), Some("sb_2"));
+        assert_eq!(key(&[("authorization", "Bearer "), ("x-api-key", "sb_2")]).as_deref(), Some("sb_2"));
+        assert_eq!(key(&[("x-api-key", "")]), None);
+        assert_eq!(key(&[]), None);
+    }
+
+    #[test]
+    fn text_is_what_header_value_to_str_says_of_every_value_a_head_can_hold() {
+        // Every byte httparse takes in a value (it refuses the others).
+        for b in (0..=255u8).filter(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f)) {
+            let value = [b'a', b, b'z'];
+            let http = HeaderValue::from_bytes(&value).unwrap();
+            assert_eq!(text(&value).ok(), http.to_str().ok(), "{b:#x}");
+            let raw = [&b"POST / HTTP/1.1\r\nOrigin: a"[..], &[b], b"z\r\n\r\n"].concat();
+            assert!(http1::parse_request(&raw, &mut Vec::new()).is_ok(), "{b:#x}");
+        }
+        for b in (0..0x20u8).filter(|&b| b != b'\t').chain([0x7f]) {
+            let raw = [&b"POST / HTTP/1.1\r\nOrigin: a"[..], &[b], b"z\r\n\r\n"].concat();
+            assert!(http1::parse_request(&raw, &mut Vec::new()).is_err(), "{b:#x} is refused before it is read");
+        }
+    }
+}
