@@ -425,4 +425,74 @@ mod tests {
             assert!(http1::parse_request(&raw, &mut Vec::new()).is_err(), "{b:#x} is refused before it is read");
         }
     }
+
+    mod any_head {
+        //! For any head httparse takes, every lookup answers as hyper's map
+        //! of the same lines does.
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A header name: one the phases read, in any case, or any token.
+        fn name() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                (0..NAMES, any::<u64>()).prop_map(|(i, case)| {
+                    let lower = LOWER[i];
+                    lower
+                        .iter()
+                        .enumerate()
+                        .map(|(j, b)| if case >> (j % 64) & 1 == 1 { b.to_ascii_uppercase() } else { *b })
+                        .collect()
+                }),
+                "[A-Za-z0-9!#$%&'*+.^_`|~-]{1,21}".prop_map(String::into_bytes),
+            ]
+            .prop_filter("framing is placed by the head's own test", |n| {
+                !n.eq_ignore_ascii_case(b"content-length") && !n.eq_ignore_ascii_case(b"transfer-encoding")
+            })
+        }
+
+        /// A value: visible ASCII with spaces and tabs inside, or obs-text.
+        fn value() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                "[!-~]([ \t!-~]{0,30}[!-~])?".prop_map(String::into_bytes),
+                Just(Vec::new()),
+                prop::collection::vec(0x80u8..=0xff, 1..8),
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn every_lookup_answers_as_the_map_does(lines in prop::collection::vec((name(), value()), 0..24)) {
+                let mut raw = b"POST /mcp HTTP/1.1\r\n".to_vec();
+                for (n, v) in &lines {
+                    raw.extend_from_slice(n);
+                    raw.extend_from_slice(b": ");
+                    raw.extend_from_slice(v);
+                    raw.extend_from_slice(b"\r\n");
+                }
+                raw.extend_from_slice(b"\r\n");
+                let mut head = Head::default();
+                http1::parse_request(&raw, &mut head.spans).unwrap().unwrap();
+                head.index(Bytes::from(raw));
+                let mut map = HeaderMap::new();
+                for (n, v) in &lines {
+                    map.append(HeaderName::from_bytes(n).unwrap(), HeaderValue::from_bytes(v).unwrap());
+                }
+                let (ours, theirs) = (Headers::Head(&head), Headers::Map(&map));
+                for name in Header::ALL {
+                    prop_assert_eq!(ours.get(name), theirs.get(name), "{:?}", name);
+                    let http = |v: &[u8]| HeaderValue::from_bytes(v).unwrap().to_str().map(str::to_owned).map_err(|_| NotText);
+                    prop_assert_eq!(ours.text(name).map(|t| t.map(str::to_owned)), theirs.get(name).map(http), "{:?}", name);
+                    prop_assert_eq!(ours.get_all(name).collect::<Vec<_>>(), theirs.get_all(name).collect::<Vec<_>>(), "{:?}", name);
+                }
+                prop_assert_eq!(ours.presented_key(), theirs.presented_key());
+                let lower = |(n, v): (&[u8], &[u8])| (n.to_ascii_lowercase(), v.to_vec());
+                let mut ours: Vec<_> = ours.iter().map(lower).collect();
+                let mut theirs: Vec<_> = theirs.iter().map(lower).collect();
+                // The map groups a name's lines; the order within a name is kept.
+                ours.sort_by(|a, b| a.0.cmp(&b.0));
+                theirs.sort_by(|a, b| a.0.cmp(&b.0));
+                prop_assert_eq!(ours, theirs);
+            }
+        }
+    }
 }
