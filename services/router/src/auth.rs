@@ -163,7 +163,7 @@ impl Front {
     }
 
     fn keys_only(&self, headers: Headers<'_>) -> Result<Principal, AuthFailure> {
-        self.directory.authenticate_key(headers.presented_key(), switchboard_core::time::now_ms())
+        self.directory.authenticate_key(headers.presented_key(), switchboard_core::time::now_ms)
     }
 
     /// The caller a client certificate names: the tenant its subject maps

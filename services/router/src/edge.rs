@@ -28,7 +28,7 @@ pub struct EdgeHost(pub Arc<App>);
 
 impl Host for EdgeHost {
     fn authenticate(&self, key: Option<&str>) -> Result<Principal, AuthFailure> {
-        self.0.directory.authenticate_key(key, switchboard_core::time::now_ms())
+        self.0.directory.authenticate_key(key, switchboard_core::time::now_ms)
     }
 
     fn sees_tool(&self, tenant: &Tenant, tool: &str) -> bool {

@@ -98,8 +98,9 @@ impl Directory {
     /// The owner of the API key a request presents (the router reads it
     /// from `Authorization: Bearer` or `X-API-Key`; an edge device, from its
     /// `register` message). With authentication off, the open tenant. A
-    /// refusal is counted.
-    pub fn authenticate_key(&self, key: Option<&str>, now_ms: i64) -> Result<Principal, AuthFailure> {
+    /// refusal is counted. `now_ms` (the wall clock, in milliseconds) is
+    /// asked only of a key that can expire.
+    pub fn authenticate_key(&self, key: Option<&str>, now_ms: impl FnOnce() -> i64) -> Result<Principal, AuthFailure> {
         self.check_key(key, now_ms).inspect_err(|failure| self.metrics.auth_failed(failure.label()))
     }
 
@@ -109,7 +110,7 @@ impl Directory {
         &self.metrics
     }
 
-    fn check_key(&self, key: Option<&str>, now_ms: i64) -> Result<Principal, AuthFailure> {
+    fn check_key(&self, key: Option<&str>, now_ms: impl FnOnce() -> i64) -> Result<Principal, AuthFailure> {
         if let Some(open) = &self.open {
             return Ok(Principal::clone(&open.load()));
         }
@@ -122,7 +123,8 @@ impl Directory {
                 AuthFailure::NotLoaded
             }
         })?;
-        if live.expires_at_ms.is_some_and(|at| at <= now_ms) {
+        // The clock is read only for a key that can expire.
+        if live.expires_at_ms.is_some_and(|at| at <= now_ms()) {
             return Err(AuthFailure::Expired);
         }
         if !live.tenant.accepts_keys() {
@@ -336,10 +338,10 @@ mod tests {
         let dir = Directory::new(vec![], vec![], Some(db.clone()), false, Arc::new(Metrics::new(&Default::default())));
         // Not migrated yet: the load fails, as with a database that is down.
         assert!(dir.reload().await.is_err());
-        assert_eq!(dir.authenticate_key(Some("sb_whatever"), 0).unwrap_err(), AuthFailure::NotLoaded);
+        assert_eq!(dir.authenticate_key(Some("sb_whatever"), || 0).unwrap_err(), AuthFailure::NotLoaded);
         db.migrate().await.unwrap();
         dir.reload().await.unwrap();
-        assert_eq!(dir.authenticate_key(Some("sb_whatever"), 0).unwrap_err(), AuthFailure::Invalid);
+        assert_eq!(dir.authenticate_key(Some("sb_whatever"), || 0).unwrap_err(), AuthFailure::Invalid);
         let _ = std::fs::remove_file(&path);
     }
 
@@ -364,13 +366,13 @@ mod tests {
             revoked_at_ms: None,
         };
         dir.install(1, vec![], vec![row(&prefix, &h, None), row(&old_prefix, &old_h, Some(1000))]);
-        assert_eq!(dir.authenticate_key(None, 0).unwrap_err(), AuthFailure::Missing);
-        assert_eq!(dir.authenticate_key(Some(""), 0).unwrap_err(), AuthFailure::Missing);
-        let p = dir.authenticate_key(Some(&key), 0).unwrap();
+        assert_eq!(dir.authenticate_key(None, || 0).unwrap_err(), AuthFailure::Missing);
+        assert_eq!(dir.authenticate_key(Some(""), || 0).unwrap_err(), AuthFailure::Missing);
+        let p = dir.authenticate_key(Some(&key), || 0).unwrap();
         assert_eq!(&*p.tenant.name, "t");
         assert_eq!(&*p.key_prefix, prefix);
-        assert_eq!(dir.authenticate_key(Some("sb_nope"), 0).unwrap_err(), AuthFailure::Invalid);
-        assert!(dir.authenticate_key(Some(&old), 999).is_ok());
-        assert_eq!(dir.authenticate_key(Some(&old), 1000).unwrap_err(), AuthFailure::Expired);
+        assert_eq!(dir.authenticate_key(Some("sb_nope"), || 0).unwrap_err(), AuthFailure::Invalid);
+        assert!(dir.authenticate_key(Some(&old), || 999).is_ok());
+        assert_eq!(dir.authenticate_key(Some(&old), || 1000).unwrap_err(), AuthFailure::Expired);
     }
 }
