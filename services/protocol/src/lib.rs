@@ -8,6 +8,9 @@
 //! - [`jsonrpc`]: the envelope of a JSON-RPC 2.0 message, parsed over borrowed
 //!   [`serde_json::value::RawValue`]s so that `params` and `result` are never
 //!   decoded, plus prebuilt error bodies.
+//! - [`scan`]: a quick read of an upstream's answer (one pass, checked as
+//!   strictly as serde_json checks it) for its kind and id, the parser
+//!   reading what it is unsure of.
 //! - [`rewrite`]: byte splicing, to change one field of a message (an id, a
 //!   tool name, a progress token) without re-serialising the rest.
 //! - [`methods`]: MCP method names and their classification.
@@ -35,6 +38,7 @@ pub mod methods;
 pub mod modern;
 pub mod ndjson;
 pub mod rewrite;
+pub mod scan;
 pub mod schema;
 pub mod sse;
 pub mod version;

@@ -213,16 +213,34 @@ pub(crate) fn answer(
     sent: &RawValue,
     client: &RawValue,
 ) -> Option<(Bytes, Outcome)> {
-    let outcome = match env.kind {
+    answer_at(app, u, method, message, env.kind, span(message, env.id?.get()), sent, client)
+}
+
+/// [`answer`] of a message of `kind` whose id is at `id`.
+#[allow(clippy::too_many_arguments)]
+fn answer_at(
+    app: &App,
+    u: UpstreamId,
+    method: Method,
+    message: &Bytes,
+    kind: MessageKind,
+    id: std::ops::Range<usize>,
+    sent: &RawValue,
+    client: &RawValue,
+) -> Option<(Bytes, Outcome)> {
+    let outcome = match kind {
         MessageKind::Response => Outcome::Ok,
         MessageKind::Error => Outcome::Error,
         MessageKind::Request | MessageKind::Notification => return None,
     };
-    let id = env.id.filter(|id| same_id(id, sent))?;
-    let message = if id.get() == client.get() {
+    let raw = &message[id.clone()];
+    if !same_id(raw, sent) {
+        return None;
+    }
+    let message = if raw == client.get().as_bytes() {
         message.clone()
     } else {
-        splice(message, &mut [Edit::new(span(message, id.get()), client.get().as_bytes())])
+        splice(message, &mut [Edit::new(id, client.get().as_bytes())])
     };
     Some(rewrite_result(app, u, method, message, outcome))
 }
@@ -250,15 +268,19 @@ pub(crate) fn parse_answer(
     sent: &RawValue,
     client: &RawValue,
 ) -> Option<(Bytes, Outcome)> {
-    answer(app, u, method, message, &Envelope::parse(message).ok()?, sent, client)
+    // Most answers in one quick pass; what it is unsure of, by the parser.
+    match switchboard_protocol::scan::answer(message) {
+        Some((kind, id)) => answer_at(app, u, method, message, kind, id, sent, client),
+        None => answer(app, u, method, message, &Envelope::parse(message).ok()?, sent, client),
+    }
 }
 
 /// Whether a response's id is the request's: byte-equal as a rule, equal as
 /// JSON values when an upstream reformats it (escapes in a string).
-pub(crate) fn same_id(a: &RawValue, b: &RawValue) -> bool {
-    a.get() == b.get()
+fn same_id(a: &[u8], b: &RawValue) -> bool {
+    a == b.get().as_bytes()
         || matches!(
-            (serde_json::from_str::<Value>(a.get()), serde_json::from_str::<Value>(b.get())),
+            (serde_json::from_slice::<Value>(a), serde_json::from_str::<Value>(b.get())),
             (Ok(x), Ok(y)) if x == y
         )
 }
