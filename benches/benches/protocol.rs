@@ -1,6 +1,8 @@
 //! The protocol crate alone: envelope parsing, routing-member parsing and the
-//! splice that rewrites a tool name, for small, 10 KiB and 1 MiB payloads.
-//! Prints heap allocations per operation next to criterion's times.
+//! splice that rewrites a tool name, for small, 10 KiB and 1 MiB payloads;
+//! an upstream's answer read by the one-pass scan and by the parser it
+//! stands in for, at the same sizes. Prints heap allocations per operation
+//! next to criterion's times.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -9,6 +11,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use switchboard_benches::{allocations_of, Counting};
 use switchboard_protocol::jsonrpc::{span, Envelope, Target};
 use switchboard_protocol::rewrite::{splice, Edit};
+use switchboard_protocol::scan;
 use switchboard_protocol::sse;
 
 #[global_allocator]
@@ -69,6 +72,38 @@ fn envelope(c: &mut Criterion) {
     group.finish();
 }
 
+/// An answer whose result is about `size` bytes of varied JSON.
+fn answer_of(size: usize) -> Vec<u8> {
+    let call = call_with_arguments(size);
+    let env = Envelope::parse(&call).expect("valid");
+    let arguments = Target::parse(env.params.expect("params")).expect("target").arguments.expect("arguments");
+    format!(r#"{{"jsonrpc":"2.0","id":42,"result":{{"structuredContent":{},"content":[]}}}}"#, arguments.get())
+        .into_bytes()
+}
+
+/// The kind and id of an upstream's answer: the scan the router reads
+/// answers with, and `Envelope::parse`, which it stands in for.
+fn answer(c: &mut Criterion) {
+    let mut group = c.benchmark_group("answer");
+    for (label, size) in [("small", 40), ("10KiB", 10 << 10), ("1MiB", 1 << 20)] {
+        let input = answer_of(size);
+        let (_, scan_allocs) = allocations_of(|| scan::answer(&input));
+        let (_, parse_allocs) = allocations_of(|| Envelope::parse(&input).map(|e| e.kind));
+        println!("allocations: answer/scan/{label}: {scan_allocs}, answer/parse/{label}: {parse_allocs}");
+        group.throughput(Throughput::Bytes(input.len() as u64));
+        group.bench_with_input(BenchmarkId::new("scan", label), &input, |b, input| {
+            b.iter(|| black_box(scan::answer(black_box(input)).expect("an answer")))
+        });
+        group.bench_with_input(BenchmarkId::new("parse", label), &input, |b, input| {
+            b.iter(|| {
+                let env = Envelope::parse(black_box(input)).expect("valid");
+                black_box((env.kind, env.id))
+            })
+        });
+    }
+    group.finish();
+}
+
 fn sse_decode(c: &mut Criterion) {
     let mut group = c.benchmark_group("sse");
     for (label, input) in sizes() {
@@ -88,6 +123,6 @@ fn sse_decode(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(30).measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
-    targets = envelope, sse_decode
+    targets = envelope, answer, sse_decode
 }
 criterion_main!(benches);
