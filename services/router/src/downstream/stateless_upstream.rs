@@ -5,7 +5,7 @@
 //! reaches it as a stateless request: `params._meta` gets the protocol
 //! version, the client's capabilities (from its `initialize`) and its log
 //! level (from `logging/setLevel`); the headers get `Mcp-Method` and
-//! `Mcp-Header`. Progress and log notifications come back on the request's
+//! `Mcp-Name`. Progress and log notifications come back on the request's
 //! stream. An `input_required` result becomes server-to-client requests on
 //! that stream (or the session's GET stream, for a client that takes only
 //! JSON), one per input request, with router ids (`m.…`); when the client
@@ -125,7 +125,7 @@ pub(super) async fn subscribe(
 pub(crate) static MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
 
 /// The headers of a request to a stateless upstream besides the version and
-/// method: `Mcp-Header` (the upstream's own name or URI, from the rewritten
+/// method: `Mcp-Name` (the upstream's own name or URI, from the rewritten
 /// `body`) and the client's `Mcp-Param-*` headers, passed through.
 pub(crate) fn upstream_headers(
     method: Method,

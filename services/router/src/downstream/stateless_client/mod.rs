@@ -11,7 +11,7 @@
 //!
 //! 1. validate ([`validate`]): `params._meta` carries the protocol version and
 //!    the client's capabilities; the `MCP-Protocol-Version`, `Mcp-Method`
-//!    and `Mcp-Header` headers agree with the body (400 and -32020 if not);
+//!    and `Mcp-Name` headers agree with the body (400 and -32020 if not);
 //!    the version is one we speak (400 and -32022 with the supported list);
 //! 2. authenticate and admit, as for sessions;
 //! 3. route: `server/discover` and the lists are answered here (with
@@ -22,7 +22,7 @@
 //!    unknown ones are 404 and -32601.
 //!
 //! Forwarding depends on the upstream's era. A stateless upstream gets the
-//! request as it came, but for the rewritten name and its own `Mcp-Header`
+//! request as it came, but for the rewritten name and its own `Mcp-Name`
 //! header (with `Mcp-Param-*` headers passed on), and its answer comes back
 //! untouched: `input_required` results and their `requestState` included.
 //! A session-era upstream is bridged (`bridge.rs`).
@@ -160,12 +160,12 @@ pub fn validate<'a>(headers: Headers<'_>, env: &Envelope<'a>) -> Result<Validate
         let body = raw.and_then(jsonrpc::as_str);
         match (header_text(headers, Header::McpName), body) {
             (None, _) => {
-                return Err(Error::HeaderMismatch(format!("the Mcp-Header header is required for {method}")));
+                return Err(Error::HeaderMismatch(format!("the Mcp-Name header is required for {method}")));
             }
             (Some(header), Some(body)) if header == *body => {}
             (Some(header), body) => {
                 return Err(Error::HeaderMismatch(format!(
-                    "Mcp-Header header {header:?} does not match params.{field} {:?}",
+                    "Mcp-Name header {header:?} does not match params.{field} {:?}",
                     body.as_deref().unwrap_or("")
                 )))
             }
@@ -662,7 +662,7 @@ mod tests {
             Some((400, -32020)),
             "values are case-sensitive"
         );
-        assert_eq!(code(&[ok[0], ok[1]]), Some((400, -32020)), "Mcp-Header is required for tools/call");
+        assert_eq!(code(&[ok[0], ok[1]]), Some((400, -32020)), "Mcp-Name is required for tools/call");
         assert_eq!(code(&[ok[0], ok[1], ("mcp-name", "cafe")]), Some((400, -32020)));
         assert_eq!(code(&[("mcp-protocol-version", "2025-11-25"), ok[1], ok[2]]), Some((400, -32020)));
         let old = CALL.replace("\"2026-07-28\"", "\"2099-01-01\"");
