@@ -663,6 +663,11 @@ mod tests {
             "values are case-sensitive"
         );
         assert_eq!(code(&[ok[0], ok[1]]), Some((400, -32020)), "Mcp-Name is required for tools/call");
+        // The refusal names the header the client must fix.
+        let missing = validate(headers(&[ok[0], ok[1]]), &env).err().unwrap().to_string();
+        assert!(missing.contains("the Mcp-Name header is required"), "{missing}");
+        let differs = validate(headers(&[ok[0], ok[1], ("mcp-name", "cafe")]), &env).err().unwrap().to_string();
+        assert!(differs.contains("Mcp-Name header \"cafe\" does not match"), "{differs}");
         assert_eq!(code(&[ok[0], ok[1], ("mcp-name", "cafe")]), Some((400, -32020)));
         assert_eq!(code(&[("mcp-protocol-version", "2025-11-25"), ok[1], ok[2]]), Some((400, -32020)));
         let old = CALL.replace("\"2026-07-28\"", "\"2099-01-01\"");
