@@ -237,26 +237,28 @@ const AUDIT_CHUNKS: [usize; 4] = [128, 32, 8, 1];
 fn audit_insert(backend: Backend, rows: usize) -> &'static str {
     static MADE: std::sync::OnceLock<[[String; 4]; 2]> = std::sync::OnceLock::new();
     let made = MADE.get_or_init(|| {
-        [Backend::Postgres, Backend::Sqlite].map(|backend| {
-            AUDIT_CHUNKS.map(|rows| {
-                let mut q = Sql::new(backend, &format!("INSERT INTO audit_log ({AUDIT_COLUMNS}) VALUES "));
-                for i in 0..rows {
-                    q.text.push_str(if i == 0 { "(" } else { ", (" });
-                    for j in 0..AUDIT_COLUMN_COUNT {
-                        if j > 0 {
-                            q.text.push_str(", ");
-                        }
-                        q.param(Param::Int(None));
-                    }
-                    q.text.push(')');
-                }
-                q.text.push_str(" ON CONFLICT (id) DO NOTHING");
-                q.text
-            })
-        })
+        [Backend::Postgres, Backend::Sqlite].map(|backend| AUDIT_CHUNKS.map(|rows| audit_values_insert(backend, rows)))
     });
     let chunk = AUDIT_CHUNKS.iter().position(|&n| n == rows).expect("one of the chunk sizes");
     &made[usize::from(backend == Backend::Sqlite)][chunk]
+}
+
+/// An insert of `rows` audit records, each row's values as placeholders in
+/// [`AUDIT_COLUMNS`]' order; an id already present is skipped.
+fn audit_values_insert(backend: Backend, rows: usize) -> String {
+    let mut q = Sql::new(backend, &format!("INSERT INTO audit_log ({AUDIT_COLUMNS}) VALUES "));
+    for i in 0..rows {
+        q.text.push_str(if i == 0 { "(" } else { ", (" });
+        for j in 0..AUDIT_COLUMN_COUNT {
+            if j > 0 {
+                q.text.push_str(", ");
+            }
+            q.param(Param::Int(None));
+        }
+        q.text.push(')');
+    }
+    q.text.push_str(" ON CONFLICT (id) DO NOTHING");
+    q.text
 }
 
 /// How many columns [`AUDIT_COLUMNS`] names.
