@@ -78,6 +78,30 @@ const OPERATION: &[&str] = &[
     "network_protocol_version",
 ];
 
+/// `a == b` for label values, compared here rather than by the C library's
+/// `memcmp` (which `==` on strings calls): the values are short (a method,
+/// a tool name, a version, a port), and a call per value, nine per
+/// observation, cost more than the comparing (under load, those calls were
+/// 1.6% of the router's CPU samples, more than any function of its own).
+#[inline]
+fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let (mut a8, mut b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    for (x, y) in a8.by_ref().zip(b8.by_ref()) {
+        if u64::from_ne_bytes(x.try_into().expect("8 bytes")) != u64::from_ne_bytes(y.try_into().expect("8 bytes")) {
+            return false;
+        }
+    }
+    let mut equal = true;
+    for (x, y) in a8.remainder().iter().zip(b8.remainder()) {
+        equal &= x == y;
+    }
+    equal
+}
+
 impl McpMetrics {
     pub fn new(registry: &Registry) -> McpMetrics {
         let mut client = OPERATION.to_vec();
@@ -108,7 +132,7 @@ impl McpMetrics {
             let hit = handles.iter().position(|h| {
                 h.instance == self.instance
                     && h.labels.len() == labels.len()
-                    && h.labels.iter().zip(labels).all(|(a, b)| **a == **b)
+                    && h.labels.iter().zip(labels).all(|(a, b)| same(a, b))
             });
             match hit {
                 Some(at) => {
@@ -201,6 +225,26 @@ impl McpMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn labels_compare_as_strings_do() {
+        // Every length around the 8-byte steps, equal, and different in
+        // each place (first, inside a step, in the tail, last) or in length.
+        for len in 0..40 {
+            let a: String = (0..len).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+            assert!(same(&a, &a.clone()), "{a:?}");
+            for at in 0..len {
+                let mut b = a.clone().into_bytes();
+                b[at] ^= 1;
+                let b = String::from_utf8(b).unwrap();
+                assert!(!same(&a, &b), "{a:?} against {b:?}");
+            }
+            let longer = format!("{a}x");
+            assert!(!same(&a, &longer) && !same(&longer, &a));
+        }
+        assert!(same("", ""));
+        assert!(!same("2025-11-25", "2025-06-18"));
+    }
 
     #[test]
     fn tool_names_are_bounded_labels() {
