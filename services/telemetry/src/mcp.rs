@@ -29,8 +29,8 @@ pub struct McpMetrics {
     instance: u64,
 }
 
-/// The histograms of the label sets each thread used last, most recent
-/// first: a request's labels are compared with a few short strings rather
+/// The histograms of the label sets each thread used last, the most recent
+/// near the front: a request's labels are compared with a few short strings rather
 /// than hashed (twice per request, with a lock on the names) to find them.
 struct Handle {
     instance: u64,
@@ -45,6 +45,9 @@ thread_local! {
 
 /// Label sets remembered per thread.
 const REMEMBERED: usize = 32;
+
+/// A label set found among the first this many stays where it is.
+const KEPT_IN_PLACE: usize = 4;
 
 static INSTANCES: AtomicU64 = AtomicU64::new(0);
 
@@ -137,7 +140,11 @@ impl McpMetrics {
             match hit {
                 Some(at) => {
                     handles[at].histogram.observe(seconds);
-                    if at > 0 {
+                    // Moved to the front from further back only: a call
+                    // observes two label sets (its own and its upstream's),
+                    // which would otherwise trade the first two places on
+                    // every observation.
+                    if at >= KEPT_IN_PLACE {
                         handles[..=at].rotate_right(1);
                     }
                 }
@@ -244,6 +251,39 @@ mod tests {
         }
         assert!(same("", ""));
         assert!(!same("2025-11-25", "2025-06-18"));
+    }
+
+    #[test]
+    fn every_observation_counts_on_its_labels_however_many_sets_are_in_turn() {
+        // More label sets than a thread remembers, taken in turn with a
+        // call's two (served, sent): each count lands on its own labels.
+        let registry = Registry::new();
+        let m = McpMetrics::new(&registry);
+        let tools: Vec<String> = (0..REMEMBERED + 8).map(|i| format!("t{i}")).collect();
+        for round in 0..3 {
+            for (i, tool) in tools.iter().enumerate() {
+                let op = Operation { method: "tools/call", tool: Some(tool), ..Operation::default() };
+                m.served(&op, Duration::from_millis(1));
+                m.sent(&op, Some(("h", "1")), Duration::from_millis(1));
+                if i % 3 == round {
+                    m.served(&Operation { method: "ping", ..Operation::default() }, Duration::from_millis(1));
+                }
+            }
+        }
+        let text = prometheus::TextEncoder::new().encode_to_string(&registry.gather()).unwrap();
+        let count = |metric: &str, needle: &str| {
+            text.lines()
+                .filter(|l| l.starts_with(&format!("{metric}_count")) && l.contains(needle))
+                .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+                .sum::<f64>()
+        };
+        for tool in &tools {
+            let needle = format!("gen_ai_tool_name=\"{tool}\"");
+            assert_eq!(count("mcp_server_operation_duration_seconds", &needle), 3.0, "{tool}");
+            assert_eq!(count("mcp_client_operation_duration_seconds", &needle), 3.0, "{tool}");
+        }
+        let pings = count("mcp_server_operation_duration_seconds", "mcp_method_name=\"ping\"");
+        assert_eq!(pings, tools.len() as f64);
     }
 
     #[test]
