@@ -30,8 +30,9 @@ pub struct McpMetrics {
 }
 
 /// The histograms of the label sets each thread used last, the most recent
-/// near the front: a request's labels are compared with a few short strings rather
-/// than hashed (twice per request, with a lock on the names) to find them.
+/// near the front: a request's labels are compared with a few short strings
+/// rather than hashed (twice per request, with a lock on the names) to find
+/// them.
 struct Handle {
     instance: u64,
     /// The labels as given (before tool and prompt names are bounded).
