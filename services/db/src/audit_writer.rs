@@ -1,8 +1,8 @@
 //! Where the audit writer writes, on its own thread: PostgreSQL through the
-//! pool (one `UNNEST` statement per batch), or an SQLite file through a
-//! connection of its own (rusqlite), prepared inserts of up to 16 rows each
-//! in one transaction per batch, offering the CPU to the request threads
-//! between them.
+//! pool (`UNNEST` statements of up to 32 rows, one transaction per batch),
+//! or an SQLite file through a connection of its own (rusqlite), prepared
+//! inserts of up to 16 rows each in one transaction per batch, offering the
+//! CPU to the request threads between them.
 //!
 //! Why not sqlx for SQLite here: sqlx runs each statement on a worker thread
 //! of its own, after copying every bound value (twice through its `Any`
@@ -139,7 +139,7 @@ impl SqliteAudit {
             let mut statement = tx.prepare_cached(insert(rows))?;
             let mut at = 0;
             for r in chunk {
-                let values: [&dyn rusqlite::ToSql; 16] = [
+                let values: [&dyn rusqlite::ToSql; crate::AUDIT_COLUMN_COUNT] = [
                     &r.id,
                     &r.at_ms,
                     &r.tenant,
