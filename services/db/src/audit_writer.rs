@@ -1,5 +1,6 @@
 //! Where the audit writer writes, on its own thread: PostgreSQL through the
-//! pool (`UNNEST` statements of up to 32 rows, one transaction per batch),
+//! pool (a batch of up to 32 rows in one `UNNEST` insert, a larger one by
+//! `COPY`, falling back to such inserts in one transaction when refused),
 //! or an SQLite file through a connection of its own (rusqlite), prepared
 //! inserts of up to 16 rows each in one transaction per batch, offering the
 //! CPU to the request threads between them.
