@@ -268,10 +268,7 @@ fn copy_row(out: &mut Vec<u8>, r: &AuditRecord) {
         None => out.extend_from_slice(b"\\N"),
     };
     let number = |out: &mut Vec<u8>, value: Option<i64>| match value {
-        Some(value) => {
-            use std::io::Write;
-            let _ = write!(out, "{value}");
-        }
+        Some(value) => copy_number(out, value),
         None => out.extend_from_slice(b"\\N"),
     };
     text(out, Some(&r.id));
@@ -294,6 +291,26 @@ fn copy_row(out: &mut Vec<u8>, r: &AuditRecord) {
         text(out, value);
     }
     out.push(b'\n');
+}
+
+/// A number in decimal (what `write!` does, at a fraction of its cost:
+/// four of a record's columns are numbers).
+fn copy_number(out: &mut Vec<u8>, value: i64) {
+    let mut digits = [0u8; 20];
+    let mut left = value.unsigned_abs();
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (left % 10) as u8;
+        left /= 10;
+        if left == 0 {
+            break;
+        }
+    }
+    if value < 0 {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// A text value in `COPY`'s text format: backslash, tab, newline and
@@ -995,6 +1012,15 @@ mod tests {
     #[tokio::test]
     async fn audit_batches_on_postgres() {
         on_postgres(batches_are_written_exactly_once).await;
+    }
+
+    #[test]
+    fn copy_numbers_are_written_as_decimal() {
+        for value in [0, 7, -7, 10, -32603, 1_800_000_000_123, i64::MAX, i64::MIN] {
+            let mut out = Vec::new();
+            copy_number(&mut out, value);
+            assert_eq!(String::from_utf8(out).unwrap(), value.to_string());
+        }
     }
 
     /// The `COPY` itself (not the inserts a refused `COPY` falls back to)

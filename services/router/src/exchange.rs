@@ -554,7 +554,7 @@ impl Exchange {
             record.latency_us = elapsed.as_micros() as i64;
             record.response_bytes = self.sent as i64;
             self.app.feed.publish(&record);
-            audit.record(*record);
+            audit.record(record);
         }
     }
 
