@@ -308,3 +308,39 @@ async fn a_good_token_is_remembered_until_its_expiry_and_only_a_good_one() {
     assert_eq!(rejected(v.verify_cached(&short).unwrap()).label(), "expired");
     assert_eq!(hits(), 2.0);
 }
+
+/// Good tokens are remembered each with its own claims, and by the verifier
+/// that found them good only: one verifier's good token is no good to
+/// another (trusting another issuer) in the same process.
+#[tokio::test]
+async fn a_token_is_remembered_with_its_claims_by_the_verifier_that_found_it_good() {
+    let fake = start_as().await;
+    let other = start_as().await;
+    let signer = Signer::new("k1");
+    *fake.jwks.lock().unwrap() = json!({"keys": [signer.jwk()]});
+    *other.jwks.lock().unwrap() = json!({"keys": [signer.jwk()]});
+    let registry = prometheus::Registry::new();
+    let v = verifier_in(&fake.issuer, Duration::from_secs(60), Duration::ZERO, &registry);
+    let w = verifier(&other.issuer, Duration::from_secs(60));
+    let hits = || {
+        registry
+            .gather()
+            .iter()
+            .find(|f| f.name() == "switchboard_oauth_verified_cache_hits_total")
+            .map_or(0.0, |f| f.get_metric()[0].get_counter().get_value())
+    };
+    let tokens: Vec<String> =
+        (0..10).map(|i| signer.token(&fake.issuer, json!({"exp": now() + 600, "sub": format!("u{i}")}))).collect();
+    for token in &tokens {
+        assert!(v.verify(token).await.is_ok());
+    }
+    assert_eq!(hits(), 0.0);
+    for (i, token) in tokens.iter().enumerate().rev() {
+        let verified = v.verify_cached(token).expect("remembered").expect("good");
+        assert_eq!(verified.claims["sub"], format!("u{i}"), "each token answers with its own claims");
+    }
+    assert_eq!(hits(), 10.0, "every one answered from memory");
+    for token in &tokens {
+        assert!(w.verify(token).await.is_err(), "another verifier does not take its issuer");
+    }
+}
