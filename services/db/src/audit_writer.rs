@@ -1,6 +1,5 @@
 //! Where the audit writer writes, on its own thread: PostgreSQL through the
-//! pool (a batch of up to 32 rows in one `UNNEST` insert, a larger one by
-//! `COPY`, falling back to such inserts in one transaction when refused),
+//! pool (`UNNEST` statements of up to 32 rows, one transaction per batch),
 //! or an SQLite file through a connection of its own (rusqlite), prepared
 //! inserts of up to 16 rows each in one transaction per batch, offering the
 //! CPU to the request threads between them.

@@ -214,127 +214,6 @@ where
     Ok(done.rows_affected())
 }
 
-/// A batch of audit records by `COPY … FROM STDIN` (text format): the rows
-/// encoded here, a few dozen to a message, offering the CPU to the request
-/// threads between messages, and one answer for the whole batch. Two round
-/// trips to the server in all (the `COPY` and its end), where inserts of
-/// [`PG_AUDIT_CHUNK`] rows take one per statement plus the transaction's
-/// two, and no bound parameters to encode. `COPY` cannot skip an id already
-/// present: a batch holding one (a record replayed from the spool after a
-/// write that timed out but landed) fails as a whole, and is then written
-/// by the inserts, which skip it.
-async fn copy_audit(pg: &sqlx::PgPool, records: &[AuditRecord]) -> Result<u64, sqlx::Error> {
-    static COPY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let statement = COPY.get_or_init(|| format!("COPY audit_log ({AUDIT_COLUMNS}) FROM STDIN"));
-    let mut held = Midway(Some(pg.acquire().await?));
-    let conn = held.0.as_mut().expect("held until the end");
-    let mut copy = conn.copy_in_raw(statement).await?;
-    let mut data = Vec::with_capacity(256 * PG_AUDIT_CHUNK);
-    for (i, chunk) in records.chunks(PG_AUDIT_CHUNK).enumerate() {
-        if i > 0 {
-            std::thread::yield_now();
-        }
-        data.clear();
-        for r in chunk {
-            copy_row(&mut data, r);
-        }
-        copy.send(data.as_slice()).await?;
-    }
-    let written = copy.finish().await?;
-    // Whole: the connection goes back to the pool.
-    drop(held.0.take());
-    Ok(written)
-}
-
-/// A connection in the middle of a `COPY`: closed, not given back to the
-/// pool, when the `COPY` does not end (an error, or a write that timed out
-/// and was dropped halfway), since the next statement on it would read the
-/// end of the `COPY` as its own answer.
-struct Midway(Option<sqlx::pool::PoolConnection<sqlx::Postgres>>);
-
-impl Drop for Midway {
-    fn drop(&mut self) {
-        if let Some(conn) = &mut self.0 {
-            conn.close_on_drop();
-        }
-    }
-}
-
-/// One audit record as a line of `COPY`'s text format, in [`AUDIT_COLUMNS`]'
-/// order: tab between columns, `\N` for none.
-fn copy_row(out: &mut Vec<u8>, r: &AuditRecord) {
-    let text = |out: &mut Vec<u8>, value: Option<&str>| match value {
-        Some(value) => copy_text(out, value),
-        None => out.extend_from_slice(b"\\N"),
-    };
-    let number = |out: &mut Vec<u8>, value: Option<i64>| match value {
-        Some(value) => copy_number(out, value),
-        None => out.extend_from_slice(b"\\N"),
-    };
-    text(out, Some(&r.id));
-    out.push(b'\t');
-    number(out, Some(r.at_ms));
-    for value in [r.tenant.as_deref(), r.key_prefix.as_deref(), r.session.as_deref(), Some(&r.method)] {
-        out.push(b'\t');
-        text(out, value);
-    }
-    for value in [r.target.as_deref(), r.upstream.as_deref(), Some(&r.outcome)] {
-        out.push(b'\t');
-        text(out, value);
-    }
-    for value in [r.error_code, Some(r.latency_us), Some(r.request_bytes), Some(r.response_bytes)] {
-        out.push(b'\t');
-        number(out, value);
-    }
-    for value in [r.trace_id.as_deref(), r.arguments.as_deref(), r.user.as_deref()] {
-        out.push(b'\t');
-        text(out, value);
-    }
-    out.push(b'\n');
-}
-
-/// A number in decimal (what `write!` does, at a fraction of its cost:
-/// four of a record's columns are numbers).
-fn copy_number(out: &mut Vec<u8>, value: i64) {
-    let mut digits = [0u8; 20];
-    let mut left = value.unsigned_abs();
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (left % 10) as u8;
-        left /= 10;
-        if left == 0 {
-            break;
-        }
-    }
-    if value < 0 {
-        out.push(b'-');
-    }
-    out.extend_from_slice(&digits[at..]);
-}
-
-/// A text value in `COPY`'s text format: backslash, tab, newline and
-/// carriage return escaped (the format's delimiters), NUL stored as U+FFFD
-/// (as [`pg_text`] stores it: `text` cannot hold it).
-fn copy_text(out: &mut Vec<u8>, value: &str) {
-    let bytes = value.as_bytes();
-    let mut from = 0;
-    for (at, &b) in bytes.iter().enumerate() {
-        let escaped: &[u8] = match b {
-            b'\\' => b"\\\\",
-            b'\t' => b"\\t",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            0 => "\u{FFFD}".as_bytes(),
-            _ => continue,
-        };
-        out.extend_from_slice(&bytes[from..at]);
-        out.extend_from_slice(escaped);
-        from = at + 1;
-    }
-    out.extend_from_slice(&bytes[from..]);
-}
-
 /// `text` for PostgreSQL, whose `text` cannot hold the NUL character: a NUL
 /// a client sent (in a tool's name, a method, a token's user) is stored as
 /// U+FFFD. Stored as sent, it failed the whole insert, and every batch after
@@ -605,10 +484,8 @@ impl Database {
         Ok(())
     }
 
-    /// Writes audit records. Records already present (same id) are skipped,
-    /// so a batch may be written again safely. On PostgreSQL, a batch of more
-    /// than [`PG_AUDIT_CHUNK`] is sent by `COPY` ([`copy_audit`]) and, if the
-    /// server refuses it, inserted in statements of that many rows.
+    /// Writes audit records in one multi-row insert. Records already present
+    /// (same id) are skipped, so a batch may be written again safely.
     pub async fn insert_audit(&self, records: &[AuditRecord]) -> Result<u64, DbError> {
         if records.is_empty() {
             return Ok(0);
@@ -617,24 +494,13 @@ impl Database {
             if records.len() <= PG_AUDIT_CHUNK {
                 return Ok(insert_audit_unnest(pg, records).await?);
             }
-            match copy_audit(pg, records).await {
-                Ok(written) => return Ok(written),
-                // The server refused the batch (an id already there, a value
-                // out of range): the inserts below skip what is there, and
-                // say what they refuse.
-                Err(sqlx::Error::Database(e)) => {
-                    tracing::debug!(error = %e, records = records.len(), "audit: COPY refused; inserting instead")
-                }
-                Err(e) => return Err(e.into()),
-            }
             // In statements of a few dozen rows, one transaction: each
             // statement's encoding (here) and insert (at the server) is
             // short, and the writer waits for the server between them, so
             // neither holds a core the request path wants for long (pinned
             // beside the router, one statement per batch of a thousand put
             // p99 at one connection at 2.8 ms; in statements of 32, 0.6 to
-            // 0.75 ms). `COPY` sends as many rows per message, with a yield
-            // between messages, for the same reason.
+            // 0.75 ms, with more calls per second at 32 connections too).
             let mut tx = pg.begin().await?;
             let mut written = 0;
             for chunk in records.chunks(PG_AUDIT_CHUNK) {
@@ -1012,43 +878,6 @@ mod tests {
     #[tokio::test]
     async fn audit_batches_on_postgres() {
         on_postgres(batches_are_written_exactly_once).await;
-    }
-
-    #[test]
-    fn copy_numbers_are_written_as_decimal() {
-        for value in [0, 7, -7, 10, -32603, 1_800_000_000_123, i64::MAX, i64::MIN] {
-            let mut out = Vec::new();
-            copy_number(&mut out, value);
-            assert_eq!(String::from_utf8(out).unwrap(), value.to_string());
-        }
-    }
-
-    /// The `COPY` itself (not the inserts a refused `COPY` falls back to)
-    /// writes every column as it was, its format's delimiters, escapes and
-    /// NUL included; a batch holding an id already written is refused whole,
-    /// as a database's refusal, and the pool goes on working.
-    #[tokio::test]
-    async fn copy_writes_every_column_as_it_was() {
-        let temp = switchboard_test_support::services::TempDatabase::create().await;
-        let db = Database::connect(&temp.url, Duration::from_secs(5)).unwrap();
-        db.migrate().await.unwrap();
-        let pg = db.pg.as_ref().expect("PostgreSQL's own pool");
-        let mut batch = records(70, "copy");
-        batch[3].target = Some("tab\there\nline\\slash\rreturn \\N \\.".into());
-        batch[4].arguments = Some("{\"a\":\"\\t\\n\"}".into());
-        batch[5].user = Some("\\N".into());
-        batch[6].session = Some("nul\0here".into());
-        batch[7].method = "\t\n\r\\".into();
-        assert_eq!(copy_audit(pg, &batch).await.unwrap(), 70);
-        let again = copy_audit(pg, &batch[60..]).await.expect_err("ids already there");
-        assert!(matches!(again, sqlx::Error::Database(_)), "{again}");
-        batch[6].session = Some("nul\u{FFFD}here".into());
-        let back = db.query_audit(&AuditQuery { tenant: None, since_ms: None, after_seq: None, limit: 1000 }).await;
-        let back: Vec<AuditRecord> = back.unwrap().into_iter().map(|(_, r)| r).collect();
-        assert_eq!(back, batch);
-        assert_eq!(db.insert_audit(&records(40, "after")).await.unwrap(), 40, "the pool still works");
-        drop(db);
-        temp.drop_now().await;
     }
 
     /// A batch with a row the database refuses (a constraint on what it
