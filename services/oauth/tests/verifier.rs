@@ -154,6 +154,15 @@ fn verifier_in(issuer: &str, refetch_every: Duration, leeway: Duration, registry
     Verifier::new(settings, vec![server], Metrics::new(registry)).unwrap()
 }
 
+/// `switchboard_oauth_verified_cache_hits_total` in `registry`.
+fn verified_cache_hits(registry: &prometheus::Registry) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .find(|f| f.name() == "switchboard_oauth_verified_cache_hits_total")
+        .map_or(0.0, |f| f.get_metric()[0].get_counter().get_value())
+}
+
 fn rejected(r: Result<switchboard_oauth::Verified, Failure>) -> Rejection {
     match r {
         Err(Failure::Rejected(why)) => why,
@@ -283,13 +292,7 @@ async fn a_good_token_is_remembered_until_its_expiry_and_only_a_good_one() {
     *fake.jwks.lock().unwrap() = json!({"keys": [signer.jwk()]});
     let registry = prometheus::Registry::new();
     let v = verifier_in(&fake.issuer, Duration::from_secs(60), Duration::ZERO, &registry);
-    let hits = || {
-        registry
-            .gather()
-            .iter()
-            .find(|f| f.name() == "switchboard_oauth_verified_cache_hits_total")
-            .map_or(0.0, |f| f.get_metric()[0].get_counter().get_value())
-    };
+    let hits = || verified_cache_hits(&registry);
     // Expires in 2 s: remembered after its first check, until then.
     let short = signer.token(&fake.issuer, json!({"exp": now() + 2}));
     assert!(v.verify(&short).await.is_ok());
@@ -322,13 +325,7 @@ async fn a_token_is_remembered_with_its_claims_by_the_verifier_that_found_it_goo
     let registry = prometheus::Registry::new();
     let v = verifier_in(&fake.issuer, Duration::from_secs(60), Duration::ZERO, &registry);
     let w = verifier(&other.issuer, Duration::from_secs(60));
-    let hits = || {
-        registry
-            .gather()
-            .iter()
-            .find(|f| f.name() == "switchboard_oauth_verified_cache_hits_total")
-            .map_or(0.0, |f| f.get_metric()[0].get_counter().get_value())
-    };
+    let hits = || verified_cache_hits(&registry);
     let tokens: Vec<String> =
         (0..10).map(|i| signer.token(&fake.issuer, json!({"exp": now() + 600, "sub": format!("u{i}")}))).collect();
     for token in &tokens {
