@@ -98,8 +98,17 @@ pub struct Envelope<'a> {
     pub result: Option<&'a RawValue>,
     /// The error of an error response, undecoded.
     pub error: Option<&'a RawValue>,
-    /// `params`' routing members, read on first use ([`Envelope::target`]).
-    target: std::sync::OnceLock<Result<Target<'a>, ParseError>>,
+    /// `params`' routing members ([`Envelope::target`]).
+    target: TargetSlot<'a>,
+}
+
+/// Where an envelope keeps its target: read with it (by the quick read of
+/// a request), or read on first use. (Not a `OnceLock` set at once: setting
+/// one takes its `Once`, about 235 instructions.)
+#[derive(Debug, Clone)]
+enum TargetSlot<'a> {
+    Read(Target<'a>),
+    Later(std::sync::OnceLock<Result<Target<'a>, ParseError>>),
 }
 
 #[derive(Deserialize)]
@@ -131,6 +140,18 @@ impl<'a> Envelope<'a> {
     /// JSON but not a JSON-RPC 2.0 request, notification or response is
     /// [`ParseError::Invalid`].
     pub fn parse(input: &'a [u8]) -> Result<Self, ParseError> {
+        Self::parse_as(input, true)
+    }
+
+    /// [`Envelope::parse`] without the quick read of requests
+    /// ([`scan::request`](crate::scan::request)): serde_json decides
+    /// everything. For the tests that hold the two to the same answers.
+    #[doc(hidden)]
+    pub fn parse_by_serde(input: &'a [u8]) -> Result<Self, ParseError> {
+        Self::parse_as(input, false)
+    }
+
+    fn parse_as(input: &'a [u8], quick: bool) -> Result<Self, ParseError> {
         match input.iter().find(|b| !b.is_ascii_whitespace()) {
             Some(b'{') => {}
             Some(b'[') => {
@@ -154,7 +175,15 @@ impl<'a> Envelope<'a> {
         // call, request and answer). Anything else is parsed as bytes, for
         // serde_json's own error at the bad byte (or none, when the bad
         // bytes are in a member skipped unread): the same outcome either way.
-        let wire: Result<Wire<'a>, _> = match std::str::from_utf8(input) {
+        let text = std::str::from_utf8(input);
+        if let (true, Ok(text)) = (quick, text) {
+            // A request read in one pass, its target with it; anything
+            // the pass is unsure of is serde_json's to decide.
+            if let Some(spans) = crate::scan::request(text.as_bytes()) {
+                return Ok(Envelope::of_request(text, spans));
+            }
+        }
+        let wire: Result<Wire<'a>, _> = match text {
             Ok(text) => serde_json::from_str(text),
             Err(_) => serde_json::from_slice(input),
         };
@@ -211,7 +240,7 @@ impl<'a> Envelope<'a> {
             params: wire.params,
             result: wire.result,
             error: wire.error,
-            target: std::sync::OnceLock::new(),
+            target: TargetSlot::Later(std::sync::OnceLock::new()),
         })
     }
 
@@ -220,12 +249,43 @@ impl<'a> Envelope<'a> {
     /// `params`.
     pub fn target(&self) -> Option<Result<&Target<'a>, &ParseError>> {
         let params = self.params?;
-        Some(self.target.get_or_init(|| Target::parse(params)).as_ref())
+        match &self.target {
+            TargetSlot::Read(target) => Some(Ok(target)),
+            TargetSlot::Later(slot) => Some(slot.get_or_init(|| Target::parse(params)).as_ref()),
+        }
     }
 
     /// The method name, or `""` for responses.
     pub fn method_str(&self) -> &str {
         self.method.as_deref().unwrap_or("")
+    }
+
+    /// The envelope of a request `text` that [`scan::request`](crate::scan::request)
+    /// read: the same members, kind and target `parse` and `Target::parse`
+    /// give it (the scan's own test holds them to that).
+    fn of_request(text: &'a str, spans: crate::scan::RequestSpans) -> Self {
+        let raw = |span: std::ops::Range<usize>| raw_value(&text[span]);
+        let target = spans.params.is_some().then(|| {
+            TargetSlot::Read(Target {
+                name: spans.name.map(raw),
+                uri: spans.uri.map(raw),
+                reference: None,
+                progress_token: spans.progress_token.map(raw),
+                request_id: spans.request_id.map(raw),
+                arguments: spans.arguments.map(raw),
+                meta: spans.meta.map(raw),
+                traceparent: spans.traceparent.map(raw),
+            })
+        });
+        Envelope {
+            kind: if spans.id.is_some() { MessageKind::Request } else { MessageKind::Notification },
+            id: spans.id.map(raw),
+            method: Some(Cow::Borrowed(&text[spans.method.start + 1..spans.method.end - 1])),
+            params: spans.params.map(raw),
+            result: None,
+            error: None,
+            target: target.unwrap_or(TargetSlot::Later(std::sync::OnceLock::new())),
+        }
     }
 }
 
@@ -328,6 +388,19 @@ pub fn progress_token(params: &RawValue) -> Option<&RawValue> {
         progress_token: Option<&'a RawValue>,
     }
     serde_json::from_str::<Progress<'_>>(params.get()).ok()?.progress_token
+}
+
+/// `json`, one whole JSON value already checked (by [`crate::scan`]), as
+/// the [`RawValue`] serde_json would have borrowed for it.
+#[allow(unsafe_code)]
+fn raw_value(json: &str) -> &RawValue {
+    // SAFETY: `RawValue` is `#[repr(transparent)]` over `str` (serde_json
+    // 1.0's `struct RawValue { json: str }`), so a `&str` and a `&RawValue`
+    // have the same layout and the same metadata, and this is the cast
+    // serde_json's own `RawValue::from_borrowed` makes. Its one invariant,
+    // that the text is a JSON value, is the scan's. The test
+    // `a_raw_value_made_here_is_serde_jsons_own` checks the layout.
+    unsafe { &*(json as *const str as *const RawValue) }
 }
 
 /// Reads a raw JSON value as a string, borrowing when it has no escapes.
@@ -479,6 +552,45 @@ pub fn request(id: Option<&[u8]>, method: &str, params: Option<&[u8]>) -> Bytes 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_raw_value_made_here_is_serde_jsons_own() {
+        let text = r#"{"a":[1,"b\"c"],"d":null}"#;
+        let ours = raw_value(text);
+        let theirs: &RawValue = serde_json::from_str(text).unwrap();
+        assert_eq!(ours.get(), theirs.get());
+        // Borrowed where it is, not copied.
+        assert_eq!(ours.get().as_ptr(), text.as_ptr());
+        assert_eq!(std::mem::size_of::<&RawValue>(), std::mem::size_of::<&str>());
+        assert_eq!(serde_json::to_string(ours).unwrap(), text);
+        assert_eq!(format!("{ours}"), text);
+    }
+
+    #[test]
+    fn a_request_read_quickly_is_the_request_serde_json_reads() {
+        let input = br#" {"method":"tools/call","params":{"_meta":{"progressToken":"p","traceparent":"00-ab"},"name":"a__b","arguments":{"x":[1]},"other":{"name":2}},"id":"7","jsonrpc":"2.0"} "#;
+        assert!(crate::scan::request(input).is_some());
+        let quick = Envelope::parse(input).unwrap();
+        let slow = Envelope::parse_by_serde(input).unwrap();
+        assert_eq!((quick.kind, slow.kind), (MessageKind::Request, MessageKind::Request));
+        assert_eq!(quick.id.unwrap().get(), slow.id.unwrap().get());
+        assert_eq!(quick.method_str(), slow.method_str());
+        assert_eq!(span(input, quick.params.unwrap().get()), span(input, slow.params.unwrap().get()));
+        let (q, s) = (quick.target().unwrap().unwrap(), slow.target().unwrap().unwrap());
+        let fields = |t: &Target<'_>| {
+            [t.name, t.uri, t.progress_token, t.request_id, t.arguments, t.meta, t.traceparent]
+                .map(|v| v.map(|r| span(input, r.get())))
+        };
+        assert_eq!(fields(q), fields(s));
+        assert_eq!(as_str(q.name.unwrap()).unwrap(), "a__b");
+        assert_eq!(q.traceparent.unwrap().get(), r#""00-ab""#);
+        // A notification, and a request without params.
+        let note = Envelope::parse(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).unwrap();
+        assert_eq!(note.kind, MessageKind::Notification);
+        assert!(note.id.is_none() && note.params.is_none() && note.target().is_none());
+        let ping = Envelope::parse(br#"{"jsonrpc":"2.0","id":-1.5e3,"method":"ping"}"#).unwrap();
+        assert_eq!((ping.kind, ping.id.unwrap().get()), (MessageKind::Request, "-1.5e3"));
+    }
 
     #[test]
     fn request_envelope_borrows_members() {

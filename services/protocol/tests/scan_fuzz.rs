@@ -10,14 +10,25 @@
 //! - It is not idle: every well-formed answer with a string or number id
 //!   and no escaped member names is read by it.
 //!
+//! - The quick read of requests (`switchboard_protocol::scan::request`),
+//!   which `Envelope::parse` takes first, changes nothing: on generated
+//!   requests and notifications (routing members of `params` and of
+//!   `params._meta` in any order, `null`, repeated, escaped, of any type;
+//!   `ref`; other members) and on each with a byte deleted, inserted or
+//!   changed, `Envelope::parse` answers as serde_json alone
+//!   (`Envelope::parse_by_serde`) does: the same error or the same kind,
+//!   id, method, params and target, at the same places. And every
+//!   well-formed request it should read, it reads.
+//!
 //! CI runs the default number of cases (a few seconds);
 //! `PROPTEST_CASES=1000000 cargo test --release -p switchboard-protocol
 //! --test scan_fuzz` is the longer run.
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
+use switchboard_protocol::jsonrpc::Target;
 use switchboard_protocol::jsonrpc::{span, Envelope};
-use switchboard_protocol::scan::answer;
+use switchboard_protocol::scan::{answer, request};
 
 fn config() -> ProptestConfig {
     ProptestConfig {
@@ -251,4 +262,221 @@ fn well_formed() -> impl Strategy<Value = Vec<(String, String)>> {
         members.extend(other);
         members
     })
+}
+
+/// A value for a routing member: mostly what it should be, sometimes any
+/// JSON (`null` too), sometimes not JSON.
+fn member_value() -> impl Strategy<Value = String> {
+    prop_oneof![4 => string(), 2 => value(), 1 => Just("null".to_owned()), 1 => value_of(true)]
+}
+
+/// `params._meta`: an object of the members the router reads and others,
+/// or `null`, or something else.
+fn meta() -> impl Strategy<Value = String> {
+    let key = prop_oneof![
+        3 => Just("\"progressToken\"".to_owned()),
+        3 => Just("\"traceparent\"".to_owned()),
+        1 => Just("\"progress\\u0054oken\"".to_owned()),
+        2 => string(),
+    ];
+    prop_oneof![
+        6 => prop::collection::vec((key, member_value()), 0..4).prop_map(|m| object(&m)),
+        1 => Just("null".to_owned()),
+        1 => value(),
+    ]
+}
+
+/// `params`: an object of routing members (some repeated, some escaped,
+/// `ref` now and then) and others; or, rarely, something else.
+fn params() -> impl Strategy<Value = String> {
+    let member = prop_oneof![
+        4 => member_value().prop_map(|v| ("\"name\"".to_owned(), v)),
+        2 => member_value().prop_map(|v| ("\"uri\"".to_owned(), v)),
+        3 => value().prop_map(|v| ("\"arguments\"".to_owned(), v)),
+        1 => member_value().prop_map(|v| ("\"requestId\"".to_owned(), v)),
+        1 => member_value().prop_map(|v| ("\"cursor\"".to_owned(), v)),
+        3 => meta().prop_map(|v| ("\"_meta\"".to_owned(), v)),
+        1 => value().prop_map(|v| ("\"ref\"".to_owned(), v)),
+        1 => member_value().prop_map(|v| ("\"na\\u006de\"".to_owned(), v)),
+        2 => (string(), value()),
+    ];
+    prop_oneof![
+        12 => prop::collection::vec(member, 0..5).prop_map(|m| object(&m)),
+        1 => value(),
+    ]
+}
+
+fn object(members: &[(String, String)]) -> String {
+    let members: Vec<String> = members.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+    format!("{{{}}}", members.join(","))
+}
+
+/// A request's or notification's members, in any order, now and then with
+/// what it must not have.
+fn request_members() -> impl Strategy<Value = Vec<(String, String)>> {
+    let jsonrpc = prop_oneof![12 => Just("\"2.0\"".to_owned()), 1 => Just("\"1.0\"".to_owned())];
+    let method = prop_oneof![
+        8 => prop::sample::select(vec!["\"tools/call\"", "\"ping\"", "\"notifications/progress\"", "\"resources/read\""])
+            .prop_map(str::to_owned),
+        2 => string(),
+        1 => value(),
+    ];
+    let others = prop::collection::vec(
+        (
+            prop_oneof![
+                4 => string(),
+                1 => Just("\"\\u0069d\"".to_owned()),
+                1 => Just("\"result\"".to_owned()),
+                1 => Just("\"method\"".to_owned()),
+                1 => Just("\"params\"".to_owned()),
+            ],
+            value(),
+        ),
+        0..2,
+    );
+    (
+        prop::option::weighted(0.97, jsonrpc),
+        prop::option::weighted(0.8, id()),
+        prop::option::weighted(0.97, method),
+        prop::option::weighted(0.85, params()),
+        prop::option::weighted(0.2, others),
+        any::<u64>(),
+    )
+        .prop_map(|(jsonrpc, id, method, params, others, order)| {
+            let mut all: Vec<(String, String)> = Vec::new();
+            all.extend(jsonrpc.map(|v| ("\"jsonrpc\"".to_owned(), v)));
+            all.extend(id.map(|v| ("\"id\"".to_owned(), v)));
+            all.extend(method.map(|v| ("\"method\"".to_owned(), v)));
+            all.extend(params.map(|v| ("\"params\"".to_owned(), v)));
+            all.extend(others.unwrap_or_default());
+            let n = all.len();
+            for i in (1..n).rev() {
+                all.swap(i, (order as usize >> (i % 16)) % (i + 1));
+            }
+            all
+        })
+}
+
+/// The routing members of a target, as places in `bytes`.
+fn target_spans(bytes: &[u8], t: &Target<'_>) -> [Option<std::ops::Range<usize>>; 7] {
+    [t.name, t.uri, t.progress_token, t.request_id, t.arguments, t.meta, t.traceparent]
+        .map(|v| v.map(|r| span(bytes, r.get())))
+}
+
+/// `Envelope::parse` (which reads a request quickly when it can) answers as
+/// serde_json alone does.
+fn parses_alike(bytes: &[u8]) -> Result<(), TestCaseError> {
+    let shown = || String::from_utf8_lossy(bytes).into_owned();
+    let quick = Envelope::parse(bytes);
+    let slow = Envelope::parse_by_serde(bytes);
+    match (&quick, &slow) {
+        (Ok(q), Ok(s)) => {
+            prop_assert_eq!(q.kind, s.kind, "{}", shown());
+            prop_assert_eq!(q.id.map(|r| span(bytes, r.get())), s.id.map(|r| span(bytes, r.get())), "{}", shown());
+            prop_assert_eq!(q.method_str(), s.method_str(), "{}", shown());
+            prop_assert_eq!(q.params.map(|r| span(bytes, r.get())), s.params.map(|r| span(bytes, r.get())));
+            match (q.target(), s.target()) {
+                (None, None) => {}
+                (Some(Ok(qt)), Some(Ok(st))) => {
+                    prop_assert_eq!(target_spans(bytes, qt), target_spans(bytes, st), "{}", shown());
+                    prop_assert!(qt.reference.is_none() == st.reference.is_none());
+                }
+                (Some(Err(qe)), Some(Err(se))) => prop_assert_eq!(qe.to_string(), se.to_string()),
+                (q, s) => prop_assert!(
+                    false,
+                    "targets differ on {}: {:?} / {:?}",
+                    shown(),
+                    q.map(|t| t.is_ok()),
+                    s.map(|t| t.is_ok())
+                ),
+            }
+        }
+        (Err(q), Err(s)) => prop_assert_eq!(q.to_string(), s.to_string(), "{}", shown()),
+        _ => prop_assert!(false, "{}: quick {:?}, serde {:?}", shown(), quick.is_ok(), slow.is_ok()),
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn a_request_read_quickly_is_read_as_serde_json_reads_it(
+        members in request_members(),
+        ws in prop::collection::vec(ws(), 1..8),
+    ) {
+        parses_alike(&message(&members, &ws))?;
+    }
+
+    #[test]
+    fn so_with_a_byte_of_it_deleted_inserted_or_changed(
+        members in request_members(),
+        ws in prop::collection::vec(ws(), 1..8),
+        at in any::<prop::sample::Index>(),
+        byte in prop_oneof![any::<u8>(), prop::sample::select(b"\"\\{}[],:0-.eEn \x01\xc3\xff".to_vec())],
+        how in 0..3u8,
+    ) {
+        let mut bytes = message(&members, &ws);
+        let i = at.index(bytes.len());
+        match how {
+            0 => { bytes.remove(i); }
+            1 => bytes.insert(i, byte),
+            _ => bytes[i] = byte,
+        }
+        parses_alike(&bytes)?;
+    }
+
+    #[test]
+    fn every_well_formed_request_is_read_quickly(members in well_formed_request(), ws in prop::collection::vec(ws(), 1..8)) {
+        let bytes = message(&members, &ws);
+        prop_assert!(request(&bytes).is_some(), "{}", String::from_utf8_lossy(&bytes));
+        parses_alike(&bytes)?;
+    }
+}
+
+/// A well-formed request or notification the quick read must read: routing
+/// members at most once each and unescaped, no `ref`, `_meta` an object or
+/// `null`, a method without escapes.
+fn well_formed_request() -> impl Strategy<Value = Vec<(String, String)>> {
+    let plain = || "[a-z_/]{1,12}".prop_map(|s| format!("\"{s}\""));
+    let meta = prop_oneof![
+        3 => (prop::option::of(good_value()), prop::option::of(good_value()), prop::option::of(value())).prop_map(
+            |(token, parent, other)| {
+                let mut m = Vec::new();
+                m.extend(token.map(|v| ("\"progressToken\"".to_owned(), v)));
+                m.extend(other.map(|v| ("\"other\"".to_owned(), v)));
+                m.extend(parent.map(|v| ("\"traceparent\"".to_owned(), v)));
+                object(&m)
+            }
+        ),
+        1 => Just("null".to_owned()),
+    ];
+    let params = (
+        prop::option::of(good_value()),
+        prop::option::of(value()),
+        prop::option::of(meta),
+        prop::option::of(good_value()),
+    )
+        .prop_map(|(name, arguments, meta, uri)| {
+            let mut m = Vec::new();
+            m.extend(meta.map(|v| ("\"_meta\"".to_owned(), v)));
+            m.extend(name.map(|v| ("\"name\"".to_owned(), v)));
+            m.extend(arguments.map(|v| ("\"arguments\"".to_owned(), v)));
+            m.extend(uri.map(|v| ("\"uri\"".to_owned(), v)));
+            object(&m)
+        });
+    (prop::option::of(prop_oneof![string(), number()]), plain(), prop::option::of(params)).prop_map(
+        |(id, method, params)| {
+            let mut members = vec![("\"jsonrpc\"".to_owned(), "\"2.0\"".to_owned())];
+            members.extend(id.map(|v| ("\"id\"".to_owned(), v)));
+            members.push(("\"method\"".to_owned(), method));
+            members.extend(params.map(|v| ("\"params\"".to_owned(), v)));
+            members
+        },
+    )
+}
+
+/// What a routing member holds in a well-formed request: any JSON.
+fn good_value() -> impl Strategy<Value = String> {
+    prop_oneof![4 => string(), 2 => value(), 1 => Just("null".to_owned())]
 }
