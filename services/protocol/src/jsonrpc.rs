@@ -3,9 +3,11 @@
 //! [`Envelope::parse`] looks at the top-level members of one message
 //! (`jsonrpc`, `id`, `method`, `params`, `result`, `error`) and keeps the
 //! values as borrowed [`RawValue`]s pointing into the received bytes. The
-//! payload inside `params` or `result` is scanned for well-formedness by
-//! serde_json but never turned into a tree. [`Target::parse`] does the same one
-//! level down, for the few `params` members a router routes on.
+//! payload inside `params` or `result` is scanned for well-formedness but
+//! never turned into a tree. [`Target::parse`] does the same one level
+//! down, for the few `params` members a router routes on. A plain request
+//! is read by one pass of [`crate::scan::request`], its target with it;
+//! anything that pass is unsure of, by serde_json.
 //!
 //! This module must never copy payload bytes: everything it returns borrows
 //! from the input.
