@@ -40,18 +40,7 @@ pub mod code {
     pub const RESOURCE_NOT_FOUND: i64 = -32002;
 }
 
-/// What a message is, decided from which members it has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MessageKind {
-    /// `method` and `id`: expects a response.
-    Request,
-    /// `method` without `id`.
-    Notification,
-    /// `id` and `result`.
-    Response,
-    /// `id` and `error`.
-    Error,
-}
+pub use crate::kind::MessageKind;
 
 /// Why a body is not a usable JSON-RPC message.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -40,6 +40,7 @@
 pub mod edge;
 pub mod http1;
 pub mod jsonrpc;
+mod kind;
 pub mod methods;
 pub mod modern;
 pub mod ndjson;

@@ -23,7 +23,7 @@
 
 use std::ops::Range;
 
-use crate::jsonrpc::MessageKind;
+use crate::kind::MessageKind;
 
 /// The kind of an answer ([`MessageKind::Response`] or
 /// [`MessageKind::Error`]) and where its id is in `input`, if `input` is
