@@ -79,8 +79,10 @@ pub struct Item {
 pub struct Listing {
     /// Items in order: upstreams in configuration order, each in its own order.
     pub items: Vec<Item>,
-    /// Exposed name or URI → position in `items`.
-    pub index: HashMap<Box<str>, usize>,
+    /// Exposed name or URI → position in `items`. Hashed with foldhash
+    /// (seeded at random), not SipHash: read on every call, its keys
+    /// bounded by `max_upstream_items`.
+    pub index: HashMap<Box<str>, usize, foldhash::fast::RandomState>,
     /// Per upstream that contributed: `(upstream, first item, count)`, in order.
     pub spans: Vec<(UpstreamId, usize, usize)>,
     /// All items as one JSON array.
@@ -89,7 +91,7 @@ pub struct Listing {
 
 impl Default for Listing {
     fn default() -> Self {
-        Listing { items: Vec::new(), index: HashMap::new(), spans: Vec::new(), all: Bytes::from_static(b"[]") }
+        Listing { items: Vec::new(), index: HashMap::default(), spans: Vec::new(), all: Bytes::from_static(b"[]") }
     }
 }
 

@@ -81,9 +81,14 @@ impl Owners {
     }
 }
 
+/// One shard's sessions by id. Hashed with foldhash (seeded at random),
+/// not SipHash: looked up on every request; the ids in it are the router's
+/// own random ones, whatever ids clients send.
+type Shard = HashMap<Arc<str>, Arc<Session>, foldhash::fast::RandomState>;
+
 /// The sessions this replica holds.
 pub(crate) struct Registry {
-    shards: Vec<RwLock<HashMap<Arc<str>, Arc<Session>>>>,
+    shards: Vec<RwLock<Shard>>,
     count: AtomicU64,
     /// Held around every change of the shards (taken before a shard's
     /// lock, never while holding one), so that counts and maps agree.
@@ -97,7 +102,7 @@ pub(crate) struct Registry {
 impl Default for Registry {
     fn default() -> Self {
         Registry {
-            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
             count: AtomicU64::new(0),
             owners: Mutex::default(),
             next_expiry_ms: AtomicU64::new(0),
@@ -106,7 +111,7 @@ impl Default for Registry {
 }
 
 impl Registry {
-    fn shard(&self, id: &str) -> &RwLock<HashMap<Arc<str>, Arc<Session>>> {
+    fn shard(&self, id: &str) -> &RwLock<Shard> {
         &self.shards[fnv1a64(id.as_bytes()) as usize % SHARDS]
     }
 
