@@ -438,7 +438,7 @@ async fn serve_one<I>(
             let state = state.clone();
             let in_flight = activity.begin();
             async move {
-                let response = handle(&state.0, &state.1, req).await;
+                let response = crate::downstream::respond::labelled(handle(&state.0, &state.1, req).await);
                 Ok::<_, Infallible>(response.map(|body| Tracked::new(body, in_flight)))
             }
         })

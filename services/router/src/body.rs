@@ -18,6 +18,12 @@ pub enum Body {
     Empty,
     /// One buffer.
     Full(Option<Bytes>),
+    /// One JSON message, labelled `application/json` where the response's
+    /// head is written ([`crate::h1`]) or before hyper takes it
+    /// ([`crate::downstream::respond::labelled`]), not in its header map:
+    /// the forwarded call's answer, whose map would otherwise be built (two
+    /// allocations) for that one header.
+    Json(Option<Bytes>),
     /// Buffers sent in order, so that a prebuilt part (a cached list) is sent
     /// without copying it.
     Parts(VecDeque<Bytes>),
@@ -47,7 +53,7 @@ impl http_body::Body for Body {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         match self.get_mut() {
             Body::Empty => Poll::Ready(None),
-            Body::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            Body::Full(data) | Body::Json(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             Body::Parts(parts) => Poll::Ready(parts.pop_front().map(|p| Ok(Frame::data(p)))),
             Body::Sse { rx, ticker } => match rx.poll_recv(cx) {
                 Poll::Ready(Some(event)) => {
@@ -66,7 +72,7 @@ impl http_body::Body for Body {
     fn is_end_stream(&self) -> bool {
         match self {
             Body::Empty => true,
-            Body::Full(data) => data.is_none(),
+            Body::Full(data) | Body::Json(data) => data.is_none(),
             Body::Parts(parts) => parts.is_empty(),
             Body::Sse { .. } => false,
         }
@@ -75,7 +81,7 @@ impl http_body::Body for Body {
     fn size_hint(&self) -> SizeHint {
         match self {
             Body::Empty => SizeHint::with_exact(0),
-            Body::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Body::Full(data) | Body::Json(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
             Body::Parts(parts) => SizeHint::with_exact(parts.iter().map(|p| p.len() as u64).sum()),
             Body::Sse { .. } => SizeHint::default(),
         }

@@ -340,6 +340,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
                 self.out = out;
                 sent?;
             }
+            Body::Json(data) => {
+                let data = data.unwrap_or_default();
+                let json: (&[u8], &[u8]) = (b"content-type", downstream::respond::JSON_TYPE.as_bytes());
+                let headers = std::iter::once(json).chain(headers);
+                write_head(&mut self.out, status, headers, &date, Some(Framing::Length(data.len())), close);
+                let out = std::mem::take(&mut self.out);
+                let sent = self.send(&mut [&out[..], &data[..]]).await;
+                self.out = out;
+                sent?;
+            }
             Body::Parts(parts) => {
                 let length = parts.iter().map(Bytes::len).sum();
                 write_head(&mut self.out, status, headers, &date, Some(Framing::Length(length)), close);

@@ -365,7 +365,10 @@ fn service(
         }
         let app = app.clone();
         let in_flight = activity.begin();
-        async move { Ok::<_, Infallible>(route(&app, req).await.map(|body| Tracked::new(body, in_flight))) }
+        async move {
+            let response = respond::labelled(route(&app, req).await);
+            Ok::<_, Infallible>(response.map(|body| Tracked::new(body, in_flight)))
+        }
     })
 }
 

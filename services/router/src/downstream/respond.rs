@@ -14,14 +14,29 @@ use tokio::sync::mpsc;
 use crate::body::Body;
 use crate::error::Error;
 
-pub const JSON: HeaderValue = HeaderValue::from_static("application/json");
+pub const JSON_TYPE: &str = "application/json";
+pub const JSON: HeaderValue = HeaderValue::from_static(JSON_TYPE);
 pub const SSE: HeaderValue = HeaderValue::from_static("text/event-stream");
 pub static SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 static ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
 
-/// `200 application/json` with one message.
+/// `200 application/json` with one message (its type implied by the body:
+/// see [`Body::Json`] and [`labelled`]).
 pub fn json(body: Bytes) -> Response<Body> {
-    with_type(StatusCode::OK, Body::full(body), JSON)
+    Response::new(Body::Json(Some(body)))
+}
+
+/// `response` with the content type its body implies in its header map,
+/// for a consumer that reads the map (hyper). Any other response is
+/// returned as it is.
+pub fn labelled(response: Response<Body>) -> Response<Body> {
+    if !matches!(response.body(), Body::Json(_)) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let Body::Json(data) = body else { unreachable!("matched above") };
+    parts.headers.insert(CONTENT_TYPE, JSON);
+    Response::from_parts(parts, Body::Full(data))
 }
 
 /// `200 application/json` assembled from parts (prebuilt pieces are not copied).
@@ -62,6 +77,7 @@ pub fn sse(rx: mpsc::Receiver<Bytes>, keep_alive: Duration) -> Response<Body> {
 /// The same answer as a one-event SSE stream (for `response_mode = "sse"`).
 /// Anything but a `200 application/json` answer is returned unchanged.
 pub fn as_sse(response: Response<Body>) -> Response<Body> {
+    let response = labelled(response);
     if response.status() != StatusCode::OK || response.headers().get(CONTENT_TYPE) != Some(&JSON) {
         return response;
     }
@@ -102,4 +118,47 @@ fn with_type(status: StatusCode, body: Body, content_type: HeaderValue) -> Respo
     *response.status_mut() = status;
     response.headers_mut().insert(CONTENT_TYPE, content_type);
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn bytes(response: Response<Body>) -> Bytes {
+        response.into_body().collect().await.expect("infallible").to_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_json_answer_is_labelled_where_its_head_is_made() {
+        let message = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
+        let answer = json(message.clone());
+        // No header map built for it here: its body says what it is.
+        assert!(answer.headers().is_empty());
+        assert!(matches!(answer.body(), Body::Json(Some(_))));
+        let sent = labelled(answer);
+        assert_eq!(sent.status(), StatusCode::OK);
+        assert_eq!(sent.headers().get(CONTENT_TYPE), Some(&JSON));
+        assert_eq!(sent.headers().len(), 1);
+        assert!(matches!(sent.body(), Body::Full(Some(_))));
+        assert_eq!(bytes(sent).await, message);
+        // Anything else is left as it is.
+        let text = labelled(super::text(StatusCode::OK, "ok\n"));
+        assert_eq!(text.headers().get(CONTENT_TYPE).unwrap(), "text/plain; charset=utf-8");
+        assert_eq!(bytes(text).await, "ok\n");
+        assert!(labelled(accepted()).headers().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_json_answer_turns_into_one_event_when_asked_to() {
+        let message = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
+        let streamed = as_sse(json(message.clone()));
+        assert_eq!(streamed.headers().get(CONTENT_TYPE), Some(&SSE));
+        let body = bytes(streamed).await;
+        assert_eq!(body, switchboard_protocol::sse::encode_event(None, None, &message));
+        // An error keeps its own type and status.
+        let refused = as_sse(error(None, &Error::Parse(switchboard_protocol::jsonrpc::ParseError::Batch)));
+        assert_eq!(refused.headers().get(CONTENT_TYPE), Some(&JSON));
+        assert_ne!(refused.status(), StatusCode::OK);
+    }
 }
