@@ -30,13 +30,15 @@ pub fn json(body: Bytes) -> Response<Body> {
 /// for a consumer that reads the map (hyper). Any other response is
 /// returned as it is.
 pub fn labelled(response: Response<Body>) -> Response<Body> {
-    if !matches!(response.body(), Body::Json(_)) {
-        return response;
-    }
     let (mut parts, body) = response.into_parts();
-    let Body::Json(data) = body else { unreachable!("matched above") };
-    parts.headers.insert(CONTENT_TYPE, JSON);
-    Response::from_parts(parts, Body::Full(data))
+    let body = match body {
+        Body::Json(data) => {
+            parts.headers.insert(CONTENT_TYPE, JSON);
+            Body::Full(data)
+        }
+        other => other,
+    };
+    Response::from_parts(parts, body)
 }
 
 /// `200 application/json` assembled from parts (prebuilt pieces are not copied).
