@@ -224,23 +224,26 @@ impl<'a> Scanner<'a> {
     /// call itself had cost about as much as the bytes it reads.
     #[inline(always)]
     fn string(&mut self) -> Option<Range<usize>> {
-        let (b, open) = (self.b, self.at);
-        if b.get(open) != Some(&b'"') {
+        let open = self.at;
+        if self.b.get(open) != Some(&b'"') {
             return None;
         }
-        let mut at = open + 1;
-        while let Some(&c) = b.get(at) {
-            if !PLAIN[usize::from(c)] {
-                break;
-            }
-            at += 1;
-        }
-        self.at = at;
-        if b.get(at) == Some(&b'"') {
+        self.at += 1;
+        self.plain_run();
+        if self.b.get(self.at) == Some(&b'"') {
             self.at += 1;
             return Some(open..self.at);
         }
         self.string_rest(open)
+    }
+
+    /// Past the plain bytes from here (see [`PLAIN`]), at a few
+    /// instructions a byte.
+    #[inline(always)]
+    fn plain_run(&mut self) {
+        while self.b.get(self.at).is_some_and(|&c| PLAIN[usize::from(c)]) {
+            self.at += 1;
+        }
     }
 
     /// The rest of a string opened at `open`, from its first byte that is
@@ -266,9 +269,7 @@ impl<'a> Scanner<'a> {
                 0x80.. => high = true,
                 _ => {}
             }
-            // The plain run, at a few instructions a byte.
-            let rest = &self.b[self.at..];
-            self.at += rest.iter().position(|&b| !PLAIN[usize::from(b)]).unwrap_or(rest.len());
+            self.plain_run();
         }
         if high && std::str::from_utf8(&self.b[open + 1..self.at - 1]).is_err() {
             return None;
