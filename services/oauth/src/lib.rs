@@ -79,11 +79,15 @@ pub struct Verified {
     /// worked out once: a remembered token hands out the same slot to every
     /// request that presents it.
     pub derived: Arc<std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>>,
+    /// Until when the verifier holds the token good without checking it
+    /// again (a JWT in its cache of good tokens: until its `exp`, at most
+    /// `introspection_cache`); `None`: not kept, checked again each time.
+    pub good_until: Option<Instant>,
 }
 
 impl Verified {
     fn new(server: usize, claims: Arc<Map<String, Value>>) -> Verified {
-        Verified { server, claims, derived: Arc::default() }
+        Verified { server, claims, derived: Arc::default(), good_until: None }
     }
 }
 
@@ -107,7 +111,7 @@ impl Metrics {
         registry.register(Box::new(introspection_cached.clone())).expect("registered once");
         let verified_cached = IntCounter::new(
             "switchboard_oauth_verified_cache_hits_total",
-            "JWT access tokens answered from the cache of tokens found good (no signature check).",
+            "JWT access tokens answered from the cache of tokens found good (no signature check), a connection presenting its last token again included.",
         )
         .expect("valid metric");
         registry.register(Box::new(verified_cached.clone())).expect("registered once");
@@ -212,15 +216,23 @@ impl Verifier {
             return Some(self.count(Err(unknown_issuer(&jwt))));
         };
         let checked = self.servers[server].verify_cached(&jwt, &self.settings, &self.metrics)?;
-        let outcome = checked.and_then(|()| self.finish(server, jwt.claims));
-        if let Ok(verified) = &outcome {
+        let mut outcome = checked.and_then(|()| self.finish(server, jwt.claims));
+        if let Ok(verified) = &mut outcome {
             self.keep_good(hash, verified);
         }
         Some(self.count(outcome))
     }
 
-    /// Keeps a good JWT until its `exp`, at most `introspection_cache`.
-    fn keep_good(&self, hash: [u8; 32], verified: &Verified) {
+    /// A token its caller had remembered as good (until the
+    /// [`Verified::good_until`] it was given) was presented again: counted
+    /// as answered from the cache, which it is.
+    pub fn count_remembered(&self) {
+        self.metrics.verified_cached.inc();
+    }
+
+    /// Keeps a good JWT until its `exp`, at most `introspection_cache`
+    /// (and says so in its [`Verified::good_until`]).
+    fn keep_good(&self, hash: [u8; 32], verified: &mut Verified) {
         let now_s = switchboard_core::time::now_ms() / 1000;
         let Some(exp) = verified.claims.get("exp").and_then(Value::as_f64) else {
             return;
@@ -242,6 +254,7 @@ impl Verifier {
                 good.tokens.remove(&any);
             }
         }
+        verified.good_until = Some(now + left);
         good.tokens.insert(hash, Good { verified: verified.clone(), until: now + left });
     }
 
@@ -268,8 +281,8 @@ impl Verifier {
                     .unwrap_or_else(|| Err(Failure::Rejected(Rejection::UnknownKey(jwt.kid.clone()))))
             }
         };
-        let outcome = checked.and_then(|()| self.finish(server, jwt.claims));
-        if let Ok(verified) = &outcome {
+        let mut outcome = checked.and_then(|()| self.finish(server, jwt.claims));
+        if let Ok(verified) = &mut outcome {
             self.keep_good(Sha256::digest(token.as_bytes()).into(), verified);
         }
         outcome

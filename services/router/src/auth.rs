@@ -49,6 +49,83 @@ impl ClientCert {
     }
 }
 
+/// The credential a connection's last request was let in with, and its
+/// caller: the connection's next request presenting the very same
+/// credential is that caller again, without hashing the credential and
+/// looking it up (most clients send every request of a connection with the
+/// same key or token). It holds only while the tenant directory is the one
+/// it was checked against (a key revoked, a tenant changed: checked
+/// afresh), and the key's expiry or the token's time in the verifier's
+/// cache of good tokens has not come; a credential that was refused is not
+/// kept. One per connection (in its extensions), holding one credential:
+/// at most a request head's size, for the connection's life, never logged.
+#[derive(Clone, Default)]
+pub struct LastCaller(Arc<std::sync::Mutex<Option<Remembered>>>);
+
+struct Remembered {
+    /// The credential as presented (its buffer reused by the next one).
+    credential: String,
+    principal: Principal,
+    /// The directory's [`Directory::generation`] it was checked under.
+    generation: u64,
+    until: Until,
+}
+
+/// Until when a remembered check holds (besides the directory's generation).
+#[derive(Clone, Copy)]
+enum Until {
+    /// An API key's expiry (wall clock, ms), if it has one.
+    Key(Option<i64>),
+    /// A token's time in the verifier's cache.
+    Token(std::time::Instant),
+}
+
+impl LastCaller {
+    /// The caller `credential` named when last presented here, if that
+    /// still holds.
+    fn recall(&self, credential: &str, generation: u64) -> Option<Principal> {
+        let last = self.0.lock().expect("not poisoned");
+        let last = last.as_ref()?;
+        if last.generation != generation || !same_bytes(last.credential.as_bytes(), credential.as_bytes()) {
+            return None;
+        }
+        let holds = match last.until {
+            Until::Key(None) => true,
+            Until::Key(Some(at)) => switchboard_core::time::now_ms() < at,
+            Until::Token(until) => std::time::Instant::now() < until,
+        };
+        holds.then(|| last.principal.clone())
+    }
+
+    fn keep(&self, credential: &str, principal: &Principal, generation: u64, until: Until) {
+        let mut last = self.0.lock().expect("not poisoned");
+        match &mut *last {
+            Some(last) => {
+                last.credential.clear();
+                last.credential.push_str(credential);
+                last.principal = principal.clone();
+                last.generation = generation;
+                last.until = until;
+            }
+            None => {
+                *last = Some(Remembered {
+                    credential: credential.to_owned(),
+                    principal: principal.clone(),
+                    generation,
+                    until,
+                })
+            }
+        }
+    }
+}
+
+/// Whether `a` and `b` are the same bytes, in a time that depends on their
+/// length only (a connection a proxy shares between clients must not tell
+/// one how much of its credential matches another's).
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
+}
+
 /// An authentication that finished at once, or one that must wait (for an
 /// authorization server's keys, or an introspection).
 pub enum Checked<'a> {
@@ -68,9 +145,15 @@ impl Checked<'_> {
 /// Authenticates requests and authorizes what they ask.
 pub trait Authenticator: Send + Sync {
     /// The caller of a request, from its headers or its connection's
-    /// client certificate. A refusal is counted
+    /// client certificate (`last`: what the connection's earlier requests
+    /// were let in with). A refusal is counted
     /// (`switchboard_auth_failures_total`).
-    fn authenticate<'a>(&'a self, headers: Headers<'a>, cert: Option<&ClientCert>) -> Checked<'a>;
+    fn authenticate<'a>(
+        &'a self,
+        headers: Headers<'a>,
+        cert: Option<&ClientCert>,
+        last: Option<&LastCaller>,
+    ) -> Checked<'a>;
 
     /// The `WWW-Authenticate` header a refusal carries, if any.
     fn challenge(&self, err: &Error) -> Option<HeaderValue>;
@@ -162,8 +245,21 @@ impl Front {
         })
     }
 
-    fn keys_only(&self, headers: Headers<'_>) -> Result<Principal, AuthFailure> {
-        self.directory.authenticate_key(headers.presented_key(), switchboard_core::time::now_ms)
+    /// The caller of the API key a request presents (remembered by the
+    /// connection, when it has `last`).
+    fn keys_only(&self, headers: Headers<'_>, last: Option<&LastCaller>) -> Result<Principal, AuthFailure> {
+        let key = headers.presented_key();
+        let (Some(last), Some(key), true) = (last, key, self.directory.required()) else {
+            return self.directory.authenticate_key(key, switchboard_core::time::now_ms);
+        };
+        let generation = self.directory.generation();
+        if let Some(known) = last.recall(key, generation) {
+            return Ok(known);
+        }
+        let (principal, expires) =
+            self.directory.authenticate_key_expiring(Some(key), switchboard_core::time::now_ms)?;
+        last.keep(key, &principal, generation, Until::Key(expires));
+        Ok(principal)
     }
 
     /// The caller a client certificate names: the tenant its subject maps
@@ -194,7 +290,12 @@ pub(crate) fn bearer<'a>(headers: Headers<'a>) -> Option<&'a str> {
 }
 
 impl Authenticator for Front {
-    fn authenticate<'a>(&'a self, headers: Headers<'a>, cert: Option<&ClientCert>) -> Checked<'a> {
+    fn authenticate<'a>(
+        &'a self,
+        headers: Headers<'a>,
+        cert: Option<&ClientCert>,
+        last: Option<&LastCaller>,
+    ) -> Checked<'a> {
         // A key or token sent with the request is the caller; else the
         // connection's certificate.
         if let Some(cert) = cert {
@@ -206,15 +307,27 @@ impl Authenticator for Front {
             }
         }
         let Some(oauth) = &self.oauth else {
-            return Checked::Done(self.keys_only(headers));
+            return Checked::Done(self.keys_only(headers, last));
         };
         // An API key (ours have the `sb_` form; X-API-Key is only for keys).
         let token = match bearer(headers) {
             Some(token) if !token.starts_with("sb_") && !headers.contains(Header::XApiKey) => token,
-            _ => return Checked::Done(self.keys_only(headers)),
+            _ => return Checked::Done(self.keys_only(headers, last)),
         };
+        let generation = self.directory.generation();
+        if let Some(known) = last.and_then(|last| last.recall(token, generation)) {
+            oauth.verifier.count_remembered();
+            return Checked::Done(Ok(known));
+        }
         match oauth.verifier.verify_cached(token) {
-            Some(done) => Checked::Done(self.principal(oauth, done)),
+            Some(done) => {
+                let until = done.as_ref().ok().and_then(|verified| verified.good_until);
+                let outcome = self.principal(oauth, done);
+                if let (Some(last), Some(until), Ok(principal)) = (last, until, &outcome) {
+                    last.keep(token, principal, generation, Until::Token(until));
+                }
+                Checked::Done(outcome)
+            }
             None => Checked::Pending(Box::pin(async move {
                 let done = oauth.verifier.verify(token).await;
                 self.principal(oauth, done)
@@ -390,4 +503,52 @@ fn hex_of(bytes: &[u8]) -> String {
         out.push(char::from(DIGITS[usize::from(b & 0xf)]));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchboard_core::policy::{Policy, Tenant};
+
+    fn caller(name: &str) -> Principal {
+        let tenant = Arc::new(Tenant::new(name, &Policy::default(), &[]));
+        Principal::of_key(tenant, Arc::from("sb_abcdefgh"), Arc::from(format!("{name}-id")))
+    }
+
+    #[test]
+    fn a_remembered_caller_is_the_same_credential_under_the_same_directory_only() {
+        let last = LastCaller::default();
+        assert!(last.recall("sb_one", 1).is_none(), "nothing remembered yet");
+        last.keep("sb_one", &caller("a"), 1, Until::Key(None));
+        assert_eq!(last.recall("sb_one", 1).map(|p| p.tenant.name.to_string()), Some("a".into()));
+        assert!(last.recall("sb_one", 2).is_none(), "the directory changed: checked afresh");
+        assert!(last.recall("sb_onf", 1).is_none(), "another credential of the same length");
+        assert!(last.recall("sb_one_", 1).is_none() && last.recall("sb_on", 1).is_none(), "a longer or shorter one");
+        // The next credential takes the place of the last.
+        last.keep("sb_two", &caller("b"), 1, Until::Key(None));
+        assert!(last.recall("sb_one", 1).is_none());
+        assert_eq!(last.recall("sb_two", 1).map(|p| p.tenant.name.to_string()), Some("b".into()));
+    }
+
+    #[test]
+    fn a_remembered_caller_ends_with_its_key_or_its_token() {
+        let last = LastCaller::default();
+        let now_ms = switchboard_core::time::now_ms();
+        last.keep("sb_key", &caller("a"), 1, Until::Key(Some(now_ms + 60_000)));
+        assert!(last.recall("sb_key", 1).is_some(), "a key that expires in a minute");
+        last.keep("sb_key", &caller("a"), 1, Until::Key(Some(now_ms - 1)));
+        assert!(last.recall("sb_key", 1).is_none(), "an expired key");
+        let now = std::time::Instant::now();
+        last.keep("ey.a.b", &caller("a"), 1, Until::Token(now + std::time::Duration::from_secs(60)));
+        assert!(last.recall("ey.a.b", 1).is_some(), "a token good for a minute more");
+        last.keep("ey.a.b", &caller("a"), 1, Until::Token(now));
+        assert!(last.recall("ey.a.b", 1).is_none(), "a token whose time in the cache is up");
+    }
+
+    #[test]
+    fn same_bytes_is_equality() {
+        assert!(same_bytes(b"", b""));
+        assert!(same_bytes(b"abc", b"abc"));
+        assert!(!same_bytes(b"abc", b"abd") && !same_bytes(b"abc", b"ab") && !same_bytes(b"", b"a"));
+    }
 }

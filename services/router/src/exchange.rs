@@ -30,7 +30,7 @@ use switchboard_telemetry::mcp::Operation;
 use switchboard_telemetry::{Finished, KeyValue, SpanId, Trace};
 
 use crate::app::App;
-use crate::auth::ClientCert;
+use crate::auth::{ClientCert, LastCaller};
 use crate::body::Body;
 use crate::downstream::respond;
 use crate::error::Error;
@@ -93,6 +93,8 @@ pub struct Exchange {
     finished: bool,
     /// The connection's client certificate (mTLS), a credential.
     cert: Option<ClientCert>,
+    /// What the connection's earlier requests were let in with.
+    last_caller: Option<LastCaller>,
     /// The tool or prompt name (or resource URI) the request names.
     target: Option<Named>,
     /// Came as a call of progressive discovery's call meta-tool.
@@ -159,6 +161,7 @@ impl Exchange {
             sent: 0,
             finished: false,
             cert: connection.get::<ClientCert>().cloned(),
+            last_caller: connection.get::<LastCaller>().cloned(),
             target: None,
             unwrapped: false,
             http_version: "1.1",
@@ -273,8 +276,13 @@ impl Exchange {
     /// whose authorization server's keys are not cached yet, or that must
     /// be introspected.)
     pub async fn authenticate(&mut self, headers: Headers<'_>) -> Result<Principal, Error> {
-        let principal =
-            self.app.auth.authenticate(headers, self.cert.as_ref()).outcome().await.map_err(Error::Unauthenticated)?;
+        let principal = self
+            .app
+            .auth
+            .authenticate(headers, self.cert.as_ref(), self.last_caller.as_ref())
+            .outcome()
+            .await
+            .map_err(Error::Unauthenticated)?;
         self.principal = Some(principal.clone());
         let exchange = &self.app.exchange;
         if exchange.any() {

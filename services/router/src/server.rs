@@ -286,6 +286,7 @@ impl Served {
         if let Some(cert) = &cert {
             extensions.insert(cert.clone());
         }
+        extensions.insert(crate::auth::LastCaller::default());
         if let Some(peer) = peer {
             extensions.insert(crate::exchange::Peer(peer));
         }
@@ -356,10 +357,12 @@ fn service(
        + Clone {
     let app = app.clone();
     let activity = activity.clone();
+    let last_caller = crate::auth::LastCaller::default();
     hyper::service::service_fn(move |mut req: Request<Incoming>| {
         if let Some(cert) = &cert {
             req.extensions_mut().insert(cert.clone());
         }
+        req.extensions_mut().insert(last_caller.clone());
         if let Some(peer) = peer {
             req.extensions_mut().insert(crate::exchange::Peer(peer));
         }

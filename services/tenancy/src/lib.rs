@@ -11,7 +11,7 @@
 //! logged.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,6 +60,8 @@ pub struct Directory {
     /// Whether keys were loaded from the database at least once (or there
     /// is no database): until then an unknown key may be a valid one.
     loaded: AtomicBool,
+    /// Moves on every snapshot installed ([`Directory::generation`]).
+    generation: AtomicU64,
     metrics: Arc<Metrics>,
 }
 
@@ -84,6 +86,7 @@ impl Directory {
             upstreams: std::sync::RwLock::new(upstreams),
             db,
             loaded,
+            generation: AtomicU64::new(0),
             metrics,
         };
         directory.install(0, Vec::new(), Vec::new());
@@ -101,7 +104,26 @@ impl Directory {
     /// refusal is counted. `now_ms` (the wall clock, in milliseconds) is
     /// asked only of a key that can expire.
     pub fn authenticate_key(&self, key: Option<&str>, now_ms: impl FnOnce() -> i64) -> Result<Principal, AuthFailure> {
+        self.authenticate_key_expiring(key, now_ms).map(|(principal, _)| principal)
+    }
+
+    /// [`Directory::authenticate_key`], with when the key expires (wall
+    /// clock, milliseconds; `None`: never), for a caller that remembers
+    /// the outcome while [`Directory::generation`] stays the same.
+    pub fn authenticate_key_expiring(
+        &self,
+        key: Option<&str>,
+        now_ms: impl FnOnce() -> i64,
+    ) -> Result<(Principal, Option<i64>), AuthFailure> {
         self.check_key(key, now_ms).inspect_err(|failure| self.metrics.auth_failed(failure.label()))
+    }
+
+    /// Which snapshot of tenants and keys is in force: it moves whenever
+    /// one is installed (a key created, revoked or expired by an operator,
+    /// a tenant changed, the config file reloaded, upstreams changed). A
+    /// caller's check made under one generation holds while it lasts.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// What the metrics of this directory record (a refusal the directory
@@ -110,9 +132,13 @@ impl Directory {
         &self.metrics
     }
 
-    fn check_key(&self, key: Option<&str>, now_ms: impl FnOnce() -> i64) -> Result<Principal, AuthFailure> {
+    fn check_key(
+        &self,
+        key: Option<&str>,
+        now_ms: impl FnOnce() -> i64,
+    ) -> Result<(Principal, Option<i64>), AuthFailure> {
         if let Some(open) = &self.open {
-            return Ok(Principal::clone(&open.load()));
+            return Ok((Principal::clone(&open.load()), None));
         }
         let key = key.filter(|k| !k.is_empty()).ok_or(AuthFailure::Missing)?;
         let snapshot = self.snapshot.load();
@@ -130,7 +156,7 @@ impl Directory {
         if !live.tenant.accepts_keys() {
             return Err(AuthFailure::NotAccepted);
         }
-        Ok(Principal::of_key(live.tenant.clone(), live.prefix.clone(), live.id.clone()))
+        Ok((Principal::of_key(live.tenant.clone(), live.prefix.clone(), live.id.clone()), live.expires_at_ms))
     }
 
     /// The tenant with this name, if any.
@@ -213,6 +239,9 @@ impl Directory {
             );
         }
         self.snapshot.store(Arc::new(Snapshot { version, keys: live, tenants }));
+        // After the store: a check that read the old snapshot carries the
+        // old generation, and is not kept past it.
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Keeps the snapshot current: reloads on every database notification

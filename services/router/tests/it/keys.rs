@@ -158,6 +158,95 @@ pub(crate) mod reqwest_like {
     }
 }
 
+/// A connection remembers the key its last request was let in with (not
+/// hashed and looked up again for the next request presenting it), but
+/// never past a revocation or the key's expiry, and a connection whose
+/// requests alternate between keys gets each one's answer.
+#[tokio::test]
+async fn a_connection_never_keeps_a_key_past_its_revocation_or_expiry() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pg = TempDatabase::create().await;
+    let (_alpha, _beta, config, admin) = setup_with_admin(&pg.url, "").await;
+    admin.create_tenant("kept", policy(&["alpha"])).await.unwrap();
+    let lasting = admin.create_key("kept", None).await.unwrap();
+    let other = admin.create_key("kept", None).await.unwrap();
+    let router = Router::start(&config).await;
+    let mut stream = tokio::net::TcpStream::connect(router.addr).await.unwrap();
+    let mut buffer = Vec::new();
+    // A ping with `key` on the one connection: its status (400 for a known
+    // key, which names no session; 401 for a refused one).
+    let mut ask = async |key: &str| -> u16 {
+        let body = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+        let request = format!(
+            "POST /mcp HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nAuthorization: Bearer {key}\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        loop {
+            if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buffer[..end]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: ").map(|v| v.trim().parse().unwrap()))
+                    .expect("a content-length");
+                if buffer.len() >= end + 4 + length {
+                    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("a status");
+                    assert!(!head.contains("connection: close"), "the connection stays open: {head}");
+                    buffer.drain(..end + 4 + length);
+                    return status;
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk))
+                .await
+                .expect("an answer")
+                .unwrap();
+            assert!(n > 0, "the router closed the connection");
+            buffer.extend_from_slice(&chunk[..n]);
+        }
+    };
+    for _ in 0..3 {
+        assert_eq!(ask(&lasting.key).await, 400, "a known key, again and again");
+    }
+    assert_eq!(ask("sb_this-is-not-a-key-of-ours-at-all-00000000").await, 401, "another credential is checked");
+    assert_eq!(ask(&other.key).await, 400);
+    assert_eq!(ask(&lasting.key).await, 400, "each key in turn");
+
+    // Revoked: refused on the very connection that was using it.
+    admin.revoke_key(&lasting.row.prefix).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ask(&lasting.key).await != 401 {
+        assert!(Instant::now() < deadline, "a revoked key is still let in on its connection");
+        // Polling: the router hears of the revocation within its refresh.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(ask(&other.key).await, 400, "the other key still works");
+
+    // An expiring key: let in until its time, on the same connection, then refused.
+    let at = switchboard_core::time::now_ms() + 1500;
+    let expiring = admin.create_key("kept", Some(at)).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ask(&expiring.key).await != 400 {
+        assert!(Instant::now() < deadline, "a new key is not let in");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    loop {
+        let status = ask(&expiring.key).await;
+        let now = switchboard_core::time::now_ms();
+        if status == 401 {
+            assert!(now >= at, "refused before it expired: {now} < {at}");
+            break;
+        }
+        assert_eq!(status, 400);
+        assert!(Instant::now() < deadline, "an expired key is still let in on its connection");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    router.stop().await;
+    pg.drop_now().await;
+}
+
 /// Revocation "at once on PostgreSQL": with a refresh of a minute, a revoked
 /// key is refused within seconds because the change arrives by
 /// `LISTEN/NOTIFY`; and again after the database restarted (the listener
