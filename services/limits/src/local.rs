@@ -2,6 +2,7 @@
 //! request's limits are checked and taken atomically. Must never block on
 //! anything but its own short critical section.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -19,8 +20,9 @@ pub struct Local {
 
 #[derive(Default)]
 struct State {
-    /// Subject → theoretical arrival time, µs since `epoch`.
-    tat: HashMap<Subject, u64, foldhash::fast::RandomState>,
+    /// Subject → theoretical arrival time, µs since `epoch` (in a `Cell`:
+    /// a check finds each subject once, and sets it through what it found).
+    tat: HashMap<Subject, Cell<u64>, foldhash::fast::RandomState>,
     checks: u64,
 }
 
@@ -39,10 +41,12 @@ impl Local {
     fn check_at(&self, checks: &[Check], now: u64) -> Decision {
         let mut state = self.state.lock().expect("lock");
         let mut next = [0u64; 3];
+        let mut found: [Option<&Cell<u64>>; 3] = [None; 3];
         let mut worst: Option<(&'static str, u64)> = None;
         for (i, check) in checks.iter().enumerate().take(3) {
             let (interval, capacity) = gcra(check.rate);
-            let tat = state.tat.get(&check.subject).copied().unwrap_or(0).max(now);
+            found[i] = state.tat.get(&check.subject);
+            let tat = found[i].map_or(0, Cell::get).max(now);
             let new = tat + interval;
             if new - now > capacity {
                 let wait = new - now - capacity;
@@ -55,17 +59,21 @@ impl Local {
         if let Some((limit, wait)) = worst {
             return Decision::Deny { limit, retry_after: Duration::from_micros(wait) };
         }
+        let mut new_subjects = [false; 3];
+        for (i, tat) in found.iter().enumerate().take(checks.len()) {
+            match tat {
+                Some(tat) => tat.set(next[i]),
+                None => new_subjects[i] = true,
+            }
+        }
         for (i, check) in checks.iter().enumerate().take(3) {
-            match state.tat.get_mut(&check.subject) {
-                Some(tat) => *tat = next[i],
-                None => {
-                    state.tat.insert(check.subject.clone(), next[i]);
-                }
+            if new_subjects[i] {
+                state.tat.insert(check.subject.clone(), Cell::new(next[i]));
             }
         }
         state.checks += 1;
         if state.checks.is_multiple_of(SWEEP_EVERY) {
-            state.tat.retain(|_, tat| *tat > now);
+            state.tat.retain(|_, tat| tat.get() > now);
         }
         Decision::Allow
     }
