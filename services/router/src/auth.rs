@@ -56,9 +56,10 @@ impl ClientCert {
 /// same key or token). It holds only while the tenant directory is the one
 /// it was checked against (a key revoked, a tenant changed: checked
 /// afresh), and the key's expiry or the token's time in the verifier's
-/// cache of good tokens has not come; a credential that was refused is not
-/// kept. One per connection (in its extensions), holding one credential:
-/// at most a request head's size, for the connection's life, never logged.
+/// cache of good tokens has not come. Only a credential that was let in is
+/// kept (an API key of ours, or a token its authorization server signed and
+/// the verifier keeps as good): one per connection (in its extensions), for
+/// the connection's life, never logged.
 #[derive(Clone, Default)]
 pub struct LastCaller(Arc<std::sync::Mutex<Option<Remembered>>>);
 
