@@ -156,6 +156,10 @@ pub trait Authenticator: Send + Sync {
         last: Option<&LastCaller>,
     ) -> Checked<'a>;
 
+    /// Whether a connection's [`LastCaller`] is of use to it (not when
+    /// every request is let in as the open tenant).
+    fn remembers_callers(&self) -> bool;
+
     /// The `WWW-Authenticate` header a refusal carries, if any.
     fn challenge(&self, err: &Error) -> Option<HeaderValue>;
 
@@ -334,6 +338,10 @@ impl Authenticator for Front {
                 self.principal(oauth, done)
             })),
         }
+    }
+
+    fn remembers_callers(&self) -> bool {
+        self.directory.required() || self.oauth.is_some()
     }
 
     fn challenge(&self, err: &Error) -> Option<HeaderValue> {

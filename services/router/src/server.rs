@@ -16,7 +16,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
 use crate::app::App;
-use crate::auth::ClientCert;
+use crate::auth::{ClientCert, LastCaller};
 use crate::body::Body;
 use crate::config::Config;
 use crate::connections::{self, Activity, Connections, Tracked};
@@ -286,7 +286,9 @@ impl Served {
         if let Some(cert) = &cert {
             extensions.insert(cert.clone());
         }
-        extensions.insert(crate::auth::LastCaller::default());
+        if self.app.auth.remembers_callers() {
+            extensions.insert(LastCaller::default());
+        }
         if let Some(peer) = peer {
             extensions.insert(crate::exchange::Peer(peer));
         }
@@ -346,8 +348,8 @@ fn client_cert(stream: &tokio_rustls::server::TlsStream<tokio::net::TcpStream>) 
 
 /// The HTTP service of one connection: [`route`], each request kept in
 /// flight (for the idle timeout) until its answer's body is done, and
-/// carrying the connection's client certificate (and, for spans, the
-/// client's address).
+/// carrying the connection's client certificate, its [`LastCaller`] (when
+/// requests carry credentials) and, for spans, the client's address.
 fn service(
     app: &Arc<App>,
     activity: &Arc<Activity>,
@@ -357,12 +359,14 @@ fn service(
        + Clone {
     let app = app.clone();
     let activity = activity.clone();
-    let last_caller = crate::auth::LastCaller::default();
+    let last_caller = app.auth.remembers_callers().then(LastCaller::default);
     hyper::service::service_fn(move |mut req: Request<Incoming>| {
         if let Some(cert) = &cert {
             req.extensions_mut().insert(cert.clone());
         }
-        req.extensions_mut().insert(last_caller.clone());
+        if let Some(last_caller) = &last_caller {
+            req.extensions_mut().insert(last_caller.clone());
+        }
         if let Some(peer) = peer {
             req.extensions_mut().insert(crate::exchange::Peer(peer));
         }
