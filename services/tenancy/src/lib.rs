@@ -201,9 +201,10 @@ impl Directory {
     pub async fn reload(&self) -> Result<(), DbError> {
         let Some(db) = &self.db else { return Ok(()) };
         let (version, tenants, keys) = db.load().await.inspect_err(|_| self.metrics.set_db_up(false))?;
-        self.metrics.set_db_up(true);
         self.install(version, tenants, keys);
         self.loaded.store(true, Ordering::Release);
+        // Up once what it holds is in force, not before.
+        self.metrics.set_db_up(true);
         Ok(())
     }
 
@@ -257,11 +258,15 @@ impl Directory {
                 let by_notification = wakeups.next().await;
                 let Some(directory) = directory.upgrade() else { return };
                 let current = directory.snapshot.load().version;
+                // Never loaded yet (the database was down at start): the
+                // version may well be the empty snapshot's (0, as a fresh
+                // database's is), and the keys must be read all the same.
+                let loaded = directory.loaded.load(Ordering::Acquire);
                 let outcome = if by_notification {
                     directory.reload().await.map(|()| true)
                 } else {
                     match db.version().await {
-                        Ok(v) if v != current => directory.reload().await.map(|()| true),
+                        Ok(v) if v != current || !loaded => directory.reload().await.map(|()| true),
                         Ok(_) => Ok(false),
                         Err(e) => Err(e),
                     }
@@ -370,6 +375,28 @@ mod tests {
         assert_eq!(dir.authenticate_key(Some("sb_whatever"), || 0).unwrap_err(), AuthFailure::NotLoaded);
         db.migrate().await.unwrap();
         dir.reload().await.unwrap();
+        assert_eq!(dir.authenticate_key(Some("sb_whatever"), || 0).unwrap_err(), AuthFailure::Invalid);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[tokio::test]
+    async fn a_database_that_comes_up_empty_is_read_by_the_refresh() {
+        let path = std::env::temp_dir().join(format!("sb-directory-empty-{}.db", std::process::id()));
+        let db = Database::connect(&format!("sqlite:{}", path.display()), Duration::from_secs(1)).unwrap();
+        let metrics = Arc::new(Metrics::new(&Default::default()));
+        let dir = Arc::new(Directory::new(vec![], vec![], Some(db.clone()), false, metrics));
+        // Not migrated: unreadable, as a database that is down at start.
+        assert!(dir.reload().await.is_err());
+        dir.start(Duration::from_millis(20));
+        // It comes up with nothing in it: its version (0) is the empty
+        // directory's, yet it was never read.
+        db.migrate().await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while dir.authenticate_key(Some("sb_whatever"), || 0).unwrap_err() == AuthFailure::NotLoaded {
+            assert!(std::time::Instant::now() < deadline, "a database whose version is the empty one's is never read");
+            // Polling: the refresh reads it within its period.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         assert_eq!(dir.authenticate_key(Some("sb_whatever"), || 0).unwrap_err(), AuthFailure::Invalid);
         let _ = std::fs::remove_file(&path);
     }

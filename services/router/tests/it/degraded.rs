@@ -113,6 +113,11 @@ async fn a_router_started_while_its_database_is_down_waits_for_its_keys_then_ser
         eventually(WAIT, || async { router.metric("switchboard_tenant_directory_db_up", &[]).await == 1.0 }).await,
         "the directory reloads once the database is back"
     );
+    // Up means its keys are read: an unknown key is invalid from then on
+    // (a fresh database's version is the empty directory's, and was once
+    // taken for "nothing new to read": 503 until the first change).
+    let reply = unknown.request("ping", json!({})).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{}", String::from_utf8_lossy(&reply.body));
     let (admin, db) = admin(&text);
     // A key of the config file's tenant works, with that tenant's catalog.
     let key = admin.create_key("static", None).await.expect("migrated by the router").key;
