@@ -157,16 +157,16 @@ pub struct Verifier {
 }
 
 struct GoodTokens {
-    tokens: HashMap<[u8; 32], Good>,
+    /// Each kept with its [`Verified::good_until`] set.
+    tokens: HashMap<[u8; 32], Verified>,
     /// When the expired ones were last swept out (at most once a second,
     /// when the map is full).
     swept: Instant,
 }
 
-/// A JWT found good, until it expires or `introspection_cache` passes.
-struct Good {
-    verified: Verified,
-    until: Instant,
+/// Whether a kept JWT is still held good at `now`.
+fn held(verified: &Verified, now: Instant) -> bool {
+    verified.good_until.is_some_and(|until| until > now)
 }
 
 /// At most this many good JWTs are kept (about 2 MB); beyond, each new one
@@ -203,9 +203,9 @@ impl Verifier {
         }
         let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         if let Some(good) = self.good.lock().expect("not poisoned").tokens.get(&hash) {
-            if good.until > Instant::now() {
+            if held(good, Instant::now()) {
                 self.metrics.verified_cached.inc();
-                return Some(Ok(good.verified.clone()));
+                return Some(Ok(good.clone()));
             }
         }
         let jwt = match token::decode(token, &self.settings.algorithms) {
@@ -244,7 +244,7 @@ impl Verifier {
         let now = Instant::now();
         let mut good = self.good.lock().expect("not poisoned");
         if good.tokens.len() >= MAX_GOOD_TOKENS && now.duration_since(good.swept) >= Duration::from_secs(1) {
-            good.tokens.retain(|_, g| g.until > now);
+            good.tokens.retain(|_, g| held(g, now));
             good.swept = now;
         }
         if good.tokens.len() >= MAX_GOOD_TOKENS {
@@ -255,7 +255,7 @@ impl Verifier {
             }
         }
         verified.good_until = Some(now + left);
-        good.tokens.insert(hash, Good { verified: verified.clone(), until: now + left });
+        good.tokens.insert(hash, verified.clone());
     }
 
     /// Checks `token`, fetching keys or introspecting as needed.
