@@ -456,7 +456,11 @@ fn main() -> Result<()> {
             for note in config.notes() {
                 tracing::warn!("{note}");
             }
-            let runtime = runtime(&config).context("starting the async runtime")?;
+            let threads = connection_threads(&config);
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::bind(config.server.listen)
                     .await
@@ -475,7 +479,7 @@ fn main() -> Result<()> {
                     _ => None,
                 };
                 let reload = Some(switchboard_router::reload::Source { path, log_level: Some(log_level) });
-                let extra = switchboard_router::Listeners { edge: None, admin, reload };
+                let extra = switchboard_router::Listeners { edge: None, admin, reload, threads: threads - 1 };
                 switchboard_router::serve_with(listener, extra, config, shutdown_signal()).await?;
                 Ok(())
             })
@@ -483,16 +487,16 @@ fn main() -> Result<()> {
     }
 }
 
-/// One worker thread per core the process may run on (its CPU affinity), or
-/// `server.worker_threads`; a single worker runs on a current-thread runtime,
-/// which skips the work-stealing machinery.
-fn runtime(config: &Config) -> std::io::Result<tokio::runtime::Runtime> {
+/// How many threads serve connections: one per core the process may run on
+/// (its CPU affinity), or `server.worker_threads`. The main thread's
+/// current-thread runtime is the first (it also runs the background loops,
+/// the admin API and edge devices); the others have runtimes of their own.
+fn connection_threads(config: &Config) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let workers = if config.server.worker_threads == 0 { cores } else { config.server.worker_threads };
-    if workers == 1 {
-        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    if config.server.worker_threads == 0 {
+        cores
     } else {
-        tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build()
+        config.server.worker_threads
     }
 }
 

@@ -16,6 +16,8 @@
 //! - [`egress`]: where the router may connect (the SSRF guard).
 //! - [`credential`]: credentials towards upstreams (headers for a tenant or
 //!   a user), and the traits through which channels find theirs.
+//! - [`thread`]: which of the router's connection threads this is (what
+//!   keeps sockets for reuse keeps them per thread).
 //! - [`tls`]: PEM files, and the TLS client configuration towards upstreams
 //!   and authorization servers (verification always on).
 #![forbid(unsafe_code)]
@@ -30,6 +32,7 @@ pub mod outcome;
 pub mod policy;
 pub mod redis;
 pub mod slots;
+pub mod thread;
 pub mod time;
 pub mod tls;
 

@@ -4,7 +4,8 @@
 //! limits, edge devices); this crate composes them.
 //!
 //! Layout (each module's own docs say more):
-//! - [`serve`] (`server.rs`): accepts connections, routes paths, drains on shutdown.
+//! - [`serve`] (`server.rs`): accepts connections, routes paths, drains on shutdown;
+//!   `workers.rs`: the threads connections are dealt to.
 //! - `app.rs`: the shared state, what happens to messages upstreams send on
 //!   their own (the sessions' `Relay`), shutdown.
 //! - `exchange.rs`: one request's context through its phases, finished once.
@@ -61,6 +62,7 @@ mod token_exchange;
 mod tools;
 mod upstream_set;
 mod user_catalogs;
+mod workers;
 
 pub use config::Config;
 pub use error::Error;

@@ -41,6 +41,11 @@ pub struct Listeners {
     pub admin: Option<(TcpListener, crate::admin::Admin, String)>,
     /// The configuration file, reloaded on SIGHUP and when it changes.
     pub reload: Option<crate::reload::Source>,
+    /// Threads of their own that serve the MCP listener's connections
+    /// beside the caller's runtime, each a current-thread runtime
+    /// (`server.worker_threads` less one, as `main.rs` runs the router on
+    /// a current-thread runtime). 0: the caller's runtime serves them all.
+    pub threads: usize,
 }
 
 /// [`serve`], with the edge listener and the admin API: all of them stop
@@ -76,13 +81,20 @@ pub async fn serve_with(
         None => None,
     };
     let tls = certificates.as_ref().map(|c| c.acceptor(clients)).transpose()?;
+    let workers = crate::workers::Workers::start(extra.threads)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("starting the connection threads: {e}")))?;
     let app = App::new(config)?;
     crate::downstream::takeover::install(&app);
     app.prepare().await?;
     app.start();
     if let Ok(addr) = listener.local_addr() {
         let scheme = if tls.is_some() { "https" } else { "http" };
-        tracing::info!(%addr, upstreams = app.upstreams.len(), "switchboard listening on {scheme}://{addr}/mcp");
+        tracing::info!(
+            %addr,
+            upstreams = app.upstreams.len(),
+            threads = workers.len(),
+            "switchboard listening on {scheme}://{addr}/mcp"
+        );
     }
     let (stop_others, others_stopped) = tokio::sync::watch::channel(false);
     let stopped = move || {
@@ -184,7 +196,8 @@ pub async fn serve_with(
                     watcher: Some(graceful.watcher()),
                     drain: Some(drain_watch.clone()),
                 };
-                tokio::spawn(served.connection(stream, tls.clone(), admitted));
+                let tls = tls.clone();
+                workers.deal(stream, move |stream| served.connection(stream, tls, admitted));
             }
             () = &mut shutdown => break,
         }
@@ -218,7 +231,8 @@ pub async fn serve_with(
                 };
                 let served =
                     Served { app: app.clone(), conns: conns.clone(), builder: draining.clone(), watcher: None, drain: None };
-                tokio::spawn(served.connection(stream, tls.clone(), admitted));
+                let tls = tls.clone();
+                workers.deal(stream, move |stream| served.connection(stream, tls, admitted));
             }
         }
     };
@@ -231,6 +245,7 @@ pub async fn serve_with(
         let _ = task.await;
     }
     app.close().await;
+    workers.stop().await;
     tracing::info!("shut down");
     Ok(())
 }

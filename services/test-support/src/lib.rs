@@ -75,7 +75,9 @@ impl Router {
         // OAuth resource identifier names it).
         text.push_str(&config_toml.replace("{router}", &format!("http://{addr}")));
         let config = switchboard_router::Config::from_toml(&text).unwrap_or_else(|e| panic!("test config: {e}"));
-        let mut extra = switchboard_router::Listeners::default();
+        // Connections dealt to the test's runtime and a thread of their
+        // own, as `switchboard serve` serves them on two cores.
+        let mut extra = switchboard_router::Listeners { threads: 1, ..Default::default() };
         // Written to a file as a served router's is: it is reloaded when it
         // changes, and the upstream registry applied with it.
         let file = std::env::temp_dir().join(services::unique("sb-router-")).with_extension("toml");

@@ -46,7 +46,8 @@ pub struct Pool {
     connect: Connect,
     /// The `Host` header value.
     host: Vec<u8>,
-    idle: Mutex<Vec<Conn>>,
+    idle: Mutex<Idle>,
+    /// Idle connections kept, at most (all threads' together).
     max_idle: usize,
     /// For an `https` upstream: the TLS client and the name its
     /// certificate must carry.
@@ -194,12 +195,24 @@ impl AsyncWrite for Io {
     }
 }
 
+/// The idle connections, apart per connection thread
+/// ([`switchboard_core::thread`]): a socket is registered with the runtime of
+/// the thread that opened it, and only that thread reuses it (another's
+/// reading it would go through the opener's thread to be woken).
+#[derive(Default)]
+struct Idle {
+    by_thread: Vec<Vec<Conn>>,
+    count: usize,
+}
+
 /// A keep-alive connection and its buffers (reused across requests).
 pub struct Conn {
     io: Io,
     read: BytesMut,
     head: Vec<u8>,
     idle_since: Instant,
+    /// The connection thread that opened it.
+    thread: usize,
 }
 
 /// A request to send.
@@ -264,15 +277,22 @@ impl Pool {
             tls: connect.tls.clone().map(|(config, name)| (TlsConnector::from(config), name)),
             connect,
             host: authority.as_bytes().to_vec(),
-            idle: Mutex::new(Vec::new()),
+            idle: Mutex::new(Idle::default()),
             max_idle,
         })
     }
 
-    /// An idle connection that is still usable, if there is one.
+    /// An idle connection of this thread's that is still usable, if there
+    /// is one.
     fn checkout(&self) -> Option<Conn> {
+        let thread = switchboard_core::thread::index();
         loop {
-            let mut conn = self.idle.lock().expect("lock").pop()?;
+            let mut conn = {
+                let mut idle = self.idle.lock().expect("lock");
+                let conn = idle.by_thread.get_mut(thread)?.pop()?;
+                idle.count -= 1;
+                conn
+            };
             if conn.idle_since.elapsed() < POOL_IDLE && conn.quiet() {
                 return Some(conn);
             }
@@ -282,8 +302,12 @@ impl Pool {
     fn checkin(&self, mut conn: Conn) {
         conn.idle_since = Instant::now();
         let mut idle = self.idle.lock().expect("lock");
-        if idle.len() < self.max_idle {
-            idle.push(conn);
+        if idle.count < self.max_idle {
+            if idle.by_thread.len() <= conn.thread {
+                idle.by_thread.resize_with(conn.thread + 1, Vec::new);
+            }
+            idle.count += 1;
+            idle.by_thread[conn.thread].push(conn);
         }
     }
 
@@ -294,6 +318,7 @@ impl Pool {
             read: BytesMut::with_capacity(READ_CHUNK),
             head: Vec::with_capacity(512),
             idle_since: Instant::now(),
+            thread: switchboard_core::thread::index(),
         })
     }
 
@@ -875,6 +900,58 @@ mod tests {
         let third = pool.send(&post(b"{}"), false).await.unwrap();
         assert_eq!(third.status, 202);
         assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1, "all three on one connection");
+    }
+
+    #[tokio::test]
+    async fn each_connection_thread_reuses_only_the_connections_it_opened() {
+        let ok: &'static [u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
+        let (addr, connections) = canned(vec![ok; 6]).await;
+        let pool = Pool::new(plain(&addr), &addr, 4);
+        let opened = || connections.load(std::sync::atomic::Ordering::SeqCst);
+        // A request from connection thread `index`, on a runtime of its own
+        // (kept: its sockets are registered with it), as the router runs them.
+        async fn on_thread(
+            index: usize,
+            pool: &Arc<Pool>,
+            runtime: tokio::runtime::Runtime,
+        ) -> tokio::runtime::Runtime {
+            let pool = pool.clone();
+            let (done, back) = tokio::sync::oneshot::channel();
+            std::thread::spawn(move || {
+                switchboard_core::thread::set_index(index);
+                runtime.block_on(here(&pool));
+                let _ = done.send(runtime);
+            });
+            back.await.expect("the thread's request failed")
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        // A request from the current thread; bounded, since reading a
+        // socket of another thread's idle runtime would wait for ever.
+        async fn here(pool: &Arc<Pool>) {
+            let answer = tokio::time::timeout(Duration::from_secs(5), async {
+                pool.send(&post(b"{}"), false).await.unwrap().body.collect(64).await.unwrap()
+            });
+            assert_eq!(&answer.await.expect("answered in time")[..], b"{}");
+        }
+        let runtime = on_thread(1, &pool, runtime).await;
+        assert_eq!(opened(), 1);
+        // Thread 0 (this one) does not take thread 1's connection.
+        here(&pool).await;
+        assert_eq!(opened(), 2, "a connection of its own");
+        // Each reuses its own.
+        let runtime = on_thread(1, &pool, runtime).await;
+        here(&pool).await;
+        assert_eq!(opened(), 2, "both kept alive and reused by the thread that opened them");
+        // The idle limit counts all threads' connections together.
+        let small = Pool::new(plain(&addr), &addr, 1);
+        here(&small).await;
+        assert_eq!(small.idle.lock().unwrap().count, 1);
+        let runtime = on_thread(2, &small, runtime).await;
+        let idle = small.idle.lock().unwrap();
+        assert_eq!((idle.count, idle.by_thread.iter().map(Vec::len).sum::<usize>()), (1, 1), "one kept, not two");
+        drop(idle);
+        // Dropped off this runtime (a runtime may not be dropped inside another).
+        std::thread::spawn(move || drop(runtime)).join().unwrap();
     }
 
     #[tokio::test]

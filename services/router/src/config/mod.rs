@@ -193,7 +193,8 @@ pub struct ServerConfig {
     pub keep_alive: Duration,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace: Duration,
-    /// Runtime worker threads; 0 for one per available core.
+    /// Threads serving connections, each with a current-thread runtime of
+    /// its own; 0 for one per available core.
     pub worker_threads: usize,
     /// How answers that are complete at once are sent.
     pub response_mode: ResponseMode,
@@ -652,6 +653,14 @@ mod tests {
         }
         let p = problems("[[upstreams]]\nname = \"w\"\ntransport = \"sse\"\nurls = [\"http://a/sse\"]\n");
         assert!(p.iter().any(|(k, _)| k == "upstreams[0].urls"), "{p:?}");
+    }
+
+    #[test]
+    fn worker_threads_are_bounded() {
+        assert_eq!(Config::from_toml("[server]\nworker_threads = 3\n").unwrap().server.worker_threads, 3);
+        let p = problems("[server]\nworker_threads = 100000\n");
+        assert_eq!(p[0].0, "server.worker_threads", "{p:?}");
+        assert!(p[0].1.contains("at most 1024"), "{p:?}");
     }
 
     #[test]

@@ -474,6 +474,9 @@ fn delegated_oauth(
     })
 }
 
+/// `server.worker_threads` above this is a mistake, not a machine.
+const MAX_WORKER_THREADS: u64 = 1024;
+
 const NAME_CHARS: &str = "letters, digits, '_' and '-'";
 
 impl RawConfig {
@@ -539,7 +542,13 @@ impl RawConfig {
             max_sessions: s.max_sessions.unwrap_or(100_000) as usize,
             keep_alive: duration!(s.keep_alive, "server.keep_alive", Duration::from_secs(15)),
             shutdown_grace: duration!(s.shutdown_grace, "server.shutdown_grace", Duration::from_secs(10)),
-            worker_threads: s.worker_threads.unwrap_or(0) as usize,
+            worker_threads: match s.worker_threads.unwrap_or(0) {
+                n if n > MAX_WORKER_THREADS => {
+                    bad("server.worker_threads".into(), format!("at most {MAX_WORKER_THREADS} (0: one per core)"));
+                    0
+                }
+                n => n as usize,
+            },
             header_timeout: duration!(s.header_timeout, "server.header_timeout", Duration::from_secs(10)),
             tls: tls_pair(s.tls_cert, s.tls_key, "server", &mut bad),
             idle_timeout: duration!(s.idle_timeout, "server.idle_timeout", Duration::from_secs(120)),
