@@ -205,6 +205,19 @@ struct Idle {
     count: usize,
 }
 
+impl Idle {
+    /// Drops every connection that idled past [`POOL_IDLE`], whichever
+    /// thread's it is (a socket may be closed from any thread).
+    fn drop_expired(&mut self) {
+        let mut count = 0;
+        for list in &mut self.by_thread {
+            list.retain(|conn| conn.idle_since.elapsed() < POOL_IDLE);
+            count += list.len();
+        }
+        self.count = count;
+    }
+}
+
 /// A keep-alive connection and its buffers (reused across requests).
 pub struct Conn {
     io: Io,
@@ -302,6 +315,11 @@ impl Pool {
     fn checkin(&self, mut conn: Conn) {
         conn.idle_since = Instant::now();
         let mut idle = self.idle.lock().expect("lock");
+        if idle.count >= self.max_idle {
+            // Only its own thread takes from a thread's list: another's
+            // connections that idled too long to be reused give way here.
+            idle.drop_expired();
+        }
         if idle.count < self.max_idle {
             if idle.by_thread.len() <= conn.thread {
                 idle.by_thread.resize_with(conn.thread + 1, Vec::new);
@@ -905,7 +923,7 @@ mod tests {
     #[tokio::test]
     async fn each_connection_thread_reuses_only_the_connections_it_opened() {
         let ok: &'static [u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
-        let (addr, connections) = canned(vec![ok; 6]).await;
+        let (addr, connections) = canned(vec![ok; 7]).await;
         let pool = Pool::new(plain(&addr), &addr, 4);
         let opened = || connections.load(std::sync::atomic::Ordering::SeqCst);
         // A request from connection thread `index`, on a runtime of its own
@@ -947,8 +965,18 @@ mod tests {
         here(&small).await;
         assert_eq!(small.idle.lock().unwrap().count, 1);
         let runtime = on_thread(2, &small, runtime).await;
+        {
+            let idle = small.idle.lock().unwrap();
+            assert_eq!((idle.count, idle.by_thread.iter().map(Vec::len).sum::<usize>()), (1, 1), "one kept, not two");
+            assert_eq!(idle.by_thread[0].len(), 1, "thread 0's, kept first");
+        }
+        // A thread's connection idle too long gives way to another's, though
+        // only its own thread would take it out.
+        tokio::time::sleep(POOL_IDLE + Duration::from_millis(100)).await;
+        let runtime = on_thread(2, &small, runtime).await;
         let idle = small.idle.lock().unwrap();
-        assert_eq!((idle.count, idle.by_thread.iter().map(Vec::len).sum::<usize>()), (1, 1), "one kept, not two");
+        assert_eq!(idle.count, 1);
+        assert_eq!((idle.by_thread[0].len(), idle.by_thread[2].len()), (0, 1), "the stale one dropped");
         drop(idle);
         // Dropped off this runtime (a runtime may not be dropped inside another).
         std::thread::spawn(move || drop(runtime)).join().unwrap();
