@@ -217,9 +217,13 @@ async fn a_full_audit_queue_has_each_request_spool_its_own_record_and_none_is_lo
         calls(&client, 1).await;
         total += 1;
     }
-    // The writer may still take the two queued records into the insert it
-    // is stuck in (its gathering ends after flush_every): from then on,
-    // with the queue full again, every call spools its own record.
+    // The writer may not yet be stuck: it may still be gathering (for
+    // flush_every, 100 ms) and take the queued records, or, on a busy
+    // machine, not yet have woken for the first of them. Give it time to
+    // reach the insert that hangs; from then on it takes nothing, so at most
+    // the queue's two places are free and every call after them spools its
+    // own record.
+    tokio::time::sleep(Duration::from_millis(600)).await;
     let first = overflow().await;
     let mut more = 0;
     while overflow().await < first + 5.0 {
