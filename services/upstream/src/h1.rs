@@ -206,15 +206,24 @@ struct Idle {
 }
 
 impl Idle {
-    /// Drops every connection that idled past [`POOL_IDLE`], whichever
-    /// thread's it is (a socket may be closed from any thread).
-    fn drop_expired(&mut self) {
-        let mut count = 0;
+    /// Takes out every connection that idled past [`POOL_IDLE`], whichever
+    /// thread's it is, for the caller to close once the lock is let go
+    /// (closing deregisters a socket: a system call; a socket may be
+    /// closed from any thread).
+    fn take_expired(&mut self) -> Vec<Conn> {
+        let mut expired = Vec::new();
         for list in &mut self.by_thread {
-            list.retain(|conn| conn.idle_since.elapsed() < POOL_IDLE);
-            count += list.len();
+            let mut i = 0;
+            while i < list.len() {
+                if list[i].idle_since.elapsed() < POOL_IDLE {
+                    i += 1;
+                } else {
+                    expired.push(list.swap_remove(i));
+                }
+            }
         }
-        self.count = count;
+        self.count -= expired.len();
+        expired
     }
 }
 
@@ -315,11 +324,9 @@ impl Pool {
     fn checkin(&self, mut conn: Conn) {
         conn.idle_since = Instant::now();
         let mut idle = self.idle.lock().expect("lock");
-        if idle.count >= self.max_idle {
-            // Only its own thread takes from a thread's list: another's
-            // connections that idled too long to be reused give way here.
-            idle.drop_expired();
-        }
+        // Only its own thread takes from a thread's list: another's
+        // connections that idled too long to be reused give way here.
+        let expired = if idle.count >= self.max_idle { idle.take_expired() } else { Vec::new() };
         if idle.count < self.max_idle {
             if idle.by_thread.len() <= conn.thread {
                 idle.by_thread.resize_with(conn.thread + 1, Vec::new);
@@ -327,6 +334,8 @@ impl Pool {
             idle.count += 1;
             idle.by_thread[conn.thread].push(conn);
         }
+        drop(idle);
+        drop(expired);
     }
 
     async fn connect(&self) -> io::Result<Conn> {
