@@ -47,7 +47,7 @@ impl Shared {
     }
 
     /// Runs the script for `checks` (one round trip).
-    pub async fn check(&self, checks: &[Check]) -> Result<Decision, RedisError> {
+    pub async fn check(&self, checks: &[Check<'_>]) -> Result<Decision, RedisError> {
         let mut invocation = self.script.prepare_invoke();
         for check in checks {
             invocation.key(format!("{}rl:{}", self.link.prefix, check.subject));

@@ -25,32 +25,75 @@ use std::time::Duration;
 pub use crate::metrics::Metrics;
 use switchboard_core::policy::{Principal, Rate};
 
-/// One limit a request must pass.
-#[derive(Debug, Clone)]
-pub struct Check {
+/// One limit a request must pass, naming its subject with what the
+/// request's principal already holds (nothing is copied or allocated to
+/// check a request).
+#[derive(Debug, Clone, Copy)]
+pub struct Check<'a> {
     /// `key`, `tenant` or `tool`: named in the refusal.
     pub limit: &'static str,
     /// The limited thing, unique across limits.
-    pub subject: Subject,
+    pub subject: SubjectRef<'a>,
     pub rate: Rate,
 }
 
-/// What a limit counts: made from the request's principal without
-/// formatting a string (the names are shared), hashed quickly.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Subject {
-    Key(Arc<str>),
-    Tenant(Arc<str>),
-    Tool { tenant: Arc<str>, tool: Box<str> },
+/// What a limit counts, as a request names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SubjectRef<'a> {
+    Key(&'a str),
+    Tenant(&'a str),
+    Tool { tenant: &'a str, tool: &'a str },
 }
 
-impl std::fmt::Display for Subject {
+/// What a limit counts, kept by the local limiter: a [`SubjectRef`] made
+/// owned the first time it is counted. Hashed and compared as its
+/// [`SubjectRef`], so that the map is searched with the borrowed form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subject {
+    Key(Box<str>),
+    Tenant(Box<str>),
+    Tool { tenant: Box<str>, tool: Box<str> },
+}
+
+impl Subject {
+    pub fn as_ref(&self) -> SubjectRef<'_> {
+        match self {
+            Subject::Key(id) => SubjectRef::Key(id),
+            Subject::Tenant(name) => SubjectRef::Tenant(name),
+            Subject::Tool { tenant, tool } => SubjectRef::Tool { tenant, tool },
+        }
+    }
+}
+
+impl std::hash::Hash for Subject {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_ref().hash(state);
+    }
+}
+
+impl SubjectRef<'_> {
+    pub fn to_owned(self) -> Subject {
+        match self {
+            SubjectRef::Key(id) => Subject::Key(id.into()),
+            SubjectRef::Tenant(name) => Subject::Tenant(name.into()),
+            SubjectRef::Tool { tenant, tool } => Subject::Tool { tenant: tenant.into(), tool: tool.into() },
+        }
+    }
+}
+
+impl hashbrown::Equivalent<Subject> for SubjectRef<'_> {
+    fn equivalent(&self, key: &Subject) -> bool {
+        *self == key.as_ref()
+    }
+}
+
+impl std::fmt::Display for SubjectRef<'_> {
     /// As Redis keys name it: `key:…`, `tenant:…`, `tool:TENANT:TOOL`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Subject::Key(id) => write!(f, "key:{id}"),
-            Subject::Tenant(name) => write!(f, "tenant:{name}"),
-            Subject::Tool { tenant, tool } => write!(f, "tool:{tenant}:{tool}"),
+            SubjectRef::Key(id) => write!(f, "key:{id}"),
+            SubjectRef::Tenant(name) => write!(f, "tenant:{name}"),
+            SubjectRef::Tool { tenant, tool } => write!(f, "tool:{tenant}:{tool}"),
         }
     }
 }
@@ -66,19 +109,42 @@ pub enum Decision {
     },
 }
 
+/// The (at most three) limits of a request, in place: a slice of them by
+/// `Deref`.
+#[derive(Debug, Clone, Copy)]
+pub struct Checks<'a> {
+    list: [Check<'a>; 3],
+    len: usize,
+}
+
+impl<'a> std::ops::Deref for Checks<'a> {
+    type Target = [Check<'a>];
+    fn deref(&self) -> &[Check<'a>] {
+        &self.list[..self.len]
+    }
+}
+
+impl<'a> Checks<'a> {
+    fn push(&mut self, check: Check<'a>) {
+        self.list[self.len] = check;
+        self.len += 1;
+    }
+}
+
 /// The limits of a request from `who`, calling `tool` if it is a `tools/call`.
-pub fn checks(who: &Principal, tool: Option<&str>) -> Vec<Check> {
+pub fn checks<'a>(who: &'a Principal, tool: Option<&'a str>) -> Checks<'a> {
+    const UNUSED: Check<'static> =
+        Check { limit: "", subject: SubjectRef::Tenant(""), rate: Rate { per_second: 1.0, burst: 1 } };
     let limits = &who.tenant.limits;
-    let mut out = Vec::new();
+    let mut out = Checks { list: [UNUSED; 3], len: 0 };
     if let Some(rate) = limits.key {
-        out.push(Check { limit: "key", subject: Subject::Key(who.key_id.clone()), rate });
+        out.push(Check { limit: "key", subject: SubjectRef::Key(&who.key_id), rate });
     }
     if let Some(rate) = limits.tenant {
-        out.push(Check { limit: "tenant", subject: Subject::Tenant(who.tenant.name.clone()), rate });
+        out.push(Check { limit: "tenant", subject: SubjectRef::Tenant(&who.tenant.name), rate });
     }
     if let (Some(rate), Some(tool)) = (limits.tool, tool) {
-        let subject = Subject::Tool { tenant: who.tenant.name.clone(), tool: tool.into() };
-        out.push(Check { limit: "tool", subject, rate });
+        out.push(Check { limit: "tool", subject: SubjectRef::Tool { tenant: &who.tenant.name, tool }, rate });
     }
     out
 }
@@ -114,7 +180,7 @@ impl Limiter {
     }
 
     /// Checks, and if all pass counts, the request against every limit.
-    pub async fn check(&self, checks: &[Check]) -> Decision {
+    pub async fn check(&self, checks: &[Check<'_>]) -> Decision {
         if checks.is_empty() {
             return Decision::Allow;
         }

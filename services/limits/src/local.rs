@@ -3,11 +3,11 @@
 //! anything but its own short critical section.
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::{gcra, Check, Decision, Subject};
+use hashbrown::HashMap;
 
 /// Every this many checks, subjects whose arrival time is in the past are
 /// forgotten (that changes nothing: a missing subject starts at "now").
@@ -33,12 +33,12 @@ impl Default for Local {
 }
 
 impl Local {
-    pub fn check(&self, checks: &[Check]) -> Decision {
+    pub fn check(&self, checks: &[Check<'_>]) -> Decision {
         let now = self.epoch.elapsed().as_micros() as u64;
         self.check_at(checks, now)
     }
 
-    fn check_at(&self, checks: &[Check], now: u64) -> Decision {
+    fn check_at(&self, checks: &[Check<'_>], now: u64) -> Decision {
         let mut state = self.state.lock().expect("lock");
         let mut next = [0u64; 3];
         let mut found: [Option<&Cell<u64>>; 3] = [None; 3];
@@ -68,7 +68,7 @@ impl Local {
         }
         for (i, check) in checks.iter().enumerate().take(3) {
             if new_subjects[i] {
-                state.tat.insert(check.subject.clone(), Cell::new(next[i]));
+                state.tat.insert(check.subject.to_owned(), Cell::new(next[i]));
             }
         }
         state.checks += 1;
@@ -82,10 +82,11 @@ impl Local {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::SubjectRef;
     use switchboard_core::policy::Rate;
 
-    fn check(limit: &'static str, subject: &str, per_second: f64, burst: u32) -> Check {
-        Check { limit, subject: Subject::Tenant(subject.into()), rate: Rate { per_second, burst } }
+    fn check(limit: &'static str, subject: &'static str, per_second: f64, burst: u32) -> Check<'static> {
+        Check { limit, subject: SubjectRef::Tenant(subject), rate: Rate { per_second, burst } }
     }
 
     #[test]
@@ -109,13 +110,34 @@ mod tests {
     }
 
     #[test]
+    fn subjects_are_found_by_their_borrowed_form_and_kept_apart() {
+        let local = Local::default();
+        let rate = Rate { per_second: 1.0, burst: 1 };
+        let at = |subject| Check { limit: "tool", subject, rate };
+        let tool = at(SubjectRef::Tool { tenant: "t", tool: "x" });
+        assert_eq!(local.check_at(&[tool], 0), Decision::Allow);
+        // Kept owned, found again by the request's borrowed names.
+        assert!(matches!(local.check_at(&[tool], 0), Decision::Deny { limit: "tool", .. }));
+        // The same text under another kind, tenant or split is another subject.
+        for other in [
+            SubjectRef::Tool { tenant: "u", tool: "x" },
+            SubjectRef::Tool { tenant: "t:", tool: "x" },
+            SubjectRef::Tool { tenant: "t", tool: ":x" },
+            SubjectRef::Tenant("t"),
+            SubjectRef::Key("t"),
+        ] {
+            assert_eq!(local.check_at(&[at(other)], 0), Decision::Allow, "{other:?}");
+        }
+    }
+
+    #[test]
     fn a_refusal_takes_nothing_from_the_other_limits() {
         let local = Local::default();
         let tenant = check("tenant", "t", 1.0, 1);
         let tool = check("tool", "t:x", 1.0, 1);
         assert_eq!(local.check_at(std::slice::from_ref(&tool), 0), Decision::Allow);
         // The tool limit refuses; the tenant limit must not be spent.
-        assert!(matches!(local.check_at(&[tenant.clone(), tool], 0), Decision::Deny { limit: "tool", .. }));
+        assert!(matches!(local.check_at(&[tenant, tool], 0), Decision::Deny { limit: "tool", .. }));
         assert_eq!(local.check_at(&[tenant], 0), Decision::Allow);
     }
 }
