@@ -142,32 +142,23 @@ fn post_phases<'a>(
             let separator = &x.app().config.catalog.separator;
             crate::tools::meta::unwrap_call(&env, &body, separator).map_err(|e| Box::new(x.reject(env.id, e)))?
         };
-        match inner {
-            None => with_logs(x, headers, env, &body).await,
+        let unwrapped: Bytes;
+        let (env, body) = match inner {
+            None => (env, &body),
             Some(inner) => {
-                let env = Envelope::parse(&inner).map_err(|e| Box::new(x.reject(None, Error::Parse(e))))?;
+                unwrapped = inner;
+                let env = Envelope::parse(&unwrapped).map_err(|e| Box::new(x.reject(None, Error::Parse(e))))?;
                 x.set_unwrapped();
-                with_logs(x, headers, env, &inner).await
+                (env, &unwrapped)
             }
-        }
-    }
-}
-
-/// [`after_parse`], its log lines naming the request's trace.
-#[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see post_phases)")]
-fn with_logs<'a>(
-    x: Exchange,
-    headers: Headers<'a>,
-    env: Envelope<'a>,
-    body: &'a Bytes,
-) -> impl std::future::Future<Output = Result<Response<Body>, Refusal>> + 'a {
-    async move {
+        };
+        // The rest, its log lines naming the request's trace (a span that
+        // is none when untraced: entering it does nothing). One call, one
+        // future: each place a phase's future is made is one more copy of
+        // it, whole, into this one's.
+        use tracing::Instrument;
         let logs = x.log_span();
-        if !logs.is_none() {
-            use tracing::Instrument;
-            return after_parse(x, headers, env, body).instrument(logs).await;
-        }
-        after_parse(x, headers, env, body).await
+        after_parse(x, headers, env, body).instrument(logs).await
     }
 }
 
@@ -257,8 +248,8 @@ pub(crate) fn request<'a, 'e>(
                 if let Err(e) = x.open_books(headers, env, body.len()) {
                     return x.refuse(headers, Some(env), body.len(), e, "POST");
                 }
-                if method == Method::ToolsCall {
-                    x = match meta_tool(x, Some(&session.id), env).await {
+                if method == Method::ToolsCall && may_be_meta_tool(&x) {
+                    x = match Box::pin(meta_tool(x, Some(&session.id), env)).await {
                         Ok(answered) => return answered,
                         Err(x) => x,
                     };
@@ -278,6 +269,16 @@ pub(crate) fn request<'a, 'e>(
     }
 }
 
+/// Whether a `tools/call` may be one of progressive discovery's meta-tools
+/// ([`meta_tool`]): its tenant discovers progressively, or the call was
+/// unwrapped from the call meta-tool. Asked before [`meta_tool`] is called,
+/// so that the common call neither moves its exchange (336 bytes) in and
+/// out of it nor holds its future.
+pub(crate) fn may_be_meta_tool(x: &Exchange) -> bool {
+    x.unwrapped()
+        || x.principal().is_some_and(|w| w.tenant.discovery == switchboard_core::policy::Discovery::Progressive)
+}
+
 /// A `tools/call` of progressive discovery's meta-tools: search and describe
 /// answered here; a call unwrapped from the call meta-tool checked (only a
 /// progressive tenant has the meta-tools) and counted, then forwarded as
@@ -287,10 +288,7 @@ pub(crate) async fn meta_tool(
     session: Option<&str>,
     env: &Envelope<'_>,
 ) -> Result<Response<Body>, Exchange> {
-    let progressive =
-        x.principal().is_some_and(|w| w.tenant.discovery == switchboard_core::policy::Discovery::Progressive);
-    if !progressive && !x.unwrapped() {
-        // The common case: nothing to look at.
+    if !may_be_meta_tool(&x) {
         return Err(x);
     }
     let id = env.id.expect("a request has an id");

@@ -113,6 +113,11 @@ pub fn accepts_sse(headers: Headers<'_>) -> bool {
 /// `application/json, text/event-stream` went from about 710 instructions
 /// (a walk over every line, split and searched a byte at a time) to 470.
 fn lists_sse(value: &[u8]) -> bool {
+    // What the official SDKs, and most clients, send: one comparison (the
+    // walk below takes about 430 instructions over it).
+    if value == b"application/json, text/event-stream" {
+        return true;
+    }
     let mut rest = value;
     loop {
         let (item, next) = match memchr::memchr(b',', rest) {
@@ -202,6 +207,12 @@ mod tests {
         assert!(accepts_sse(headers(&[("accept", "application/json"), ("accept", "image/png"), ("accept", "text/*")])));
         assert!(!accepts_sse(headers(&[("accept", "application/json"), ("accept", "image/png, text/plain")])));
         assert!(accepts_sse(headers(&[("accept", " Text/Event-Stream ; q=1"), ("accept", "application/json")])));
+        // The common value is taken at once; its neighbours are walked.
+        assert!(lists_sse(b"application/json, text/event-stream"));
+        assert!(lists_sse(b"application/json,text/event-stream"));
+        assert!(lists_sse(b"application/json, text/event-stream;q=0.9"));
+        assert!(!lists_sse(b"application/json, text/event-streams"));
+        assert!(!lists_sse(b"application/json, text/event-strea"));
     }
 
     #[test]

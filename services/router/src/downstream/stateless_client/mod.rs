@@ -251,8 +251,8 @@ async fn authenticated(
             if let Err(e) = x.open_books(headers, env, body.len()) {
                 return x.refuse(headers, Some(env), body.len(), e, "POST");
             }
-            if method == Method::ToolsCall {
-                x = match super::meta_tool(x, None, env).await {
+            if method == Method::ToolsCall && super::may_be_meta_tool(&x) {
+                x = match Box::pin(super::meta_tool(x, None, env)).await {
                     Ok(answered) => return answered,
                     Err(x) => x,
                 };
