@@ -3,8 +3,10 @@
 //!
 //! The request's own task does the I/O: it takes an idle keep-alive
 //! connection from the pool (or connects), writes the request head and body
-//! in one vectored write, parses the response head with `httparse` into a
-//! stack array, and reads the body into the connection's buffer. A body with
+//! in one vectored write, parses the response head where it lies (the
+//! common head in one pass of `switchboard_protocol::http1`'s, anything
+//! else with `httparse` into a stack array), and reads the body into the
+//! connection's buffer. A body with
 //! a `Content-Length` comes back as one slice of that buffer, without a copy.
 //! There is no connection task, channel or wake-up between tasks, which is
 //! where a general-purpose client spends much of its time on small messages.
@@ -33,6 +35,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
+
+use switchboard_protocol::http1;
 
 /// Response heads larger than this are refused.
 const MAX_HEAD: usize = 64 << 10;
@@ -492,7 +496,20 @@ impl Conn {
     async fn read_head(&mut self, want_session_id: bool) -> Result<Head, Exchange> {
         loop {
             if !self.read.is_empty() {
-                let mut storage = [httparse::EMPTY_HEADER; 64];
+                // The common head in one pass; anything else through httparse.
+                let mut reading = Reading::default();
+                if let Some(line) =
+                    http1::parse_response_plain(&self.read, |name, value| reading.line(name, value, want_session_id))
+                {
+                    if (100..200).contains(&line.status) {
+                        self.read.advance(line.len);
+                        continue;
+                    }
+                    let head = reading.head(line.minor == 1, line.status).map_err(Exchange::Failed)?;
+                    self.read.advance(line.len);
+                    return Ok(head);
+                }
+                let mut storage = [httparse::EMPTY_HEADER; http1::MAX_RESPONSE_HEADERS];
                 let mut parsed = httparse::Response::new(&mut storage);
                 match parsed.parse(&self.read) {
                     Ok(httparse::Status::Complete(len)) => {
@@ -528,52 +545,94 @@ impl Conn {
 }
 
 fn interpret(parsed: &httparse::Response<'_, '_>, status: u16, want_session_id: bool) -> io::Result<Head> {
-    let mut length: Option<usize> = None;
-    let mut chunked = false;
-    let mut keep_alive = parsed.version == Some(1);
-    let mut event_stream = false;
-    let mut session_id = None;
-    let mut challenge = None;
+    let mut reading = Reading::default();
     for h in parsed.headers.iter() {
-        let name = h.name;
-        if name.eq_ignore_ascii_case("content-length") {
-            let text = std::str::from_utf8(h.value).map_err(|_| invalid("bad Content-Length"))?;
-            length = Some(text.trim().parse().map_err(|_| invalid("bad Content-Length"))?);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = h
-                .value
-                .split(|&b| b == b',')
-                .next_back()
-                .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        } else if name.eq_ignore_ascii_case("connection") {
-            for token in h.value.split(|&b| b == b',') {
-                let token = token.trim_ascii();
-                if token.eq_ignore_ascii_case(b"close") {
-                    keep_alive = false;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                    keep_alive = true;
+        reading.line(h.name.as_bytes(), h.value, want_session_id);
+    }
+    reading.head(parsed.version == Some(1), status)
+}
+
+/// What a response head's lines said, as they are read.
+#[derive(Default)]
+struct Reading {
+    length: Option<usize>,
+    /// A `Content-Length` that is not a number.
+    bad_length: bool,
+    chunked: bool,
+    /// `Connection` said `close` (`Some(false)`) or `keep-alive`, last.
+    keep_alive: Option<bool>,
+    event_stream: bool,
+    session_id: Option<Bytes>,
+    /// `WWW-Authenticate` (kept for a 401 or 403).
+    challenge: Option<Bytes>,
+}
+
+impl Reading {
+    fn line(&mut self, name: &[u8], value: &[u8], want_session_id: bool) {
+        // By length first: most lines are none of these.
+        match name.len() {
+            14 if name.eq_ignore_ascii_case(b"content-length") => {
+                match std::str::from_utf8(value).ok().and_then(|text| text.trim().parse().ok()) {
+                    Some(n) => self.length = Some(n),
+                    None => self.bad_length = true,
                 }
             }
-        } else if name.eq_ignore_ascii_case("content-type") {
-            event_stream =
-                h.value.trim_ascii_start().get(..17).is_some_and(|t| t.eq_ignore_ascii_case(b"text/event-stream"));
-        } else if want_session_id && name.eq_ignore_ascii_case("mcp-session-id") {
-            session_id = Some(Bytes::copy_from_slice(h.value));
-        } else if (status == 401 || status == 403) && name.eq_ignore_ascii_case("www-authenticate") {
-            challenge = Some(Bytes::copy_from_slice(h.value));
+            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+                self.chunked = value
+                    .split(|&b| b == b',')
+                    .next_back()
+                    .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            }
+            10 if name.eq_ignore_ascii_case(b"connection") => {
+                for token in value.split(|&b| b == b',') {
+                    let token = token.trim_ascii();
+                    if token.eq_ignore_ascii_case(b"close") {
+                        self.keep_alive = Some(false);
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                        self.keep_alive = Some(true);
+                    }
+                }
+            }
+            12 if name.eq_ignore_ascii_case(b"content-type") => {
+                self.event_stream =
+                    value.trim_ascii_start().get(..17).is_some_and(|t| t.eq_ignore_ascii_case(b"text/event-stream"));
+            }
+            14 if want_session_id && name.eq_ignore_ascii_case(b"mcp-session-id") => {
+                self.session_id = Some(Bytes::copy_from_slice(value));
+            }
+            16 if name.eq_ignore_ascii_case(b"www-authenticate") => {
+                self.challenge = Some(Bytes::copy_from_slice(value));
+            }
+            _ => {}
         }
     }
-    let framing = if status == 204 || status == 304 {
-        Framing::Length(0)
-    } else if chunked {
-        Framing::Chunked(Chunked::Size)
-    } else if let Some(n) = length {
-        Framing::Length(n)
-    } else {
-        keep_alive = false;
-        Framing::UntilClose
-    };
-    Ok(Head { status, event_stream, session_id, challenge, framing, keep_alive })
+
+    /// The head, for an answer of `status` over HTTP/1.1 (`http11`) or 1.0.
+    fn head(self, http11: bool, status: u16) -> io::Result<Head> {
+        if self.bad_length {
+            return Err(invalid("bad Content-Length"));
+        }
+        let mut keep_alive = self.keep_alive.unwrap_or(http11);
+        let framing = if status == 204 || status == 304 {
+            Framing::Length(0)
+        } else if self.chunked {
+            Framing::Chunked(Chunked::Size)
+        } else if let Some(n) = self.length {
+            Framing::Length(n)
+        } else {
+            keep_alive = false;
+            Framing::UntilClose
+        };
+        let challenge = if status == 401 || status == 403 { self.challenge } else { None };
+        Ok(Head {
+            status,
+            event_stream: self.event_stream,
+            session_id: self.session_id,
+            challenge,
+            framing,
+            keep_alive,
+        })
+    }
 }
 
 fn invalid(message: &str) -> io::Error {
