@@ -40,6 +40,187 @@ pub const MAX_HEADERS: usize = 100;
 pub struct HeaderSpan {
     pub name: Range<usize>,
     pub value: Range<usize>,
+    /// The name, if it is one of those [`Known`] (in any case).
+    pub known: Option<Known>,
+}
+
+/// The header names read here and by the router, and a few others most
+/// heads carry: each is recognised as its line is parsed, so that nothing
+/// matches a line's name against names again. The router's own first (in
+/// the order of its `Header`), then the framing's, then the common others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Known {
+    Accept,
+    Authorization,
+    ContentType,
+    LastEventId,
+    McpMethod,
+    McpName,
+    McpProtocolVersion,
+    McpSessionId,
+    Origin,
+    Traceparent,
+    XApiKey,
+    ContentLength,
+    TransferEncoding,
+    Host,
+    Expect,
+    Upgrade,
+    Connection,
+    WwwAuthenticate,
+    AcceptEncoding,
+    UserAgent,
+    Date,
+}
+
+/// How many [`Known`] names there are.
+pub const KNOWN: usize = 21;
+
+/// Each [`Known`] name in lower case, with its bytes as little-endian words
+/// and the bits that fold its letters' case, for matching eight bytes at a
+/// time.
+struct Spelling {
+    text: &'static [u8],
+    words: [u64; 3],
+    folds: [u64; 3],
+    /// The bytes of each word that are the name's.
+    masks: [u64; 3],
+}
+
+const fn spelling(text: &'static [u8]) -> Spelling {
+    let mut words = [0u64; 3];
+    let mut folds = [0u64; 3];
+    let mut masks = [0u64; 3];
+    let mut i = 0;
+    while i < text.len() {
+        let b = text[i];
+        words[i / 8] |= (b as u64) << (8 * (i % 8));
+        masks[i / 8] |= 0xff << (8 * (i % 8));
+        if b.is_ascii_lowercase() {
+            folds[i / 8] |= 0x20 << (8 * (i % 8));
+        }
+        i += 1;
+    }
+    Spelling { text, words, folds, masks }
+}
+
+static SPELLINGS: [Spelling; KNOWN] = [
+    spelling(b"accept"),
+    spelling(b"authorization"),
+    spelling(b"content-type"),
+    spelling(b"last-event-id"),
+    spelling(b"mcp-method"),
+    spelling(b"mcp-name"),
+    spelling(b"mcp-protocol-version"),
+    spelling(b"mcp-session-id"),
+    spelling(b"origin"),
+    spelling(b"traceparent"),
+    spelling(b"x-api-key"),
+    spelling(b"content-length"),
+    spelling(b"transfer-encoding"),
+    spelling(b"host"),
+    spelling(b"expect"),
+    spelling(b"upgrade"),
+    spelling(b"connection"),
+    spelling(b"www-authenticate"),
+    spelling(b"accept-encoding"),
+    spelling(b"user-agent"),
+    spelling(b"date"),
+];
+
+impl Known {
+    /// Every name, in order.
+    pub const ALL: [Known; KNOWN] = [
+        Known::Accept,
+        Known::Authorization,
+        Known::ContentType,
+        Known::LastEventId,
+        Known::McpMethod,
+        Known::McpName,
+        Known::McpProtocolVersion,
+        Known::McpSessionId,
+        Known::Origin,
+        Known::Traceparent,
+        Known::XApiKey,
+        Known::ContentLength,
+        Known::TransferEncoding,
+        Known::Host,
+        Known::Expect,
+        Known::Upgrade,
+        Known::Connection,
+        Known::WwwAuthenticate,
+        Known::AcceptEncoding,
+        Known::UserAgent,
+        Known::Date,
+    ];
+
+    /// The name in lower case.
+    pub fn text(self) -> &'static [u8] {
+        SPELLINGS[self as usize].text
+    }
+
+    /// The names that begin with `first` (in either case), longest first
+    /// where one begins another (`accept-encoding` before `accept`).
+    #[inline(always)]
+    fn starting_with(first: u8) -> &'static [Known] {
+        use Known::*;
+        match first | 0x20 {
+            b'a' => &[AcceptEncoding, Accept, Authorization],
+            b'c' => &[ContentLength, ContentType, Connection],
+            b'd' => &[Date],
+            b'e' => &[Expect],
+            b'h' => &[Host],
+            b'l' => &[LastEventId],
+            b'm' => &[McpSessionId, McpProtocolVersion, McpMethod, McpName],
+            b'o' => &[Origin],
+            b't' => &[Traceparent, TransferEncoding],
+            b'u' => &[UserAgent, Upgrade],
+            b'w' => &[WwwAuthenticate],
+            b'x' => &[XApiKey],
+            _ => &[],
+        }
+    }
+
+    /// Which name `name` (a whole name, in any case) is.
+    pub fn of(name: &[u8]) -> Option<Known> {
+        let first = *name.first()?;
+        Known::starting_with(first).iter().copied().find(|k| name.eq_ignore_ascii_case(k.text()))
+    }
+
+    /// Which name begins `line` and is followed by its colon, and where the
+    /// colon is, matched eight bytes at a time; `None` when none is, or the
+    /// line is too short to tell this way.
+    #[inline(always)]
+    fn at_start_of(line: &[u8]) -> Option<(Known, usize)> {
+        let first = *line.first()?;
+        for &known in Known::starting_with(first) {
+            let s = &SPELLINGS[known as usize];
+            let len = s.text.len();
+            let words = len.div_ceil(8);
+            if line.len() < words * 8 || line.len() <= len || line[len] != b':' {
+                continue;
+            }
+            let same = (0..words).all(|w| {
+                let x = u64::from_le_bytes(line[w * 8..w * 8 + 8].try_into().expect("eight bytes"));
+                (x | s.folds[w]) & s.masks[w] == s.words[w]
+            });
+            if same {
+                return Some((known, len));
+            }
+        }
+        None
+    }
+}
+
+/// The name at the start of `line`: its length and which [`Known`] it is.
+#[inline(always)]
+fn name_at(line: &[u8]) -> (usize, Option<Known>) {
+    if let Some((known, len)) = Known::at_start_of(line) {
+        return (len, Some(known));
+    }
+    let len = run(line, &TOKEN);
+    (len, Known::of(&line[..len]))
 }
 
 /// A request head, as spans of the buffer it was parsed from.
@@ -153,14 +334,15 @@ fn plain_run(bytes: &[u8]) -> usize {
     let mut at = 0;
     while let Some(chunk) = bytes.get(at..at + 8) {
         let x = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
-        // A byte below 0x20 (it borrows into its high bit, which was clear),
-        // or above 0x7e (one more sets its high bit, or it was set): only
-        // whether there is one is read, so what a borrow or carry does to
-        // the bytes after it does not matter.
+        // A byte below 0x20 borrows into its high bit (which was clear); a
+        // byte above 0x7e sets it when one is added (or had it set). A
+        // borrow or carry only reaches the bytes after the first such byte,
+        // so the lowest bit set is that byte's.
         let below = x.wrapping_sub(0x20 * ONES) & !x & HIGH;
         let above = (x.wrapping_add(ONES) | x) & HIGH;
-        if below | above != 0 {
-            break;
+        let outside = below | above;
+        if outside != 0 {
+            return at + (outside.trailing_zeros() / 8) as usize;
         }
         at += 8;
     }
@@ -206,7 +388,8 @@ fn parse_plain(buf: &[u8], headers: &mut Vec<HeaderSpan>) -> Option<RequestHead>
             at += 2;
             break;
         }
-        let name = at..at + run(rest, &TOKEN);
+        let (len, known) = name_at(rest);
+        let name = at..at + len;
         if name.is_empty() || buf.get(name.end) != Some(&b':') || headers.len() == MAX_HEADERS {
             return None;
         }
@@ -218,12 +401,16 @@ fn parse_plain(buf: &[u8], headers: &mut Vec<HeaderSpan>) -> Option<RequestHead>
         if buf.get(end..end + 2)? != b"\r\n" {
             return None;
         }
-        let value = at..at + trim(&buf[at..end]).len();
+        let mut last = end;
+        while last > at && matches!(buf[last - 1], b' ' | b'\t') {
+            last -= 1;
+        }
+        let value = at..last;
         at = end + 2;
-        if note(&mut head, &buf[name.clone()], &buf[value.clone()]).is_err() {
+        if note(&mut head, known, &buf[value.clone()]).is_err() {
             return None;
         }
-        headers.push(HeaderSpan { name, value });
+        headers.push(HeaderSpan { name, value, known });
     }
     if at > MAX_HEAD || (head.transfer_encoding && head.content_length.is_some()) {
         return None;
@@ -251,11 +438,11 @@ pub struct ResponseLine {
 /// a reason of visible ASCII and spaces, then at most
 /// [`MAX_RESPONSE_HEADERS`] lines of a token name, a colon and a value of
 /// visible ASCII, spaces and tabs not ending in white space, every line
-/// ended by CRLF. Each line's name and value (without the white space
-/// before it) is given to `line`, in order. `None` for a partial head and
+/// ended by CRLF. Each line's name, if it is one [`Known`], and its value
+/// (without the white space before it) are given to `line`, in order. `None` for a partial head and
 /// anything else, which the caller reads with httparse (after throwing
 /// away what `line` was given): what this accepts, httparse reads the same.
-pub fn parse_response_plain(buf: &[u8], mut line: impl FnMut(&[u8], &[u8])) -> Option<ResponseLine> {
+pub fn parse_response_plain(buf: &[u8], mut line: impl FnMut(Option<Known>, &[u8])) -> Option<ResponseLine> {
     let minor = match buf.get(..9)? {
         b"HTTP/1.1 " => 1,
         b"HTTP/1.0 " => 0,
@@ -278,7 +465,8 @@ pub fn parse_response_plain(buf: &[u8], mut line: impl FnMut(&[u8], &[u8])) -> O
             at += 2;
             break;
         }
-        let name = at..at + run(rest, &TOKEN);
+        let (len, known) = name_at(rest);
+        let name = at..at + len;
         if name.is_empty() || buf.get(name.end) != Some(&b':') || lines == MAX_RESPONSE_HEADERS {
             return None;
         }
@@ -290,7 +478,7 @@ pub fn parse_response_plain(buf: &[u8], mut line: impl FnMut(&[u8], &[u8])) -> O
         if buf.get(end..end + 2)? != b"\r\n" || (end > at && matches!(buf[end - 1], b' ' | b'\t')) {
             return None;
         }
-        line(&buf[name], &buf[at..end]);
+        line(known, &buf[at..end]);
         lines += 1;
         at = end + 2;
     }
@@ -315,20 +503,19 @@ fn value_end(buf: &[u8], at: usize) -> usize {
 /// What a header line tells of the request's framing and connection,
 /// noted in `head`: `Err` for a line that makes the framing ambiguous.
 #[inline(always)]
-fn note(head: &mut RequestHead, name: &[u8], value: &[u8]) -> Result<(), HeadError> {
-    // Each name of interest by its length first: most lines are none.
-    match name.len() {
-        14 if name.eq_ignore_ascii_case(b"content-length") => {
+fn note(head: &mut RequestHead, name: Option<Known>, value: &[u8]) -> Result<(), HeadError> {
+    match name {
+        Some(Known::ContentLength) => {
             if head.content_length.is_some() {
                 return Err(HeadError::RepeatedLength);
             }
             head.content_length = Some(decimal(value).ok_or(HeadError::BadLength)?);
         }
-        17 if name.eq_ignore_ascii_case(b"transfer-encoding") => head.transfer_encoding = true,
-        4 if name.eq_ignore_ascii_case(b"host") => head.hosts += 1,
-        6 if name.eq_ignore_ascii_case(b"expect") => head.expect = true,
-        7 if name.eq_ignore_ascii_case(b"upgrade") => head.upgrade = true,
-        10 if name.eq_ignore_ascii_case(b"connection") => {
+        Some(Known::TransferEncoding) => head.transfer_encoding = true,
+        Some(Known::Host) => head.hosts += 1,
+        Some(Known::Expect) => head.expect = true,
+        Some(Known::Upgrade) => head.upgrade = true,
+        Some(Known::Connection) => {
             for token in value.split(|&b| b == b',').map(trim) {
                 if token.eq_ignore_ascii_case(b"close") {
                     head.close = true;
@@ -381,8 +568,9 @@ fn parse_any(buf: &[u8], headers: &mut Vec<HeaderSpan>) -> Result<Option<Request
     for line in request.headers.iter() {
         let name = line.name.as_bytes();
         let value = trim(line.value);
-        headers.push(HeaderSpan { name: span(name), value: span(value) });
-        note(&mut head, name, value)?;
+        let known = Known::of(name);
+        headers.push(HeaderSpan { name: span(name), value: span(value), known });
+        note(&mut head, known, value)?;
     }
     if head.transfer_encoding && head.content_length.is_some() {
         return Err(HeadError::LengthAndTransferEncoding);
@@ -644,6 +832,42 @@ mod tests {
     }
 
     #[test]
+    fn known_names_are_told_in_any_case_and_only_whole() {
+        for known in Known::ALL {
+            let lower = known.text();
+            assert_eq!(SPELLINGS[known as usize].text, lower);
+            assert_eq!(Known::of(lower), Some(known));
+            let upper = lower.to_ascii_uppercase();
+            assert_eq!(Known::of(&upper), Some(known));
+            let line = [&upper[..], b": value of some length\r\n"].concat();
+            assert_eq!(Known::at_start_of(&line), Some((known, lower.len())));
+            assert_eq!(name_at(&line), (lower.len(), Some(known)));
+            // One byte changed anywhere (a neighbour in case folding, a
+            // control byte), a byte more or less: another name.
+            for at in 0..lower.len() {
+                for other in [lower[at] ^ 0x01, lower[at] ^ 0x40, b'\r', 0x0d ^ 0x20, b'_'] {
+                    let mut changed = line.clone();
+                    changed[at] = other;
+                    if changed[at].eq_ignore_ascii_case(&lower[at]) {
+                        continue;
+                    }
+                    assert_eq!(Known::at_start_of(&changed), None, "{:?}", String::from_utf8_lossy(&changed));
+                    assert_ne!(name_at(&changed).1, Some(known));
+                }
+            }
+            assert_eq!(Known::of(&lower[..lower.len() - 1]), None);
+            assert_eq!(Known::of(&[lower, b"x"].concat()), None);
+            let longer = [lower, b"x: v\r\n\r\n...........\r\n"].concat();
+            assert_eq!(Known::at_start_of(&longer), None);
+            assert_eq!(name_at(&longer), (lower.len() + 1, None));
+        }
+        // Names of other lengths (and `x-api-key`, nine bytes) near the end
+        // of what was read: told by the byte walk.
+        assert_eq!(name_at(b"Host:"), (4, Some(Known::Host)));
+        assert_eq!(name_at(b"x-api-key:"), (9, Some(Known::XApiKey)));
+    }
+
+    #[test]
     fn plain_runs_stop_at_the_first_byte_outside_them() {
         for b in 0..=255u8 {
             for at in 0..20 {
@@ -813,7 +1037,7 @@ mod tests {
     /// What the narrow pass reads of a response, httparse reads the same.
     fn response_agrees(bytes: &[u8]) -> bool {
         let mut plain = Vec::new();
-        let Some(head) = parse_response_plain(bytes, |n, v| plain.push((n.to_vec(), v.to_vec()))) else {
+        let Some(head) = parse_response_plain(bytes, |known, v| plain.push((known, v.to_vec()))) else {
             return false;
         };
         let mut storage = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
@@ -821,7 +1045,7 @@ mod tests {
         let text = String::from_utf8_lossy(bytes);
         assert_eq!(parsed.parse(bytes), Ok(httparse::Status::Complete(head.len)), "{text:?}");
         assert_eq!((parsed.version, parsed.code), (Some(head.minor), Some(head.status)), "{text:?}");
-        let any: Vec<_> = parsed.headers.iter().map(|h| (h.name.as_bytes().to_vec(), h.value.to_vec())).collect();
+        let any: Vec<_> = parsed.headers.iter().map(|h| (Known::of(h.name.as_bytes()), h.value.to_vec())).collect();
         assert_eq!(plain, any, "{text:?}");
         true
     }

@@ -4,21 +4,23 @@
 //!
 //! The phases look up a handful of names ([`Header`]): MCP's own, the
 //! credentials, `Origin`, `Content-Type`, `Accept`, `traceparent`. On the
-//! h1 path each line's name is matched against those once, by length and
-//! bytes, and the first line of each is remembered: a lookup is an index,
+//! h1 path each line's name is told as the head is parsed (the first of
+//! `switchboard_protocol::http1::Known` are these), and the first line of
+//! each is remembered: a lookup is an index,
 //! and nothing is allocated or copied. Building a `HeaderMap` instead cost
 //! about 550 instructions per line, and each lookup hashed the name again
 //! (about 4,500 instructions per forwarded call, an eighth of it).
 //!
 //! Values read as text the way `HeaderValue::to_str` reads them: visible
-//! ASCII and tabs only. httparse has already refused what a `HeaderValue`
-//! refuses (control characters) and any name that is not a token.
+//! ASCII and tabs only. The head's parse has already refused what a
+//! `HeaderValue` refuses (control characters) and any name that is not a
+//! token.
 
 use std::ops::Range;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName};
-use switchboard_protocol::http1::HeaderSpan;
+use switchboard_protocol::http1::{HeaderSpan, Known};
 
 /// The header names the phases read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,8 +58,7 @@ static HEADER_NAMES: [HeaderName; NAMES] = [
 ];
 
 impl Header {
-    /// Every name, in order (for the tests: the path never lists them).
-    #[cfg(test)]
+    /// Every name, in order.
     pub const ALL: [Header; NAMES] = [
         Header::Accept,
         Header::Authorization,
@@ -77,58 +78,18 @@ impl Header {
         &HEADER_NAMES[self as usize]
     }
 
-    /// The name a header line's `name` (in any case) is, if the phases
-    /// read it. `name` is a token, as httparse takes only those.
+    /// The name a line's name is, told as the head was parsed: the first
+    /// [`Known`] names are these, in this order.
+    pub fn of_known(known: Known) -> Option<Header> {
+        Header::ALL.get(known as usize).copied()
+    }
+
+    /// The name `name` (in any case) is, if the phases read it.
+    #[cfg(test)]
     pub fn of(name: &[u8]) -> Option<Header> {
-        let candidates: &[Header] = match name.len() {
-            6 => &[Header::Accept, Header::Origin],
-            8 => &[Header::McpName],
-            9 => &[Header::XApiKey],
-            10 => &[Header::McpMethod],
-            11 => &[Header::Traceparent],
-            12 => &[Header::ContentType],
-            13 => &[Header::Authorization, Header::LastEventId],
-            14 => &[Header::McpSessionId],
-            20 => &[Header::McpProtocolVersion],
-            _ => return None,
-        };
-        candidates.iter().copied().find(|n| token_is(name, LOWER[*n as usize]))
+        Known::of(name).and_then(Header::of_known)
     }
 }
-
-/// Whether the token `name` is `lower` (as long, of lower-case letters and
-/// `-`) in any case, eight bytes at a time: setting bit 5 lower-cases a
-/// letter and leaves `-` and the digits as they are, and of the bytes it
-/// would turn into a letter or `-` only the letters are token bytes.
-fn token_is(name: &[u8], lower: &[u8]) -> bool {
-    const CASE: u64 = 0x2020_2020_2020_2020;
-    let (mut name, mut lower) = (name, lower);
-    while let (Some((a, name_rest)), Some((b, lower_rest))) =
-        (name.split_first_chunk::<8>(), lower.split_first_chunk::<8>())
-    {
-        if u64::from_le_bytes(*a) | CASE != u64::from_le_bytes(*b) {
-            return false;
-        }
-        (name, lower) = (name_rest, lower_rest);
-    }
-    name.len() == lower.len() && name.iter().zip(lower).all(|(a, b)| a | 0x20 == *b)
-}
-
-/// Each [`Header`], in order, as its bytes in lower case (`HeaderName::as_str`
-/// goes through a match of http's standard names first).
-static LOWER: [&[u8]; NAMES] = [
-    b"accept",
-    b"authorization",
-    b"content-type",
-    b"last-event-id",
-    b"mcp-method",
-    b"mcp-name",
-    b"mcp-protocol-version",
-    b"mcp-session-id",
-    b"origin",
-    b"traceparent",
-    b"x-api-key",
-];
 
 /// No line: an index into [`Head::first`] that names none.
 const NONE: u8 = u8::MAX;
@@ -154,7 +115,7 @@ impl Head {
         self.first = [NONE; NAMES];
         self.names.clear();
         for (line, span) in self.spans.iter().enumerate() {
-            let name = Header::of(&bytes[span.name.clone()]);
+            let name = span.known.and_then(Header::of_known);
             let line = u8::try_from(line).unwrap_or(NONE);
             if let Some(name) = name {
                 let first = &mut self.first[name as usize];
@@ -305,35 +266,12 @@ mod tests {
         }
         let indexes: Vec<usize> = Header::ALL.iter().map(|n| *n as usize).collect();
         assert_eq!(indexes, (0..NAMES).collect::<Vec<_>>(), "ALL is in order");
-        for name in Header::ALL {
-            let lower = LOWER[name as usize];
-            assert_eq!(lower, name.header_name().as_str().as_bytes());
-            assert!(lower.iter().all(|b| b.is_ascii_lowercase() || *b == b'-'), "token_is takes these only");
+        for (i, name) in Header::ALL.into_iter().enumerate() {
+            let known = Known::ALL[i];
+            assert_eq!(known.text(), name.header_name().as_str().as_bytes(), "the first Known are these");
+            assert_eq!(Header::of_known(known), Some(name));
         }
-    }
-
-    #[test]
-    fn a_token_is_a_name_in_any_case_and_no_other_token_is() {
-        // Every token byte (RFC 9110) but the letters and `-`, in each place.
-        let others: Vec<u8> = b"!#$%&'*+.^_`|~0123456789".to_vec();
-        for lower in LOWER {
-            let upper = lower.to_ascii_uppercase();
-            assert!(token_is(lower, lower) && token_is(&upper, lower));
-            let mixed: Vec<u8> =
-                lower.iter().enumerate().map(|(i, b)| if i % 3 == 0 { b.to_ascii_uppercase() } else { *b }).collect();
-            assert!(token_is(&mixed, lower));
-            for at in 0..lower.len() {
-                for other in others.iter().chain(b"az-") {
-                    let mut name = lower.to_vec();
-                    if name[at] == *other {
-                        continue;
-                    }
-                    name[at] = *other;
-                    assert!(!token_is(&name, lower), "{:?}", String::from_utf8_lossy(&name));
-                }
-            }
-            assert!(!token_is(&lower[1..], lower) && !token_is(lower, &lower[1..]));
-        }
+        assert!(Known::ALL[NAMES..].iter().all(|k| Header::of_known(*k).is_none()));
     }
 
     /// A head and the same lines in a HeaderMap, as hyper would give them.
@@ -437,7 +375,7 @@ mod tests {
         fn name() -> impl Strategy<Value = Vec<u8>> {
             prop_oneof![
                 (0..NAMES, any::<u64>()).prop_map(|(i, case)| {
-                    let lower = LOWER[i];
+                    let lower = Header::ALL[i].header_name().as_str().as_bytes();
                     lower
                         .iter()
                         .enumerate()

@@ -36,7 +36,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 
-use switchboard_protocol::http1;
+use switchboard_protocol::http1::{self, Known};
 
 /// Response heads larger than this are refused.
 const MAX_HEAD: usize = 64 << 10;
@@ -547,7 +547,7 @@ impl Conn {
 fn interpret(parsed: &httparse::Response<'_, '_>, status: u16, want_session_id: bool) -> io::Result<Head> {
     let mut reading = Reading::default();
     for h in parsed.headers.iter() {
-        reading.line(h.name.as_bytes(), h.value, want_session_id);
+        reading.line(http1::Known::of(h.name.as_bytes()), h.value, want_session_id);
     }
     reading.head(parsed.version == Some(1), status)
 }
@@ -568,22 +568,28 @@ struct Reading {
 }
 
 impl Reading {
-    fn line(&mut self, name: &[u8], value: &[u8], want_session_id: bool) {
-        // By length first: most lines are none of these.
-        match name.len() {
-            14 if name.eq_ignore_ascii_case(b"content-length") => {
-                match std::str::from_utf8(value).ok().and_then(|text| text.trim().parse().ok()) {
+    fn line(&mut self, name: Option<Known>, value: &[u8], want_session_id: bool) {
+        match name {
+            Some(Known::ContentLength) => {
+                // Plain digits, most often; else as `str::parse` reads them.
+                let plain = !value.is_empty() && value.len() <= 18 && value.iter().all(u8::is_ascii_digit);
+                let length = if plain {
+                    usize::try_from(value.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'))).ok()
+                } else {
+                    std::str::from_utf8(value).ok().and_then(|text| text.trim().parse().ok())
+                };
+                match length {
                     Some(n) => self.length = Some(n),
                     None => self.bad_length = true,
                 }
             }
-            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+            Some(Known::TransferEncoding) => {
                 self.chunked = value
                     .split(|&b| b == b',')
                     .next_back()
                     .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
             }
-            10 if name.eq_ignore_ascii_case(b"connection") => {
+            Some(Known::Connection) => {
                 for token in value.split(|&b| b == b',') {
                     let token = token.trim_ascii();
                     if token.eq_ignore_ascii_case(b"close") {
@@ -593,14 +599,14 @@ impl Reading {
                     }
                 }
             }
-            12 if name.eq_ignore_ascii_case(b"content-type") => {
+            Some(Known::ContentType) => {
                 self.event_stream =
                     value.trim_ascii_start().get(..17).is_some_and(|t| t.eq_ignore_ascii_case(b"text/event-stream"));
             }
-            14 if want_session_id && name.eq_ignore_ascii_case(b"mcp-session-id") => {
+            Some(Known::McpSessionId) if want_session_id => {
                 self.session_id = Some(Bytes::copy_from_slice(value));
             }
-            16 if name.eq_ignore_ascii_case(b"www-authenticate") => {
+            Some(Known::WwwAuthenticate) => {
                 self.challenge = Some(Bytes::copy_from_slice(value));
             }
             _ => {}
