@@ -180,7 +180,8 @@ impl std::fmt::Debug for Database {
 
 /// A batch of audit records in one PostgreSQL statement, whatever its size:
 /// each column bound as one array (prepared once per connection; no
-/// per-row placeholders to bind and convert).
+/// per-row placeholders to bind and convert), encoded straight from the
+/// records ([`Column`]).
 async fn insert_audit_unnest<'e, E>(pg: E, records: &[AuditRecord]) -> Result<u64, sqlx::Error>
 where
     E: sqlx::Executor<'e, Database = sqlx::Postgres>,
@@ -190,28 +191,102 @@ where
         SELECT * FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], \
         $8::text[], $9::text[], $10::int8[], $11::int8[], $12::int8[], $13::int8[], $14::text[], $15::text[], \
         $16::text[]) ON CONFLICT (id) DO NOTHING";
-    let column = |f: fn(&AuditRecord) -> Option<&str>| records.iter().map(|r| f(r).map(pg_text)).collect::<Vec<_>>();
-    let number = |f: fn(&AuditRecord) -> i64| records.iter().map(f).collect::<Vec<_>>();
+    let text = |get: fn(&AuditRecord) -> Option<&str>| Column { records, get: Get::Text(get) };
+    let number = |get: fn(&AuditRecord) -> Option<i64>| Column { records, get: Get::Number(get) };
     let done = sqlx::query::<sqlx::Postgres>(INSERT)
-        .bind(column(|r| Some(&r.id)))
-        .bind(number(|r| r.at_ms))
-        .bind(column(|r| r.tenant.as_deref()))
-        .bind(column(|r| r.key_prefix.as_deref()))
-        .bind(column(|r| r.session.as_deref()))
-        .bind(column(|r| Some(r.method.as_ref())))
-        .bind(column(|r| r.target.as_deref()))
-        .bind(column(|r| r.upstream.as_deref()))
-        .bind(column(|r| Some(r.outcome.as_ref())))
-        .bind(records.iter().map(|r| r.error_code).collect::<Vec<_>>())
-        .bind(number(|r| r.latency_us))
-        .bind(number(|r| r.request_bytes))
-        .bind(number(|r| r.response_bytes))
-        .bind(column(|r| r.trace_id.as_deref()))
-        .bind(column(|r| r.arguments.as_deref()))
-        .bind(column(|r| r.user.as_deref()))
+        .bind(text(|r| Some(&r.id)))
+        .bind(number(|r| Some(r.at_ms)))
+        .bind(text(|r| r.tenant.as_deref()))
+        .bind(text(|r| r.key_prefix.as_deref()))
+        .bind(text(|r| r.session.as_deref()))
+        .bind(text(|r| Some(r.method.as_ref())))
+        .bind(text(|r| r.target.as_deref()))
+        .bind(text(|r| r.upstream.as_deref()))
+        .bind(text(|r| Some(r.outcome.as_ref())))
+        .bind(number(|r| r.error_code))
+        .bind(number(|r| Some(r.latency_us)))
+        .bind(number(|r| Some(r.request_bytes)))
+        .bind(number(|r| Some(r.response_bytes)))
+        .bind(text(|r| r.trace_id.as_deref()))
+        .bind(text(|r| r.arguments.as_deref()))
+        .bind(text(|r| r.user.as_deref()))
         .execute(pg)
         .await?;
     Ok(done.rows_affected())
+}
+
+/// One column of a batch of audit records, bound as a PostgreSQL array
+/// (`text[]` or `int8[]`) and encoded from the records as it is sent: no
+/// vector of values made first, no per-value length patched in afterwards.
+/// sqlx's own encoding of the same arrays (vectors of `Option<Cow<str>>`
+/// and `i64`) was about 1,000 instructions a record of the writer's (half
+/// its cost beside the insert's round trip).
+struct Column<'a> {
+    records: &'a [AuditRecord],
+    get: Get,
+}
+
+#[derive(Clone, Copy)]
+enum Get {
+    Text(fn(&AuditRecord) -> Option<&str>),
+    Number(fn(&AuditRecord) -> Option<i64>),
+}
+
+impl sqlx::Type<sqlx::Postgres> for Column<'_> {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        // Told apart by `produces`; the statement casts each parameter.
+        <Vec<String> as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+}
+
+impl<'q> sqlx::Encode<'q, sqlx::Postgres> for Column<'_> {
+    fn produces(&self) -> Option<sqlx::postgres::PgTypeInfo> {
+        Some(match self.get {
+            Get::Text(_) => <Vec<String> as sqlx::Type<sqlx::Postgres>>::type_info(),
+            Get::Number(_) => <Vec<i64> as sqlx::Type<sqlx::Postgres>>::type_info(),
+        })
+    }
+
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, Box<dyn std::error::Error + Send + Sync>> {
+        /// The element types' object ids (`pg_type`).
+        const TEXT: u32 = 25;
+        const INT8: u32 = 20;
+        let count = i32::try_from(self.records.len()).map_err(|_| "too many audit records for one array")?;
+        // PostgreSQL's binary array: one dimension, "may hold NULLs", the
+        // element type, the dimension's length and lower bound (1); then each
+        // element as its length (-1: NULL) and bytes.
+        let element = match self.get {
+            Get::Text(_) => TEXT,
+            Get::Number(_) => INT8,
+        };
+        for word in [1, 1, element as i32, count, 1] {
+            buf.extend_from_slice(&word.to_be_bytes());
+        }
+        for record in self.records {
+            match self.get {
+                Get::Text(get) => match get(record) {
+                    None => buf.extend_from_slice(&(-1i32).to_be_bytes()),
+                    Some(text) => {
+                        let text = pg_text(text);
+                        let len = i32::try_from(text.len()).map_err(|_| "an audit value over 2 GiB")?;
+                        buf.extend_from_slice(&len.to_be_bytes());
+                        buf.extend_from_slice(text.as_bytes());
+                    }
+                },
+                Get::Number(get) => match get(record) {
+                    None => buf.extend_from_slice(&(-1i32).to_be_bytes()),
+                    Some(n) => {
+                        buf.extend_from_slice(&8i32.to_be_bytes());
+                        buf.extend_from_slice(&n.to_be_bytes());
+                    }
+                },
+            }
+        }
+        Ok(sqlx::encode::IsNull::No)
+    }
 }
 
 /// `text` for PostgreSQL, whose `text` cannot hold the NUL character: a NUL
