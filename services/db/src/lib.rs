@@ -262,27 +262,35 @@ impl<'q> sqlx::Encode<'q, sqlx::Postgres> for Column<'_> {
             Get::Text(_) => TEXT,
             Get::Number(_) => INT8,
         };
+        // Room for most columns at once (a text value is mostly a few
+        // dozen bytes), not grown a doubling at a time.
+        buf.reserve(20 + self.records.len() * 40);
         for word in [1, 1, element as i32, count, 1] {
             buf.extend_from_slice(&word.to_be_bytes());
         }
-        for record in self.records {
-            match self.get {
-                Get::Text(get) => match get(record) {
-                    None => buf.extend_from_slice(&(-1i32).to_be_bytes()),
-                    Some(text) => {
-                        let text = pg_text(text);
-                        let len = i32::try_from(text.len()).map_err(|_| "an audit value over 2 GiB")?;
-                        buf.extend_from_slice(&len.to_be_bytes());
-                        buf.extend_from_slice(text.as_bytes());
+        match self.get {
+            Get::Text(get) => {
+                for record in self.records {
+                    let Some(text) = get(record) else {
+                        buf.extend_from_slice(&(-1i32).to_be_bytes());
+                        continue;
+                    };
+                    let text = pg_text(text);
+                    let len = i32::try_from(text.len()).map_err(|_| "an audit value over 2 GiB")?;
+                    buf.extend_from_slice(&len.to_be_bytes());
+                    buf.extend_from_slice(text.as_bytes());
+                }
+            }
+            Get::Number(get) => {
+                for record in self.records {
+                    match get(record) {
+                        None => buf.extend_from_slice(&(-1i32).to_be_bytes()),
+                        Some(n) => {
+                            buf.extend_from_slice(&8i32.to_be_bytes());
+                            buf.extend_from_slice(&n.to_be_bytes());
+                        }
                     }
-                },
-                Get::Number(get) => match get(record) {
-                    None => buf.extend_from_slice(&(-1i32).to_be_bytes()),
-                    Some(n) => {
-                        buf.extend_from_slice(&8i32.to_be_bytes());
-                        buf.extend_from_slice(&n.to_be_bytes());
-                    }
-                },
+                }
             }
         }
         Ok(sqlx::encode::IsNull::No)
