@@ -4,9 +4,9 @@
 //!
 //! The phases look up a handful of names ([`Header`]): MCP's own, the
 //! credentials, `Origin`, `Content-Type`, `Accept`, `traceparent`. On the
-//! h1 path each line's name is told as the head is parsed (the first of
-//! `switchboard_protocol::http1::Known` are these), and the first line of
-//! each is remembered: a lookup is an index,
+//! h1 path each line's name is told as the head is parsed (`Header` is
+//! `switchboard_protocol::http1::Known`), and the first line of each is
+//! remembered: a lookup is an index,
 //! and nothing is allocated or copied. Building a `HeaderMap` instead cost
 //! about 550 instructions per line, and each lookup hashed the name again
 //! (about 4,500 instructions per forwarded call, an eighth of it).
@@ -20,30 +20,16 @@ use std::ops::Range;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName};
-use switchboard_protocol::http1::{HeaderSpan, Known};
+use switchboard_protocol::http1::{HeaderSpan, KNOWN};
 
-/// The header names the phases read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Header {
-    Accept,
-    Authorization,
-    ContentType,
-    LastEventId,
-    McpMethod,
-    McpName,
-    McpProtocolVersion,
-    McpSessionId,
-    Origin,
-    Traceparent,
-    XApiKey,
-}
-
-/// How many [`Header`]s there are.
-const NAMES: usize = 11;
+/// The header names the phases read: those the head's parse tells as each
+/// line is parsed (MCP's own, the credentials, `Origin`, `Content-Type`,
+/// `Accept`, `traceparent`, the framing's and a few others), one list for
+/// both.
+pub use switchboard_protocol::http1::Known as Header;
 
 /// Each [`Header`], in order, as http names it (in lower case).
-static HEADER_NAMES: [HeaderName; NAMES] = [
+static HEADER_NAMES: [HeaderName; KNOWN] = [
     http::header::ACCEPT,
     http::header::AUTHORIZATION,
     http::header::CONTENT_TYPE,
@@ -55,40 +41,21 @@ static HEADER_NAMES: [HeaderName; NAMES] = [
     http::header::ORIGIN,
     HeaderName::from_static("traceparent"),
     HeaderName::from_static("x-api-key"),
+    http::header::CONTENT_LENGTH,
+    http::header::TRANSFER_ENCODING,
+    http::header::HOST,
+    http::header::EXPECT,
+    http::header::UPGRADE,
+    http::header::CONNECTION,
+    http::header::WWW_AUTHENTICATE,
+    http::header::ACCEPT_ENCODING,
+    http::header::USER_AGENT,
+    http::header::DATE,
 ];
 
-impl Header {
-    /// Every name, in order.
-    pub const ALL: [Header; NAMES] = [
-        Header::Accept,
-        Header::Authorization,
-        Header::ContentType,
-        Header::LastEventId,
-        Header::McpMethod,
-        Header::McpName,
-        Header::McpProtocolVersion,
-        Header::McpSessionId,
-        Header::Origin,
-        Header::Traceparent,
-        Header::XApiKey,
-    ];
-
-    /// The name as http's `HeaderName`.
-    pub fn header_name(self) -> &'static HeaderName {
-        &HEADER_NAMES[self as usize]
-    }
-
-    /// The name a line's name is, told as the head was parsed: the first
-    /// [`Known`] names are these, in this order.
-    pub fn of_known(known: Known) -> Option<Header> {
-        Header::ALL.get(known as usize).copied()
-    }
-
-    /// The name `name` (in any case) is, if the phases read it.
-    #[cfg(test)]
-    pub fn of(name: &[u8]) -> Option<Header> {
-        Known::of(name).and_then(Header::of_known)
-    }
+/// The name as http's `HeaderName`, for hyper's map.
+fn header_name(name: Header) -> &'static HeaderName {
+    &HEADER_NAMES[name as usize]
 }
 
 /// No line: an index into [`Head::first`] that names none.
@@ -105,17 +72,17 @@ pub struct Head {
     /// Each line's [`Header`] (as `u8`), or [`NONE`].
     names: Vec<u8>,
     /// Each [`Header`]'s first line, or [`NONE`].
-    first: [u8; NAMES],
+    first: [u8; KNOWN],
 }
 
 impl Head {
     /// Indexes the lines of `bytes`, the head [`Head::spans`] were parsed
     /// from (at most 255 lines: `http1::MAX_HEADERS` is 100).
     pub fn index(&mut self, bytes: Bytes) {
-        self.first = [NONE; NAMES];
+        self.first = [NONE; KNOWN];
         self.names.clear();
         for (line, span) in self.spans.iter().enumerate() {
-            let name = span.known.and_then(Header::of_known);
+            let name = span.known;
             let line = u8::try_from(line).unwrap_or(NONE);
             if let Some(name) = name {
                 let first = &mut self.first[name as usize];
@@ -133,7 +100,7 @@ impl Head {
         self.bytes = Bytes::new();
         self.spans.clear();
         self.names.clear();
-        self.first = [NONE; NAMES];
+        self.first = [NONE; KNOWN];
     }
 
     fn value(&self, span: &Range<usize>) -> &[u8] {
@@ -161,7 +128,7 @@ impl<'a> Headers<'a> {
     /// The first value of `name`, trimmed.
     pub fn get(self, name: Header) -> Option<&'a [u8]> {
         match self {
-            Headers::Map(map) => map.get(name.header_name()).map(http::HeaderValue::as_bytes),
+            Headers::Map(map) => map.get(header_name(name)).map(http::HeaderValue::as_bytes),
             Headers::Head(head) => {
                 let line = head.first[name as usize];
                 (line != NONE).then(|| head.value(&head.spans[line as usize].value))
@@ -183,7 +150,7 @@ impl<'a> Headers<'a> {
     /// Every value of `name`, in order.
     pub fn get_all(self, name: Header) -> impl Iterator<Item = &'a [u8]> {
         let (map, head) = match self {
-            Headers::Map(map) => (Some(map.get_all(name.header_name()).iter()), None),
+            Headers::Map(map) => (Some(map.get_all(header_name(name)).iter()), None),
             Headers::Head(head) => (None, Some(head)),
         };
         let lines = head.into_iter().flat_map(move |head| {
@@ -251,27 +218,10 @@ mod tests {
     use switchboard_protocol::http1;
 
     #[test]
-    fn every_name_is_found_by_its_bytes_in_any_case_and_nothing_else_is() {
+    fn every_name_is_http_s_name_for_it() {
         for name in Header::ALL {
-            let lower = name.header_name().as_str();
-            assert_eq!(Header::of(lower.as_bytes()), Some(name), "{lower}");
-            assert_eq!(Header::of(lower.to_ascii_uppercase().as_bytes()), Some(name), "{lower}");
-            // One byte off is another header.
-            let mut other = lower.as_bytes().to_vec();
-            other[0] ^= 1;
-            assert_eq!(Header::of(&other), None, "{lower}");
+            assert_eq!(header_name(name).as_str().as_bytes(), name.text(), "{name:?}");
         }
-        for other in ["host", "content-length", "connection", "user-agent", "mcp-param-x", "", "acceptx"] {
-            assert_eq!(Header::of(other.as_bytes()), None, "{other}");
-        }
-        let indexes: Vec<usize> = Header::ALL.iter().map(|n| *n as usize).collect();
-        assert_eq!(indexes, (0..NAMES).collect::<Vec<_>>(), "ALL is in order");
-        for (i, name) in Header::ALL.into_iter().enumerate() {
-            let known = Known::ALL[i];
-            assert_eq!(known.text(), name.header_name().as_str().as_bytes(), "the first Known are these");
-            assert_eq!(Header::of_known(known), Some(name));
-        }
-        assert!(Known::ALL[NAMES..].iter().all(|k| Header::of_known(*k).is_none()));
     }
 
     /// A head and the same lines in a HeaderMap, as hyper would give them.
@@ -374,8 +324,8 @@ mod tests {
         /// A header name: one the phases read, in any case, or any token.
         fn name() -> impl Strategy<Value = Vec<u8>> {
             prop_oneof![
-                (0..NAMES, any::<u64>()).prop_map(|(i, case)| {
-                    let lower = Header::ALL[i].header_name().as_str().as_bytes();
+                (0..KNOWN, any::<u64>()).prop_map(|(i, case)| {
+                    let lower = Header::ALL[i].text();
                     lower
                         .iter()
                         .enumerate()

@@ -686,7 +686,7 @@ mod tests {
         assert_eq!(header_value("plain_tool").to_str().unwrap(), "plain_tool");
         let encoded = header_value("café");
         let mut h = http::HeaderMap::new();
-        h.insert(Header::McpName.header_name(), encoded);
+        h.insert("mcp-name", encoded);
         assert_eq!(header_text(Headers::Map(&h), Header::McpName).as_deref(), Some("café"));
     }
 
