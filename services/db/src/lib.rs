@@ -219,8 +219,8 @@ where
 /// (`text[]` or `int8[]`) and encoded from the records as it is sent: no
 /// vector of values made first, no per-value length patched in afterwards.
 /// sqlx's own encoding of the same arrays (vectors of `Option<Cow<str>>`
-/// and `i64`) was about 1,000 instructions a record of the writer's (half
-/// its cost beside the insert's round trip).
+/// and `i64`) cost about 1,000 instructions a record more (callgrind: the
+/// writer's thread about 3,400 a record before, 2,600 after).
 struct Column<'a> {
     records: &'a [AuditRecord],
     get: Get,
