@@ -159,8 +159,9 @@ impl Known {
         SPELLINGS[self as usize].text
     }
 
-    /// The names that begin with `first` (in either case), longest first
-    /// where one begins another (`accept-encoding` before `accept`).
+    /// The names that begin with `first` (in either case). Where one name
+    /// begins another (`accept`, `accept-encoding`), the colon after it
+    /// tells them apart.
     #[inline(always)]
     fn starting_with(first: u8) -> &'static [Known] {
         use Known::*;
@@ -833,9 +834,19 @@ mod tests {
 
     #[test]
     fn known_names_are_told_in_any_case_and_only_whole() {
-        for known in Known::ALL {
+        for (i, known) in Known::ALL.into_iter().enumerate() {
+            assert_eq!(known as usize, i, "ALL is in order");
             let lower = known.text();
-            assert_eq!(SPELLINGS[known as usize].text, lower);
+            // Each name is spelt as its variant says (`McpSessionId`:
+            // `mcp-session-id`).
+            let mut spelt = String::new();
+            for (j, c) in format!("{known:?}").chars().enumerate() {
+                if c.is_ascii_uppercase() && j > 0 {
+                    spelt.push('-');
+                }
+                spelt.push(c.to_ascii_lowercase());
+            }
+            assert_eq!(lower, spelt.as_bytes());
             assert_eq!(Known::of(lower), Some(known));
             let upper = lower.to_ascii_uppercase();
             assert_eq!(Known::of(&upper), Some(known));
