@@ -440,9 +440,10 @@ pub struct ResponseLine {
 /// [`MAX_RESPONSE_HEADERS`] lines of a token name, a colon and a value of
 /// visible ASCII, spaces and tabs not ending in white space, every line
 /// ended by CRLF. Each line's name, if it is one [`Known`], and its value
-/// (without the white space before it) are given to `line`, in order. `None` for a partial head and
-/// anything else, which the caller reads with httparse (after throwing
-/// away what `line` was given): what this accepts, httparse reads the same.
+/// (without the white space before it) are given to `line`, in order.
+/// `None` for a partial head and anything else, which the caller reads with
+/// httparse (after throwing away what `line` was given): what this accepts,
+/// httparse reads the same.
 pub fn parse_response_plain(buf: &[u8], mut line: impl FnMut(Option<Known>, &[u8])) -> Option<ResponseLine> {
     let minor = match buf.get(..9)? {
         b"HTTP/1.1 " => 1,
