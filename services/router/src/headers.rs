@@ -6,8 +6,8 @@
 //! credentials, `Origin`, `Content-Type`, `Accept`, `traceparent`. On the
 //! h1 path each line's name is told as the head is parsed (`Header` is
 //! `switchboard_protocol::http1::Known`), and the first line of each is
-//! remembered: a lookup is an index,
-//! and nothing is allocated or copied. Building a `HeaderMap` instead cost
+//! remembered: a lookup is an index, and nothing is allocated or copied.
+//! Building a `HeaderMap` instead cost
 //! about 550 instructions per line, and each lookup hashed the name again
 //! (about 4,500 instructions per forwarded call, an eighth of it).
 //!
