@@ -83,11 +83,13 @@ enum Until {
 
 impl LastCaller {
     /// The caller `credential` named when last presented here, if that
-    /// still holds.
-    fn recall(&self, credential: &str, generation: u64) -> Option<Principal> {
+    /// still holds. Compared as bytes, as sent: a credential remembered was
+    /// text, so the same bytes are (a long token need not be checked as
+    /// text again on every request to be found here).
+    fn recall(&self, credential: &[u8], generation: u64) -> Option<Principal> {
         let last = self.0.lock().expect("not poisoned");
         let last = last.as_ref()?;
-        if last.generation != generation || !same_bytes(last.credential.as_bytes(), credential.as_bytes()) {
+        if last.generation != generation || !same_bytes(last.credential.as_bytes(), credential) {
             return None;
         }
         let holds = match last.until {
@@ -258,7 +260,7 @@ impl Front {
             return self.directory.authenticate_key(key, switchboard_core::time::now_ms);
         };
         let generation = self.directory.generation();
-        if let Some(known) = last.recall(key, generation) {
+        if let Some(known) = last.recall(key.as_bytes(), generation) {
             return Ok(known);
         }
         let (principal, expires) =
@@ -315,15 +317,20 @@ impl Authenticator for Front {
             return Checked::Done(self.keys_only(headers, last));
         };
         // An API key (ours have the `sb_` form; X-API-Key is only for keys).
-        let token = match bearer(headers) {
-            Some(token) if !token.starts_with("sb_") && !headers.contains(Header::XApiKey) => token,
+        let sent = match headers.get(Header::Authorization).and_then(crate::headers::bearer_bytes) {
+            Some(token) if !token.starts_with(b"sb_") && !headers.contains(Header::XApiKey) => token,
             _ => return Checked::Done(self.keys_only(headers, last)),
         };
         let generation = self.directory.generation();
-        if let Some(known) = last.and_then(|last| last.recall(token, generation)) {
+        // The connection's last token, found by its bytes: checked as text
+        // only when it is new here.
+        if let Some(known) = last.and_then(|last| last.recall(sent, generation)) {
             oauth.verifier.count_remembered();
             return Checked::Done(Ok(known));
         }
+        let Some(token) = bearer(headers) else {
+            return Checked::Done(self.keys_only(headers, last));
+        };
         match oauth.verifier.verify_cached(token) {
             Some(done) => {
                 let until = done.as_ref().ok().and_then(|verified| verified.good_until);
@@ -527,16 +534,33 @@ mod tests {
     #[test]
     fn a_remembered_caller_is_the_same_credential_under_the_same_directory_only() {
         let last = LastCaller::default();
-        assert!(last.recall("sb_one", 1).is_none(), "nothing remembered yet");
+        assert!(last.recall(b"sb_one", 1).is_none(), "nothing remembered yet");
         last.keep("sb_one", &caller("a"), 1, Until::Key(None));
-        assert_eq!(last.recall("sb_one", 1).map(|p| p.tenant.name.to_string()), Some("a".into()));
-        assert!(last.recall("sb_one", 2).is_none(), "the directory changed: checked afresh");
-        assert!(last.recall("sb_onf", 1).is_none(), "another credential of the same length");
-        assert!(last.recall("sb_one_", 1).is_none() && last.recall("sb_on", 1).is_none(), "a longer or shorter one");
+        assert_eq!(last.recall(b"sb_one", 1).map(|p| p.tenant.name.to_string()), Some("a".into()));
+        assert!(last.recall(b"sb_one", 2).is_none(), "the directory changed: checked afresh");
+        assert!(last.recall(b"sb_onf", 1).is_none(), "another credential of the same length");
+        assert!(last.recall(b"sb_one_", 1).is_none() && last.recall(b"sb_on", 1).is_none(), "a longer or shorter one");
         // The next credential takes the place of the last.
         last.keep("sb_two", &caller("b"), 1, Until::Key(None));
-        assert!(last.recall("sb_one", 1).is_none());
-        assert_eq!(last.recall("sb_two", 1).map(|p| p.tenant.name.to_string()), Some("b".into()));
+        assert!(last.recall(b"sb_one", 1).is_none());
+        assert_eq!(last.recall(b"sb_two", 1).map(|p| p.tenant.name.to_string()), Some("b".into()));
+    }
+
+    #[test]
+    fn credentials_compare_as_bytes_do() {
+        // Lengths around the compiler's vector steps, equal, different in
+        // any one byte, or in length.
+        for len in 0..40 {
+            let a: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            assert!(same_bytes(&a, &a.clone()), "{len}");
+            for at in 0..len {
+                let mut b = a.clone();
+                b[at] ^= 0x80;
+                assert!(!same_bytes(&a, &b) && !same_bytes(&b, &a), "{at} of {len}");
+            }
+            let longer = [&a[..], b"a"].concat();
+            assert!(!same_bytes(&a, &longer) && !same_bytes(&longer, &a), "{len}");
+        }
     }
 
     #[test]
@@ -544,14 +568,14 @@ mod tests {
         let last = LastCaller::default();
         let now_ms = switchboard_core::time::now_ms();
         last.keep("sb_key", &caller("a"), 1, Until::Key(Some(now_ms + 60_000)));
-        assert!(last.recall("sb_key", 1).is_some(), "a key that expires in a minute");
+        assert!(last.recall(b"sb_key", 1).is_some(), "a key that expires in a minute");
         last.keep("sb_key", &caller("a"), 1, Until::Key(Some(now_ms - 1)));
-        assert!(last.recall("sb_key", 1).is_none(), "an expired key");
+        assert!(last.recall(b"sb_key", 1).is_none(), "an expired key");
         let now = std::time::Instant::now();
         last.keep("ey.a.b", &caller("a"), 1, Until::Token(now + std::time::Duration::from_secs(60)));
-        assert!(last.recall("ey.a.b", 1).is_some(), "a token good for a minute more");
+        assert!(last.recall(b"ey.a.b", 1).is_some(), "a token good for a minute more");
         last.keep("ey.a.b", &caller("a"), 1, Until::Token(now));
-        assert!(last.recall("ey.a.b", 1).is_none(), "a token whose time in the cache is up");
+        assert!(last.recall(b"ey.a.b", 1).is_none(), "a token whose time in the cache is up");
     }
 
     #[test]

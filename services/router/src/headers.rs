@@ -188,11 +188,21 @@ impl<'a> Headers<'a> {
 
 /// The token of an `Authorization` value in the `Bearer` scheme (any case).
 pub fn bearer(value: &str) -> Option<&str> {
-    let value = value.trim();
-    if !value.get(..7)?.eq_ignore_ascii_case("bearer ") {
+    let token = bearer_bytes(value.as_bytes())?;
+    // Where it starts in `value` (ASCII was trimmed: a character boundary).
+    let start = token.as_ptr() as usize - value.as_ptr() as usize;
+    value.get(start..start + token.len())
+}
+
+/// The token of an `Authorization` value in the `Bearer` scheme (any
+/// case), in the value's bytes (not checked as text; a header value holds
+/// no other white space than spaces and tabs).
+pub fn bearer_bytes(value: &[u8]) -> Option<&[u8]> {
+    let value = value.trim_ascii();
+    if !value.get(..7)?.eq_ignore_ascii_case(b"bearer ") {
         return None;
     }
-    Some(value[7..].trim()).filter(|t| !t.is_empty())
+    Some(value[7..].trim_ascii()).filter(|t| !t.is_empty())
 }
 
 /// A value that is not visible ASCII.
@@ -297,6 +307,34 @@ mod tests {
         assert_eq!(key(&[("authorization", "Bearer "), ("x-api-key", "sb_2")]).as_deref(), Some("sb_2"));
         assert_eq!(key(&[("x-api-key", "")]), None);
         assert_eq!(key(&[]), None);
+    }
+
+    #[test]
+    fn a_bearer_token_is_found_the_same_in_bytes_and_in_text() {
+        for value in [
+            "Bearer abc",
+            "bearer   abc \t",
+            "\t BEARER a.b.c",
+            "Bearer",
+            "Bearer ",
+            "Bearer \t ",
+            "Bearerabc",
+            "Basic abc",
+            "",
+            "Bearer a b",
+        ] {
+            let text = bearer(value);
+            assert_eq!(text.map(str::as_bytes), bearer_bytes(value.as_bytes()), "{value:?}");
+            // As it was found in text before: trimmed, the scheme, trimmed.
+            let before = Some(value.trim())
+                .filter(|v| v.get(..7).is_some_and(|s| s.eq_ignore_ascii_case("bearer ")))
+                .map(|v| v[7..].trim())
+                .filter(|t| !t.is_empty());
+            assert_eq!(text, before, "{value:?}");
+        }
+        assert_eq!(bearer("bearer   abc \t"), Some("abc"));
+        assert_eq!(bearer("Bearer a b"), Some("a b"));
+        assert_eq!(bearer("Bearer \t "), None);
     }
 
     #[test]
