@@ -191,27 +191,16 @@ where
         SELECT * FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], \
         $8::text[], $9::text[], $10::int8[], $11::int8[], $12::int8[], $13::int8[], $14::text[], $15::text[], \
         $16::text[]) ON CONFLICT (id) DO NOTHING";
-    let text = |get: fn(&AuditRecord) -> Option<&str>| Column { records, get: Get::Text(get) };
-    let number = |get: fn(&AuditRecord) -> Option<i64>| Column { records, get: Get::Number(get) };
-    let done = sqlx::query::<sqlx::Postgres>(INSERT)
-        .bind(text(|r| Some(&r.id)))
-        .bind(number(|r| Some(r.at_ms)))
-        .bind(text(|r| r.tenant.as_deref()))
-        .bind(text(|r| r.key_prefix.as_deref()))
-        .bind(text(|r| r.session.as_deref()))
-        .bind(text(|r| Some(r.method.as_ref())))
-        .bind(text(|r| r.target.as_deref()))
-        .bind(text(|r| r.upstream.as_deref()))
-        .bind(text(|r| Some(r.outcome.as_ref())))
-        .bind(number(|r| r.error_code))
-        .bind(number(|r| Some(r.latency_us)))
-        .bind(number(|r| Some(r.request_bytes)))
-        .bind(number(|r| Some(r.response_bytes)))
-        .bind(text(|r| r.trace_id.as_deref()))
-        .bind(text(|r| r.arguments.as_deref()))
-        .bind(text(|r| r.user.as_deref()))
-        .execute(pg)
-        .await?;
+    // Room for every column's array, made once: grown as each came, the
+    // arguments' buffer was copied a doubling at a time. Each array's head
+    // is 20 bytes, and sqlx puts its length before it.
+    let room = COLUMNS.len() * 24
+        + records.iter().map(|r| COLUMNS.iter().map(|get| get.size(r)).sum::<usize>()).sum::<usize>();
+    let mut query = sqlx::query::<sqlx::Postgres>(INSERT);
+    for (i, &get) in COLUMNS.iter().enumerate() {
+        query = query.bind(Column { records, get, room: if i == 0 { room } else { 0 } });
+    }
+    let done = query.execute(pg).await?;
     Ok(done.rows_affected())
 }
 
@@ -224,6 +213,9 @@ where
 struct Column<'a> {
     records: &'a [AuditRecord],
     get: Get,
+    /// Bytes to make room for in the arguments' buffer first (the first
+    /// column's: every column's).
+    room: usize,
 }
 
 #[derive(Clone, Copy)]
@@ -231,6 +223,37 @@ enum Get {
     Text(fn(&AuditRecord) -> Option<&str>),
     Number(fn(&AuditRecord) -> Option<i64>),
 }
+
+impl Get {
+    /// The bytes `record`'s value takes in its array (its length, then
+    /// itself; a NUL's replacement takes two more, room made as it comes).
+    fn size(self, record: &AuditRecord) -> usize {
+        match self {
+            Get::Text(get) => 4 + get(record).map_or(0, str::len),
+            Get::Number(get) => 4 + get(record).map_or(0, |_| 8),
+        }
+    }
+}
+
+/// The insert's columns, in its parameters' order.
+const COLUMNS: [Get; 16] = [
+    Get::Text(|r| Some(&r.id)),
+    Get::Number(|r| Some(r.at_ms)),
+    Get::Text(|r| r.tenant.as_deref()),
+    Get::Text(|r| r.key_prefix.as_deref()),
+    Get::Text(|r| r.session.as_deref()),
+    Get::Text(|r| Some(r.method.as_ref())),
+    Get::Text(|r| r.target.as_deref()),
+    Get::Text(|r| r.upstream.as_deref()),
+    Get::Text(|r| Some(r.outcome.as_ref())),
+    Get::Number(|r| r.error_code),
+    Get::Number(|r| Some(r.latency_us)),
+    Get::Number(|r| Some(r.request_bytes)),
+    Get::Number(|r| Some(r.response_bytes)),
+    Get::Text(|r| r.trace_id.as_deref()),
+    Get::Text(|r| r.arguments.as_deref()),
+    Get::Text(|r| r.user.as_deref()),
+];
 
 impl sqlx::Type<sqlx::Postgres> for Column<'_> {
     fn type_info() -> sqlx::postgres::PgTypeInfo {
@@ -262,9 +285,7 @@ impl<'q> sqlx::Encode<'q, sqlx::Postgres> for Column<'_> {
             Get::Text(_) => TEXT,
             Get::Number(_) => INT8,
         };
-        // Room for most columns at once (a text value is mostly a few
-        // dozen bytes), not grown a doubling at a time.
-        buf.reserve(20 + self.records.len() * 40);
+        buf.reserve(self.room);
         for word in [1, 1, element as i32, count, 1] {
             buf.extend_from_slice(&word.to_be_bytes());
         }
