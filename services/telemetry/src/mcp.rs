@@ -87,23 +87,33 @@ const OPERATION: &[&str] = &[
 /// a tool name, a version, a port), and a call per value, nine per
 /// observation, cost more than the comparing (under load, those calls were
 /// 1.6% of the router's CPU samples, more than any function of its own).
+/// A word at a time and the last word overlapping the one before, or two
+/// halves of a short value overlapping: no byte at a time (the bytes after
+/// the last word, one by one, were most of a label set's comparing).
 #[inline]
 fn same(a: &str, b: &str) -> bool {
     let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
+    let n = a.len();
+    if n != b.len() {
         return false;
     }
-    let (mut a8, mut b8) = (a.chunks_exact(8), b.chunks_exact(8));
-    for (x, y) in a8.by_ref().zip(b8.by_ref()) {
-        if u64::from_ne_bytes(x.try_into().expect("8 bytes")) != u64::from_ne_bytes(y.try_into().expect("8 bytes")) {
-            return false;
+    let word = |x: &[u8], at: usize| u64::from_ne_bytes(x[at..at + 8].try_into().expect("8 bytes"));
+    let half = |x: &[u8], at: usize| u32::from_ne_bytes(x[at..at + 4].try_into().expect("4 bytes"));
+    match n {
+        8.. => {
+            let mut at = 0;
+            while at + 8 < n {
+                if word(a, at) != word(b, at) {
+                    return false;
+                }
+                at += 8;
+            }
+            word(a, n - 8) == word(b, n - 8)
         }
+        4..=7 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
+        1..=3 => a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1],
+        0 => true,
     }
-    let mut equal = true;
-    for (x, y) in a8.remainder().iter().zip(b8.remainder()) {
-        equal &= x == y;
-    }
-    equal
 }
 
 impl McpMetrics {
