@@ -121,7 +121,8 @@ fn json_text(raw: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
     // A plain string (nothing escaped) is its own text: no parse.
     if let [b'"', inner @ .., b'"'] = raw {
         if !inner.iter().any(|&b| b == b'\\' || b == b'"' || b < 0x20) {
-            return std::str::from_utf8(inner).ok().map(std::borrow::Cow::Borrowed);
+            let text = switchboard_protocol::ascii(inner).or_else(|| std::str::from_utf8(inner).ok());
+            return text.map(std::borrow::Cow::Borrowed);
         }
     }
     serde_json::from_slice::<&RawValue>(raw).ok().and_then(jsonrpc::as_str)

@@ -214,11 +214,7 @@ pub struct NotText;
 /// (httparse and http refuse them), so that is: if it is ASCII (checked a
 /// word at a time, not a byte).
 fn text(value: &[u8]) -> Result<&str, NotText> {
-    if value.is_ascii() {
-        std::str::from_utf8(value).map_err(|_| NotText)
-    } else {
-        Err(NotText)
-    }
+    switchboard_protocol::ascii(value).ok_or(NotText)
 }
 
 #[cfg(test)]
