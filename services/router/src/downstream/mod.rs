@@ -530,14 +530,17 @@ mod future_sizes {
         // Each async level a future sits in copies it whole once more when
         // awaited: the phases are plain functions returning their async
         // block (an async fn keeps its arguments twice), and rare ways boxed.
-        assert!(post_read <= 5 * 1024, "the future of a POST read by the HTTP/1.1 path holds {post_read} bytes");
+        // The HTTP channel's request future (about 2.5 KB) is in forward's
+        // on purpose, not in a box of its own (a fresh, cold block each
+        // call): `forward::until` keeps it from being moved once pinned.
         let admit = size(|(mut x, e): (Exchange, E)| async move { x.admit(e).await });
         println!(
             "handle {handle}, post_read {post_read}, request {request}, forward {forward}, find_session {find_session}, admit {admit}"
         );
-        assert!(handle <= 6 * 1024 + 512, "the future of a request to /mcp holds {handle} bytes");
-        assert!(request <= 2 * 1024 + 512, "a session's request: {request} bytes");
-        assert!(forward <= 2 * 1024, "forward: {forward} bytes");
+        assert!(post_read <= 6 * 1024 + 512, "the future of a POST read by the HTTP/1.1 path holds {post_read} bytes");
+        assert!(handle <= 8 * 1024, "the future of a request to /mcp holds {handle} bytes");
+        assert!(request <= 5 * 1024, "a session's request: {request} bytes");
+        assert!(forward <= 4 * 1024 + 512, "forward: {forward} bytes");
         assert!(find_session <= 512 && admit <= 1024, "the store's and the limits' slow ways are not boxed");
         assert!(std::mem::size_of::<Exchange>() <= 384, "Exchange: {} bytes", std::mem::size_of::<Exchange>());
     }

@@ -150,6 +150,21 @@ async fn calls_stream_progress_and_share_one_upstream_session_per_tenant() {
 }
 
 #[tokio::test]
+async fn a_bridged_call_the_upstream_does_not_answer_in_time_gets_a_clear_error() {
+    let web = MockServer::start(mock_named("web")).await;
+    let router = Router::start(&http_upstream("web", &web.url, "timeout = \"300ms\"")).await;
+    let client = Stateless::new(&router.url, json!({}));
+    let started = std::time::Instant::now();
+    let slow = client.call("tools/call", json!({"name": "web__sleep", "arguments": {"ms": 5000}})).await;
+    assert!(started.elapsed() < Duration::from_secs(3), "answered after {:?}", started.elapsed());
+    assert_eq!(slow["error"]["code"], -32001, "{slow}");
+    assert!(slow["error"]["message"].as_str().unwrap().contains("300ms"), "{slow}");
+    let added = client.call("tools/call", json!({"name": "web__add", "arguments": {"a": 2, "b": 3}})).await;
+    assert_eq!(text_of(&added), "5", "the upstream session still serves");
+    router.stop().await;
+}
+
+#[tokio::test]
 async fn sampling_and_elicitation_become_input_required_rounds() {
     let (router, _web) = router_and_web().await;
     let client = Stateless::new(&router.url, json!({"sampling": {}, "elicitation": {"form": {}}}));

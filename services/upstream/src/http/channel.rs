@@ -17,7 +17,7 @@ use crate::{Claimed, Handshake, Hello, Inbox, MessageStream, Outgoing, Reply, Up
 
 /// One upstream session over Streamable HTTP, on one of the upstream's
 /// replicas (it moves to another, with a new handshake, if that one dies).
-pub(super) struct Channel {
+pub(crate) struct Channel {
     replicas: Arc<Replicas>,
     hello: Hello,
     /// Shared, so that a request takes it with one count, not a copy.
@@ -116,9 +116,9 @@ impl Channel {
     }
 }
 
-#[async_trait]
-impl crate::Channel for Channel {
-    async fn request(&self, out: Outgoing) -> Result<Reply, UpstreamError> {
+impl Channel {
+    /// [`crate::Channel::request`], for [`crate::request`] to await in place.
+    pub(crate) async fn request_in_place(&self, out: Outgoing) -> Result<Reply, UpstreamError> {
         let mut retried = false;
         let mut moved = !self.replicas.several();
         let mut body = Some(out.body);
@@ -172,6 +172,17 @@ impl crate::Channel for Channel {
             }
             return Err(error);
         }
+    }
+}
+
+#[async_trait]
+impl crate::Channel for Channel {
+    async fn request(&self, out: Outgoing) -> Result<Reply, UpstreamError> {
+        self.request_in_place(out).await
+    }
+
+    fn direct(&self) -> Option<crate::Direct<'_>> {
+        Some(crate::Direct(self))
     }
 
     async fn send(&self, message: Bytes) -> Result<(), UpstreamError> {

@@ -39,6 +39,7 @@ use switchboard_protocol::jsonrpc::{self, MessageKind};
 use tokio::task::JoinHandle;
 
 use self::channel::Channel;
+pub(crate) use self::channel::Channel as HttpChannel;
 use self::replicas::{health_loop, Replicas};
 use self::stream::{JsonValues, SseStream};
 use crate::config::HttpConfig;

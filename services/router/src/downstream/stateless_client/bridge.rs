@@ -228,7 +228,8 @@ pub(super) async fn bridged(
     x.in_flight(&session, u, &body, id_range.clone());
     let out = Outgoing { body, method, id: id_range, progress_token, traceparent: resolved.traceparent.clone() };
     x.upstream_sent();
-    match tokio::time::timeout_at(deadline, channel.request(out)).await {
+    let request = std::pin::pin!(switchboard_upstream::request(channel.as_ref(), out));
+    match forward::until(deadline, request).await {
         Err(_) => {
             cancel_upstream(&app, &session, u, &call_id, "timeout");
             let e = Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout };
