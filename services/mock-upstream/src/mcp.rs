@@ -103,7 +103,7 @@ const TOOLS: &[(&str, &str, &str)] = &[
     ("ask_and_cancel", "Asks the client for sampling, then cancels that request.", r#"{"type":"object"}"#),
     (
         "reconnect",
-        "Ends its SSE response early and answers after the client resumes (SSE polling).",
+        "Ends its SSE response early and answers after the client resumes (SSE polling); with `on: \"get\"`, answers on the GET stream instead.",
         r#"{"type":"object"}"#,
     ),
 ];
@@ -563,6 +563,29 @@ impl Server {
             "cancelled" => {
                 let seen = self.stats.cancelled.lock().expect("lock").clone();
                 Reply::Json(text_result(&serde_json::to_string(&seen).expect("serializable")))
+            }
+            // `"on": "get"`: the answer goes out on the session's GET stream
+            // (as a lax server does, taking any GET for the reconnection),
+            // once one is open, and the call's resumed stream carries nothing.
+            "reconnect" if args["on"] == "get" => {
+                let (keep, rx) = mpsc::unbounded_channel();
+                let mut answer = delayed(id, "Reconnection test completed successfully.");
+                let session = session.clone();
+                tokio::spawn(async move {
+                    if let Some(message) = answer.recv().await {
+                        for _ in 0..500 {
+                            if session.unsolicited.lock().expect("lock").is_some() {
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        session.send_unsolicited(message);
+                    }
+                    // The call's own stream stays open, silent, a while.
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    drop(keep);
+                });
+                Reply::Polled(rx)
             }
             "reconnect" => Reply::Polled(delayed(id, "Reconnection test completed successfully.")),
             "whoami" if self.opts.whoami => {

@@ -523,6 +523,44 @@ async fn an_upstream_that_polls_is_mirrored_and_the_client_resumes() {
     router.stop().await;
 }
 
+/// A server may take the session's GET stream for a call's reconnection
+/// and answer there, not on the stream resumed with `Last-Event-ID` (the
+/// official conformance server does when its GET comes after the call): a
+/// client matches a response by id whatever stream brings it, and so does
+/// the router, whether its client listened before the call or only after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_the_upstream_sends_on_its_get_stream_reaches_the_call() {
+    for listen_first in [true, false] {
+        let (router, _web) = router_with_web_and_local().await;
+        let mut client = Client::new(&router.url);
+        client.initialize().await;
+        // The client listens, so the router's upstream session does too.
+        let mut listening = if listen_first { Some(client.open_stream().await) } else { None };
+        let (status, _, mut stream) =
+            client.request_stream("tools/call", json!({"name": "web__reconnect", "arguments": {"on": "get"}})).await;
+        assert_eq!(status, StatusCode::OK);
+        let priming = stream.next_event(Duration::from_secs(5)).await.expect("the router's priming event");
+        let id = priming.id.expect("an event id to resume from");
+        assert!(stream.next_event(Duration::from_secs(5)).await.is_none(), "the POST stream closes mid-call");
+        if listening.is_none() {
+            listening = Some(client.open_stream().await);
+        }
+        let (status, mut resumed) = client.resume_stream(Some(&id)).await;
+        assert_eq!(status, StatusCode::OK);
+        let result = resumed
+            .next(Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|| panic!("listen_first={listen_first}: the answer, though it came on the GET stream"));
+        assert_eq!(text_of(&result), "Reconnection test completed successfully.");
+        // Not counted as a stray, and the session goes on.
+        assert_eq!(router.metric("switchboard_relay_dropped_total", &[]).await, 0.0);
+        let echoed = client.call_tool("web__echo", json!({"text": "after"})).await;
+        assert!(text_of(&echoed).contains("after"), "{echoed}");
+        drop(listening);
+        router.stop().await;
+    }
+}
+
 /// An upstream that asks for a longer wait than the router's own `retry:`
 /// (1 s) before its client resumes: the router resumes upstream only after
 /// that wait (as a client must), so it tells its client to wait as long.

@@ -8,8 +8,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::StatusCode;
+use switchboard_protocol::jsonrpc::MessageKind;
 use tokio::task::JoinHandle;
 
+use super::elsewhere::Elsewhere;
 use super::replicas::Replicas;
 use super::stream::SseStream;
 use super::{drain, status_error, SessionState};
@@ -31,6 +33,8 @@ pub(crate) struct Channel {
     closed: AtomicBool,
     /// Told when the channel moves to another upstream session.
     switched: tokio::sync::Notify,
+    /// Calls whose response may come on the GET stream.
+    elsewhere: Arc<Elsewhere>,
     me: Weak<Channel>,
 }
 
@@ -52,6 +56,7 @@ impl Channel {
             get_answer: tokio::sync::Notify::new(),
             closed: AtomicBool::new(false),
             switched: tokio::sync::Notify::new(),
+            elsewhere: Arc::default(),
             me: me.clone(),
         })
     }
@@ -108,6 +113,17 @@ impl Channel {
         Ok(())
     }
 
+    /// A call's SSE answer (`reply`), which its response may also reach
+    /// through the GET stream (see [`Elsewhere`]): registered even if
+    /// that stream is not open yet, as it may open while the call runs
+    /// (its client's GET came after the call).
+    fn answerable(&self, reply: Reply, id: &[u8]) -> Reply {
+        match reply {
+            Reply::Stream(stream) if !id.is_empty() => Reply::Stream(self.elsewhere.answerable(id, stream)),
+            reply => reply,
+        }
+    }
+
     /// Puts the channel on another upstream session.
     fn switch(&self, mut state: SessionState, epoch: u64) {
         state.epoch = epoch;
@@ -122,6 +138,7 @@ impl Channel {
         let mut retried = false;
         let mut moved = !self.replicas.several();
         let mut body = Some(out.body);
+        let id = out.id;
         let extra: Vec<(http::HeaderName, http::HeaderValue)> =
             out.traceparent.into_iter().map(|t| (http::HeaderName::from_static("traceparent"), t)).collect();
         // Re-initialising (a replica gone, a session lost) is boxed where
@@ -137,9 +154,10 @@ impl Channel {
             }
             // Only an upstream session that can expire, or a replica that can
             // die, makes us send again: keep a copy of the body only then (a
-            // first copy of a spliced body costs an allocation).
+            // first copy of a spliced body costs an allocation). And with a
+            // session, the id it holds (see `answerable`).
             let may_retry = (state.sid.is_some() && !retried) || !moved;
-            let send = if may_retry { body.clone() } else { body.take() };
+            let send = if may_retry || state.sid.is_some() { body.clone() } else { body.take() };
             let send = send.expect("the body is kept while a retry is possible");
             let resp = match state.shared.post(send, &state, &extra).await {
                 Ok(resp) => resp,
@@ -159,7 +177,15 @@ impl Channel {
             };
             let status = resp.status;
             if status.is_success() && status != StatusCode::ACCEPTED {
-                return state.shared.read_reply(resp, Some(&state)).await;
+                let event_stream = resp.event_stream;
+                let reply = state.shared.read_reply(resp, Some(&state)).await?;
+                // Only a session has a GET stream to bring a response.
+                return Ok(match &body {
+                    Some(sent) if event_stream && state.sid.is_some() => {
+                        self.answerable(reply, sent.get(id.clone()).unwrap_or_default())
+                    }
+                    _ => reply,
+                });
             }
             if status == StatusCode::ACCEPTED {
                 return Err(UpstreamError::Protocol("it answered a request with 202 Accepted".into()));
@@ -206,6 +232,7 @@ impl crate::Channel for Channel {
             return;
         }
         let me = self.me.clone();
+        self.elsewhere.listening(true);
         *listener = Some(tokio::spawn(listen_loop(me)));
     }
 
@@ -248,6 +275,7 @@ impl crate::Channel for Channel {
         if let Some(task) = self.listener.lock().expect("lock").take() {
             task.abort();
         }
+        self.elsewhere.listening(false);
     }
 
     async fn close(&self) {
@@ -316,6 +344,7 @@ async fn listen_loop(channel: Weak<Channel>) {
         }
         let shared = state.shared.clone();
         let inbox = me.inbox.clone();
+        let elsewhere = me.elsewhere.clone();
         drop(me);
         let answer = shared.get(&state, last_event_id.as_deref()).await;
         if let Some(me) = channel.upgrade() {
@@ -345,7 +374,7 @@ async fn listen_loop(channel: Weak<Channel>) {
                     match message {
                         Ok(message) => {
                             delivered = true;
-                            inbox.deliver(message);
+                            deliver(&*inbox, &elsewhere, message);
                         }
                         Err(_) => break,
                     }
@@ -379,5 +408,19 @@ async fn listen_loop(channel: Weak<Channel>) {
             Err(_) => pause = (pause * 2).min(Duration::from_secs(30)),
         }
         tokio::time::sleep(pause).await;
+    }
+}
+
+/// Hands a message of the GET stream on: a response to the call waiting
+/// for it (a server that took this stream for the call's reconnection),
+/// anything else to the inbox.
+fn deliver(inbox: &dyn Inbox, elsewhere: &Elsewhere, message: Bytes) {
+    let response = switchboard_protocol::Envelope::parse(&message)
+        .ok()
+        .filter(|env| matches!(env.kind, MessageKind::Response | MessageKind::Error))
+        .and_then(|env| env.id.map(|id| Box::<[u8]>::from(id.get().as_bytes())));
+    let Some(id) = response else { return inbox.deliver(message) };
+    for stray in elsewhere.take(&id, message) {
+        inbox.deliver(stray);
     }
 }

@@ -19,6 +19,7 @@
 
 mod channel;
 mod connector;
+mod elsewhere;
 mod replicas;
 mod stream;
 
