@@ -179,8 +179,10 @@ impl Limiter {
         }
     }
 
-    /// Checks, and if all pass counts, the request against every limit.
-    pub async fn check(&self, checks: &[Check<'_>]) -> Decision {
+    /// Checks, and if all pass counts, the request against every limit;
+    /// `at` is when it arrived (the local limiter's time; Redis keeps its
+    /// own).
+    pub async fn check(&self, checks: &[Check<'_>], at: std::time::Instant) -> Decision {
         if checks.is_empty() {
             return Decision::Allow;
         }
@@ -203,7 +205,7 @@ impl Limiter {
                 }
             }
         }
-        self.local.check(checks)
+        self.local.check(checks, at)
     }
 
     /// Takes one of the tenant's `max` slots for a forwarded request; `None`

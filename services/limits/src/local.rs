@@ -33,8 +33,9 @@ impl Default for Local {
 }
 
 impl Local {
-    pub fn check(&self, checks: &[Check<'_>]) -> Decision {
-        let now = self.epoch.elapsed().as_micros() as u64;
+    /// Checks a request that arrived `at` (its own time: no clock read here).
+    pub fn check(&self, checks: &[Check<'_>], at: Instant) -> Decision {
+        let now = at.saturating_duration_since(self.epoch).as_micros() as u64;
         self.check_at(checks, now)
     }
 

@@ -258,9 +258,15 @@ impl Exchange {
         self.target = Some(named);
     }
 
-    /// The request goes upstream now.
-    pub fn upstream_sent(&mut self) {
-        self.upstream_sent = Some(Instant::now());
+    /// The request goes upstream now (`now`: the caller's clock read,
+    /// not another).
+    pub fn upstream_sent(&mut self, now: Instant) {
+        self.upstream_sent = Some(now);
+    }
+
+    /// When the request arrived.
+    pub fn started(&self) -> Instant {
+        self.started
     }
 
     pub fn app(&self) -> &Arc<App> {
@@ -357,7 +363,7 @@ impl Exchange {
             false => None,
         };
         let checks = switchboard_limits::checks(who, tool.as_deref());
-        match self.app.limiter.check(&checks).await {
+        match self.app.limiter.check(&checks, self.started).await {
             Decision::Allow => Ok(()),
             Decision::Deny { limit, retry_after } => {
                 self.app.metrics.limits.rate_limited(&who.tenant.name, limit);

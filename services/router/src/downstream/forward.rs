@@ -83,7 +83,9 @@ pub fn forward<'a, 'e>(
             Ok(channel) => channel,
             Err((e, outcome)) => return x.fail_as(Some(id), &e, outcome),
         };
-        let deadline = tokio::time::Instant::now() + upstream.config.timeout;
+        // One clock read for the deadline and the time it went upstream.
+        let now = tokio::time::Instant::now();
+        let deadline = now + upstream.config.timeout;
         // Noted by its id in the client's body (shared, not copied): the same
         // id the rewritten body carries.
         x.in_flight(session, u, body, span(body, id.get()));
@@ -96,7 +98,7 @@ pub fn forward<'a, 'e>(
             progress_token: resolved.progress_token,
             traceparent: resolved.traceparent,
         };
-        x.upstream_sent();
+        x.upstream_sent(now.into_std());
         let request = std::pin::pin!(switchboard_upstream::request(channel.as_ref(), out));
         match until(deadline, request).await {
             Err(_) => {

@@ -184,7 +184,7 @@ fn after_parse<'a>(
         }
         let session = x.find_session(headers).await.map_err(|e| x.reject(env.id, e))?;
         check_version(headers).map_err(|e| x.reject(env.id, e))?;
-        session.touch();
+        session.touch_at(x.started());
         // 5. Admission, then 6–8 by what the message is.
         match env.kind {
             MessageKind::Request => {

@@ -178,7 +178,7 @@ pub(crate) async fn call_local(mut x: Exchange, tool: Box<dyn LocalTool>, id: &R
     x.served_locally(tool.served_by());
     // The device's call is the router's CLIENT span, as an upstream's is.
     let traceparent = x.client_traceparent();
-    x.upstream_sent();
+    x.upstream_sent(std::time::Instant::now());
     match tool.call(traceparent).await {
         Ok(result) => {
             let body = jsonrpc::result_response(id, &result);

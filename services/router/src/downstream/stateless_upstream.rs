@@ -60,7 +60,7 @@ pub(super) async fn forward(
         headers.push((http::HeaderName::from_static("traceparent"), traceparent));
     }
     let mut x = x;
-    x.upstream_sent();
+    x.upstream_sent(std::time::Instant::now());
     if method == Method::ToolsCall {
         headers.extend(mirrored_arguments(&app, u, &request));
     }

@@ -291,7 +291,13 @@ impl Session {
 
     /// Records use, for idle expiry.
     pub fn touch(&self) {
-        self.last_used.store(self.ctx.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.touch_at(std::time::Instant::now());
+    }
+
+    /// Records use at `at` (a request's arrival: no clock read of its own).
+    pub fn touch_at(&self, at: std::time::Instant) {
+        let ms = at.saturating_duration_since(self.ctx.epoch).as_millis() as u64;
+        self.last_used.store(ms, Ordering::Relaxed);
     }
 
     /// Whether the client declared `capability` (`sampling`, `roots`, ...)

@@ -227,7 +227,7 @@ pub(super) async fn bridged(
     let deadline = tokio::time::Instant::now() + upstream.config.timeout;
     x.in_flight(&session, u, &body, id_range.clone());
     let out = Outgoing { body, method, id: id_range, progress_token, traceparent: resolved.traceparent.clone() };
-    x.upstream_sent();
+    x.upstream_sent(std::time::Instant::now());
     let request = std::pin::pin!(switchboard_upstream::request(channel.as_ref(), out));
     match forward::until(deadline, request).await {
         Err(_) => {

@@ -477,7 +477,7 @@ async fn passthrough(
     if let Some(traceparent) = resolved.traceparent.clone() {
         extra.push((http::HeaderName::from_static("traceparent"), traceparent));
     }
-    x.upstream_sent();
+    x.upstream_sent(std::time::Instant::now());
     let sent: Box<RawValue> =
         serde_json::from_slice::<&RawValue>(&resolved.body[resolved.id.clone()]).expect("the id is JSON").to_owned();
     // The caller's credential (its user's, else its tenant's), asked now.
