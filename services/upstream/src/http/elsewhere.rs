@@ -2,8 +2,9 @@
 //! GET stream for a call's reconnection (2025-11-25 SSE polling) and send
 //! the call's response there rather than on the stream resumed with
 //! `Last-Event-ID`: a client matches responses by id whatever stream they
-//! come on, so the router must too. A call whose answer is an SSE stream,
-//! on a channel whose GET stream is open, waits on both ([`Answerable`]);
+//! come on, so the router must too. A call of an upstream session whose
+//! answer is an SSE stream waits on both ([`Answerable`]), registered
+//! even before the GET stream opens (it may open while the call runs);
 //! the GET stream hands a response to the call with its id ([`Elsewhere::take`]).
 //!
 //! Nothing here is on the path of a call answered with JSON: only SSE
