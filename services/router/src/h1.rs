@@ -4,7 +4,9 @@
 //! buffer (`switchboard_protocol::http1`), the body is taken from the same
 //! buffer without a copy, the request goes through the same phases as
 //! hyper's ([`downstream::post_read`]), and the response is written with one
-//! vectored write: no body channel, no per-request timer, no task.
+//! vectored write: no body channel, no per-request timer, no task. The
+//! connection's one timer keeps its requests' upstream deadlines too
+//! ([`deadline`]).
 //!
 //! Everything else stays with hyper: HTTP/2 (by ALPN or prior knowledge),
 //! `GET` and `DELETE`, other paths, HTTP/1.0, chunked bodies, `Expect`,
@@ -50,6 +52,7 @@ use tokio::time::Instant;
 use crate::app::App;
 use crate::body::Body;
 use crate::connections::Connections;
+use crate::deadline;
 use crate::downstream;
 use crate::error::Error;
 use crate::headers::Head;
@@ -99,7 +102,7 @@ struct Conn<'a, S> {
     requests: u64,
     /// The end of the last answer (or the accept): idleness counts from it.
     quiet_since: Instant,
-    timer: Pin<Box<tokio::time::Sleep>>,
+    timer: deadline::Timer,
     /// The `Date` of the current second.
     date: (u64, [u8; 29]),
     /// The client ended its side: what is buffered is served, nothing more
@@ -123,7 +126,7 @@ where
         headers: Head::default(),
         requests: 0,
         quiet_since: now,
-        timer: Box::pin(tokio::time::sleep_until(now + limits.header_timeout)),
+        timer: deadline::Timer::new(now + limits.header_timeout),
         date: (0, [0; 29]),
         eof: false,
     };
@@ -233,10 +236,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
         // The phases run while the client is watched: one that hangs up
         // abandons its request (cancelled upstream), as under hyper.
         let answered = {
-            let Conn { io, buf, cx, eof, headers, .. } = self;
+            let Conn { io, buf, cx, eof, headers, timer, .. } = self;
             // Pinned where it is made: moving it is copying all of it.
             let phases = std::pin::pin!(downstream::post_read(cx.app, started, headers, body, cx.extensions));
-            until_hang_up(phases, io, buf, eof).await.map(downstream::refused_or)
+            until_hang_up(phases, timer, io, buf, eof).await.map(downstream::refused_or)
         };
         // The values are the head's bytes: let them go.
         self.headers.clear();
@@ -276,7 +279,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
         let Conn { io, buf, timer, cx, requests, .. } = self;
         // The timer may have been left later than this deadline.
         if timer.deadline() > deadline {
-            timer.as_mut().reset(deadline);
+            timer.reset(deadline);
         }
         if buf.capacity() - buf.len() < 1024 {
             buf.reserve(4096);
@@ -301,12 +304,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
                     Ok(0) | Err(_) => Wait::Eof,
                     Ok(_) => Wait::Data,
                 },
-                () = timer.as_mut() => {
+                () = &mut *timer => {
                     if Instant::now() >= deadline {
                         return Wait::Expired(reason);
                     }
                     // Early: the connection was busy since it was set.
-                    timer.as_mut().reset(deadline);
+                    timer.reset(deadline);
                 }
                 () = &mut draining => return Wait::Drain,
             }
@@ -454,15 +457,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<'_, S> {
 
 /// `work`'s output, or `None` if the client hangs up (or its connection
 /// fails) first; bytes it sends meanwhile (its next request) are kept in
-/// `buf` (see [`watch_client`]).
+/// `buf` (see [`watch_client`]). The connection's `timer` keeps the
+/// request's upstream deadlines meanwhile ([`deadline`]).
 async fn until_hang_up<F: std::future::Future, S: AsyncRead + Unpin>(
     mut work: Pin<&mut F>,
+    timer: &mut deadline::Timer,
     io: &mut S,
     buf: &mut BytesMut,
     eof: &mut bool,
 ) -> Option<F::Output> {
+    let mut watcher = deadline::Watcher::new();
     std::future::poll_fn(|cx| {
-        if let Poll::Ready(output) = work.as_mut().poll(cx) {
+        if let Poll::Ready(output) = watcher.poll(work.as_mut(), timer, cx) {
             return Poll::Ready(Some(output));
         }
         match watch_client(io, cx, buf, eof) {
@@ -502,7 +508,7 @@ const BODY_ROOM: usize = 64 * 1024;
 /// Polls `op` (a write or a flush) until it is done, or `TimedOut` once it
 /// made no progress for `idle`. `timer` is moved only when `op` must wait.
 async fn within_idle<T>(
-    timer: &mut Pin<Box<tokio::time::Sleep>>,
+    timer: &mut deadline::Timer,
     idle: std::time::Duration,
     mut op: impl FnMut(&mut Context<'_>) -> Poll<std::io::Result<T>>,
 ) -> std::io::Result<T> {
@@ -513,9 +519,9 @@ async fn within_idle<T>(
         }
         if !waiting {
             waiting = true;
-            timer.as_mut().reset(Instant::now() + idle);
+            timer.reset(Instant::now() + idle);
         }
-        match std::future::Future::poll(timer.as_mut(), cx) {
+        match std::future::Future::poll(Pin::new(&mut *timer), cx) {
             Poll::Ready(()) => Poll::Ready(Err(std::io::ErrorKind::TimedOut.into())),
             Poll::Pending => Poll::Pending,
         }
@@ -568,7 +574,7 @@ fn poll_read_buf<S: AsyncRead + Unpin>(
 /// socket allows; `TimedOut` when one write waits more than `idle`.
 async fn write_all_vectored<S: AsyncWrite + Unpin>(
     io: &mut S,
-    timer: &mut Pin<Box<tokio::time::Sleep>>,
+    timer: &mut deadline::Timer,
     idle: std::time::Duration,
     slices: &mut [&[u8]],
 ) -> std::io::Result<()> {

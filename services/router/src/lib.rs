@@ -37,6 +37,7 @@ pub mod config;
 mod connections;
 pub mod console;
 pub mod console_admin;
+mod deadline;
 mod delegation;
 mod discovery;
 mod downstream;

@@ -6,7 +6,6 @@
 //! The hot path: the body is never decoded beyond the envelope and the routing
 //! members of `params`; arguments and results travel as the bytes received.
 
-use std::future::Future;
 use std::sync::Arc;
 use switchboard_session::Relay as _;
 
@@ -100,7 +99,7 @@ pub fn forward<'a, 'e>(
         };
         x.upstream_sent(now.into_std());
         let request = std::pin::pin!(switchboard_upstream::request(channel.as_ref(), out));
-        match until(deadline, request).await {
+        match crate::deadline::until(deadline, request).await {
             Err(_) => {
                 cancel_upstream(&app, session, u, id.get(), "timeout");
                 let e = Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout };
@@ -146,24 +145,6 @@ pub fn forward<'a, 'e>(
             }
         }
     }
-}
-
-/// `request` until `deadline`: `Err` if the deadline came first. As
-/// `tokio::time::timeout_at`, but with the request's future pinned where
-/// its caller made it: that future is a few kilobytes, and every move
-/// (into a `Timeout`, then into the awaiting future) copied all of it.
-pub(crate) async fn until<F: Future>(
-    deadline: tokio::time::Instant,
-    mut request: std::pin::Pin<&mut F>,
-) -> Result<F::Output, ()> {
-    let mut sleep = std::pin::pin!(tokio::time::sleep_until(deadline));
-    std::future::poll_fn(move |cx| {
-        if let std::task::Poll::Ready(out) = request.as_mut().poll(cx) {
-            return std::task::Poll::Ready(Ok(out));
-        }
-        sleep.as_mut().poll(cx).map(Err)
-    })
-    .await
 }
 
 /// The session's channel to upstream `u`, opened on first use; a failure

@@ -15,6 +15,8 @@
 //!   arrives slowly (each pause within the idle limit) is served past the
 //!   header limit; a client that reads none of its answer is let go after
 //!   the idle limit.
+//! - An upstream's deadline holds to the moment on a kept-alive connection
+//!   whatever the connection's own timer was set for.
 
 use std::time::Duration;
 
@@ -270,5 +272,85 @@ async fn a_half_close_after_pipelining_and_a_slow_body_are_served() {
     assert!(router.metric("switchboard_connections_closed_total", &["\"idle\""]).await >= 1.0);
     // The router serves on.
     let answer = client.call_tool("web__echo", json!({"after": true})).await;
+    assert_eq!(answer["result"]["content"][0]["text"], r#"{"after":true}"#, "{answer}");
+}
+
+/// Reads one response with a `Content-Length` body from `stream`: its status
+/// and body.
+async fn read_response(stream: &mut tokio::net::TcpStream) -> (u16, Value) {
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map(|v| v.trim().parse().unwrap())
+                .expect("a content-length");
+            if got.len() >= end + 4 + length {
+                let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+                return (status, serde_json::from_slice(&got[end + 4..end + 4 + length]).unwrap());
+            }
+        }
+        let n =
+            tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk)).await.expect("an answer").unwrap();
+        assert!(n > 0, "closed before a whole answer: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// An upstream's deadline is kept by the connection's own timer while a
+/// request is served here (`deadline.rs`): it must hold to the moment
+/// whatever that timer was set for: sooner (the header limit, firing in the
+/// middle of the call), later (the idle limit), or the deadline of a call
+/// before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_deadline_holds_on_a_kept_alive_connection_whatever_its_timer_was_set_for() {
+    let web = MockServer::start(mock_named("web")).await;
+    let router = Router::start(&format!(
+        "[server]\nheader_timeout = \"200ms\"\nidle_timeout = \"10s\"\n{}",
+        http_upstream("web", &web.url, "timeout = \"700ms\"")
+    ))
+    .await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    let session = client.session.clone().expect("a session");
+    let tool = |id: u32, name: &str, arguments: Value| {
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": name, "arguments": arguments}})
+        .to_string();
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+             Mcp-Session-Id: {session}\r\nMcp-Protocol-Version: 2025-11-25\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let mut stream = tokio::net::TcpStream::connect(router.addr).await.unwrap();
+    let slow = async |stream: &mut tokio::net::TcpStream, id: u32| {
+        let started = std::time::Instant::now();
+        stream.write_all(tool(id, "web__sleep", json!({"ms": 6000})).as_bytes()).await.unwrap();
+        let (status, answer) = read_response(stream).await;
+        let took = started.elapsed();
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["id"], id, "{answer}");
+        assert_eq!(answer["error"]["code"], -32001, "{answer}");
+        assert!(took >= Duration::from_millis(700), "timed out before its deadline: {took:?}");
+        assert!(took < Duration::from_secs(4), "timed out long after its deadline: {took:?}");
+    };
+    // The connection's timer is set for the header limit, 200 ms after
+    // accept: it fires during the call, which still waits its 700 ms.
+    slow(&mut stream, 1).await;
+    // Set for the idle limit now (10 s): moved sooner for a quick call...
+    stream.write_all(tool(2, "web__echo", json!({"quick": true})).as_bytes()).await.unwrap();
+    let (status, answer) = read_response(&mut stream).await;
+    assert_eq!((status, answer["result"]["content"][0]["text"].as_str()), (200, Some(r#"{"quick":true}"#)), "{answer}");
+    // ...whose deadline it is still set for, sooner than the next call's:
+    // it fires early for that one, which again waits its whole 700 ms.
+    slow(&mut stream, 3).await;
+    assert!(router.metric("switchboard_requests_total", &["upstream=\"web\"", "outcome=\"timeout\""]).await >= 2.0);
+    // The connection serves on.
+    stream.write_all(tool(4, "web__echo", json!({"after": true})).as_bytes()).await.unwrap();
+    let (_, answer) = read_response(&mut stream).await;
     assert_eq!(answer["result"]["content"][0]["text"], r#"{"after":true}"#, "{answer}");
 }

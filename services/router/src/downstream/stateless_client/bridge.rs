@@ -229,7 +229,7 @@ pub(super) async fn bridged(
     let out = Outgoing { body, method, id: id_range, progress_token, traceparent: resolved.traceparent.clone() };
     x.upstream_sent(std::time::Instant::now());
     let request = std::pin::pin!(switchboard_upstream::request(channel.as_ref(), out));
-    match forward::until(deadline, request).await {
+    match crate::deadline::until(deadline, request).await {
         Err(_) => {
             cancel_upstream(&app, &session, u, &call_id, "timeout");
             let e = Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout };
