@@ -254,20 +254,23 @@ mod tests {
         Timer::new(Instant::now() + Duration::from_secs(3600))
     }
 
+    /// A request that never answers, its deadline `after` from now, on a
+    /// connection with `timer`: what it ended with, and after how long.
+    async fn unanswered(timer: &mut Timer, after: Duration) -> (Result<(), ()>, Duration) {
+        let start = Instant::now();
+        let never = async {
+            let never = std::pin::pin!(std::future::pending::<()>());
+            until(start + after, never).await
+        };
+        let out = watched(never, timer).await;
+        (out, Instant::now() - start)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_watched_deadline_passes_on_the_connection_timer() {
         let mut timer = far_timer();
         let start = Instant::now();
-        let out = watched(
-            async {
-                let never = std::pin::pin!(std::future::pending::<()>());
-                until(start + Duration::from_secs(60), never).await
-            },
-            &mut timer,
-        )
-        .await;
-        assert_eq!(out, Err(()));
-        assert_eq!(Instant::now() - start, Duration::from_secs(60));
+        assert_eq!(unanswered(&mut timer, Duration::from_secs(60)).await, (Err(()), Duration::from_secs(60)));
         // The connection's timer was moved sooner for it.
         assert_eq!(timer.deadline(), start + Duration::from_secs(60));
     }
@@ -299,17 +302,7 @@ mod tests {
         // The connection's timer fires after 10 s (its own bound): the
         // request's deadline at 60 s still holds, no sooner.
         let mut timer = Timer::new(Instant::now() + Duration::from_secs(10));
-        let start = Instant::now();
-        let out = watched(
-            async {
-                let never = std::pin::pin!(std::future::pending::<()>());
-                until(start + Duration::from_secs(60), never).await
-            },
-            &mut timer,
-        )
-        .await;
-        assert_eq!(out, Err(()));
-        assert_eq!(Instant::now() - start, Duration::from_secs(60));
+        assert_eq!(unanswered(&mut timer, Duration::from_secs(60)).await, (Err(()), Duration::from_secs(60)));
     }
 
     #[tokio::test(start_paused = true)]
