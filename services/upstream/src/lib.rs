@@ -462,6 +462,13 @@ pub trait Channel: Send + Sync {
         let _ = within;
     }
 
+    /// Whether [`Channel::listen`] was called and the GET stream's request
+    /// is not answered yet: a request sent now could reach the upstream
+    /// before it (then [`Channel::listening`] first).
+    fn opening_get(&self) -> bool {
+        false
+    }
+
     /// What the upstream said when this channel was opened (or last re-opened).
     fn handshake(&self) -> Arc<Handshake>;
 

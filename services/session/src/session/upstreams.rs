@@ -33,6 +33,13 @@ impl Session {
     pub async fn channel(&self, u: UpstreamId) -> Result<Arc<dyn Channel>, SessionError> {
         let link = self.link(u);
         if let Some(channel) = link.channel.get() {
+            // The client's GET came just before this request: the upstream
+            // GET it opened goes out first, as for a new channel (see
+            // `listening_if_asked`). A server may otherwise take that GET,
+            // coming after this request, for the request's reconnection.
+            if self.listening.load(Ordering::Relaxed) && channel.opening_get() {
+                channel.listening(GET_FIRST).await;
+            }
             return Ok(channel.clone());
         }
         let channel = link.channel.get_or_try_init(|| self.open(u, &link)).await?;

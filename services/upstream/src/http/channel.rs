@@ -249,6 +249,10 @@ impl crate::Channel for Channel {
         let _ = tokio::time::timeout(within, answered).await;
     }
 
+    fn opening_get(&self) -> bool {
+        !self.get_answered.load(Ordering::Acquire) && self.listener.lock().expect("lock").is_some()
+    }
+
     fn handshake(&self) -> Arc<Handshake> {
         self.state().handshake.clone()
     }
