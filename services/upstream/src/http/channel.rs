@@ -27,7 +27,8 @@ pub(crate) struct Channel {
     reinit: tokio::sync::Mutex<()>,
     inbox: Arc<dyn Inbox>,
     listener: Mutex<Option<JoinHandle<()>>>,
-    /// Set (and told) once the GET stream's first request was answered.
+    /// Set (and told) once the GET stream's first request was answered, or
+    /// once a request waited for that in vain ([`crate::Channel::listening`]).
     get_answered: AtomicBool,
     get_answer: tokio::sync::Notify,
     closed: AtomicBool,
@@ -246,7 +247,11 @@ impl crate::Channel for Channel {
         if self.get_answered.load(Ordering::Acquire) {
             return;
         }
-        let _ = tokio::time::timeout(within, answered).await;
+        if tokio::time::timeout(within, answered).await.is_err() {
+            // Waited for once: a GET the upstream never answers holds up
+            // no request after this one.
+            self.get_answered.store(true, Ordering::Release);
+        }
     }
 
     fn opening_get(&self) -> bool {
