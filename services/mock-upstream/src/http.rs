@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use crate::body::Body;
 use std::sync::atomic::Ordering;
 
-use crate::mcp::{Reply, Server, Session};
+use crate::mcp::{GetMode, Reply, Server, Session};
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const MAX_BODY: usize = 64 << 20;
@@ -125,6 +125,10 @@ async fn route(server: Arc<Server>, req: Request<Incoming>) -> Response<Body> {
         Method::POST => post(server, session_id, req).await,
         Method::GET => {
             let last = req.headers().get("last-event-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            if last.is_none() && server.get_mode() == GetMode::Hold {
+                server.held_gets.fetch_add(1, Ordering::Relaxed);
+                return std::future::pending().await;
+            }
             get(server, session_id, last)
         }
         Method::DELETE => match session_id {
@@ -207,7 +211,7 @@ fn looks_like_initialize(body: &[u8]) -> bool {
 }
 
 fn get(server: Arc<Server>, session_id: Option<String>, last_event_id: Option<String>) -> Response<Body> {
-    if server.opts.stateless || server.refuse_get.load(std::sync::atomic::Ordering::Relaxed) {
+    if server.opts.stateless || server.get_mode() == GetMode::Refuse {
         return plain(StatusCode::METHOD_NOT_ALLOWED, "this server has no GET stream");
     }
     let Some(session) = session_id.as_deref().and_then(|id| server.session(id)) else {

@@ -43,6 +43,8 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
+use crate::mcp::GetMode;
+
 pub use options::{AnswerIds, Options};
 
 /// A mock MCP server. Cheap to clone; all clones share state.
@@ -87,7 +89,21 @@ impl Mock {
     /// Answers GET with 405 (no GET stream) from now on, or no longer (a
     /// server redeployed with or without one).
     pub fn refuse_get(&self, refuse: bool) {
-        self.server.refuse_get.store(refuse, Ordering::Relaxed);
+        let mode = if refuse { GetMode::Refuse } else { GetMode::Serve };
+        self.server.get_mode.store(mode as u8, Ordering::Relaxed);
+    }
+
+    /// Reads every GET that opens a session's stream and never begins its
+    /// answer (a stalled or hostile server), from now on, or no longer.
+    /// Resumptions (`Last-Event-ID`) are still answered.
+    pub fn hold_get(&self, hold: bool) {
+        let mode = if hold { GetMode::Hold } else { GetMode::Serve };
+        self.server.get_mode.store(mode as u8, Ordering::Relaxed);
+    }
+
+    /// How many GETs [`Mock::hold_get`] has held so far.
+    pub fn held_gets(&self) -> u64 {
+        self.server.held_gets.load(Ordering::Relaxed)
     }
 
     /// How many `initialize` requests this server has answered.

@@ -53,8 +53,10 @@ pub(crate) struct Server {
     /// Descriptions changed at run time (`redescribe`), by tool name.
     descriptions: Mutex<std::collections::HashMap<String, String>>,
     tools_page: Mutex<Option<Bytes>>,
-    /// GET answers 405 (no GET stream), for now ([`crate::Mock::refuse_get`]).
-    pub(crate) refuse_get: std::sync::atomic::AtomicBool,
+    /// How GET is answered for now: [`GetMode`].
+    pub(crate) get_mode: std::sync::atomic::AtomicU8,
+    /// GET requests held unanswered ([`GetMode::Hold`]) so far.
+    pub(crate) held_gets: AtomicU64,
     /// The open `subscriptions/listen` streams (2026-07-28).
     pub(crate) listeners: Listeners,
 }
@@ -124,6 +126,19 @@ struct Meta<'a> {
     progress_token: Option<&'a RawValue>,
 }
 
+/// How the server answers a GET that opens a session's stream (see
+/// [`crate::Mock::refuse_get`], [`crate::Mock::hold_get`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum GetMode {
+    /// With the session's stream.
+    Serve,
+    /// 405: this server has no GET stream.
+    Refuse,
+    /// Never: the request is read and its answer never begins.
+    Hold,
+}
+
 impl Server {
     pub fn new(opts: Options) -> Self {
         Server {
@@ -134,8 +149,17 @@ impl Server {
             dynamic_tools: Mutex::new(Vec::new()),
             descriptions: Mutex::default(),
             tools_page: Mutex::new(None),
-            refuse_get: std::sync::atomic::AtomicBool::new(false),
+            get_mode: std::sync::atomic::AtomicU8::new(GetMode::Serve as u8),
+            held_gets: AtomicU64::new(0),
             listeners: Listeners::default(),
+        }
+    }
+
+    pub(crate) fn get_mode(&self) -> GetMode {
+        match self.get_mode.load(Ordering::Relaxed) {
+            1 => GetMode::Refuse,
+            2 => GetMode::Hold,
+            _ => GetMode::Serve,
         }
     }
 

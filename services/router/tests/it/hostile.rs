@@ -579,6 +579,40 @@ async fn an_upstream_that_had_no_get_stream_is_asked_again_once_it_restarts() {
     assert_eq!(answering.await.unwrap(), 1);
 }
 
+/// A request waits (at most 1 s) for the upstream GET its client's GET just
+/// opened; an upstream that takes that GET and never answers it holds up
+/// one request of the session, not every one after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_get_stream_never_answered_holds_up_one_request_at_most() {
+    let web = MockServer::start(mock_named("web")).await;
+    web.mock.hold_get(true);
+    let router = Router::start(&config(&http_upstream("web", &web.url, ""))).await;
+    let mut client = Client::new(&router.url);
+    client.initialize().await;
+    assert!(client.call_tool("web__echo", serde_json::json!({"text": "a"})).await["result"].is_object());
+    // The catalog's channel to the upstream listens (for list changes).
+    let mock = &web.mock;
+    let held = |n: u64| eventually(Duration::from_secs(10), move || async move { mock.held_gets() == n });
+    assert!(held(1).await, "the catalog asked for its GET stream: {} held", web.mock.held_gets());
+    let _get = client.open_stream().await;
+    assert!(held(2).await, "the session asked for its GET stream: {} held", web.mock.held_gets());
+    let started = std::time::Instant::now();
+    let first = client.call_tool("web__echo", serde_json::json!({"text": "b"})).await;
+    assert!(first["result"].is_object(), "{first}");
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(900), "it waited for the GET stream: {waited:?}");
+    // Ten more: had each waited as the first did, they would take 10 s.
+    let started = std::time::Instant::now();
+    for n in 0..10 {
+        let reply = client.call_tool("web__echo", serde_json::json!({"text": n.to_string()})).await;
+        assert!(reply["result"].is_object(), "{reply}");
+    }
+    let rest = started.elapsed();
+    assert!(rest < Duration::from_secs(5), "the calls after the first did not wait again: {rest:?}");
+    assert_eq!(web.mock.held_gets(), 2, "nor was the GET asked for again");
+    router.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_1_1_request_without_exactly_one_host_is_refused() {
     let web = MockServer::start(mock_named("web")).await;
