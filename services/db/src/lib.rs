@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 /// The channel PostgreSQL replicas listen on.
 pub const CHANGES_CHANNEL: &str = "switchboard_changes";
 
+mod audit_pg;
 mod audit_writer;
 mod credentials;
 mod pins;
@@ -178,162 +179,6 @@ impl std::fmt::Debug for Database {
     }
 }
 
-/// A batch of audit records in one PostgreSQL statement, whatever its size:
-/// each column bound as one array (prepared once per connection; no
-/// per-row placeholders to bind and convert), encoded straight from the
-/// records ([`Column`]).
-async fn insert_audit_unnest<'e, E>(pg: E, records: &[AuditRecord]) -> Result<u64, sqlx::Error>
-where
-    E: sqlx::Executor<'e, Database = sqlx::Postgres>,
-{
-    const INSERT: &str = "INSERT INTO audit_log (id, at_ms, tenant, key_prefix, session, method, target, upstream, \
-        outcome, error_code, latency_us, request_bytes, response_bytes, trace_id, arguments, user_id) \
-        SELECT * FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], \
-        $8::text[], $9::text[], $10::int8[], $11::int8[], $12::int8[], $13::int8[], $14::text[], $15::text[], \
-        $16::text[]) ON CONFLICT (id) DO NOTHING";
-    // Room for every column's array, made once: grown as each came, the
-    // arguments' buffer was copied a doubling at a time. Each array's head
-    // is 20 bytes, and sqlx puts its length before it.
-    let room = COLUMNS.len() * 24
-        + records.iter().map(|r| COLUMNS.iter().map(|get| get.size(r)).sum::<usize>()).sum::<usize>();
-    let mut query = sqlx::query::<sqlx::Postgres>(INSERT);
-    for (i, &get) in COLUMNS.iter().enumerate() {
-        query = query.bind(Column { records, get, room: if i == 0 { room } else { 0 } });
-    }
-    let done = query.execute(pg).await?;
-    Ok(done.rows_affected())
-}
-
-/// One column of a batch of audit records, bound as a PostgreSQL array
-/// (`text[]` or `int8[]`) and encoded from the records as it is sent: no
-/// vector of values made first, no per-value length patched in afterwards.
-/// sqlx's own encoding of the same arrays (vectors of `Option<Cow<str>>`
-/// and `i64`) cost about 1,000 instructions a record more (callgrind: the
-/// writer's thread about 3,400 a record before, 2,600 after).
-struct Column<'a> {
-    records: &'a [AuditRecord],
-    get: Get,
-    /// Bytes to make room for in the arguments' buffer first (the first
-    /// column's: every column's).
-    room: usize,
-}
-
-#[derive(Clone, Copy)]
-enum Get {
-    Text(fn(&AuditRecord) -> Option<&str>),
-    Number(fn(&AuditRecord) -> Option<i64>),
-}
-
-impl Get {
-    /// The bytes `record`'s value takes in its array (its length, then
-    /// itself; a NUL's replacement takes two more, room made as it comes).
-    fn size(self, record: &AuditRecord) -> usize {
-        match self {
-            Get::Text(get) => 4 + get(record).map_or(0, str::len),
-            Get::Number(get) => 4 + get(record).map_or(0, |_| 8),
-        }
-    }
-}
-
-/// The insert's columns, in its parameters' order.
-const COLUMNS: [Get; 16] = [
-    Get::Text(|r| Some(&r.id)),
-    Get::Number(|r| Some(r.at_ms)),
-    Get::Text(|r| r.tenant.as_deref()),
-    Get::Text(|r| r.key_prefix.as_deref()),
-    Get::Text(|r| r.session.as_deref()),
-    Get::Text(|r| Some(r.method.as_ref())),
-    Get::Text(|r| r.target.as_deref()),
-    Get::Text(|r| r.upstream.as_deref()),
-    Get::Text(|r| Some(r.outcome.as_ref())),
-    Get::Number(|r| r.error_code),
-    Get::Number(|r| Some(r.latency_us)),
-    Get::Number(|r| Some(r.request_bytes)),
-    Get::Number(|r| Some(r.response_bytes)),
-    Get::Text(|r| r.trace_id.as_deref()),
-    Get::Text(|r| r.arguments.as_deref()),
-    Get::Text(|r| r.user.as_deref()),
-];
-
-impl sqlx::Type<sqlx::Postgres> for Column<'_> {
-    fn type_info() -> sqlx::postgres::PgTypeInfo {
-        // Told apart by `produces`; the statement casts each parameter.
-        <Vec<String> as sqlx::Type<sqlx::Postgres>>::type_info()
-    }
-}
-
-impl<'q> sqlx::Encode<'q, sqlx::Postgres> for Column<'_> {
-    fn produces(&self) -> Option<sqlx::postgres::PgTypeInfo> {
-        Some(match self.get {
-            Get::Text(_) => <Vec<String> as sqlx::Type<sqlx::Postgres>>::type_info(),
-            Get::Number(_) => <Vec<i64> as sqlx::Type<sqlx::Postgres>>::type_info(),
-        })
-    }
-
-    fn encode_by_ref(
-        &self,
-        buf: &mut sqlx::postgres::PgArgumentBuffer,
-    ) -> Result<sqlx::encode::IsNull, Box<dyn std::error::Error + Send + Sync>> {
-        /// The element types' object ids (`pg_type`).
-        const TEXT: u32 = 25;
-        const INT8: u32 = 20;
-        let count = i32::try_from(self.records.len()).map_err(|_| "too many audit records for one array")?;
-        // PostgreSQL's binary array: one dimension, "may hold NULLs", the
-        // element type, the dimension's length and lower bound (1); then each
-        // element as its length (-1: NULL) and bytes.
-        let element = match self.get {
-            Get::Text(_) => TEXT,
-            Get::Number(_) => INT8,
-        };
-        buf.reserve(self.room);
-        for word in [1, 1, element as i32, count, 1] {
-            buf.extend_from_slice(&word.to_be_bytes());
-        }
-        match self.get {
-            Get::Text(get) => {
-                for record in self.records {
-                    let Some(text) = get(record) else {
-                        buf.extend_from_slice(&(-1i32).to_be_bytes());
-                        continue;
-                    };
-                    let text = pg_text(text);
-                    let len = i32::try_from(text.len()).map_err(|_| "an audit value over 2 GiB")?;
-                    buf.extend_from_slice(&len.to_be_bytes());
-                    buf.extend_from_slice(text.as_bytes());
-                }
-            }
-            Get::Number(get) => {
-                for record in self.records {
-                    match get(record) {
-                        None => buf.extend_from_slice(&(-1i32).to_be_bytes()),
-                        Some(n) => {
-                            buf.extend_from_slice(&8i32.to_be_bytes());
-                            buf.extend_from_slice(&n.to_be_bytes());
-                        }
-                    }
-                }
-            }
-        }
-        Ok(sqlx::encode::IsNull::No)
-    }
-}
-
-/// `text` for PostgreSQL, whose `text` cannot hold the NUL character: a NUL
-/// a client sent (in a tool's name, a method, a token's user) is stored as
-/// U+FFFD. Stored as sent, it failed the whole insert, and every batch after
-/// it, spooled behind it, failed with it.
-fn pg_text(text: &str) -> Cow<'_, str> {
-    if text.as_bytes().contains(&0) {
-        Cow::Owned(text.replace('\0', "\u{FFFD}"))
-    } else {
-        Cow::Borrowed(text)
-    }
-}
-
-/// The most rows one PostgreSQL audit insert carries (a batch is cut into
-/// statements of this many in one transaction).
-const PG_AUDIT_CHUNK: usize = 64;
-
 /// The sizes of the audit inserts a batch is cut into, largest first.
 const AUDIT_CHUNKS: [usize; 4] = [128, 32, 8, 1];
 
@@ -368,7 +213,8 @@ fn audit_values_insert(backend: Backend, rows: usize) -> String {
 /// How many columns [`AUDIT_COLUMNS`] names.
 const AUDIT_COLUMN_COUNT: usize = 16;
 
-const AUDIT_COLUMNS: &str = "id, at_ms, tenant, key_prefix, session, method, target, upstream, outcome, error_code, \
+pub(crate) const AUDIT_COLUMNS: &str =
+    "id, at_ms, tenant, key_prefix, session, method, target, upstream, outcome, error_code, \
                              latency_us, request_bytes, response_bytes, trace_id, arguments, user_id";
 
 impl Database {
@@ -588,34 +434,15 @@ impl Database {
         Ok(())
     }
 
-    /// Writes audit records in one multi-row insert. Records already present
-    /// (same id) are skipped, so a batch may be written again safely.
+    /// Writes audit records: on PostgreSQL in one COPY ([`audit_pg`]), on
+    /// SQLite in multi-row inserts. Records already present (same id) are
+    /// skipped, so a batch may be written again safely.
     pub async fn insert_audit(&self, records: &[AuditRecord]) -> Result<u64, DbError> {
         if records.is_empty() {
             return Ok(0);
         }
         if let Some(pg) = &self.pg {
-            if records.len() <= PG_AUDIT_CHUNK {
-                return Ok(insert_audit_unnest(pg, records).await?);
-            }
-            // In statements of a few dozen rows, one transaction: each
-            // statement's encoding (here) and insert (at the server) is
-            // short, and the writer waits for the server between them, so
-            // neither holds a core the request path wants for long (pinned
-            // beside the router, one statement per batch of a thousand put
-            // p99 at one connection at 2.8 ms; in statements of 32, 0.6 to
-            // 0.75 ms). Each statement is a round trip, the writer's thread
-            // sleeping and waking for it: in statements of 64, the writer
-            // took about 1.9 µs of CPU per record against 2.6 in statements
-            // of 32, p99 at one connection the same within its noise; in
-            // statements of 128, 1.7 µs, but p99 half as high again.
-            let mut tx = pg.begin().await?;
-            let mut written = 0;
-            for chunk in records.chunks(PG_AUDIT_CHUNK) {
-                written += insert_audit_unnest(&mut *tx, chunk).await?;
-            }
-            tx.commit().await?;
-            return Ok(written);
+            return Ok(audit_pg::write(pg, records).await?);
         }
         // In statements of a few fixed sizes, so that each is prepared once
         // per connection and kept (a statement per batch size would be
