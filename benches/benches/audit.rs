@@ -1,7 +1,7 @@
 //! Audit throughput: records per second into PostgreSQL and SQLite, written
 //! as the audit writer writes them (batches of 500 records, ids skipped when
-//! present: `AuditWriter`, one binary `COPY` on PostgreSQL, in one
-//! transaction prepared inserts of 16 rows on SQLite); and on SQLite through the
+//! present: `AuditWriter`, in one transaction, binary `COPY`s of 64 rows on
+//! PostgreSQL, prepared inserts of 16 rows on SQLite); and on SQLite through the
 //! pool as well (sqlx, as the admin API writes its few records), for
 //! comparison. PostgreSQL is the machine's
 //! (`SWITCHBOARD_BENCH_POSTGRES`, default `postgres://postgres@127.0.0.1:5432/postgres`),

@@ -1,5 +1,6 @@
 //! Where the audit writer writes, on its own thread: PostgreSQL through the
-//! pool (one binary `COPY` per batch, sent 64 rows at a time: `audit_pg.rs`),
+//! pool (binary `COPY`s of up to 64 rows, one transaction per batch:
+//! `audit_pg.rs`),
 //! or an SQLite file through a connection of its own (rusqlite), prepared
 //! inserts of up to 16 rows each in one transaction per batch, offering the
 //! CPU to the request threads between them.
