@@ -85,7 +85,7 @@ async fn copy_rows(conn: &mut sqlx::PgConnection, records: &[AuditRecord]) -> Re
     static STATEMENT: std::sync::LazyLock<String> =
         std::sync::LazyLock::new(|| format!("COPY audit_log ({AUDIT_COLUMNS}) FROM STDIN (FORMAT binary)"));
     let mut copy = conn.copy_in_raw(&STATEMENT).await?;
-    let mut data = Vec::with_capacity(COPY_HEAD.len() + records.len() * 320 + COPY_TRAILER.len());
+    let mut data = Vec::with_capacity(COPY_HEAD.len() + records.len() * (COPY_ROW_FIXED + 128) + COPY_TRAILER.len());
     data.extend_from_slice(COPY_HEAD);
     for record in records {
         copy_row(record, &mut data).map_err(|e| sqlx::Error::Encode(e.into()))?;
@@ -99,7 +99,7 @@ async fn copy_rows(conn: &mut sqlx::PgConnection, records: &[AuditRecord]) -> Re
 /// as its length (-1: NULL) and bytes (`text` as UTF-8, `int8` as 8 bytes,
 /// big-endian), in [`AUDIT_COLUMNS`]' order, room for the row made once.
 fn copy_row(r: &AuditRecord, out: &mut Vec<u8>) -> Result<(), &'static str> {
-    out.reserve(COPY_ROW_HEAD + COLUMNS.len() * 4 + 5 * 8 + copy_text_len(r));
+    out.reserve(COPY_ROW_FIXED + copy_text_len(r));
     out.extend_from_slice(&(COLUMNS.len() as i16).to_be_bytes());
     copy_text(out, Some(&r.id))?;
     copy_number(out, Some(r.at_ms));
@@ -119,8 +119,9 @@ fn copy_row(r: &AuditRecord, out: &mut Vec<u8>) -> Result<(), &'static str> {
     copy_text(out, r.user.as_deref())
 }
 
-/// A COPY row's column count.
-const COPY_ROW_HEAD: usize = 2;
+/// A COPY row's bytes besides its text: its column count, each column's
+/// length, the five numbers.
+const COPY_ROW_FIXED: usize = 2 + COLUMNS.len() * 4 + 5 * 8;
 
 /// The bytes of a record's text columns (a NUL's replacement takes two
 /// more, room made as it comes).
