@@ -25,27 +25,37 @@ const UNIQUE_VIOLATION: &str = "23505";
 
 /// Writes `records`, each once: an id already written is skipped.
 pub(crate) async fn write(pg: &sqlx::PgPool, records: &[AuditRecord]) -> Result<u64, sqlx::Error> {
-    match copy(pg, records).await {
+    match in_pieces(pg, records, copy_rows).await {
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(UNIQUE_VIOLATION) => {
-            skipping_present(pg, records).await
+            in_pieces(pg, records, async |conn: &mut sqlx::PgConnection, rows: &[AuditRecord]| unnest(conn, rows).await)
+                .await
         }
         written => written,
     }
 }
 
-/// The batch in `UNNEST` inserts, one transaction, ids present skipped.
-async fn skipping_present(pg: &sqlx::PgPool, records: &[AuditRecord]) -> Result<u64, sqlx::Error> {
+/// `records` written by `write` [`PG_AUDIT_CHUNK`] rows at a time, in one
+/// transaction (a batch that small, on its own): all of it, or none. The
+/// writer waits for each piece, so the server's part comes in short pieces
+/// the request path's threads get the cores between. (Pinned as
+/// `loadtest/run` pins, audit to PostgreSQL, five rounds each: p99 at one
+/// connection 1.7 ms with one COPY per batch, 0.48 ms in these pieces, 0.84
+/// with the `UNNEST` inserts of before; the server's CPU per call 4.8 µs in
+/// these pieces, 7.2 with the inserts.)
+async fn in_pieces(
+    pg: &sqlx::PgPool,
+    records: &[AuditRecord],
+    write: impl AsyncFn(&mut sqlx::PgConnection, &[AuditRecord]) -> Result<u64, sqlx::Error>,
+) -> Result<u64, sqlx::Error> {
+    // A write cancelled halfway (the writer's timeout) leaves its connection
+    // unready: the pool tests every connection given back, and closes it.
     if records.len() <= PG_AUDIT_CHUNK {
-        return unnest(pg, records).await;
+        return write(&mut *pg.acquire().await?, records).await;
     }
-    // In statements of a few dozen rows: each statement's encoding (here)
-    // and insert (at the server) is short, and the writer waits for the
-    // server between them, so neither holds a core the request path wants
-    // for long.
     let mut tx = pg.begin().await?;
     let mut written = 0;
     for chunk in records.chunks(PG_AUDIT_CHUNK) {
-        written += unnest(&mut *tx, chunk).await?;
+        written += write(&mut tx, chunk).await?;
     }
     tx.commit().await?;
     Ok(written)
@@ -55,29 +65,6 @@ async fn skipping_present(pg: &sqlx::PgPool, records: &[AuditRecord]) -> Result<
 const COPY_HEAD: &[u8; 19] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
 /// Binary COPY's trailer: a row of -1 columns.
 const COPY_TRAILER: [u8; 2] = (-1i16).to_be_bytes();
-
-/// The batch in COPYs of [`PG_AUDIT_CHUNK`] rows, in one transaction (one
-/// COPY alone for a batch that small): all of it written, or none. The
-/// writer waits for each COPY, so the server's part comes in short pieces
-/// the request path's threads get the cores between. (Pinned as
-/// `loadtest/run` pins, audit to PostgreSQL, five rounds each: p99 at one
-/// connection 1.7 ms with one COPY per batch, 0.48 ms in these pieces, 0.84
-/// with the `UNNEST` inserts of before; the server's CPU per call 4.8 µs in
-/// these pieces, 7.2 with the inserts.)
-async fn copy(pg: &sqlx::PgPool, records: &[AuditRecord]) -> Result<u64, sqlx::Error> {
-    // A COPY cancelled halfway (the writer's timeout) leaves its connection
-    // unready: the pool tests every connection given back, and closes it.
-    if records.len() <= PG_AUDIT_CHUNK {
-        return copy_rows(&mut *pg.acquire().await?, records).await;
-    }
-    let mut tx = pg.begin().await?;
-    let mut written = 0;
-    for chunk in records.chunks(PG_AUDIT_CHUNK) {
-        written += copy_rows(&mut tx, chunk).await?;
-    }
-    tx.commit().await?;
-    Ok(written)
-}
 
 /// One COPY of `records`, encoded straight from them into one buffer, no
 /// value copied on its own.
