@@ -3,14 +3,16 @@
 //! (a request's envelope and target read as the router reads them, by the
 //! one-pass scan, and by serde_json alone, which the scan stands in for);
 //! an upstream's answer read by the one-pass scan and by the parser it
-//! stands in for, at the same sizes. Prints heap allocations per operation
-//! next to criterion's times.
+//! stands in for, at the same sizes; an HTTP/1.1 request head read by the
+//! router's own parse and by httparse. Prints heap allocations per
+//! operation next to criterion's times.
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use switchboard_benches::{allocations_of, Counting};
+use switchboard_protocol::http1;
 use switchboard_protocol::jsonrpc::{span, Envelope, Target};
 use switchboard_protocol::rewrite::{splice, Edit};
 use switchboard_protocol::scan;
@@ -112,6 +114,38 @@ fn answer(c: &mut Criterion) {
     group.finish();
 }
 
+/// A request head as the load test sends it (seven lines), and the same
+/// with a kilobyte's bearer token (an OAuth access token), read by the
+/// router's own HTTP/1.1 path: the narrow one-pass parse, then httparse for
+/// what it leaves (`parse_request`), and httparse's walk alone.
+fn head(c: &mut Criterion) {
+    let common = "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nContent-Type: application/json\r\n\
+        Accept: application/json, text/event-stream\r\nMcp-Session-Id: 3f2a9c1e-5b7d-4e8f-a1b2-c3d4e5f60718\r\n\
+        Mcp-Protocol-Version: 2025-11-25\r\nContent-Length: 96\r\n";
+    let token: String = (0..1024).map(|i| (b'A' + (i % 26) as u8) as char).collect();
+    let mut group = c.benchmark_group("head");
+    for (label, head) in
+        [("common", format!("{common}\r\n")), ("bearer_1KiB", format!("{common}Authorization: Bearer {token}\r\n\r\n"))]
+    {
+        let head = head.into_bytes();
+        let mut spans = Vec::with_capacity(http1::MAX_HEADERS);
+        let (_, allocs) = allocations_of(|| http1::parse_request(&head, &mut spans).map(|h| h.map(|h| h.len)));
+        println!("allocations: head/parse/{label}: {allocs}");
+        group.throughput(Throughput::Bytes(head.len() as u64));
+        group.bench_with_input(BenchmarkId::new("parse", label), &head, |b, head| {
+            b.iter(|| black_box(http1::parse_request(black_box(head), &mut spans).expect("valid").expect("whole").len))
+        });
+        group.bench_with_input(BenchmarkId::new("httparse", label), &head, |b, head| {
+            b.iter(|| {
+                let mut lines = [httparse::EMPTY_HEADER; 16];
+                let mut request = httparse::Request::new(&mut lines);
+                black_box(request.parse(black_box(head)).expect("valid").is_complete())
+            })
+        });
+    }
+    group.finish();
+}
+
 fn sse_decode(c: &mut Criterion) {
     let mut group = c.benchmark_group("sse");
     for (label, input) in sizes() {
@@ -131,6 +165,6 @@ fn sse_decode(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(30).measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
-    targets = envelope, answer, sse_decode
+    targets = envelope, answer, head, sse_decode
 }
 criterion_main!(benches);
