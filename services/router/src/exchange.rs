@@ -348,20 +348,22 @@ impl Exchange {
             true => env.target().and_then(Result::ok),
             false => None,
         };
+        // A tool's or prompt's name, as text: made once for both uses.
+        let name = params.as_ref().and_then(|t| t.name).and_then(jsonrpc::as_str);
         if who.scopes.is_some() {
-            let target = params
-                .as_ref()
-                .and_then(|t| t.name.or(t.uri).or_else(|| t.reference.as_ref().and_then(|r| r.name.or(r.uri))))
-                .and_then(jsonrpc::as_str);
+            let target = match &params {
+                Some(t) if t.name.is_some() => name.clone(),
+                Some(t) => {
+                    t.uri.or_else(|| t.reference.as_ref().and_then(|r| r.name.or(r.uri))).and_then(jsonrpc::as_str)
+                }
+                None => None,
+            };
             self.app.auth.authorize(who, env.method_str(), target.as_deref())?;
         }
         if limits.key.is_none() && limits.tenant.is_none() && limits.tool.is_none() {
             return Ok(());
         }
-        let tool = match tool_limited {
-            true => params.as_ref().and_then(|t| t.name).and_then(jsonrpc::as_str),
-            false => None,
-        };
+        let tool = if tool_limited { name } else { None };
         let checks = switchboard_limits::checks(who, tool.as_deref());
         match self.app.limiter.check(&checks, self.started).await {
             Decision::Allow => Ok(()),
