@@ -9,7 +9,10 @@
 //!
 //! The links to one Redis share a [`RedisHealth`]: when calls stop getting
 //! through it logs one warning, when they get through again one info line,
-//! whichever link noticed (and `switchboard_redis_up` follows).
+//! whichever link noticed (and `switchboard_redis_up` follows). A link
+//! whose connection Redis dropped (it restarted) learns so on its next
+//! call, which fails (and is backed off from); when a new connection
+//! answers at once, that is not reported as a second outage.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -197,12 +200,36 @@ impl RedisLink {
             tokio::time::timeout(self.timeout, work(connection)).await.map_err(|_| RedisError::Timeout(self.timeout))?
         }
         .await;
+        let stale = self.stale(&result).await;
         self.failed.store(result.is_err(), Ordering::Relaxed);
         if result.is_err() {
             self.retry_at_ms.store(now + BACKOFF.as_millis() as u64, Ordering::Relaxed);
         }
-        self.report(&result);
+        if stale {
+            // Only this call failed, on a connection Redis had dropped (it
+            // restarted): Redis answers. The back-off stands (callers wait
+            // it out as after any failure), but it is no outage to report.
+            self.health.answered();
+        } else {
+            self.report(&result);
+        }
         result
+    }
+
+    /// Whether `result` failed only because this link's connection, good
+    /// at its last call, was one Redis had dropped since (it restarted,
+    /// perhaps while another link reported it gone and back): a new
+    /// connection answers a PING at once. Not a new outage to report: one
+    /// warning per outage, however many links.
+    async fn stale<T>(&self, result: &Result<T, RedisError>) -> bool {
+        let Err(RedisError::Redis(e)) = result else { return false };
+        if self.failed.load(Ordering::Relaxed) || !(e.is_connection_dropped() || e.is_io_error()) {
+            return false;
+        }
+        match self.connection().await {
+            Ok(connection) => self.revive(connection).await.is_ok(),
+            Err(_) => false,
+        }
     }
 
     /// After a failure the connection may be one Redis dropped (it
@@ -221,5 +248,77 @@ impl RedisLink {
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A redis-server of the test's own on `port`, nothing saved.
+    struct Server(std::process::Child);
+
+    impl Server {
+        fn start(port: u16) -> Server {
+            let child = std::process::Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("redis-server (apt-get install redis-server)");
+            let server = Server(child);
+            for _ in 0..100 {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return server;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            panic!("redis-server did not listen on {port}");
+        }
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    async fn ping(link: &RedisLink) -> Result<String, RedisError> {
+        link.call(|mut c| async move { Ok(redis::cmd("PING").query_async::<String>(&mut c).await?) }).await
+    }
+
+    /// Two links to one Redis, as the router has (sessions and limits, and
+    /// the shared streams). Redis goes, one link says so and, once it is
+    /// back, says that; the other link's connection is the one Redis
+    /// dropped, and its next call must not take that for a second outage.
+    #[tokio::test]
+    async fn a_link_left_with_a_dropped_connection_does_not_report_redis_gone_again() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let url = format!("redis://127.0.0.1:{port}");
+        let mut server = Server::start(port);
+        let health = RedisHealth::unreported();
+        let first = RedisLink::with_health(&url, "t:", Duration::from_millis(500), health.clone()).unwrap();
+        let second = RedisLink::with_health(&url, "t:", Duration::from_millis(500), health.clone()).unwrap();
+        assert_eq!(ping(&first).await.unwrap(), "PONG");
+        assert_eq!(ping(&second).await.unwrap(), "PONG");
+        assert!(health.is_up());
+
+        drop(server);
+        assert!(ping(&first).await.is_err());
+        assert!(!health.is_up(), "the first link saw Redis go");
+        server = Server::start(port);
+        // After its back-off, the first link finds it back.
+        tokio::time::sleep(BACKOFF + Duration::from_millis(100)).await;
+        assert_eq!(ping(&first).await.unwrap(), "PONG");
+        assert!(health.is_up());
+
+        // The second link's connection is the dropped one: its call may
+        // fail, but Redis answers, and is still taken as answering.
+        let _ = ping(&second).await;
+        assert!(health.is_up(), "a connection dropped by a restart is not an outage");
+        tokio::time::sleep(BACKOFF + Duration::from_millis(100)).await;
+        assert_eq!(ping(&second).await.unwrap(), "PONG");
+        assert!(health.is_up());
+        drop(server);
     }
 }

@@ -130,7 +130,14 @@ async fn after_redis_restarts_empty_no_live_session_is_answered_404_at_any_repli
         async move { elsewhere.request("tools/call", json!({"name": "web__echo", "arguments": {"after": 1}})).await }
     });
     for reply in futures_util::future::join_all(asked).await {
-        assert_eq!(reply.status, StatusCode::OK, "{}", String::from_utf8_lossy(&reply.body));
+        assert_eq!(
+            reply.status,
+            StatusCode::OK,
+            "{} A: {:#?} B: {:#?}",
+            String::from_utf8_lossy(&reply.body),
+            a.output(),
+            b.output()
+        );
         assert_eq!(text_of(&reply.response()), r#"{"after":1}"#);
     }
     for url in [&a_url, &b_url] {
