@@ -1,10 +1,12 @@
 //! The router's one connection to Redis, shared by the cluster rate limiter
 //! and the session store.
 //!
-//! Every call is bounded by `redis.timeout`. After a failure the link refuses
-//! at once for a second ([`RedisError::Backoff`]) instead of making each
-//! request wait for a Redis that is down; callers then fall back to what they
-//! can do locally. The connection itself (redis-rs's `ConnectionManager`)
+//! Every call is bounded by `redis.timeout` (twice that for the first call
+//! to fail with its connection dropped: a PING on a new connection tells
+//! whether Redis is gone or only that connection). After a failure the link
+//! refuses at once for a second ([`RedisError::Backoff`]) instead of making
+//! each request wait for a Redis that is down; callers then fall back to
+//! what they can do locally. The connection itself (redis-rs's `ConnectionManager`)
 //! reconnects by itself.
 //!
 //! The links to one Redis share a [`RedisHealth`]: when calls stop getting
@@ -226,10 +228,8 @@ impl RedisLink {
         if self.failed.load(Ordering::Relaxed) || !(e.is_connection_dropped() || e.is_io_error()) {
             return false;
         }
-        match self.connection().await {
-            Ok(connection) => self.revive(connection).await.is_ok(),
-            Err(_) => false,
-        }
+        let revived = async { self.revive(self.connection().await?).await };
+        matches!(tokio::time::timeout(self.timeout, revived).await, Ok(Ok(())))
     }
 
     /// After a failure the connection may be one Redis dropped (it
