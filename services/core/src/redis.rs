@@ -184,7 +184,9 @@ impl RedisLink {
     }
 
     /// Runs `work` on the connection within the timeout, unless Redis failed
-    /// less than a second ago. A failure starts that second. Callers log.
+    /// less than a second ago. A failure starts that second, but for one on
+    /// a connection Redis dropped while a new one answers at once
+    /// ([`stale`](Self::stale)). Callers log.
     pub async fn call<T, F, Fut>(&self, work: F) -> Result<T, RedisError>
     where
         F: FnOnce(ConnectionManager) -> Fut,
@@ -202,19 +204,21 @@ impl RedisLink {
             tokio::time::timeout(self.timeout, work(connection)).await.map_err(|_| RedisError::Timeout(self.timeout))?
         }
         .await;
-        let stale = self.stale(&result).await;
+        if self.stale(&result).await {
+            // Only this call failed, on a connection Redis had dropped (it
+            // restarted): Redis answers on the new one. No outage to
+            // report, and no back-off: the next call, at once, goes out on
+            // the live connection (a back-off here failed the calls of
+            // requests already half-way through, such as a session found
+            // unknown whose store generation could then not be read).
+            self.health.answered();
+            return result;
+        }
         self.failed.store(result.is_err(), Ordering::Relaxed);
         if result.is_err() {
             self.retry_at_ms.store(now + BACKOFF.as_millis() as u64, Ordering::Relaxed);
         }
-        if stale {
-            // Only this call failed, on a connection Redis had dropped (it
-            // restarted): Redis answers. The back-off stands (callers wait
-            // it out as after any failure), but it is no outage to report.
-            self.health.answered();
-        } else {
-            self.report(&result);
-        }
+        self.report(&result);
         result
     }
 
@@ -313,10 +317,10 @@ mod tests {
         assert!(health.is_up());
 
         // The second link's connection is the dropped one: its call may
-        // fail, but Redis answers, and is still taken as answering.
+        // fail, but Redis answers, and is still taken as answering; the
+        // link's next call, at once (no back-off), is answered.
         let _ = ping(&second).await;
         assert!(health.is_up(), "a connection dropped by a restart is not an outage");
-        tokio::time::sleep(BACKOFF + Duration::from_millis(100)).await;
         assert_eq!(ping(&second).await.unwrap(), "PONG");
         assert!(health.is_up());
         drop(server);
