@@ -361,7 +361,10 @@ impl Sessions {
         let shared = self.ctx.shared.as_ref()?;
         let recent = match self.ctx.store.generation().await {
             Ok(generation) => generation.age < REPAIR_WINDOW,
-            Err(_) => false,
+            // The store answered the load a moment ago: it may have
+            // restarted just before this brief failure. Waited for as if
+            // it had (bounded by `REPAIR_WAIT` and `REPAIR_WAITERS`).
+            Err(_) => true,
         };
         if !recent {
             return None;
@@ -434,9 +437,7 @@ impl Sessions {
             Err(_) => return,
         };
         let previous = self.generation.lock().expect("lock").replace(generation.clone());
-        if previous.is_none_or(|p| p == generation) {
-            return;
-        }
+        let Some(previous) = previous.filter(|p| *p != generation) else { return };
         let sessions: Vec<Arc<Session>> = self.registry.all().into_iter().filter(|s| s.stored).collect();
         self.ctx.metrics.store_lost();
         tracing::info!(
@@ -453,9 +454,12 @@ impl Sessions {
                 Ok(_) => {}
                 Err(e) => {
                     self.ctx.metrics.store_error("repair");
-                    tracing::debug!(error = %e, "cannot write a session back to the store; it is written back when next used");
-                    // The store is failing again; the next check finds the
-                    // generation changed or not, and the sweep repairs the rest.
+                    tracing::debug!(error = %e, "cannot write a session back to the store; all are written back again at the next check");
+                    // The store is failing again: the generation is taken
+                    // as not yet seen, so that the next check (a second
+                    // later) writes every session back again (those written
+                    // already are found live).
+                    *self.generation.lock().expect("lock") = Some(previous);
                     break;
                 }
             }
@@ -709,5 +713,204 @@ async fn end(ctx: &Context, id: &str, local: Option<Arc<Session>>, stored: Optio
         if let Some(channel) = upstreams[u].transport.resume(&hello, discard, at) {
             channel.close().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+    use switchboard_core::redis::RedisError;
+
+    use super::*;
+    use switchboard_upstream::UpstreamSession;
+
+    use crate::store::{Claim, Generation, MemoryStore, StoreError};
+
+    /// A store shared with other replicas (as Redis is), in memory, that
+    /// can lose everything (a new generation) and fail on cue.
+    struct Flaky {
+        inner: Mutex<Arc<MemoryStore>>,
+        token: Mutex<String>,
+        /// Repairs that succeed before each one fails (`usize::MAX`: all succeed).
+        repairs_left: AtomicUsize,
+        generation_fails: AtomicBool,
+    }
+
+    impl Flaky {
+        fn new() -> Arc<Flaky> {
+            Arc::new(Flaky {
+                inner: Mutex::new(Arc::new(MemoryStore::new(Duration::from_secs(600)))),
+                token: Mutex::new("first".into()),
+                repairs_left: AtomicUsize::new(usize::MAX),
+                generation_fails: AtomicBool::new(false),
+            })
+        }
+
+        fn inner(&self) -> Arc<MemoryStore> {
+            self.inner.lock().unwrap().clone()
+        }
+
+        /// As Redis restarting empty.
+        fn lose_everything(&self) {
+            *self.inner.lock().unwrap() = Arc::new(MemoryStore::new(Duration::from_secs(600)));
+            *self.token.lock().unwrap() = "second".into();
+        }
+
+        fn fail() -> StoreError {
+            StoreError::Redis(RedisError::Backoff)
+        }
+    }
+
+    #[async_trait]
+    impl SessionStore for Flaky {
+        fn shared(&self) -> bool {
+            true
+        }
+        fn skip_ahead(&self, by: Duration) {
+            self.inner().skip_ahead(by)
+        }
+        async fn create(&self, id: &str, stored: &Stored) -> Result<(), StoreError> {
+            self.inner().create(id, stored).await
+        }
+        async fn repair(&self, id: &str, stored: &Stored) -> Result<Repair, StoreError> {
+            let left = self.repairs_left.load(Ordering::Relaxed);
+            if left == 0 {
+                return Err(Flaky::fail());
+            }
+            if left != usize::MAX {
+                self.repairs_left.store(left - 1, Ordering::Relaxed);
+            }
+            self.inner().repair(id, stored).await
+        }
+        async fn load(&self, id: &str) -> Result<Loaded, StoreError> {
+            self.inner().load(id).await
+        }
+        async fn touch(&self, id: &str) -> Result<Touch, StoreError> {
+            self.inner().touch(id).await
+        }
+        async fn upstream(&self, id: &str, upstream: &str) -> Result<Option<UpstreamSession>, StoreError> {
+            self.inner().upstream(id, upstream).await
+        }
+        async fn claim_upstream(
+            &self,
+            id: &str,
+            upstream: &str,
+            stale: Option<&UpstreamSession>,
+            fresh: &UpstreamSession,
+        ) -> Result<Claim, StoreError> {
+            self.inner().claim_upstream(id, upstream, stale, fresh).await
+        }
+        async fn generation(&self) -> Result<Generation, StoreError> {
+            if self.generation_fails.load(Ordering::Relaxed) {
+                return Err(Flaky::fail());
+            }
+            Ok(Generation { token: self.token.lock().unwrap().clone(), age: Duration::ZERO })
+        }
+        async fn remove(&self, id: &str) -> Result<Option<Stored>, StoreError> {
+            self.inner().remove(id).await
+        }
+        async fn take_expired(&self, max: usize) -> Result<Vec<(String, Stored)>, StoreError> {
+            self.inner().take_expired(max).await
+        }
+    }
+
+    fn sessions_on(store: Arc<Flaky>, shared: Option<Arc<SharedStreams>>) -> Sessions {
+        let base = crate::testing::context(1, Instant::now());
+        let ctx = Context {
+            upstreams: base.upstreams.clone(),
+            store,
+            shared,
+            metrics: base.metrics.clone(),
+            relay: base.relay.clone(),
+            keychain: None,
+            epoch: base.epoch,
+        };
+        let options = Options { idle_timeout: Duration::from_secs(600), cache: Duration::from_secs(1) };
+        Sessions {
+            ctx: Arc::new(ctx),
+            registry: Registry::default(),
+            options,
+            generation: Default::default(),
+            repair_waiters: tokio::sync::Semaphore::new(REPAIR_WAITERS),
+            refusal_logged_ms: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn client() -> Client {
+        Client {
+            tenant: Arc::from("t"),
+            key: Arc::from(""),
+            user: None,
+            version: switchboard_protocol::ProtocolVersion::LATEST,
+            capabilities: Arc::from(serde_json::value::RawValue::from_string("{}".into()).unwrap()),
+        }
+    }
+
+    const ANY: Quota = Quota { router: 100, tenant: None, key: None };
+
+    #[tokio::test]
+    async fn a_write_back_cut_short_by_the_store_is_done_again_at_the_next_check() {
+        let store = Flaky::new();
+        let sessions = sessions_on(store.clone(), None);
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            ids.push(sessions.open(client(), ANY).await.unwrap().id.clone());
+        }
+        sessions.check_generation().await;
+        let live = |ids: Vec<Arc<str>>| {
+            let store = store.clone();
+            async move {
+                let mut n = 0;
+                for id in ids {
+                    n += usize::from(matches!(store.load(&id).await.unwrap(), Loaded::Live(_)));
+                }
+                n
+            }
+        };
+        assert_eq!(live(ids.clone()).await, 3);
+
+        // Redis restarts empty, and fails again after one session is back.
+        store.lose_everything();
+        store.repairs_left.store(1, Ordering::Relaxed);
+        sessions.check_generation().await;
+        assert_eq!(live(ids.clone()).await, 1);
+        // It answers again: the next check writes back the rest.
+        store.repairs_left.store(usize::MAX, Ordering::Relaxed);
+        sessions.check_generation().await;
+        assert_eq!(live(ids.clone()).await, 3, "every session written back");
+    }
+
+    #[tokio::test]
+    async fn a_session_the_store_lost_is_waited_for_when_the_stores_generation_cannot_be_read() {
+        // Streams on a Redis that is not there: the request for a write-back
+        // is not heard; the replica holding the session writes it back anyway
+        // (its own check), as `holder` does here.
+        let nowhere =
+            switchboard_core::redis::RedisLink::new("redis://127.0.0.1:1", "t:", Duration::from_millis(200)).unwrap();
+        let shared = SharedStreams::start(
+            nowhere,
+            Duration::from_secs(600),
+            crate::testing::context(0, Instant::now()).metrics.clone(),
+        );
+        let store = Flaky::new();
+        let sessions = sessions_on(store.clone(), Some(shared));
+        store.generation_fails.store(true, Ordering::Relaxed);
+        let holder = {
+            let store = store.inner();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                store.create("s1", &crate::store::tests::sample("t")).await.unwrap();
+            })
+        };
+        let found = sessions.find("s1").await.unwrap();
+        holder.await.unwrap();
+        assert_eq!(found.expect("the session, written back by the replica holding it").tenant.as_ref(), "t");
+        // One that nobody holds is unknown once the wait is over.
+        let started = tokio::time::Instant::now();
+        assert!(sessions.find("s2").await.unwrap().is_none());
+        assert!(started.elapsed() >= REPAIR_WAIT);
     }
 }

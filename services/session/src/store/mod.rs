@@ -212,7 +212,7 @@ pub fn build(redis: Option<Arc<RedisLink>>, idle: Duration) -> Arc<dyn SessionSt
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn sample(tenant: &str) -> Stored {

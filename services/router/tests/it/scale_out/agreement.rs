@@ -96,7 +96,7 @@ async fn after_redis_restarts_empty_no_live_session_is_answered_404_at_any_repli
     let mut redis = PrivateRedis::start();
     let web = MockServer::start(switchboard_test_support::mock_named("web")).await;
     let config = replica_config(&redis.url, "sb:", &web.url, "30m");
-    let level = "warn,switchboard_core::redis=info";
+    let level = "warn,switchboard_core::redis=info,switchboard_session=debug";
     let ((a, a_url, _fa), (b, b_url, _fb)) =
         tokio::join!(router_process_logging(&config, level), router_process_logging(&config, level));
     // Sessions only A holds (made and used there), and one both hold.
