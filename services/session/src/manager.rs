@@ -725,7 +725,6 @@ mod tests {
     use switchboard_core::redis::RedisError;
 
     use super::*;
-    use switchboard_upstream::UpstreamSession;
 
     use crate::store::{Claim, Generation, MemoryStore, StoreError};
 
@@ -817,26 +816,18 @@ mod tests {
         }
     }
 
-    fn sessions_on(store: Arc<Flaky>, shared: Option<Arc<SharedStreams>>) -> Sessions {
+    fn sessions_on(store: Arc<Flaky>, shared_streams: Option<Arc<SharedStreams>>) -> Sessions {
         let base = crate::testing::context(1, Instant::now());
-        let ctx = Context {
+        let options = Options { idle_timeout: Duration::from_secs(600), cache: Duration::from_secs(1) };
+        let setup = Setup {
             upstreams: base.upstreams.clone(),
             store,
-            shared,
+            shared_streams,
             metrics: base.metrics.clone(),
-            relay: base.relay.clone(),
-            keychain: None,
-            epoch: base.epoch,
-        };
-        let options = Options { idle_timeout: Duration::from_secs(600), cache: Duration::from_secs(1) };
-        Sessions {
-            ctx: Arc::new(ctx),
-            registry: Registry::default(),
             options,
-            generation: Default::default(),
-            repair_waiters: tokio::sync::Semaphore::new(REPAIR_WAITERS),
-            refusal_logged_ms: std::sync::atomic::AtomicU64::new(0),
-        }
+            keychain: None,
+        };
+        Sessions::new(setup, base.relay.clone())
     }
 
     fn client() -> Client {
