@@ -90,6 +90,9 @@ pub struct Sessions {
     options: Options,
     /// The store's generation as this replica last saw it.
     generation: std::sync::Mutex<Option<String>>,
+    /// The last write-back after the store lost everything was cut short
+    /// (the store failed again): the next check does it again.
+    write_back_unfinished: std::sync::atomic::AtomicBool,
     /// Places for requests waiting for a repair ([`REPAIR_WAITERS`]).
     repair_waiters: tokio::sync::Semaphore,
     /// When a refused session was last logged (ms since the epoch): one
@@ -110,6 +113,7 @@ impl Sessions {
             registry: Registry::default(),
             options,
             generation: Default::default(),
+            write_back_unfinished: std::sync::atomic::AtomicBool::new(false),
             repair_waiters: tokio::sync::Semaphore::new(REPAIR_WAITERS),
             refusal_logged_ms: std::sync::atomic::AtomicU64::new(0),
         }
@@ -437,13 +441,21 @@ impl Sessions {
             Err(_) => return,
         };
         let previous = self.generation.lock().expect("lock").replace(generation.clone());
-        let Some(previous) = previous.filter(|p| *p != generation) else { return };
+        let lost = previous.is_some_and(|p| p != generation);
+        // A write-back the store cut short is done again, whole (those
+        // written already are found live), until one finishes.
+        let unfinished = self.write_back_unfinished.swap(false, std::sync::atomic::Ordering::Relaxed);
+        if !lost && !unfinished {
+            return;
+        }
         let sessions: Vec<Arc<Session>> = self.registry.all().into_iter().filter(|s| s.stored).collect();
-        self.ctx.metrics.store_lost();
-        tracing::info!(
-            count = sessions.len(),
-            "the session store lost its sessions (Redis restarted empty?); writing this replica's back"
-        );
+        if lost {
+            self.ctx.metrics.store_lost();
+            tracing::info!(
+                count = sessions.len(),
+                "the session store lost its sessions (Redis restarted empty?); writing this replica's back"
+            );
+        }
         let mut written = 0usize;
         for session in sessions {
             match self.ctx.store.repair(&session.id, &session.to_stored()).await {
@@ -455,11 +467,7 @@ impl Sessions {
                 Err(e) => {
                     self.ctx.metrics.store_error("repair");
                     tracing::debug!(error = %e, "cannot write a session back to the store; all are written back again at the next check");
-                    // The store is failing again: the generation is taken
-                    // as not yet seen, so that the next check (a second
-                    // later) writes every session back again (those written
-                    // already are found live).
-                    *self.generation.lock().expect("lock") = Some(previous);
+                    self.write_back_unfinished.store(true, std::sync::atomic::Ordering::Relaxed);
                     break;
                 }
             }
@@ -733,7 +741,7 @@ mod tests {
     struct Flaky {
         inner: Mutex<Arc<MemoryStore>>,
         token: Mutex<String>,
-        /// Repairs that succeed before each one fails (`usize::MAX`: all succeed).
+        /// Repairs that succeed before the rest fail (`usize::MAX`: all succeed).
         repairs_left: AtomicUsize,
         generation_fails: AtomicBool,
     }
@@ -872,6 +880,8 @@ mod tests {
         store.repairs_left.store(usize::MAX, Ordering::Relaxed);
         sessions.check_generation().await;
         assert_eq!(live(ids.clone()).await, 3, "every session written back");
+        assert_eq!(sessions.metrics().store_lost_count(), 1, "one loss, counted once");
+        assert!(!sessions.write_back_unfinished.load(Ordering::Relaxed), "nothing left for the check after");
     }
 
     #[tokio::test]

@@ -138,6 +138,11 @@ impl Metrics {
         self.store_lost.inc();
     }
 
+    #[cfg(test)]
+    pub(crate) fn store_lost_count(&self) -> u64 {
+        self.store_lost.get()
+    }
+
     pub(crate) fn waited_for_repair(&self, found: bool) {
         self.waited_for_repair.with_label_values(&[if found { "found" } else { "not_found" }]).inc();
     }
