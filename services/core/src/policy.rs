@@ -316,7 +316,28 @@ pub struct Principal {
     pub user: Option<Arc<str>>,
     /// The scopes of an OAuth access token, when the router maps scopes to
     /// permissions; `None`: everything the tenant may do.
-    pub scopes: Option<Arc<[Box<str>]>>,
+    pub scopes: Option<Arc<Scopes>>,
+}
+
+/// An OAuth access token's scopes, with the permissions they map to
+/// (`[oauth.scopes]`) worked out once per token, not at each request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scopes {
+    /// As the token names them (a refusal names them again).
+    pub names: Box<[Box<str>]>,
+    /// What they allow, together.
+    pub allows: Box<[Permission]>,
+}
+
+/// What a token's scopes let it do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Permission {
+    /// `list`: the lists (tools, prompts, resources, templates).
+    List,
+    /// `call` or `call:PATTERN`: tools whose (namespaced) name matches.
+    Call(Option<String>),
+    /// `read` or `read:PATTERN`: prompts by name, resources by URI, completions.
+    Read(Option<String>),
 }
 
 impl Principal {

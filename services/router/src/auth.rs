@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http::HeaderValue;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
-use switchboard_core::policy::{glob, AuthFailure, Principal};
+use switchboard_core::policy::{glob, AuthFailure, Principal, Scopes};
 use switchboard_oauth::{Failure, Rejection, Verified, Verifier};
 use switchboard_tenancy::Directory;
 
@@ -380,57 +380,58 @@ impl Authenticator for Front {
     }
 
     fn authorize(&self, who: &Principal, method: &str, target: Option<&str>) -> Result<(), Error> {
-        let (Some(scopes), Some(oauth)) = (&who.scopes, &self.oauth) else {
-            return Ok(());
-        };
-        let covers = |permission: &Permission| match (permission, method) {
-            (Permission::List, "tools/list" | "prompts/list" | "resources/list" | "resources/templates/list") => true,
-            (Permission::Call(pattern), "tools/call") => matches(pattern, target),
-            (
-                Permission::Read(pattern),
-                "prompts/get"
-                | "resources/read"
-                | "resources/subscribe"
-                | "resources/unsubscribe"
-                | "completion/complete",
-            ) => matches(pattern, target),
-            _ => false,
-        };
-        let guarded = matches!(
-            method,
-            "tools/list"
-                | "prompts/list"
-                | "resources/list"
-                | "resources/templates/list"
-                | "tools/call"
-                | "prompts/get"
-                | "resources/read"
-                | "resources/subscribe"
-                | "resources/unsubscribe"
-                | "completion/complete"
-        );
-        let granted = |scope: &str| oauth.config.scopes.get(scope).is_some_and(|ps| ps.iter().any(covers));
-        if !guarded || scopes.iter().any(|s| granted(s)) {
-            return Ok(());
+        match (&who.scopes, &self.oauth) {
+            (Some(scopes), Some(oauth)) => permitted(&oauth.config, scopes, method, target),
+            _ => Ok(()),
         }
-        // The most specific scope that would allow it, with those the
-        // token has (so that the new token keeps what the old one allowed).
-        let wanted = oauth
-            .config
-            .scopes
-            .iter()
-            .filter(|(_, ps)| ps.iter().any(covers))
-            .min_by_key(|(name, ps)| (ps.len(), name.len()))
-            .map(|(name, _)| name.as_str());
-        let mut scope: Vec<&str> = scopes.iter().map(|s| &**s).collect();
-        scope.extend(wanted);
-        Err(Error::InsufficientScope(scope.join(" ")))
     }
 
     fn resource_metadata(&self, path: &str) -> Option<Bytes> {
         let oauth = self.oauth.as_ref()?;
         (path == oauth.metadata_path || path == "/.well-known/oauth-protected-resource").then(|| oauth.metadata.clone())
     }
+}
+
+/// Whether a token's `scopes` cover a `method` request on `target`
+/// ([`Authenticator::authorize`]); `Err`: 403, naming the token's scopes
+/// and the narrowest one of `config` that would allow it.
+fn permitted(config: &OAuthConfig, scopes: &Scopes, method: &str, target: Option<&str>) -> Result<(), Error> {
+    let covers = |permission: &Permission| match (permission, method) {
+        (Permission::List, "tools/list" | "prompts/list" | "resources/list" | "resources/templates/list") => true,
+        (Permission::Call(pattern), "tools/call") => matches(pattern, target),
+        (
+            Permission::Read(pattern),
+            "prompts/get" | "resources/read" | "resources/subscribe" | "resources/unsubscribe" | "completion/complete",
+        ) => matches(pattern, target),
+        _ => false,
+    };
+    let guarded = matches!(
+        method,
+        "tools/list"
+            | "prompts/list"
+            | "resources/list"
+            | "resources/templates/list"
+            | "tools/call"
+            | "prompts/get"
+            | "resources/read"
+            | "resources/subscribe"
+            | "resources/unsubscribe"
+            | "completion/complete"
+    );
+    if !guarded || scopes.allows.iter().any(covers) {
+        return Ok(());
+    }
+    // The most specific scope that would allow it, with those the
+    // token has (so that the new token keeps what the old one allowed).
+    let wanted = config
+        .scopes
+        .iter()
+        .filter(|(_, ps)| ps.iter().any(covers))
+        .min_by_key(|(name, ps)| (ps.len(), name.len()))
+        .map(|(name, _)| name.as_str());
+    let mut scope: Vec<&str> = scopes.names.iter().map(|s| &**s).collect();
+    scope.extend(wanted);
+    Err(Error::InsufficientScope(scope.join(" ")))
 }
 
 /// A permission's pattern against the request's target (none: any target).
@@ -457,7 +458,7 @@ impl Front {
     fn caller(&self, oauth: &OAuth, verified: &Verified) -> Result<Principal, AuthFailure> {
         let server = &oauth.config.servers[verified.server];
         // Worked out once per token (a remembered token shares the slot).
-        let derived = verified.derived.get_or_init(|| Box::new(TokenCaller::of(oauth, verified)));
+        let derived = verified.derived.get_or_init(|| Box::new(TokenCaller::of(&oauth.config, verified)));
         let caller = derived.downcast_ref::<Result<TokenCaller, AuthFailure>>().expect("set here only").as_ref();
         let caller = caller.map_err(|failure| *failure)?;
         let tenant =
@@ -481,12 +482,12 @@ struct TokenCaller {
     tenant: Option<String>,
     user: Arc<str>,
     key_id: Arc<str>,
-    scopes: Option<Arc<[Box<str>]>>,
+    scopes: Option<Arc<Scopes>>,
 }
 
 impl TokenCaller {
-    fn of(oauth: &OAuth, verified: &Verified) -> Result<TokenCaller, AuthFailure> {
-        let server = &oauth.config.servers[verified.server];
+    fn of(config: &OAuthConfig, verified: &Verified) -> Result<TokenCaller, AuthFailure> {
+        let server = &config.servers[verified.server];
         let claims: &Map<String, Value> = &verified.claims;
         let tenant = match &server.tenant {
             TenantFrom::Fixed(name) => Some(name.clone()),
@@ -504,8 +505,13 @@ impl TokenCaller {
         let id =
             Sha256::new().chain_update(server.settings.name.as_bytes()).chain_update([0]).chain_update(user.as_bytes());
         let key_id = format!("u:{}", &hex_of(&id.finalize())[..32]);
-        let scopes = (!oauth.config.scopes.is_empty()).then(|| {
-            switchboard_oauth::token::scopes(claims).into_iter().map(String::into_boxed_str).collect::<Arc<[_]>>()
+        // What the scopes allow, worked out here, once per token: each
+        // request then checks a short list, not the scopes' table.
+        let scopes = (!config.scopes.is_empty()).then(|| {
+            let names: Box<[Box<str>]> =
+                switchboard_oauth::token::scopes(claims).into_iter().map(String::into_boxed_str).collect();
+            let allows = names.iter().filter_map(|name| config.scopes.get(&**name)).flatten().cloned().collect();
+            Arc::new(Scopes { names, allows })
         });
         Ok(TokenCaller { tenant, user: Arc::from(user), key_id: Arc::from(key_id), scopes })
     }
@@ -544,6 +550,42 @@ mod tests {
         last.keep("sb_two", &caller("b"), 1, Until::Key(None));
         assert!(last.recall(b"sb_one", 1).is_none());
         assert_eq!(last.recall(b"sb_two", 1).map(|p| p.tenant.name.to_string()), Some("b".into()));
+    }
+
+    #[test]
+    fn a_tokens_scopes_are_mapped_to_permissions_once_and_checked_by_them() {
+        let config = crate::config::Config::from_toml(
+            "[oauth]\nresource = \"https://mcp.example.com/mcp\"\n[oauth.scopes]\n\"mcp:list\" = [\"list\"]\n\
+             \"mcp:alpha\" = [\"call:alpha__*\"]\n\"mcp:call\" = [\"call\"]\n\"mcp:files\" = [\"read:file://*\"]\n\
+             [oauth.servers.corp]\nissuer = \"https://auth.example.com\"\ntenant = \"acme\"\n",
+        )
+        .unwrap()
+        .oauth
+        .unwrap();
+        let claims = serde_json::json!({"sub": "u", "scope": "mcp:list mcp:alpha not-mapped"});
+        let verified = Verified {
+            server: 0,
+            claims: Arc::new(claims.as_object().unwrap().clone()),
+            derived: Default::default(),
+            good_until: None,
+        };
+        let caller = TokenCaller::of(&config, &verified).unwrap();
+        let scopes = caller.scopes.expect("scopes are mapped");
+        assert_eq!(scopes.names.len(), 3);
+        assert_eq!(&*scopes.allows, [Permission::List, Permission::Call(Some("alpha__*".into()))]);
+
+        let check = |method, target| permitted(&config, &scopes, method, target);
+        assert!(check("initialize", None).is_ok(), "not guarded");
+        assert!(check("tools/list", None).is_ok());
+        assert!(check("tools/call", Some("alpha__echo")).is_ok());
+        // Refused: the token's scopes, and the narrowest that would allow it.
+        let refused = |method, target| match check(method, target) {
+            Err(Error::InsufficientScope(scope)) => scope,
+            other => panic!("{method} {target:?}: {other:?}"),
+        };
+        assert_eq!(refused("tools/call", Some("beta__echo")), "mcp:list mcp:alpha not-mapped mcp:call");
+        assert_eq!(refused("resources/read", Some("file:///a")), "mcp:list mcp:alpha not-mapped mcp:files");
+        assert_eq!(refused("prompts/get", Some("p")), "mcp:list mcp:alpha not-mapped");
     }
 
     #[test]

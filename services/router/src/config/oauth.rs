@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Deserialize;
+pub use switchboard_core::policy::Permission;
 use switchboard_oauth::{Alg, ServerSettings, Settings};
 
 use super::RawDuration;
@@ -45,30 +46,18 @@ pub struct RawAuthServer {
     pub user_claim: Option<String>,
 }
 
-/// What a token's scopes let it do.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Permission {
-    /// `list`: the lists (tools, prompts, resources, templates).
-    List,
-    /// `call` or `call:PATTERN`: tools whose (namespaced) name matches.
-    Call(Option<String>),
-    /// `read` or `read:PATTERN`: prompts by name, resources by URI, completions.
-    Read(Option<String>),
-}
-
-impl Permission {
-    fn parse(text: &str) -> Option<Permission> {
-        let (verb, pattern) = match text.split_once(':') {
-            Some((verb, pattern)) if !pattern.is_empty() => (verb, Some(pattern.to_owned())),
-            Some(_) => return None,
-            None => (text, None),
-        };
-        match (verb, pattern) {
-            ("list", None) => Some(Permission::List),
-            ("call", p) => Some(Permission::Call(p)),
-            ("read", p) => Some(Permission::Read(p)),
-            _ => None,
-        }
+/// A permission as `[oauth.scopes]` writes it.
+fn parse_permission(text: &str) -> Option<Permission> {
+    let (verb, pattern) = match text.split_once(':') {
+        Some((verb, pattern)) if !pattern.is_empty() => (verb, Some(pattern.to_owned())),
+        Some(_) => return None,
+        None => (text, None),
+    };
+    match (verb, pattern) {
+        ("list", None) => Some(Permission::List),
+        ("call", p) => Some(Permission::Call(p)),
+        ("read", p) => Some(Permission::Read(p)),
+        _ => None,
     }
 }
 
@@ -206,7 +195,7 @@ pub fn validate(
         }
         let mut parsed = Vec::new();
         for (i, p) in permissions.iter().enumerate() {
-            match Permission::parse(p) {
+            match parse_permission(p) {
                 Some(p) => parsed.push(p),
                 None => bad(
                     format!("oauth.scopes.{scope}[{i}]"),
@@ -338,12 +327,12 @@ mod tests {
 
     #[test]
     fn permissions_parse() {
-        assert_eq!(Permission::parse("list"), Some(Permission::List));
-        assert_eq!(Permission::parse("call"), Some(Permission::Call(None)));
-        assert_eq!(Permission::parse("call:github__*"), Some(Permission::Call(Some("github__*".into()))));
-        assert_eq!(Permission::parse("read:file://*"), Some(Permission::Read(Some("file://*".into()))));
+        assert_eq!(parse_permission("list"), Some(Permission::List));
+        assert_eq!(parse_permission("call"), Some(Permission::Call(None)));
+        assert_eq!(parse_permission("call:github__*"), Some(Permission::Call(Some("github__*".into()))));
+        assert_eq!(parse_permission("read:file://*"), Some(Permission::Read(Some("file://*".into()))));
         for bad in ["list:x", "call:", "write", ""] {
-            assert_eq!(Permission::parse(bad), None, "{bad}");
+            assert_eq!(parse_permission(bad), None, "{bad}");
         }
     }
 }
