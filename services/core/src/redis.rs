@@ -13,8 +13,8 @@
 //! through it logs one warning, when they get through again one info line,
 //! whichever link noticed (and `switchboard_redis_up` follows). A link
 //! whose connection Redis dropped (it restarted) learns so on its next
-//! call, which fails (and is backed off from); when a new connection
-//! answers at once, that is not reported as a second outage.
+//! call, which fails; when a new connection answers at once, that is
+//! neither reported as a second outage nor backed off from.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
