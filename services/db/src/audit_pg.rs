@@ -41,7 +41,15 @@ pub(crate) async fn write(pg: &sqlx::PgPool, records: &[AuditRecord]) -> Result<
 /// `loadtest/run` pins, audit to PostgreSQL, five rounds each: p99 at one
 /// connection 1.7 ms with one COPY per batch, 0.48 ms in these pieces, 0.84
 /// with the `UNNEST` inserts of before; the server's CPU per call 4.8 µs in
-/// these pieces, 7.2 with the inserts.)
+/// these pieces, 7.2 with the inserts.) The waits cost the writer: one COPY
+/// per batch (3 round trips to the server a batch of 500 instead of 19)
+/// took half its CPU at 32 connections (0.09 s against 0.19 s a 4 s run),
+/// but p99 at one connection went back up (1.5 to 2.9 ms against 0.67 to
+/// 1.4, the same A/B runs, 2026-11-30), also with the COPY's pieces sent a
+/// millisecond apart: the server buffers a COPY's rows (up to 64 kB) and
+/// inserts them together, so a long COPY's part comes in bursts whatever
+/// the writer does. (A server on a machine of its own takes no core from
+/// requests: there the pieces buy nothing and cost 16 round trips a batch.)
 async fn in_pieces(
     pg: &sqlx::PgPool,
     records: &[AuditRecord],
@@ -354,6 +362,25 @@ mod tests {
         assert_eq!(write(&pg, &batch).await.unwrap(), 0, "written again: every id is present");
         assert_eq!(db.count_audit(None).await.unwrap(), 101, "the cancelled record was not written");
         drop((db, pg, holder));
+        temp.drop_now().await;
+    }
+
+    /// A batch is one transaction of COPYs: a record already present in its
+    /// last COPY fails it whole, the COPYs before it too (nothing of it is
+    /// left half-written), and the batch is written again the other way,
+    /// each of its new records once.
+    #[tokio::test]
+    async fn a_batch_failing_in_its_last_copy_is_written_whole_the_other_way() {
+        let temp = switchboard_test_support::services::TempDatabase::create().await;
+        let db = Database::connect(&temp.url, Duration::from_secs(5)).unwrap();
+        db.migrate().await.unwrap();
+        let pg = db.pg.clone().expect("a PostgreSQL pool");
+        assert_eq!(write(&pg, &[record("last")]).await.unwrap(), 1);
+        let mut batch: Vec<AuditRecord> = (0..3 * PG_AUDIT_CHUNK).map(|i| record(&format!("new-{i}"))).collect();
+        batch.push(record("last"));
+        assert_eq!(write(&pg, &batch).await.unwrap(), 3 * PG_AUDIT_CHUNK as u64);
+        assert_eq!(db.count_audit(None).await.unwrap(), 3 * PG_AUDIT_CHUNK as i64 + 1);
+        drop((db, pg));
         temp.drop_now().await;
     }
 }
