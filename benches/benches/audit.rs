@@ -1,9 +1,10 @@
 //! Audit throughput: records per second into PostgreSQL and SQLite, written
 //! as the audit writer writes them (batches of 500 records, ids skipped when
 //! present: `AuditWriter`, in one transaction, binary `COPY`s of 64 rows on
-//! PostgreSQL, prepared inserts of 16 rows on SQLite); and on SQLite through the
-//! pool as well (sqlx, as the admin API writes its few records), for
-//! comparison. PostgreSQL is the machine's
+//! PostgreSQL, or one `COPY` a batch as a writer behind writes them
+//! (`postgres/at_once`), prepared inserts of 16 rows on SQLite); and on
+//! SQLite through the pool as well (sqlx, as the admin API writes its few
+//! records), for comparison. PostgreSQL is the machine's
 //! (`SWITCHBOARD_BENCH_POSTGRES`, default `postgres://postgres@127.0.0.1:5432/postgres`),
 //! in a database created for the run and dropped after; without it, only
 //! SQLite is measured.
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use sqlx::Connection;
-use switchboard_db::{AuditRecord, Database};
+use switchboard_db::{AuditRecord, Database, Pace};
 
 const BATCH: usize = 500;
 
@@ -43,8 +44,9 @@ fn batch(next: &AtomicU64) -> Vec<AuditRecord> {
         .collect()
 }
 
-/// Through the audit writer's way (`pool`: through the pool instead).
-fn measure(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, db: &Database, pool: bool) {
+/// Through the audit writer's way at `pace` (`pool`: through the pool
+/// instead).
+fn measure(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, db: &Database, pool: bool, pace: Pace) {
     let next = AtomicU64::new(0);
     let mut writer = (!pool).then(|| db.audit_writer(Duration::from_secs(3)).expect("the audit writer's way"));
     let mut group = c.benchmark_group("audit");
@@ -54,7 +56,7 @@ fn measure(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, db: &Dat
         b.iter_batched(
             || batch(&next),
             |records| match &mut writer {
-                Some(writer) => rt.block_on(writer.insert(&records)).expect("insert"),
+                Some(writer) => rt.block_on(writer.insert(&records, pace)).expect("insert"),
                 None => rt.block_on(db.insert_audit(&records)).expect("insert"),
             },
             criterion::BatchSize::SmallInput,
@@ -73,8 +75,8 @@ fn audit(c: &mut Criterion) {
     let sqlite = Database::connect(&format!("sqlite:{}", dir.join("audit.db").display()), Duration::from_secs(3))
         .expect("sqlite");
     rt.block_on(sqlite.migrate()).expect("migrate sqlite");
-    measure(c, &rt, "sqlite", &sqlite, false);
-    measure(c, &rt, "sqlite/pool", &sqlite, true);
+    measure(c, &rt, "sqlite", &sqlite, false, Pace::Paced);
+    measure(c, &rt, "sqlite/pool", &sqlite, true, Pace::Paced);
     let _ = std::fs::remove_dir_all(&dir);
 
     let admin = std::env::var("SWITCHBOARD_BENCH_POSTGRES")
@@ -92,7 +94,8 @@ fn audit(c: &mut Criterion) {
     let url = format!("{}/{name}", admin.rsplit_once('/').map_or(admin.as_str(), |(base, _)| base));
     let pg = Database::connect(&url, Duration::from_secs(3)).expect("postgres");
     rt.block_on(pg.migrate()).expect("migrate postgres");
-    measure(c, &rt, "postgres", &pg, false);
+    measure(c, &rt, "postgres", &pg, false, Pace::Paced);
+    measure(c, &rt, "postgres/at_once", &pg, false, Pace::AtOnce);
     drop(pg);
     rt.block_on(async {
         if let Ok(mut conn) = sqlx::PgConnection::connect(&admin).await {

@@ -3,7 +3,9 @@
 //!
 //! The request path only hands a record to a bounded queue ([`Audit::record`])
 //! and never waits for the database. The writer takes what has queued (up to
-//! a batch) and writes it with one multi-row insert. When the database fails
+//! a batch) and writes it in one transaction: paced (on PostgreSQL, COPYs of
+//! 64 rows, waiting for the server after each), or at once (one COPY) when a
+//! whole batch more is already waiting behind it. When the database fails
 //! or is too slow, the batch goes to the [`spool`] file instead, and so does
 //! everything after it until the spool has been replayed, in order; so
 //! records reach the database in the order they were made, each exactly once
@@ -31,7 +33,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, Notify};
 
-use switchboard_db::{AuditRecord, AuditWriter, Database};
+use switchboard_db::{AuditRecord, AuditWriter, Database, Pace};
 
 pub use crate::metrics::Metrics;
 use spool::Spool;
@@ -282,7 +284,10 @@ impl Writer {
             }
             self.metrics.set_queue(self.capacity - self.rx.capacity());
             if !batch.is_empty() {
-                self.write(&mut batch, &mut retry_at).await;
+                // A whole batch more already waiting: the writer is behind,
+                // and writes this one in the fewest round trips.
+                let pace = if self.rx.len() >= self.options.batch { Pace::AtOnce } else { Pace::Paced };
+                self.write(&mut batch, &mut retry_at, pace).await;
             }
             if self.spool.lock().expect("lock").pending() && tokio::time::Instant::now() >= retry_at {
                 self.replay(&mut retry_at).await;
@@ -295,11 +300,12 @@ impl Writer {
 
     /// Writes a batch to the database, or to the spool when records already
     /// wait there (to keep order) or the database fails.
-    async fn write(&mut self, batch: &mut Vec<AuditRecord>, retry_at: &mut tokio::time::Instant) {
+    async fn write(&mut self, batch: &mut Vec<AuditRecord>, retry_at: &mut tokio::time::Instant, pace: Pace) {
         let spooling = self.spool.lock().expect("lock").pending();
         if !spooling {
-            match tokio::time::timeout(self.options.write_timeout, self.db.insert(batch)).await {
+            match tokio::time::timeout(self.options.write_timeout, self.db.insert(batch, pace)).await {
                 Ok(Ok(_)) => {
+                    self.metrics.batch_written(pace);
                     self.metrics.written(batch.len());
                     if let Some(oldest) = batch.iter().map(|r| r.at_ms).min() {
                         self.metrics.written_at(oldest);
@@ -361,7 +367,12 @@ impl Writer {
             let outcome = match first.take() {
                 Some(refusal) => Err(refusal),
                 None => {
-                    match tokio::time::timeout(self.options.write_timeout, self.db.insert(&records[start..end])).await {
+                    match tokio::time::timeout(
+                        self.options.write_timeout,
+                        self.db.insert(&records[start..end], Pace::Paced),
+                    )
+                    .await
+                    {
                         Ok(Ok(_)) => Ok(()),
                         Ok(Err(e)) if e.refuses_content() => Err(e.to_string()),
                         Ok(Err(e)) => {
@@ -430,8 +441,12 @@ impl Writer {
             }
             let mut replayed = 0;
             if !records.is_empty() {
-                match tokio::time::timeout(self.options.write_timeout, self.db.insert(&records)).await {
-                    Ok(Ok(_)) => replayed = records.len(),
+                // Catching up: at once.
+                match tokio::time::timeout(self.options.write_timeout, self.db.insert(&records, Pace::AtOnce)).await {
+                    Ok(Ok(_)) => {
+                        self.metrics.batch_written(Pace::AtOnce);
+                        replayed = records.len();
+                    }
                     Ok(Err(e)) if e.refuses_content() => match self.sort_out(&records, &e).await {
                         Some(written) => replayed = written,
                         None => {
@@ -520,6 +535,58 @@ mod tests {
         assert!(!Spool::open(&spool_path).unwrap().pending(), "the spool emptied");
         let count = |event: &str| metrics.count(event);
         assert_eq!((count("replayed"), count("rejected"), count("lost")), (6, 1, 0));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A writer with a whole batch more waiting writes at once; one keeping
+    /// up, paced. The database is held locked while records queue up behind
+    /// the writer's first write, then let go.
+    #[tokio::test]
+    async fn a_writer_behind_writes_at_once_and_one_keeping_up_paced() {
+        let dir = std::env::temp_dir().join(format!("sb-audit-behind-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("audit.db");
+        let db = Database::connect(&format!("sqlite:{}?mode=rwc", file.display()), Duration::from_secs(5)).unwrap();
+        db.migrate().await.unwrap();
+        let lock = rusqlite::Connection::open(&file).unwrap();
+        lock.execute_batch("BEGIN EXCLUSIVE").unwrap();
+
+        let metrics = Arc::new(Metrics::new(&switchboard_core::metrics::Registry::new()));
+        let options = Options {
+            queue: 1000,
+            batch: 50,
+            write_timeout: Duration::from_secs(20),
+            retry_every: Duration::from_millis(50),
+            flush_every: Duration::from_millis(10),
+        };
+        let audit = Audit::start(db.clone(), &dir.join("audit.spool"), options, metrics.clone()).unwrap();
+        let wait_for = async |n: i64| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while db.count_audit(Some("t")).await.unwrap() < n && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(db.count_audit(Some("t")).await.unwrap(), n);
+        };
+        // The first write waits for the lock; 150 more queue up behind it.
+        audit.record(spool::tests::record(0));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for i in 1..=150 {
+            audit.record(spool::tests::record(i));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        lock.execute_batch("COMMIT").unwrap();
+        wait_for(151).await;
+        let at_once = metrics.batches("at_once");
+        assert!(at_once >= 1, "a batch written with a whole batch more waiting is written at once");
+        // Then a few at a time: the writer keeps up.
+        let paced = metrics.batches("paced");
+        for i in 151..154 {
+            audit.record(spool::tests::record(i));
+            wait_for(i as i64 + 1).await;
+        }
+        assert_eq!((metrics.batches("paced") - paced, metrics.batches("at_once")), (3, at_once));
+        audit.close(Duration::from_secs(5)).await;
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -9,6 +9,7 @@ pub struct Metrics {
     spool_bytes: IntGauge,
     records: IntCounterVec,
     write_failures: IntCounter,
+    batches: IntCounterVec,
     lag: prometheus::Gauge,
 }
 
@@ -34,6 +35,14 @@ impl Metrics {
                 "switchboard_audit_write_failures_total",
                 "Failed or timed-out audit writes to the database.",
             ),
+            batches: counter_vec(
+                registry,
+                "switchboard_audit_batches_total",
+                "Batches written to the database, by pace: paced (on PostgreSQL in COPYs of 64 rows, waiting for \
+                 the server after each), at_once (in one COPY: a whole batch more was waiting, the writer behind, or \
+                 the spool was being replayed; on SQLite every batch is written one way, and counted here too).",
+                &["pace"],
+            ),
             lag: {
                 let lag = prometheus::Gauge::new(
                     "switchboard_audit_lag_seconds",
@@ -49,7 +58,18 @@ impl Metrics {
         for event in ["written", "spooled", "replayed", "overflow", "rejected", "lost"] {
             metrics.records.with_label_values(&[event]);
         }
+        for pace in ["paced", "at_once"] {
+            metrics.batches.with_label_values(&[pace]);
+        }
         metrics
+    }
+
+    pub(crate) fn batch_written(&self, pace: switchboard_db::Pace) {
+        let pace = match pace {
+            switchboard_db::Pace::Paced => "paced",
+            switchboard_db::Pace::AtOnce => "at_once",
+        };
+        self.batches.with_label_values(&[pace]).inc();
     }
 
     /// The oldest record of a batch just written finished at `at_ms`.
@@ -94,6 +114,11 @@ impl Metrics {
     #[cfg(test)]
     pub(crate) fn count(&self, event: &str) -> u64 {
         self.records.with_label_values(&[event]).get()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn batches(&self, pace: &str) -> u64 {
+        self.batches.with_label_values(&[pace]).get()
     }
 
     pub(crate) fn write_failed(&self) {

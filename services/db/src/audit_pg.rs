@@ -1,7 +1,7 @@
 //! The audit writer's way into PostgreSQL: a batch as `COPY ... FROM STDIN`
-//! in PostgreSQL's binary format, 64 rows a COPY, in one transaction
-//! ([`write`]); or, when some of its records are already there, as `UNNEST`
-//! inserts that skip them.
+//! in PostgreSQL's binary format, 64 rows a COPY, in one transaction, or in
+//! one COPY when the writer is behind ([`write`], [`Pace`]); or, when some
+//! of its records are already there, as `UNNEST` inserts that skip them.
 //!
 //! Why COPY: an insert of many rows (`INSERT ... SELECT FROM UNNEST(...)
 //! ON CONFLICT DO NOTHING`) costs the server a plan, a function scan and a
@@ -14,18 +14,24 @@
 
 use std::borrow::Cow;
 
-use crate::{AuditRecord, AUDIT_COLUMNS};
+use crate::{AuditRecord, Pace, AUDIT_COLUMNS};
 
-/// The most rows in one COPY, and in one insert of the `UNNEST` way (a
-/// batch is cut into statements of this many in one transaction).
+/// The most rows in one COPY of a paced batch, and in one insert of the
+/// `UNNEST` way (a batch is cut into statements of this many in one
+/// transaction).
 const PG_AUDIT_CHUNK: usize = 64;
 
 /// PostgreSQL's SQLSTATE for a unique key already present.
 const UNIQUE_VIOLATION: &str = "23505";
 
 /// Writes `records`, each once: an id already written is skipped.
-pub(crate) async fn write(pg: &sqlx::PgPool, records: &[AuditRecord]) -> Result<u64, sqlx::Error> {
-    match in_pieces(pg, records, copy_rows).await {
+pub(crate) async fn write(pg: &sqlx::PgPool, records: &[AuditRecord], pace: Pace) -> Result<u64, sqlx::Error> {
+    let copied = match pace {
+        Pace::Paced => in_pieces(pg, records, copy_rows).await,
+        // One statement: all of it, or none, with no transaction around it.
+        Pace::AtOnce => copy_rows(&mut *pg.acquire().await?, records).await,
+    };
+    match copied {
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(UNIQUE_VIOLATION) => {
             in_pieces(pg, records, async |conn: &mut sqlx::PgConnection, rows: &[AuditRecord]| unnest(conn, rows).await)
                 .await
@@ -48,8 +54,9 @@ pub(crate) async fn write(pg: &sqlx::PgPool, records: &[AuditRecord]) -> Result<
 /// 1.4, the same A/B runs, 2026-11-30), also with the COPY's pieces sent a
 /// millisecond apart: the server buffers a COPY's rows (up to 64 kB) and
 /// inserts them together, so a long COPY's part comes in bursts whatever
-/// the writer does. (A server on a machine of its own takes no core from
-/// requests: there the pieces buy nothing and cost 16 round trips a batch.)
+/// the writer does. So the pieces stay, but a writer behind (a server a
+/// millisecond away: 19 round trips a batch were most of its time) writes
+/// in one COPY ([`Pace::AtOnce`]).
 async fn in_pieces(
     pg: &sqlx::PgPool,
     records: &[AuditRecord],
@@ -350,36 +357,41 @@ mod tests {
         let db = Database::connect(&temp.url, Duration::from_secs(5)).unwrap();
         db.migrate().await.unwrap();
         let pg = db.pg.clone().expect("a PostgreSQL pool");
-        assert_eq!(write(&pg, &[record("warm")]).await.unwrap(), 1, "one connection, idle in the pool");
+        assert_eq!(write(&pg, &[record("warm")], Pace::Paced).await.unwrap(), 1, "one connection, idle in the pool");
         let mut holder = sqlx::PgConnection::connect(&temp.url).await.unwrap();
         let mut held = holder.begin().await.unwrap();
         sqlx::query("LOCK TABLE audit_log IN ACCESS EXCLUSIVE MODE").execute(&mut *held).await.unwrap();
-        let cancelled = tokio::time::timeout(Duration::from_millis(300), write(&pg, &[record("cancelled")])).await;
+        let cancelled =
+            tokio::time::timeout(Duration::from_millis(300), write(&pg, &[record("cancelled")], Pace::Paced)).await;
         assert!(cancelled.is_err(), "the COPY waited for the table");
         held.rollback().await.unwrap();
         let batch: Vec<AuditRecord> = (0..100).map(|i| record(&format!("after-{i}"))).collect();
-        assert_eq!(write(&pg, &batch).await.unwrap(), 100);
-        assert_eq!(write(&pg, &batch).await.unwrap(), 0, "written again: every id is present");
+        assert_eq!(write(&pg, &batch, Pace::Paced).await.unwrap(), 100);
+        assert_eq!(write(&pg, &batch, Pace::AtOnce).await.unwrap(), 0, "written again: every id is present");
         assert_eq!(db.count_audit(None).await.unwrap(), 101, "the cancelled record was not written");
         drop((db, pg, holder));
         temp.drop_now().await;
     }
 
-    /// A batch is one transaction of COPYs: a record already present in its
-    /// last COPY fails it whole, the COPYs before it too (nothing of it is
-    /// left half-written), and the batch is written again the other way,
-    /// each of its new records once.
+    /// A paced batch is one transaction of COPYs, a batch at once one COPY:
+    /// either way a record already present at its end fails it whole, the
+    /// COPYs before it too (nothing of it is left half-written), and the
+    /// batch is written again the other way, each of its new records once.
     #[tokio::test]
     async fn a_batch_failing_in_its_last_copy_is_written_whole_the_other_way() {
         let temp = switchboard_test_support::services::TempDatabase::create().await;
         let db = Database::connect(&temp.url, Duration::from_secs(5)).unwrap();
         db.migrate().await.unwrap();
         let pg = db.pg.clone().expect("a PostgreSQL pool");
-        assert_eq!(write(&pg, &[record("last")]).await.unwrap(), 1);
-        let mut batch: Vec<AuditRecord> = (0..3 * PG_AUDIT_CHUNK).map(|i| record(&format!("new-{i}"))).collect();
-        batch.push(record("last"));
-        assert_eq!(write(&pg, &batch).await.unwrap(), 3 * PG_AUDIT_CHUNK as u64);
-        assert_eq!(db.count_audit(None).await.unwrap(), 3 * PG_AUDIT_CHUNK as i64 + 1);
+        for pace in [Pace::Paced, Pace::AtOnce] {
+            let last = format!("last-{pace:?}");
+            assert_eq!(write(&pg, &[record(&last)], pace).await.unwrap(), 1);
+            let mut batch: Vec<AuditRecord> =
+                (0..3 * PG_AUDIT_CHUNK).map(|i| record(&format!("{pace:?}-{i}"))).collect();
+            batch.push(record(&last));
+            assert_eq!(write(&pg, &batch, pace).await.unwrap(), 3 * PG_AUDIT_CHUNK as u64, "{pace:?}");
+        }
+        assert_eq!(db.count_audit(None).await.unwrap(), 2 * (3 * PG_AUDIT_CHUNK as i64 + 1));
         drop((db, pg));
         temp.drop_now().await;
     }

@@ -1,6 +1,6 @@
 //! Where the audit writer writes, on its own thread: PostgreSQL through the
-//! pool (binary `COPY`s of up to 64 rows, one transaction per batch:
-//! `audit_pg.rs`),
+//! pool (binary `COPY`s of up to 64 rows, one transaction per batch, or
+//! one `COPY` for a batch when the writer is behind: `audit_pg.rs`),
 //! or an SQLite file through a connection of its own (rusqlite), prepared
 //! inserts of up to 16 rows each in one transaction per batch, offering the
 //! CPU to the request threads between them.
@@ -54,6 +54,20 @@ const ROWS_BETWEEN_YIELDS: usize = 16;
 /// audit at 32 connections, medians of three rounds.)
 const BUSY_CORE: std::time::Duration = std::time::Duration::from_micros(200);
 
+/// How a batch goes to PostgreSQL (SQLite writes every batch one way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pace {
+    /// In COPYs of 64 rows, the writer waiting for the server after each:
+    /// the server's work comes in short pieces, which a server sharing the
+    /// router's cores needs (p99 at one connection), at two round trips a
+    /// COPY.
+    Paced,
+    /// In one COPY, three round trips a batch: for a writer that has
+    /// fallen behind (a server a millisecond or more away, where the
+    /// round trips of the paced way are most of a batch's time).
+    AtOnce,
+}
+
 /// The audit writer's way to its database.
 pub enum AuditWriter {
     /// PostgreSQL (or an in-memory SQLite database, which only the pool's
@@ -95,9 +109,9 @@ impl AuditWriter {
     /// Writes `records`, each once (an id already written is skipped: a
     /// replayed record); how many were new. On SQLite this blocks the
     /// calling thread for the write (the writer's own).
-    pub async fn insert(&mut self, records: &[AuditRecord]) -> Result<u64, DbError> {
+    pub async fn insert(&mut self, records: &[AuditRecord], pace: Pace) -> Result<u64, DbError> {
         match self {
-            AuditWriter::Pool(db) => db.insert_audit(records).await,
+            AuditWriter::Pool(db) => db.insert_audit_paced(records, pace).await,
             AuditWriter::Sqlite(sqlite) => sqlite.insert(records),
         }
     }

@@ -29,7 +29,7 @@ mod credentials;
 mod pins;
 mod upstreams;
 pub mod usage;
-pub use audit_writer::AuditWriter;
+pub use audit_writer::{AuditWriter, Pace};
 pub use credentials::{CredentialRow, VAULT_CHANNEL};
 pub use pins::{NewPin, PinDigests, PinRow, PINS_CHANNEL};
 pub use upstreams::{UpstreamRow, UPSTREAMS_CHANNEL};
@@ -434,15 +434,20 @@ impl Database {
         Ok(())
     }
 
-    /// Writes audit records: on PostgreSQL in one COPY ([`audit_pg`]), on
-    /// SQLite in multi-row inserts. Records already present (same id) are
-    /// skipped, so a batch may be written again safely.
+    /// Writes audit records: on PostgreSQL in COPYs ([`audit_pg`]), on
+    /// SQLite in multi-row inserts, in one transaction. Records already
+    /// present (same id) are skipped, so a batch may be written again safely.
     pub async fn insert_audit(&self, records: &[AuditRecord]) -> Result<u64, DbError> {
+        self.insert_audit_paced(records, Pace::Paced).await
+    }
+
+    /// [`insert_audit`](Self::insert_audit), on PostgreSQL at `pace`.
+    pub async fn insert_audit_paced(&self, records: &[AuditRecord], pace: Pace) -> Result<u64, DbError> {
         if records.is_empty() {
             return Ok(0);
         }
         if let Some(pg) = &self.pg {
-            return Ok(audit_pg::write(pg, records).await?);
+            return Ok(audit_pg::write(pg, records, pace).await?);
         }
         // In statements of a few fixed sizes, so that each is prepared once
         // per connection and kept (a statement per batch size would be
@@ -726,10 +731,11 @@ mod tests {
             .collect()
     }
 
-    /// Writes through the audit writer's way if given, else the pool's.
+    /// Writes through the audit writer's way at once if given (on
+    /// PostgreSQL: one COPY a batch), else the pool's, paced (COPYs of 64).
     async fn insert(db: &Database, writer: &mut Option<AuditWriter>, batch: &[AuditRecord]) -> u64 {
         match writer {
-            Some(writer) => writer.insert(batch).await.unwrap(),
+            Some(writer) => writer.insert(batch, Pace::AtOnce).await.unwrap(),
             None => db.insert_audit(batch).await.unwrap(),
         }
     }
@@ -834,7 +840,7 @@ mod tests {
         };
         sqlx::query(refuse).execute(&db.pool).await.unwrap();
         let mut insert = async |batch: &[AuditRecord]| match &mut writer {
-            Some(writer) => writer.insert(batch).await,
+            Some(writer) => writer.insert(batch, Pace::AtOnce).await,
             None => db.insert_audit(batch).await,
         };
         for n in [1, 3, 40] {
