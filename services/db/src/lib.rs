@@ -236,10 +236,24 @@ impl Database {
             url.push_str(if url.contains('?') { "&mode=rwc" } else { "?mode=rwc" });
         }
         let options = sqlx::any::AnyConnectOptions::from_str(&url)?;
-        let pool = AnyPoolOptions::new()
+        let mut pool = AnyPoolOptions::new()
             .max_connections(if backend == Backend::Sqlite { 4 } else { 8 })
-            .acquire_timeout(acquire_timeout)
-            .connect_lazy_with(options);
+            .acquire_timeout(acquire_timeout);
+        if backend == Backend::Sqlite {
+            // What SQLite would put in temporary files (a statement's
+            // journal past 64 KiB, a sort, an index being built) is kept in
+            // memory: a router on a read-only root file system (as the
+            // Kubernetes manifests run it) has no temporary directory, and
+            // there every audit batch of some size failed, through the pool
+            // and through the audit writer's connection ("disk I/O error").
+            pool = pool.after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::Executor::execute(conn, "PRAGMA temp_store = MEMORY").await?;
+                    Ok(())
+                })
+            });
+        }
+        let pool = pool.connect_lazy_with(options);
         let pg = match backend {
             Backend::Postgres => Some(
                 sqlx::postgres::PgPoolOptions::new()
@@ -864,6 +878,86 @@ mod tests {
     #[tokio::test]
     async fn refusals_on_postgres() {
         on_postgres(refusals_are_told_from_other_failures).await;
+    }
+
+    /// Where [`sqlite_needs_no_temporary_directory`] keeps its database: a
+    /// directory beside the test binary (in the build's target directory),
+    /// outside the ones it makes read-only.
+    const NO_TEMP_DIR: &str = "SWITCHBOARD_TEST_NO_TEMP_DIR";
+
+    /// SQLite, with no writable temporary directory (a read-only root file
+    /// system, as the Kubernetes manifests run the router): batches of 500
+    /// records of a router's sizes are written, through the audit writer's
+    /// connection and through the pool. SQLite spills a statement's journal
+    /// to a temporary file once it outgrows 64 KiB, which such batches do
+    /// (a file opened and deleted in `/var/tmp` for each batch): with none
+    /// to be had, every batch failed with "disk I/O error" and went to the
+    /// spool, for good. Runs [`sqlite_in_a_read_only_world`] in a mount
+    /// namespace of its own (`unshare`) where `/tmp`, `/var/tmp` and its
+    /// working directory are read-only.
+    #[test]
+    fn sqlite_needs_no_temporary_directory() {
+        let exe = std::env::current_exe().unwrap();
+        let dir = exe.parent().unwrap().join(switchboard_test_support::services::unique("sb-no-temp-"));
+        assert!(
+            !dir.starts_with("/tmp") && !dir.starts_with("/var/tmp"),
+            "the build's target directory must not be under /tmp or /var/tmp for this test: {}",
+            dir.display()
+        );
+        std::fs::create_dir_all(&dir).unwrap();
+        let read_only = ["/tmp", "/var/tmp", "/usr/tmp"]
+            .iter()
+            .filter(|d| std::path::Path::new(d).is_dir())
+            .map(|d| format!("mount --bind {d} {d} && mount -o remount,bind,ro {d} && "))
+            .collect::<String>();
+        // Root in a user namespace of its own (`-r`): as any user, where the
+        // kernel allows unprivileged namespaces, and as root.
+        let out = std::process::Command::new("unshare")
+            .args(["-r", "-m", "sh", "-c"])
+            .arg(format!("{read_only}cd /tmp && ! touch /tmp/sb-writable 2>/dev/null && exec \"$0\" \"$@\""))
+            .arg(&exe)
+            .args(["--exact", "tests::sqlite_in_a_read_only_world", "--ignored", "--test-threads", "1"])
+            .env(NO_TEMP_DIR, &dir)
+            .env_remove("SQLITE_TMPDIR")
+            .env_remove("TMPDIR")
+            .output()
+            .expect("unshare (util-linux) runs");
+        let _ = std::fs::remove_dir_all(&dir);
+        let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && said.contains("1 passed"), "{said}");
+    }
+
+    /// Run by [`sqlite_needs_no_temporary_directory`] only.
+    #[tokio::test]
+    #[ignore = "run by sqlite_needs_no_temporary_directory, in a mount namespace"]
+    async fn sqlite_in_a_read_only_world() {
+        let dir =
+            std::path::PathBuf::from(std::env::var(NO_TEMP_DIR).expect("run by sqlite_needs_no_temporary_directory"));
+        for through_writer in [false, true] {
+            let file = dir.join(format!("audit-{through_writer}.db"));
+            let db = Database::connect(&format!("sqlite:{}", file.display()), Duration::from_secs(5)).unwrap();
+            db.migrate().await.unwrap();
+            let mut writer = through_writer.then(|| db.audit_writer(Duration::from_secs(5)).unwrap());
+            for run in 0..4 {
+                // As a router's records are: 32-character ids, sessions and traces.
+                let batch: Vec<AuditRecord> = records(500, "")
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, mut r)| {
+                        r.id = format!("{:016x}{:016x}", 0x5b5b_5b5b_u64, run * 1000 + i);
+                        r.session = Some(format!("{:032x}", i).into());
+                        r.trace_id = Some(format!("{:032x}", i * 7));
+                        r
+                    })
+                    .collect();
+                let written = match &mut writer {
+                    Some(writer) => writer.insert(&batch, Pace::Paced).await,
+                    None => db.insert_audit(&batch).await,
+                };
+                assert_eq!(written.unwrap(), 500, "batch {run}, through the writer: {through_writer}");
+            }
+            assert_eq!(db.count_audit(None).await.unwrap(), 2000);
+        }
     }
 
     #[tokio::test]
