@@ -447,7 +447,10 @@ impl Writer {
                     )
                     .await
                     {
-                        Ok(Ok(_)) => Ok(()),
+                        Ok(Ok(_)) => {
+                            self.metrics.batch_written(Pace::Paced);
+                            Ok(())
+                        }
                         Ok(Err(e)) if e.refuses_content() => Err(e.to_string()),
                         Ok(Err(e)) => {
                             tracing::debug!(error = %e, "audit: database write failed while sorting out a refused batch");
@@ -635,6 +638,9 @@ mod tests {
         assert!(!Spool::open(&spool_path).unwrap().pending(), "the spool emptied");
         let count = |event: &str| metrics.count(event);
         assert_eq!((count("replayed"), count("rejected"), count("lost")), (6, 1, 0));
+        // Halves [0, 3) and [3, 7); of the first, [0, 1) and [1, 3); of that,
+        // [1, 2) and [2, 3), refused: three parts written, each a batch.
+        assert_eq!((metrics.batches("paced"), metrics.batches("at_once")), (3, 0));
         let _ = std::fs::remove_dir_all(dir);
     }
 
