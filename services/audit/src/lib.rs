@@ -75,22 +75,29 @@ pub struct Sink {
 }
 
 impl Sink {
-    /// Queues a record; never waits. If the queue is full the record is
-    /// appended to the spool here instead. A record without an id (`""`) is
-    /// given one.
+    /// Queues a record; never waits for the disk. If the queue is full the
+    /// record is appended to the spool here instead, and synced soon
+    /// ([`Syncs`]). After the writer has stopped (a request finished after
+    /// shutdown's drain), it is appended and synced here: no sync would
+    /// follow. A record without an id (`""`) is given one.
     pub fn record(&self, record: impl Into<Box<AuditRecord>>) {
         match self.queue.try_send(record.into()) {
             Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(record) | mpsc::error::TrySendError::Closed(record)) => {
-                let record = self.ids.stamp(*record);
+            Err(refused) => {
+                let stopped = matches!(refused, mpsc::error::TrySendError::Closed(_));
+                let record = self.ids.stamp(*refused.into_inner());
                 self.metrics.overflow();
                 let mut spool = self.spool.lock().expect("lock");
                 match spool.append(std::slice::from_ref(&record)) {
                     Ok(()) => {
                         self.metrics.set_spool_bytes(spool.pending_bytes());
                         self.metrics.spooled(1);
-                        drop(spool);
-                        self.syncs.ask(&self.spool, &self.metrics);
+                        if stopped {
+                            sync(spool.unsynced(), &self.metrics);
+                        } else {
+                            drop(spool);
+                            self.syncs.ask(&self.spool, &self.metrics);
+                        }
                     }
                     Err(e) => {
                         self.metrics.lost(1);
@@ -730,6 +737,26 @@ mod tests {
         audit.close(Duration::from_secs(5)).await;
         assert_eq!(db.count_audit(Some("t")).await.unwrap(), 302);
         assert_eq!(metrics.count("lost"), 0);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A record made after the writer stopped (a request finished after
+    /// shutdown's drain) is spooled and synced before `record` returns, for
+    /// the next start to replay: no sync would follow it.
+    #[tokio::test]
+    async fn a_record_made_after_the_writer_stopped_is_spooled_and_synced_at_once() {
+        let (dir, _, db) = sqlite("stopped").await;
+        let metrics = Arc::new(Metrics::new(&switchboard_core::metrics::Registry::new()));
+        let audit = Audit::start(db.clone(), &dir.join("audit.spool"), behind_a_lock(16), metrics.clone()).unwrap();
+        audit.close(Duration::from_secs(5)).await;
+        audit.record(spool::tests::record(7));
+        {
+            let mut spool = audit.sink.spool.lock().unwrap();
+            assert_eq!((spool.syncs(), spool.unsynced_records()), (1, 0), "(syncs, records not synced)");
+            let (waiting, _, _) = spool.peek(10).unwrap();
+            assert_eq!(waiting.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["r7"]);
+        }
+        assert_eq!((metrics.count("spooled"), metrics.count("lost")), (1, 0));
         let _ = std::fs::remove_dir_all(dir);
     }
 
