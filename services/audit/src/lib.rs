@@ -109,18 +109,23 @@ impl Sink {
     }
 }
 
+/// However long the writer gathers records (`flush_every` is not bounded),
+/// the records the requests spool are on disk within about this long.
+const SYNCS_GATHER_AT_MOST: Duration = Duration::from_secs(1);
+
 /// The syncs of records the requests spooled themselves: one blocking task
 /// at a time, each covering every record appended before it began, which
-/// is `audit.flush_every` after it was asked for. Records the requests
-/// spool are in the file at once (a crash of the router loses none), and
-/// on disk within that time plus the sync's, as queued records are in the
-/// database within `flush_every` plus the write's. Synced at once, the
-/// syncs followed one another, each a few records, and their writes and
-/// interrupts cost the requests' core: 11,000 calls a second while the
-/// requests spooled, 27,000 to 30,000 with syncs 10 or 100 ms apart, against
-/// 30,000 to 34,000 before the queue filled (pinned as `loadtest/run` pins,
-/// SQLite audit, its database locked, 32 connections; synced one by one on
-/// the requests' threads, as before, 5,000). `loadtest/spooling` measures it.
+/// is `audit.flush_every` (at most [`SYNCS_GATHER_AT_MOST`]) after it was
+/// asked for. Records the requests spool are in the file at once (a crash
+/// of the router loses none), and on disk within that time plus the
+/// sync's, as queued records are in the database within `flush_every` plus
+/// the write's. Synced at once, the syncs followed one another, each a few
+/// records, and their writes and interrupts cost the requests' core: 11,000
+/// calls a second while the requests spooled, 27,000 to 30,000 with syncs
+/// 10 or 100 ms apart, against 30,000 to 34,000 before the queue filled
+/// (pinned as `loadtest/run` pins, SQLite audit, its database locked, 32
+/// connections; synced one by one on the requests' threads, as before,
+/// 5,000). `loadtest/spooling` measures it.
 struct Syncs {
     /// A task is asked for and has not yet taken what it will sync.
     asked: std::sync::atomic::AtomicBool,
@@ -213,7 +218,7 @@ impl Audit {
             runtime.block_on(writer.run(stop_writer));
             let _ = done_tx.send(());
         })?;
-        let syncs = Arc::new(Syncs { asked: false.into(), gathers: flush_every });
+        let syncs = Arc::new(Syncs { asked: false.into(), gathers: flush_every.min(SYNCS_GATHER_AT_MOST) });
         let sink = Sink { queue: tx, spool, metrics, ids: ids.clone(), syncs };
         Ok(Audit { sink, stop, done: Mutex::new(Some(done)), ids })
     }
@@ -737,6 +742,35 @@ mod tests {
         audit.close(Duration::from_secs(5)).await;
         assert_eq!(db.count_audit(Some("t")).await.unwrap(), 302);
         assert_eq!(metrics.count("lost"), 0);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// However long the writer gathers (`flush_every`: an hour here), the
+    /// records the requests spool are synced within about a second.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_the_requests_spool_are_synced_within_a_second_whatever_flush_every() {
+        let (dir, _, db) = sqlite("slow-flush").await;
+        let metrics = Arc::new(Metrics::new(&switchboard_core::metrics::Registry::new()));
+        let options = Options { flush_every: Duration::from_secs(3600), ..behind_a_lock(1) };
+        let audit = Audit::start(db.clone(), &dir.join("audit.spool"), options, metrics.clone()).unwrap();
+        // The writer gathers the first; the second fills the queue of one;
+        // the others are spooled by the requests.
+        for i in 0..5 {
+            audit.record(spool::tests::record(i));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(metrics.count("overflow"), 3);
+        let synced = || {
+            let spool = audit.sink.spool.lock().unwrap();
+            (spool.syncs(), spool.unsynced_records())
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while synced() != (1, 0) && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(synced(), (1, 0), "(syncs, records not synced)");
+        audit.close(Duration::from_secs(5)).await;
+        assert_eq!(db.count_audit(Some("t")).await.unwrap(), 5, "each record written once, in the end");
         let _ = std::fs::remove_dir_all(dir);
     }
 
