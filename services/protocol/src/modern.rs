@@ -61,7 +61,14 @@ pub fn request_meta(params: Option<&RawValue>) -> Result<Option<RequestMeta<'_>>
     let Some(params) = params else { return Ok(None) };
     let wire: ParamsMeta<'_> =
         serde_json::from_str(params.get()).map_err(|e| ParseError::Invalid(Cow::Owned(format!("params: {e}"))))?;
-    let Some(meta) = wire.meta else { return Ok(None) };
+    meta_members(wire.meta)
+}
+
+/// [`request_meta`] from `params._meta` itself, raw, as a read of `params`
+/// already found it ([`Target::meta`](crate::jsonrpc::Target::meta)):
+/// `params` are not read again.
+pub fn meta_members(meta: Option<&RawValue>) -> Result<Option<RequestMeta<'_>>, ParseError> {
+    let Some(meta) = meta else { return Ok(None) };
     if !meta.get().starts_with('{') {
         return Err(ParseError::Invalid(Cow::Borrowed("params._meta must be an object")));
     }

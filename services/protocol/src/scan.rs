@@ -76,6 +76,19 @@ pub fn answer(input: &[u8]) -> Option<(MessageKind, Range<usize>)> {
     (first == b'"' || first == b'-' || first.is_ascii_digit()).then_some((kind, id))
 }
 
+/// The length of the JSON object `input` begins with, if it surely is one
+/// (see the module docs): where a stream of JSON values (an answer's body)
+/// ends its first. `None` for anything else or anything unsure, an object
+/// cut short included.
+pub fn object_len(input: &[u8]) -> Option<usize> {
+    if input.first() != Some(&b'{') {
+        return None;
+    }
+    let mut s = Scanner { b: input, at: 0 };
+    s.value()?;
+    Some(s.at)
+}
+
 /// Where a request's (or notification's) members are in its bytes, by
 /// [`request`]: each value's span, quotes included for strings.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -656,5 +669,29 @@ mod tests {
         let nested = |n: usize| format!(r#"{{"jsonrpc":"2.0","id":1,"result":{}1{}}}"#, "[".repeat(n), "]".repeat(n));
         assert!(answer(nested(128).as_bytes()).is_some());
         assert_eq!(answer(nested(129).as_bytes()), None);
+    }
+
+    #[test]
+    fn an_objects_length_is_where_serde_json_ends_it_and_anything_unsure_is_none() {
+        let first = br#"{"jsonrpc":"2.0","id":1,"result":{"a":[1,"}",{"b":null}]}}"#;
+        for tail in [&b""[..], b"\n", b"\n{\"jsonrpc\":\"2.0\"}", b" x"] {
+            let input = [&first[..], tail].concat();
+            let mut values = serde_json::Deserializer::from_slice(&input).into_iter::<serde::de::IgnoredAny>();
+            values.next().unwrap().unwrap();
+            assert_eq!(object_len(&input), Some(values.byte_offset()), "{:?}", String::from_utf8_lossy(&input));
+            assert_eq!(object_len(&input), Some(first.len()));
+        }
+        // Cut short anywhere: not an object yet.
+        for end in 0..first.len() {
+            assert_eq!(object_len(&first[..end]), None, "{:?}", String::from_utf8_lossy(&first[..end]));
+        }
+        // Not an object, not JSON, or too deep: left to serde_json.
+        for input in [&b" {}"[..], b"[1]", b"1", b"\"a\"", b"{\"a\":}", b"{\"a\":1,}", b"{'a':1}", b"{\"a\":tru}"] {
+            assert_eq!(object_len(input), None, "{:?}", String::from_utf8_lossy(input));
+        }
+        let deep = format!("{}1{}", r#"{"a":"#.repeat(129), "}".repeat(129));
+        assert_eq!(object_len(deep.as_bytes()), None);
+        let fine = format!("{}1{}", r#"{"a":"#.repeat(128), "}".repeat(128));
+        assert_eq!(object_len(fine.as_bytes()), Some(fine.len()));
     }
 }

@@ -258,6 +258,11 @@ impl Exchange {
         self.target = Some(named);
     }
 
+    /// See [`set_target`](Self::set_target).
+    pub fn target(&self) -> Option<&Named> {
+        self.target.as_ref()
+    }
+
     /// The request goes upstream now (`now`: the caller's clock read,
     /// not another).
     pub fn upstream_sent(&mut self, now: Instant) {

@@ -328,7 +328,12 @@ impl super::Transport for Transport {
                 Some(first) => first?,
                 None => return Err(UpstreamError::Protocol("an empty answer to a request".into())),
             };
-            let kind = switchboard_protocol::Envelope::parse(&first).map(|e| e.kind);
+            // Its kind by the quick read of answers, sure of most; the
+            // envelope's parse decides the rest.
+            let kind = match switchboard_protocol::scan::answer(&first) {
+                Some((kind, _)) => Ok(kind),
+                None => switchboard_protocol::Envelope::parse(&first).map(|e| e.kind),
+            };
             return match kind {
                 Ok(MessageKind::Response | MessageKind::Error) => {
                     Ok(super::ModernAnswer { status, reply: Reply::Done(first) })

@@ -165,6 +165,13 @@ impl JsonValues {
                 continue;
             };
             if try_parse {
+                // An object (as answers are) by the quick read, sure of most;
+                // serde_json decides the rest, and says when one is cut short.
+                if let Some(len) = switchboard_protocol::scan::object_len(&self.buf[start..]) {
+                    let mut value = self.buf.split_to(start + len);
+                    let _ = value.split_to(start);
+                    return Some(Ok(value.freeze()));
+                }
                 let mut values =
                     serde_json::Deserializer::from_slice(&self.buf[start..]).into_iter::<serde::de::IgnoredAny>();
                 match values.next() {

@@ -40,7 +40,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use switchboard_core::policy::Principal;
 use switchboard_core::Outcome;
-use switchboard_protocol::jsonrpc::{self, span, Envelope, MessageKind, Target};
+use switchboard_protocol::jsonrpc::{self, span, Envelope, MessageKind};
 use switchboard_protocol::methods::ListKind;
 use switchboard_protocol::modern::{self, RequestMeta};
 use switchboard_protocol::rewrite::{splice, Edit};
@@ -117,7 +117,13 @@ impl Validated<'_> {
 /// Phase 1: the request's `_meta` and headers (see the module docs).
 pub fn validate<'a>(headers: Headers<'_>, env: &Envelope<'a>) -> Result<Validated<'a>, Error> {
     let method = env.method_str();
-    let meta = modern::request_meta(env.params)
+    // `params._meta` as the envelope's read of `params` found it (an
+    // object's, read once for every phase), else read here.
+    let meta = match env.target() {
+        Some(Ok(target)) if env.params.is_some_and(|p| p.get().starts_with('{')) => modern::meta_members(target.meta),
+        _ => modern::request_meta(env.params),
+    };
+    let meta = meta
         .map_err(|e| Error::InvalidMeta(e.to_string()))?
         .ok_or_else(|| Error::InvalidMeta("params._meta is required without a session".into()))?;
     let Some(version) = meta.protocol_version.as_deref() else {
@@ -155,8 +161,8 @@ pub fn validate<'a>(headers: Headers<'_>, env: &Envelope<'a>) -> Result<Validate
         _ => None,
     };
     if let Some(field) = named {
-        let target = env.params.and_then(|p| Target::parse(p).ok()).unwrap_or_default();
-        let raw = if field == "name" { target.name } else { target.uri };
+        let target = env.target().and_then(Result::ok);
+        let raw = target.and_then(|t| if field == "name" { t.name } else { t.uri });
         let body = raw.and_then(jsonrpc::as_str);
         match (header_text(headers, Header::McpName), body) {
             (None, _) => {
@@ -447,7 +453,7 @@ async fn call(
         return match state {
             Ok(state) => {
                 let client_token = resolved.progress_token.as_ref().map(|r| bridge::token_text(&resolved.body, r));
-                bridge::resume(x, valid, method, id, state, client_token).await
+                Box::pin(bridge::resume(x, valid, method, id, state, client_token)).await
             }
             Err(e) => {
                 x.served_by(u);
@@ -456,7 +462,10 @@ async fn call(
         };
     }
     x.served_by(u);
-    bridge::bridged(x, valid, method, id, resolved).await
+    // Boxed, as `resume` above: a bridged call's future (several kilobytes)
+    // held inline made every stateless request's as large, and each was
+    // copied whole where it was made.
+    Box::pin(bridge::bridged(x, valid, method, id, resolved)).await
 }
 
 /// To a stateless upstream: the request as it came, with the rewritten name,
@@ -473,7 +482,7 @@ async fn passthrough(
     let who = x.principal().expect("authenticated").clone();
     let u = resolved.upstream;
     let upstream = &app.upstreams[u];
-    let mut extra = upstream_headers(method, &resolved.body, Some(headers));
+    let mut extra = upstream_headers(method, x.target().map(|n| &*n.original), Some(headers));
     if let Some(traceparent) = resolved.traceparent.clone() {
         extra.push((http::HeaderName::from_static("traceparent"), traceparent));
     }
