@@ -769,9 +769,11 @@ impl Catalog {
                 credential.as_deref(),
             );
             let answer = match tokio::time::timeout(upstream.config.list_timeout, probe).await {
-                Ok(Ok(switchboard_upstream::ModernAnswer { status, reply: switchboard_upstream::Reply::Done(m) })) => {
-                    serde_json::from_slice::<Value>(&m).ok().map(|v| (status, v))
-                }
+                Ok(Ok(switchboard_upstream::ModernAnswer {
+                    status,
+                    reply: switchboard_upstream::Reply::Done(m),
+                    ..
+                })) => serde_json::from_slice::<Value>(&m).ok().map(|v| (status, v)),
                 // No answer at all (down, or not listening yet): ask again next
                 // time rather than take it for a session-era server for good.
                 Err(_) | Ok(Err(UpstreamError::Connect(_) | UpstreamError::Timeout(_))) => return Ok(false),

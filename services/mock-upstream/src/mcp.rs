@@ -71,8 +71,8 @@ const TOOLS: &[(&str, &str, &str)] = &[
     ("sleep", "Waits `ms` milliseconds.", r#"{"type":"object","properties":{"ms":{"type":"integer"}}}"#),
     (
         "progress",
-        "Sends `steps` progress notifications, `interval_ms` apart.",
-        r#"{"type":"object","properties":{"steps":{"type":"integer"},"interval_ms":{"type":"integer"}}}"#,
+        "Sends `steps` progress notifications, `interval_ms` apart; with `error_code`, then a JSON-RPC error of that code.",
+        r#"{"type":"object","properties":{"steps":{"type":"integer"},"interval_ms":{"type":"integer"},"error_code":{"type":"integer"}}}"#,
     ),
     ("log", "Sends a log message, then answers.", r#"{"type":"object","properties":{"message":{"type":"string"}}}"#),
     (
@@ -637,11 +637,15 @@ impl Server {
                 let server = self.clone();
                 tokio::spawn(async move {
                     let response = server.streamed_tool(&session, &name, &args, token, &tx).await;
-                    let bytes = match response {
-                        Ok(result) => {
+                    let error_code = args["error_code"].as_i64().filter(|_| name == "progress");
+                    let bytes = match (response, error_code) {
+                        (Ok(_), Some(code)) => {
+                            jsonrpc::error_response(Some(&id), code, "failed after its progress, on purpose", None)
+                        }
+                        (Ok(result), None) => {
                             jsonrpc::result_response(&id, &serde_json::to_vec(&result).expect("serializable"))
                         }
-                        Err(text) => jsonrpc::result_response(
+                        (Err(text), _) => jsonrpc::result_response(
                             &id,
                             &serde_json::to_vec(&json!({"content": [{"type": "text", "text": text}], "isError": true}))
                                 .expect("serializable"),

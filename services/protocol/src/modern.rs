@@ -39,14 +39,40 @@ pub mod code {
 /// The members of a request's `params._meta` the era defines, raw.
 #[derive(Debug, Default, Deserialize)]
 pub struct RequestMeta<'a> {
-    #[serde(borrow, default, rename = "io.modelcontextprotocol/protocolVersion")]
+    #[serde(borrow, default, rename = "io.modelcontextprotocol/protocolVersion", deserialize_with = "text")]
     pub protocol_version: Option<Cow<'a, str>>,
     #[serde(borrow, default, rename = "io.modelcontextprotocol/clientCapabilities")]
     pub client_capabilities: Option<&'a RawValue>,
-    #[serde(borrow, default, rename = "io.modelcontextprotocol/logLevel")]
+    #[serde(borrow, default, rename = "io.modelcontextprotocol/logLevel", deserialize_with = "text")]
     pub log_level: Option<Cow<'a, str>>,
     #[serde(borrow, default, rename = "progressToken")]
     pub progress_token: Option<&'a RawValue>,
+}
+
+/// A string member, borrowed unless it has escapes (serde borrows a `Cow`
+/// only when it is not in an `Option`: the version was copied for every
+/// stateless request); `null` is absent.
+fn text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Cow<'de, str>>, D::Error> {
+    struct Text<'de>(Cow<'de, str>);
+    impl<'de> Deserialize<'de> for Text<'de> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Visit;
+            impl<'de> serde::de::Visitor<'de> for Visit {
+                type Value = Text<'de>;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a string")
+                }
+                fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Text<'de>, E> {
+                    Ok(Text(Cow::Borrowed(v)))
+                }
+                fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Text<'de>, E> {
+                    Ok(Text(Cow::Owned(v.to_owned())))
+                }
+            }
+            d.deserialize_str(Visit)
+        }
+    }
+    Ok(Option::<Text<'de>>::deserialize(d)?.map(|t| t.0))
 }
 
 #[derive(Deserialize)]
@@ -134,25 +160,27 @@ impl<'de: 'a, 'a> Deserialize<'de> for MetaMembers<'a> {
 /// A header value as text: trimmed, and decoded if it is in the
 /// `=?base64?…?=` form the era uses for values that are not plain ASCII
 /// (`Mcp-Name`, `Mcp-Param-*`). `None` if that form does not decode to UTF-8.
-pub fn header_text(raw: &[u8]) -> Option<String> {
+/// Borrowed unless decoded (a stateless request's three headers checked
+/// without an allocation).
+pub fn header_text(raw: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
     use base64::Engine;
     let text = std::str::from_utf8(raw).ok()?.trim();
     if let Some(inner) = text.strip_prefix("=?base64?").and_then(|t| t.strip_suffix("?=")) {
         let bytes = base64::engine::general_purpose::STANDARD.decode(inner).ok()?;
-        return String::from_utf8(bytes).ok();
+        return String::from_utf8(bytes).ok().map(std::borrow::Cow::Owned);
     }
-    Some(text.to_owned())
+    Some(std::borrow::Cow::Borrowed(text))
 }
 
 /// The header value for `text`: as it is if it is visible ASCII without
-/// surrounding spaces, else in the `=?base64?…?=` form.
-pub fn header_value_text(text: &str) -> String {
+/// surrounding spaces (borrowed then), else in the `=?base64?…?=` form.
+pub fn header_value_text(text: &str) -> Cow<'_, str> {
     use base64::Engine;
     let plain = !text.is_empty() && text.bytes().all(|b| (0x20..0x7f).contains(&b)) && text.trim() == text;
     if plain {
-        return text.to_owned();
+        return Cow::Borrowed(text);
     }
-    format!("=?base64?{}?=", base64::engine::general_purpose::STANDARD.encode(text))
+    Cow::Owned(format!("=?base64?{}?=", base64::engine::general_purpose::STANDARD.encode(text)))
 }
 
 /// The `Mcp-Param-*` headers a `tools/call` of `tool` (its definition, as
@@ -172,7 +200,7 @@ pub fn mirrored_params(tool: &serde_json::Value, arguments: Option<&serde_json::
             Some(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string(),
             _ => continue,
         };
-        headers.push((format!("mcp-param-{}", suffix.to_ascii_lowercase()), header_value_text(&text)));
+        headers.push((format!("mcp-param-{}", suffix.to_ascii_lowercase()), header_value_text(&text).into_owned()));
     }
     headers
 }
@@ -208,6 +236,24 @@ mod tests {
         assert!(request_meta(Some(&raw(r#"{"_meta":[1]}"#))).is_err());
         assert_eq!(log_rank("warning"), Some(3));
         assert_eq!(log_rank("loud"), None);
+    }
+
+    #[test]
+    fn the_meta_strings_are_borrowed_unless_escaped_and_null_is_absent() {
+        let meta = raw(
+            r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/logLevel":"in\u0066o"}"#,
+        );
+        let read = meta_members(Some(&meta)).unwrap().unwrap();
+        assert!(matches!(read.protocol_version, Some(Cow::Borrowed("2026-07-28"))), "{read:?}");
+        assert!(matches!(read.log_level.as_ref(), Some(Cow::Owned(level)) if level == "info"), "{read:?}");
+        let null = raw(r#"{"io.modelcontextprotocol/protocolVersion":null,"io.modelcontextprotocol/logLevel":null}"#);
+        let read = meta_members(Some(&null)).unwrap().unwrap();
+        assert!(read.protocol_version.is_none() && read.log_level.is_none(), "{read:?}");
+        for wrong in [r#"{"io.modelcontextprotocol/protocolVersion":1}"#, r#"{"io.modelcontextprotocol/logLevel":{}}"#]
+        {
+            let e = meta_members(Some(&raw(wrong))).unwrap_err().to_string();
+            assert!(e.contains("expected a string"), "{wrong}: {e}");
+        }
     }
 
     #[test]

@@ -29,6 +29,17 @@ use crate::kind::MessageKind;
 /// [`MessageKind::Error`]) and where its id is in `input`, if `input` is
 /// surely one (see the module docs).
 pub fn answer(input: &[u8]) -> Option<(MessageKind, Range<usize>)> {
+    let (kind, id, end) = answer_at_start(input)?;
+    let mut s = Scanner { b: input, at: end };
+    s.ws();
+    (s.at == input.len()).then_some((kind, id))
+}
+
+/// [`answer`] of the JSON object at the start of `input` (after any
+/// whitespace), whatever follows it, and where that object ends: what
+/// [`object_len`] and [`answer`] find, in one pass, of an answer in a
+/// stream of values.
+pub fn answer_at_start(input: &[u8]) -> Option<(MessageKind, Range<usize>, usize)> {
     let mut s = Scanner { b: input, at: 0 };
     s.ws();
     s.eat(b'{')?;
@@ -62,8 +73,7 @@ pub fn answer(input: &[u8]) -> Option<(MessageKind, Range<usize>)> {
             _ => return None,
         }
     }
-    s.ws();
-    if s.at != input.len() || input.get(jsonrpc?)? != b"\"2.0\"" {
+    if input.get(jsonrpc?)? != b"\"2.0\"" {
         return None;
     }
     let kind = match (result, error) {
@@ -73,7 +83,7 @@ pub fn answer(input: &[u8]) -> Option<(MessageKind, Range<usize>)> {
     };
     let id = id?;
     let first = input[id.start];
-    (first == b'"' || first == b'-' || first.is_ascii_digit()).then_some((kind, id))
+    (first == b'"' || first == b'-' || first.is_ascii_digit()).then_some((kind, id, s.at))
 }
 
 /// The length of the JSON object `input` begins with, if it surely is one
@@ -693,5 +703,37 @@ mod tests {
         assert_eq!(object_len(deep.as_bytes()), None);
         let fine = format!("{}1{}", r#"{"a":"#.repeat(128), "}".repeat(128));
         assert_eq!(object_len(fine.as_bytes()), Some(fine.len()));
+    }
+
+    #[test]
+    fn an_answer_at_the_start_is_what_answer_says_of_it_alone_and_ends_where_it_does() {
+        let answers: [&[u8]; 4] = [
+            br#"{"jsonrpc":"2.0","id":1,"result":{"a":[1,"}",{"b":null}]}}"#,
+            br#"{"result":{},"id":"x\"y","jsonrpc":"2.0"}"#,
+            br#"{"jsonrpc":"2.0","id":-2,"error":{"code":-32602,"message":"no"}}"#,
+            br#"{ "jsonrpc" : "2.0" , "id" : 7 , "result" : 1 }"#,
+        ];
+        for first in answers {
+            let (kind, id) = answer(first).expect("an answer");
+            for tail in [&b""[..], b"\n", b"\n{\"jsonrpc\":\"2.0\"}", b" x"] {
+                let input = [first, tail].concat();
+                assert_eq!(answer_at_start(&input), Some((kind, id.clone(), first.len())), "{:?}", input);
+            }
+            // Cut short anywhere: nothing.
+            for end in 0..first.len() {
+                assert_eq!(answer_at_start(&first[..end]), None);
+            }
+        }
+        // Not an answer (whatever follows): nothing, as from answer.
+        for input in [
+            &br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#[..],
+            br#"{"jsonrpc":"2.0","id":1,"result":1,"error":{}}"#,
+            br#"{"jsonrpc":"1.0","id":1,"result":1}"#,
+            br#"{"jsonrpc":"2.0","id":null,"result":1}"#,
+            br#"{"jsonrpc":"2.0","result":1,"result":2,"id":1}"#,
+        ] {
+            assert_eq!(answer(input), None);
+            assert_eq!(answer_at_start(&[input, b"\n{}"].concat()), None, "{:?}", String::from_utf8_lossy(input));
+        }
     }
 }

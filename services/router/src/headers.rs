@@ -176,6 +176,32 @@ impl<'a> Headers<'a> {
         map.into_iter().flatten().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())).chain(lines)
     }
 
+    /// Each line whose name starts with `prefix` (lower case, and no
+    /// [`Known`](switchboard_protocol::http1::Known) name's start), in any
+    /// case: for the h1 path's head, a loop over its lines that passes by
+    /// those of a known name, not [`Headers::iter`]'s chain of adapters (a
+    /// stateless request's `Mcp-Param-*` look-up cost 1,000 instructions
+    /// through it).
+    pub fn each_with_prefix(self, prefix: &[u8], mut each: impl FnMut(&'a [u8], &'a [u8])) {
+        debug_assert!(switchboard_protocol::http1::Known::ALL.iter().all(|k| !k.text().starts_with(prefix)));
+        let starts = |name: &[u8]| name.len() >= prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix);
+        match self {
+            Headers::Map(map) => {
+                for (name, value) in map.iter().filter(|(n, _)| starts(n.as_str().as_bytes())) {
+                    each(name.as_str().as_bytes(), value.as_bytes());
+                }
+            }
+            Headers::Head(head) => {
+                for span in head.spans.iter().filter(|s| s.known.is_none()) {
+                    let name = &head.bytes[span.name.clone()];
+                    if starts(name) {
+                        each(name, head.value(&span.value));
+                    }
+                }
+            }
+        }
+    }
+
     /// The API key or token the request presents: `Authorization: Bearer`,
     /// else `X-API-Key`.
     pub fn presented_key(self) -> Option<&'a str> {
@@ -267,6 +293,12 @@ mod tests {
                 headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(b"x-custom-thing")).map(|(_, v)| v).collect();
             assert_eq!(custom, [&b"one"[..], b"two"]);
             assert_eq!(headers.iter().count(), 10);
+            let mut prefixed = Vec::new();
+            headers.each_with_prefix(b"x-custom-", |n, v| prefixed.push((n.to_ascii_lowercase(), v)));
+            assert_eq!(prefixed, [(b"x-custom-thing".to_vec(), &b"one"[..]), (b"x-custom-thing".to_vec(), b"two")]);
+            let mut none = 0;
+            headers.each_with_prefix(b"x-custom-thing-", |_, _| none += 1);
+            assert_eq!(none, 0, "a name shorter than the prefix");
         }
     }
 

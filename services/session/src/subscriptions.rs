@@ -155,7 +155,7 @@ async fn open(
     let answer = tokio::time::timeout(limit, listen).await.map_err(|_| UpstreamError::Timeout(limit))??;
     let mut stream = match answer {
         ModernAnswer { reply: Reply::Stream(stream), .. } => stream,
-        ModernAnswer { reply: Reply::Done(message), status } => {
+        ModernAnswer { reply: Reply::Done(message), status, .. } => {
             let detail = String::from_utf8_lossy(&message[..message.len().min(300)]).into_owned();
             return Err(UpstreamError::Status { status, detail });
         }

@@ -525,6 +525,10 @@ pub async fn request(channel: &dyn Channel, out: Outgoing) -> Result<Reply, Upst
 pub struct ModernAnswer {
     pub status: u16,
     pub reply: Reply,
+    /// A whole answer's kind and where its id is, when the transport's
+    /// quick read of it ([`scan::answer`](switchboard_protocol::scan::answer))
+    /// was sure: its caller need not read it again to match the id.
+    pub scanned: Option<(switchboard_protocol::MessageKind, Range<usize>)>,
 }
 
 /// The `_meta` of the router's own stateless requests (discovery, lists,

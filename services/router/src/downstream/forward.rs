@@ -108,7 +108,7 @@ pub fn forward<'a, 'e>(
             Ok(Err(e)) => x.fail_as(Some(id), &Error::upstream(&upstream.name, e), Outcome::UpstreamFailed),
             Ok(Ok(Reply::Done(message))) => match parse_answer(&app, u, method, &message, sent, id) {
                 Some((message, outcome)) => {
-                    let code = if outcome == Outcome::Error { error_code(&message) } else { None };
+                    let code = error_code(outcome, &message);
                     x.add_sent(message.len());
                     x.finish(outcome, code);
                     respond::json(message)
@@ -263,7 +263,7 @@ impl Call {
                     Step::Done(message, outcome) => {
                         log.push(&message);
                         self.x.add_sent(message.len());
-                        let code = if outcome == Outcome::Error { error_code(&message) } else { None };
+                        let code = error_code(outcome, &message);
                         break (outcome, code);
                     }
                     Step::Relay(out, original, _) => {
@@ -341,7 +341,7 @@ impl Call {
         match result {
             Ok((message, outcome)) => {
                 x.add_sent(message.len());
-                let code = if outcome == Outcome::Error { error_code(&message) } else { None };
+                let code = error_code(outcome, &message);
                 x.finish(outcome, code);
                 respond::json(message)
             }

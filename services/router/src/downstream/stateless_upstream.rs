@@ -135,20 +135,20 @@ pub(crate) fn upstream_headers(
     original: Option<&[u8]>,
     client: Option<Headers<'_>>,
 ) -> Vec<(HeaderName, http::HeaderValue)> {
-    let mut extra = Vec::new();
+    // Room for the two headers every request gets (`Transport::modern`).
+    let mut extra = Vec::with_capacity(4);
     let named = matches!(method, Method::ToolsCall | Method::PromptsGet | Method::ResourcesRead);
     let name = original.filter(|_| named).and_then(|raw| serde_json::from_slice::<&RawValue>(raw).ok());
     if let Some(name) = name.and_then(jsonrpc::as_str) {
         extra.push((MCP_NAME.clone(), header_value(&name)));
     }
-    const PARAM: &[u8] = b"mcp-param-";
-    for (name, value) in client.into_iter().flat_map(Headers::iter) {
-        if name.len() >= PARAM.len() && name[..PARAM.len()].eq_ignore_ascii_case(PARAM) {
-            // Both valid already (httparse's checks are http's).
+    if let Some(client) = client {
+        client.each_with_prefix(b"mcp-param-", |name, value| {
+            // Both valid already (the head parser's checks are http's).
             if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {
                 extra.push((name, value));
             }
-        }
+        });
     }
     extra
 }
@@ -343,7 +343,7 @@ impl Call {
         let (message, outcome, code) = match result {
             Ok(message) => {
                 let (message, outcome) = resolve::classify(&app, self.upstream, self.method, message);
-                let code = resolve::error_code(&message);
+                let code = resolve::error_code(outcome, &message);
                 // The client's id: the upstream answers the id it was sent.
                 (message, outcome, code)
             }

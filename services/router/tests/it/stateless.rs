@@ -465,3 +465,64 @@ async fn a_session_client_is_asked_only_what_it_declared() {
     let done = stream.next(Duration::from_secs(10)).await.expect("the result");
     assert!(text_of(&done).contains("Paris"), "{done}");
 }
+
+/// A stateless call's audit record holds its outcome, and an error
+/// response's code, whether the answer came whole or at the end of a
+/// stream; a result's record has no code.
+#[tokio::test]
+async fn a_stateless_calls_audit_record_has_its_outcome_and_error_code() {
+    let mut options = mock_named("new");
+    options.modern = true;
+    let upstream = MockServer::start(options).await;
+    let dir = std::env::temp_dir().join(switchboard_test_support::services::unique("sb-stateless-audit-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite:{}", dir.join("switchboard.db").display());
+    let router = Router::start(&format!(
+        "[database]\nurl = \"{url}\"\n[audit]\nspool = \"{}\"\nflush_every = \"20ms\"\n{}",
+        dir.join("audit.spool").display(),
+        http_upstream("new", &upstream.url, "")
+    ))
+    .await;
+    let client = Stateless::new(&router.url, json!({}));
+
+    let done = client.call("tools/call", json!({"name": "new__echo", "arguments": {"a": 1}})).await;
+    assert_eq!(text_of(&done), r#"{"a":1}"#);
+    let refused = client.call("tools/call", json!({"name": "new__add", "arguments": {"a": "one"}})).await;
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    let (status, _, mut stream) = client
+        .stream(
+            "tools/call",
+            json!({"name": "new__progress", "arguments": {"steps": 2, "interval_ms": 10, "error_code": -32050},
+                "_meta": {"progressToken": "p"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let messages = stream.until_end(Duration::from_secs(10)).await.expect("the stream ends");
+    assert_eq!(messages.iter().filter(|m| m["method"] == "notifications/progress").count(), 2, "{messages:?}");
+    let last = messages.last().expect("the answer");
+    assert_eq!(last["error"]["code"], -32050, "{last}");
+
+    let db = switchboard_db::Database::connect(&url, Duration::from_secs(3)).unwrap();
+    let query = switchboard_db::AuditQuery { limit: 100, ..Default::default() };
+    let mut records = Vec::new();
+    for _ in 0..100 {
+        records = db.query_audit(&query).await.unwrap();
+        if records.len() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut seen: Vec<_> = records
+        .iter()
+        .map(|(_, r)| (r.target.clone().unwrap_or_default(), r.outcome.to_string(), r.error_code))
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            ("new__add".to_owned(), "error".to_owned(), Some(-32602)),
+            ("new__echo".to_owned(), "ok".to_owned(), None),
+            ("new__progress".to_owned(), "error".to_owned(), Some(-32050)),
+        ]
+    );
+}

@@ -290,15 +290,18 @@ impl super::Transport for Transport {
         affinity: &str,
         credential: Option<&Credential>,
     ) -> Result<super::ModernAnswer, UpstreamError> {
-        let mut all = Vec::with_capacity(headers.len() + 2);
+        // After the caller's (which leave room for these two).
+        let mut all = headers;
         all.push((PROTOCOL_VERSION.clone(), HeaderValue::from_static("2026-07-28")));
         all.push((MCP_METHOD.clone(), HeaderValue::from_static(method.as_str())));
-        all.extend(headers);
         let replicas = &self.replicas;
         let mut avoid = None;
+        let mut body = body;
         let resp = loop {
             let i = replicas.pick(affinity, avoid);
-            match replicas.members[i].send(Method::POST, body.clone(), None, None, false, &all, credential).await {
+            // Moved on the last try (a clone of a body not yet shared allocates).
+            let sent = if replicas.several() && avoid.is_none() { body.clone() } else { std::mem::take(&mut body) };
+            match replicas.members[i].send(Method::POST, sent, None, None, false, &all, credential).await {
                 Ok(resp) => break resp,
                 Err(e @ UpstreamError::Connect(_)) if replicas.several() && avoid.is_none() => {
                     if replicas.probe(i).await {
@@ -314,7 +317,8 @@ impl super::Transport for Transport {
             return Err(status_error(resp).await);
         }
         if resp.status.is_success() && resp.event_stream {
-            return Ok(super::ModernAnswer { status, reply: Reply::Stream(Box::new(SseStream::new(resp.body, None))) });
+            let reply = Reply::Stream(Box::new(SseStream::new(resp.body, None)));
+            return Ok(super::ModernAnswer { status, reply, scanned: None });
         }
         if resp.status == StatusCode::ACCEPTED {
             return Err(UpstreamError::Protocol("202 Accepted for a request".into()));
@@ -328,19 +332,20 @@ impl super::Transport for Transport {
                 Some(first) => first?,
                 None => return Err(UpstreamError::Protocol("an empty answer to a request".into())),
             };
-            // Its kind by the quick read of answers, sure of most; the
-            // envelope's parse decides the rest.
-            let kind = match switchboard_protocol::scan::answer(&first) {
-                Some((kind, _)) => Ok(kind),
+            // Its kind by the quick read of answers (made as it was
+            // delimited), sure of most; the envelope's parse decides the rest.
+            let scanned = values.scanned_answer();
+            let kind = match &scanned {
+                Some((kind, _)) => Ok(*kind),
                 None => switchboard_protocol::Envelope::parse(&first).map(|e| e.kind),
             };
             return match kind {
                 Ok(MessageKind::Response | MessageKind::Error) => {
-                    Ok(super::ModernAnswer { status, reply: Reply::Done(first) })
+                    Ok(super::ModernAnswer { status, reply: Reply::Done(first), scanned })
                 }
                 Ok(_) => {
                     values.push_front(first);
-                    Ok(super::ModernAnswer { status, reply: Reply::Stream(Box::new(values)) })
+                    Ok(super::ModernAnswer { status, reply: Reply::Stream(Box::new(values)), scanned: None })
                 }
                 Err(_) => {
                     let detail = String::from_utf8_lossy(&first[..first.len().min(200)]).trim().to_owned();
@@ -351,7 +356,7 @@ impl super::Transport for Transport {
         let body = resp.body.collect(MAX_MESSAGE_BYTES).await?;
         // A JSON-RPC message, whatever the status (4xx errors are the era's).
         if switchboard_protocol::Envelope::parse(&body).is_ok_and(|e| e.id.is_some()) {
-            return Ok(super::ModernAnswer { status, reply: Reply::Done(body) });
+            return Ok(super::ModernAnswer { status, reply: Reply::Done(body), scanned: None });
         }
         let detail = String::from_utf8_lossy(&body[..body.len().min(200)]).trim().to_owned();
         Err(UpstreamError::Status { status, detail })

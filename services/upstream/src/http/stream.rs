@@ -130,11 +130,21 @@ pub(super) struct JsonValues {
     ended: bool,
     /// A value read ahead, to be yielded first.
     first: Option<bytes::Bytes>,
+    /// The last value's kind and id, when it was delimited as an answer by
+    /// the quick read ([`scan::answer_at_start`](switchboard_protocol::scan::answer_at_start)).
+    answer: Option<(switchboard_protocol::MessageKind, std::ops::Range<usize>)>,
 }
 
 impl JsonValues {
     pub(super) fn new(body: AnswerBody) -> Self {
-        JsonValues { body, buf: bytes::BytesMut::new(), ended: false, first: None }
+        JsonValues { body, buf: bytes::BytesMut::new(), ended: false, first: None, answer: None }
+    }
+
+    /// The kind and id of the value [`next_value`](Self::next_value) gave
+    /// last, if the quick read found it to be an answer (with the id's
+    /// place in that value).
+    pub(super) fn scanned_answer(&mut self) -> Option<(switchboard_protocol::MessageKind, std::ops::Range<usize>)> {
+        self.answer.take()
     }
 
     /// Puts a value read with [`next_value`](Self::next_value) back in front.
@@ -144,6 +154,7 @@ impl JsonValues {
 
     /// The next complete value, as its bytes; `None` at the end.
     pub(super) async fn next_value(&mut self) -> Option<Result<bytes::Bytes, UpstreamError>> {
+        self.answer = None;
         if let Some(first) = self.first.take() {
             return Some(Ok(first));
         }
@@ -165,8 +176,16 @@ impl JsonValues {
                 continue;
             };
             if try_parse {
-                // An object (as answers are) by the quick read, sure of most;
-                // serde_json decides the rest, and says when one is cut short.
+                // An answer (as a rule, the only value) by the quick read,
+                // its kind and id found with its end; another object by the
+                // quick read too, sure of most; serde_json decides the rest,
+                // and says when one is cut short.
+                if let Some((kind, id, len)) = switchboard_protocol::scan::answer_at_start(&self.buf[start..]) {
+                    self.answer = Some((kind, id));
+                    let mut value = self.buf.split_to(start + len);
+                    let _ = value.split_to(start);
+                    return Some(Ok(value.freeze()));
+                }
                 if let Some(len) = switchboard_protocol::scan::object_len(&self.buf[start..]) {
                     let mut value = self.buf.split_to(start + len);
                     let _ = value.split_to(start);

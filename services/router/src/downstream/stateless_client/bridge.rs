@@ -243,7 +243,7 @@ pub(super) async fn bridged(
                 return x.fail_as(Some(id), &e, Outcome::UpstreamFailed);
             };
             x.add_sent(message.len());
-            x.finish(outcome, resolve::error_code(&message));
+            x.finish(outcome, resolve::error_code(outcome, &message));
             respond::json(for_client(&message, id, method))
         }
         Ok(Ok(Reply::Stream(stream))) => {

@@ -90,7 +90,7 @@ fn initialize_names_a_version(env: &Envelope<'_>) -> bool {
 
 /// A header's value as text: trimmed, and decoded if it is in the
 /// `=?base64?…?=` form used for values that are not plain ASCII.
-pub(crate) fn header_text(headers: Headers<'_>, name: Header) -> Option<String> {
+pub(crate) fn header_text(headers: Headers<'_>, name: Header) -> Option<Cow<'_, str>> {
     modern::header_text(headers.get(name)?)
 }
 
@@ -506,13 +506,14 @@ async fn passthrough(
             let outcome = e.outcome();
             x.fail_as(Some(id), &e, outcome)
         }
-        Ok(ModernAnswer { status, reply: Reply::Done(message) }) => {
-            let Some((message, outcome)) = resolve::parse_answer(&app, u, method, &message, &sent, id) else {
+        Ok(ModernAnswer { status, reply: Reply::Done(message), scanned }) => {
+            let Some((message, outcome)) = resolve::parse_scanned_answer(&app, u, method, &message, scanned, &sent, id)
+            else {
                 let e = super::resolve::not_the_answer(&app, u);
                 return x.fail_as(Some(id), &e, Outcome::UpstreamFailed);
             };
             x.add_sent(message.len());
-            x.finish(outcome, resolve::error_code(&message));
+            x.finish(outcome, resolve::error_code(outcome, &message));
             let mut response = respond::json(message);
             *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
             response
@@ -548,10 +549,10 @@ async fn passthrough(
                     match next {
                         Some(Ok(message)) => {
                             let last = Envelope::parse(&message).is_ok_and(|e| e.method.is_none());
-                            let message = match last {
-                                false => message,
+                            let (message, answered) = match last {
+                                false => (message, Outcome::Ok),
                                 true => match resolve::parse_answer(&app, u, method, &message, &sent, &client_id) {
-                                    Some((message, _)) => message,
+                                    Some(answer) => answer,
                                     None => {
                                         app.metrics.upstreams.relay_dropped(&name, "stray_response");
                                         continue;
@@ -566,7 +567,7 @@ async fn passthrough(
                                 break (Outcome::Abandoned, None);
                             }
                             if last {
-                                break (Outcome::Ok, resolve::error_code(&message));
+                                break (answered, resolve::error_code(answered, &message));
                             }
                         }
                         Some(Err(e)) => {
