@@ -60,7 +60,7 @@ impl super::Transport for Transport {
         if self.legacy() {
             return Err(UpstreamError::Protocol("a legacy HTTP+SSE upstream has no stateless requests".into()));
         }
-        self.http.modern(body, method, headers, affinity, credential).await
+        self.http.stateless(body, method, headers, affinity, credential).await
     }
 
     async fn open(&self, hello: &Hello, inbox: Arc<dyn Inbox>) -> Result<Arc<dyn Channel>, UpstreamError> {

@@ -468,7 +468,8 @@ async fn a_session_client_is_asked_only_what_it_declared() {
 
 /// A stateless call's audit record holds its outcome, and an error
 /// response's code, whether the answer came whole or at the end of a
-/// stream; a result's record has no code.
+/// stream; a result's record has no code. A call the upstream does not
+/// answer within its timeout is answered with the timeout's error then.
 #[tokio::test]
 async fn a_stateless_calls_audit_record_has_its_outcome_and_error_code() {
     let mut options = mock_named("new");
@@ -480,7 +481,7 @@ async fn a_stateless_calls_audit_record_has_its_outcome_and_error_code() {
     let router = Router::start(&format!(
         "[database]\nurl = \"{url}\"\n[audit]\nspool = \"{}\"\nflush_every = \"20ms\"\n{}",
         dir.join("audit.spool").display(),
-        http_upstream("new", &upstream.url, "")
+        http_upstream("new", &upstream.url, "timeout = \"400ms\"")
     ))
     .await;
     let client = Stateless::new(&router.url, json!({}));
@@ -501,13 +502,17 @@ async fn a_stateless_calls_audit_record_has_its_outcome_and_error_code() {
     assert_eq!(messages.iter().filter(|m| m["method"] == "notifications/progress").count(), 2, "{messages:?}");
     let last = messages.last().expect("the answer");
     assert_eq!(last["error"]["code"], -32050, "{last}");
+    let asked = std::time::Instant::now();
+    let late = client.call("tools/call", json!({"name": "new__sleep", "arguments": {"ms": 5000}})).await;
+    assert_eq!(late["error"]["code"], -32001, "{late}");
+    assert!(asked.elapsed() < Duration::from_secs(4), "answered at the timeout, not with the upstream");
 
     let db = switchboard_db::Database::connect(&url, Duration::from_secs(3)).unwrap();
     let query = switchboard_db::AuditQuery { limit: 100, ..Default::default() };
     let mut records = Vec::new();
     for _ in 0..100 {
         records = db.query_audit(&query).await.unwrap();
-        if records.len() >= 3 {
+        if records.len() >= 4 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -523,6 +528,7 @@ async fn a_stateless_calls_audit_record_has_its_outcome_and_error_code() {
             ("new__add".to_owned(), "error".to_owned(), Some(-32602)),
             ("new__echo".to_owned(), "ok".to_owned(), None),
             ("new__progress".to_owned(), "error".to_owned(), Some(-32050)),
+            ("new__sleep".to_owned(), "timeout".to_owned(), Some(-32001)),
         ]
     );
 }

@@ -243,46 +243,11 @@ impl AnswerBody {
     }
 }
 
-#[async_trait]
-impl super::Transport for Transport {
-    async fn open(&self, hello: &Hello, inbox: Arc<dyn Inbox>) -> Result<Arc<dyn super::Channel>, UpstreamError> {
-        let replicas = &self.replicas;
-        let mut avoid = None;
-        loop {
-            let i = replicas.pick(&hello.affinity, avoid);
-            let shared = &replicas.members[i];
-            if shared.statefulness.load(Ordering::Relaxed) == STATELESS {
-                if let Some((version, handshake)) = shared.stateless_handshake.lock().expect("lock").clone() {
-                    let credentials = hello.credentials.clone();
-                    let state =
-                        SessionState { shared: shared.clone(), sid: None, version, handshake, epoch: 0, credentials };
-                    return Ok(Channel::open(replicas.clone(), hello.clone(), state, inbox));
-                }
-            }
-            let state = match shared.handshake(hello).await {
-                Ok(state) => state,
-                // A replica that is down: mark it and try another, once.
-                Err(e @ UpstreamError::Connect(_)) if replicas.several() && avoid.is_none() => {
-                    if replicas.probe(i).await {
-                        return Err(e);
-                    }
-                    avoid = Some(i);
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            if state.sid.is_none() {
-                shared.statefulness.store(STATELESS, Ordering::Relaxed);
-                *shared.stateless_handshake.lock().expect("lock") =
-                    Some((state.version.clone(), state.handshake.clone()));
-            } else {
-                shared.statefulness.store(STATEFUL, Ordering::Relaxed);
-            }
-            return Ok(Channel::open(replicas.clone(), hello.clone(), state, inbox));
-        }
-    }
-
-    async fn modern(
+impl Transport {
+    /// [`Transport::modern`](super::Transport::modern), as an inherent
+    /// method: the transport that wraps this one ([`crate::detect`]) awaits
+    /// it inside its own boxed future, not in a second box.
+    pub(crate) async fn stateless(
         &self,
         body: Bytes,
         method: switchboard_protocol::Method,
@@ -360,6 +325,57 @@ impl super::Transport for Transport {
         }
         let detail = String::from_utf8_lossy(&body[..body.len().min(200)]).trim().to_owned();
         Err(UpstreamError::Status { status, detail })
+    }
+}
+
+#[async_trait]
+impl super::Transport for Transport {
+    async fn open(&self, hello: &Hello, inbox: Arc<dyn Inbox>) -> Result<Arc<dyn super::Channel>, UpstreamError> {
+        let replicas = &self.replicas;
+        let mut avoid = None;
+        loop {
+            let i = replicas.pick(&hello.affinity, avoid);
+            let shared = &replicas.members[i];
+            if shared.statefulness.load(Ordering::Relaxed) == STATELESS {
+                if let Some((version, handshake)) = shared.stateless_handshake.lock().expect("lock").clone() {
+                    let credentials = hello.credentials.clone();
+                    let state =
+                        SessionState { shared: shared.clone(), sid: None, version, handshake, epoch: 0, credentials };
+                    return Ok(Channel::open(replicas.clone(), hello.clone(), state, inbox));
+                }
+            }
+            let state = match shared.handshake(hello).await {
+                Ok(state) => state,
+                // A replica that is down: mark it and try another, once.
+                Err(e @ UpstreamError::Connect(_)) if replicas.several() && avoid.is_none() => {
+                    if replicas.probe(i).await {
+                        return Err(e);
+                    }
+                    avoid = Some(i);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if state.sid.is_none() {
+                shared.statefulness.store(STATELESS, Ordering::Relaxed);
+                *shared.stateless_handshake.lock().expect("lock") =
+                    Some((state.version.clone(), state.handshake.clone()));
+            } else {
+                shared.statefulness.store(STATEFUL, Ordering::Relaxed);
+            }
+            return Ok(Channel::open(replicas.clone(), hello.clone(), state, inbox));
+        }
+    }
+
+    async fn modern(
+        &self,
+        body: Bytes,
+        method: switchboard_protocol::Method,
+        headers: Vec<(HeaderName, HeaderValue)>,
+        affinity: &str,
+        credential: Option<&Credential>,
+    ) -> Result<super::ModernAnswer, UpstreamError> {
+        self.stateless(body, method, headers, affinity, credential).await
     }
 
     fn resume(

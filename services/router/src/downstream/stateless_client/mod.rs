@@ -486,20 +486,25 @@ async fn passthrough(
     if let Some(traceparent) = resolved.traceparent.clone() {
         extra.push((http::HeaderName::from_static("traceparent"), traceparent));
     }
-    x.upstream_sent(std::time::Instant::now());
+    let now = tokio::time::Instant::now();
+    x.upstream_sent(now.into_std());
     let sent: Box<RawValue> =
         serde_json::from_slice::<&RawValue>(&resolved.body[resolved.id.clone()]).expect("the id is JSON").to_owned();
     // The caller's credential (its user's, else its tenant's), asked now.
     let required = upstream.config.credential_required;
     let credential = app.keychain.current(&who.tenant.name, who.user.as_deref(), &upstream.name, required);
-    let work = async {
-        let credential = credential.map_err(|missing| UpstreamError::Credential(missing.0))?;
-        upstream.transport.modern(resolved.body, method, extra, &who.tenant.name, credential.as_deref()).await
-    };
-    let answer = match tokio::time::timeout(upstream.config.timeout, work).await {
-        Err(_) => Err(Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout }),
-        Ok(Err(e)) => Err(Error::upstream(&upstream.name, e)),
-        Ok(Ok(answer)) => Ok(answer),
+    let answer = {
+        let work = std::pin::pin!(async {
+            let credential = credential.map_err(|missing| UpstreamError::Credential(missing.0))?;
+            upstream.transport.modern(resolved.body, method, extra, &who.tenant.name, credential.as_deref()).await
+        });
+        // Its deadline kept by the connection's timer, as a session call's
+        // is (crate::deadline), not a timer entry of its own.
+        match crate::deadline::until(now + upstream.config.timeout, work).await {
+            Err(_) => Err(Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout }),
+            Ok(Err(e)) => Err(Error::upstream(&upstream.name, e)),
+            Ok(Ok(answer)) => Ok(answer),
+        }
     };
     match answer {
         Err(e) => {
