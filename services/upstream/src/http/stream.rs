@@ -147,6 +147,13 @@ impl JsonValues {
         self.answer.take()
     }
 
+    /// The value at `start..end` of the buffer, taken with what is before it.
+    fn take(&mut self, start: usize, end: usize) -> bytes::Bytes {
+        let mut value = self.buf.split_to(end);
+        let _ = value.split_to(start);
+        value.freeze()
+    }
+
     /// Puts a value read with [`next_value`](Self::next_value) back in front.
     pub(super) fn push_front(&mut self, value: bytes::Bytes) {
         self.first = Some(value);
@@ -182,23 +189,17 @@ impl JsonValues {
                 // and says when one is cut short.
                 if let Some((kind, id, len)) = switchboard_protocol::scan::answer_at_start(&self.buf[start..]) {
                     self.answer = Some((kind, id));
-                    let mut value = self.buf.split_to(start + len);
-                    let _ = value.split_to(start);
-                    return Some(Ok(value.freeze()));
+                    return Some(Ok(self.take(start, start + len)));
                 }
                 if let Some(len) = switchboard_protocol::scan::object_len(&self.buf[start..]) {
-                    let mut value = self.buf.split_to(start + len);
-                    let _ = value.split_to(start);
-                    return Some(Ok(value.freeze()));
+                    return Some(Ok(self.take(start, start + len)));
                 }
                 let mut values =
                     serde_json::Deserializer::from_slice(&self.buf[start..]).into_iter::<serde::de::IgnoredAny>();
                 match values.next() {
                     Some(Ok(_)) => {
                         let end = start + values.byte_offset();
-                        let mut value = self.buf.split_to(end);
-                        let _ = value.split_to(start);
-                        return Some(Ok(value.freeze()));
+                        return Some(Ok(self.take(start, end)));
                     }
                     Some(Err(e)) if e.is_eof() && !self.ended => {}
                     Some(Err(e)) => return Some(Err(UpstreamError::Protocol(crate::Cause::from_error(e)))),
