@@ -176,7 +176,11 @@ pub fn header_text(raw: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
 /// surrounding spaces (borrowed then), else in the `=?base64?…?=` form.
 pub fn header_value_text(text: &str) -> Cow<'_, str> {
     use base64::Engine;
-    let plain = !text.is_empty() && text.bytes().all(|b| (0x20..0x7f).contains(&b)) && text.trim() == text;
+    // Visible ASCII and spaces: a space is the only white space to trim.
+    let plain = !text.is_empty()
+        && text.bytes().all(|b| (0x20..0x7f).contains(&b))
+        && !text.starts_with(' ')
+        && !text.ends_with(' ');
     if plain {
         return Cow::Borrowed(text);
     }
@@ -289,5 +293,11 @@ mod tests {
         assert_eq!(header_text(b" tools/call ").as_deref(), Some("tools/call"));
         assert_eq!(header_text(b"=?base64?//8=?="), None, "not UTF-8");
         assert_eq!(header_value_text(" padded"), "=?base64?IHBhZGRlZA==?=");
+        // Spaces at either end are encoded (a header's are trimmed); within, kept.
+        for text in ["padded ", " ", "a b", "tab\there"] {
+            let value = header_value_text(text);
+            assert_eq!(header_text(value.as_bytes()).as_deref(), Some(text), "{value}");
+        }
+        assert_eq!(header_value_text("a b"), "a b");
     }
 }

@@ -488,8 +488,10 @@ async fn passthrough(
     }
     let now = tokio::time::Instant::now();
     x.upstream_sent(now.into_std());
-    let sent: Box<RawValue> =
-        serde_json::from_slice::<&RawValue>(&resolved.body[resolved.id.clone()]).expect("the id is JSON").to_owned();
+    // The id as sent, read where it is in the body (shared, not copied): an
+    // answer's is held to it. Owned only by a stream's task.
+    let sent_body = resolved.body.clone();
+    let sent: &RawValue = serde_json::from_slice(&sent_body[resolved.id.clone()]).expect("the id is JSON");
     // The caller's credential (its user's, else its tenant's), asked now.
     let required = upstream.config.credential_required;
     let credential = app.keychain.current(&who.tenant.name, who.user.as_deref(), &upstream.name, required);
@@ -512,7 +514,7 @@ async fn passthrough(
             x.fail_as(Some(id), &e, outcome)
         }
         Ok(ModernAnswer { status, reply: Reply::Done(message), scanned }) => {
-            let Some((message, outcome)) = resolve::parse_scanned_answer(&app, u, method, &message, scanned, &sent, id)
+            let Some((message, outcome)) = resolve::parse_scanned_answer(&app, u, method, &message, scanned, sent, id)
             else {
                 let e = super::resolve::not_the_answer(&app, u);
                 return x.fail_as(Some(id), &e, Outcome::UpstreamFailed);
@@ -529,6 +531,7 @@ async fn passthrough(
             let deadline = tokio::time::Instant::now() + upstream.config.timeout;
             let (name, timeout) = (upstream.name.clone(), upstream.config.timeout);
             let client_id = id.to_owned();
+            let sent = sent.to_owned();
             tokio::spawn(async move {
                 // Ends the client's stream with an error in place of the answer.
                 let fail = |e: Error| {
