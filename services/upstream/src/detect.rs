@@ -63,6 +63,10 @@ impl super::Transport for Transport {
         self.http.stateless(body, method, headers, affinity, credential).await
     }
 
+    fn stateless_http(&self) -> Option<&crate::http::Transport> {
+        (!self.legacy()).then_some(&self.http)
+    }
+
     async fn open(&self, hello: &Hello, inbox: Arc<dyn Inbox>) -> Result<Arc<dyn Channel>, UpstreamError> {
         if self.legacy() {
             return self.sse.open(hello, inbox).await;

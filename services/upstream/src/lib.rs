@@ -578,6 +578,14 @@ pub trait Transport: Send + Sync {
         Err(UpstreamError::Protocol("this transport has no stateless (2026-07-28) requests".into()))
     }
 
+    /// The HTTP transport a stateless request goes through, when this is
+    /// one that speaks the era over HTTP: its
+    /// [`stateless`](http::Transport::stateless) is awaited in the caller's
+    /// future, not boxed as [`modern`](Self::modern)'s is.
+    fn stateless_http(&self) -> Option<&http::Transport> {
+        None
+    }
+
     /// Opens a session: `initialize` with `hello`, then `notifications/initialized`.
     async fn open(&self, hello: &Hello, inbox: Arc<dyn Inbox>) -> Result<Arc<dyn Channel>, UpstreamError>;
 

@@ -247,7 +247,7 @@ impl Transport {
     /// [`Transport::modern`](super::Transport::modern), as an inherent
     /// method: the transport that wraps this one ([`crate::detect`]) awaits
     /// it inside its own boxed future, not in a second box.
-    pub(crate) async fn stateless(
+    pub async fn stateless(
         &self,
         body: Bytes,
         method: switchboard_protocol::Method,
@@ -376,6 +376,10 @@ impl super::Transport for Transport {
         credential: Option<&Credential>,
     ) -> Result<super::ModernAnswer, UpstreamError> {
         self.stateless(body, method, headers, affinity, credential).await
+    }
+
+    fn stateless_http(&self) -> Option<&Transport> {
+        Some(self)
     }
 
     fn resume(

@@ -498,7 +498,11 @@ async fn passthrough(
     let answer = {
         let work = std::pin::pin!(async {
             let credential = credential.map_err(|missing| UpstreamError::Credential(missing.0))?;
-            upstream.transport.modern(resolved.body, method, extra, &who.tenant.name, credential.as_deref()).await
+            let (body, tenant, credential) = (resolved.body, &who.tenant.name, credential.as_deref());
+            match upstream.transport.stateless_http() {
+                Some(http) => http.stateless(body, method, extra, tenant, credential).await,
+                None => upstream.transport.modern(body, method, extra, tenant, credential).await,
+            }
         });
         // Its deadline kept by the connection's timer, as a session call's
         // is (crate::deadline), not a timer entry of its own.
