@@ -164,12 +164,25 @@ impl<'de: 'a, 'a> Deserialize<'de> for MetaMembers<'a> {
 /// without an allocation).
 pub fn header_text(raw: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
     use base64::Engine;
-    let text = std::str::from_utf8(raw).ok()?.trim();
+    let text = trim(std::str::from_utf8(raw).ok()?);
     if let Some(inner) = text.strip_prefix("=?base64?").and_then(|t| t.strip_suffix("?=")) {
         let bytes = base64::engine::general_purpose::STANDARD.decode(inner).ok()?;
         return String::from_utf8(bytes).ok().map(std::borrow::Cow::Owned);
     }
     Some(std::borrow::Cow::Borrowed(text))
+}
+
+/// `text.trim()`, without decoding characters at either end when they are
+/// visible ASCII (a header value's, nearly always): white space trimmed as
+/// bytes first, and the Unicode trim only if that leaves anything else at
+/// an end (another character, or the vertical tab `trim_ascii` keeps).
+pub fn trim(text: &str) -> &str {
+    let ascii = text.trim_ascii();
+    match (ascii.as_bytes().first(), ascii.as_bytes().last()) {
+        (Some(a), Some(b)) if a.is_ascii_graphic() && b.is_ascii_graphic() => ascii,
+        (None, None) => ascii,
+        _ => ascii.trim(),
+    }
 }
 
 /// The header value for `text`: as it is if it is visible ASCII without
@@ -283,6 +296,20 @@ mod tests {
         assert!(without_era_meta(br#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"_meta":{"progressToken":1}}}"#)
             .is_none());
         assert!(without_era_meta(br#"{"jsonrpc":"2.0","id":1,"method":"m"}"#).is_none());
+    }
+
+    #[test]
+    fn trim_is_strs_trim() {
+        let edges =
+            ["", " ", "\t", "\u{b}", "\u{c}", "\r\n", "\u{a0}", "\u{2003}", "\u{3000}", " \u{85}", "x", "é", "\u{b} y"];
+        for left in edges {
+            for inner in ["", "a", "tools/call", "a b", "\u{a0}", "é"] {
+                for right in edges {
+                    let text = format!("{left}{inner}{right}");
+                    assert_eq!(trim(&text), text.trim(), "{text:?}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -69,7 +69,7 @@ pub fn is_stateless(headers: Headers<'_>, env: &Envelope<'_>) -> bool {
     }
     let body_says = || modern::request_meta(env.params).ok().flatten().is_some_and(|m| m.protocol_version.is_some());
     match headers.text(Header::McpProtocolVersion) {
-        Some(value) => match ProtocolVersion::parse(value.unwrap_or("").trim()) {
+        Some(value) => match ProtocolVersion::parse(modern::trim(value.unwrap_or(""))) {
             Some(v) => v.is_modern(),
             // A version we do not know: stateless if the body says it is one.
             None => body_says(),
