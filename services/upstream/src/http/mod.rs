@@ -245,8 +245,10 @@ impl AnswerBody {
 
 impl Transport {
     /// [`Transport::modern`](super::Transport::modern), as an inherent
-    /// method: the transport that wraps this one ([`crate::detect`]) awaits
-    /// it inside its own boxed future, not in a second box.
+    /// method: the router awaits it in a request's own future (found
+    /// through [`stateless_http`](super::Transport::stateless_http)), and
+    /// the transport that wraps this one ([`crate::detect`]) in its own
+    /// boxed `modern`, not in a second box.
     pub async fn stateless(
         &self,
         body: Bytes,
