@@ -569,13 +569,16 @@ pub trait Transport: Send + Sync {
     /// for the upstream's own headers.
     async fn modern(
         &self,
-        _body: Bytes,
-        _method: Method,
-        _headers: Vec<(::http::HeaderName, ::http::HeaderValue)>,
-        _affinity: &str,
-        _credential: Option<&Credential>,
+        body: Bytes,
+        method: Method,
+        headers: Vec<(::http::HeaderName, ::http::HeaderValue)>,
+        affinity: &str,
+        credential: Option<&Credential>,
     ) -> Result<ModernAnswer, UpstreamError> {
-        Err(UpstreamError::Protocol("this transport has no stateless (2026-07-28) requests".into()))
+        match self.stateless_http() {
+            Some(http) => http.stateless(body, method, headers, affinity, credential).await,
+            None => Err(UpstreamError::Protocol("this transport has no stateless (2026-07-28) requests".into())),
+        }
     }
 
     /// The HTTP transport a stateless request goes through, when this is

@@ -247,8 +247,8 @@ impl Transport {
     /// [`Transport::modern`](super::Transport::modern), as an inherent
     /// method: the router awaits it in a request's own future (found
     /// through [`stateless_http`](super::Transport::stateless_http)), and
-    /// the transport that wraps this one ([`crate::detect`]) in its own
-    /// boxed `modern`, not in a second box.
+    /// the trait's `modern` and the transport that wraps this one
+    /// ([`crate::detect`]) in their boxed futures, not in a second box.
     pub async fn stateless(
         &self,
         body: Bytes,
@@ -369,17 +369,8 @@ impl super::Transport for Transport {
         }
     }
 
-    async fn modern(
-        &self,
-        body: Bytes,
-        method: switchboard_protocol::Method,
-        headers: Vec<(HeaderName, HeaderValue)>,
-        affinity: &str,
-        credential: Option<&Credential>,
-    ) -> Result<super::ModernAnswer, UpstreamError> {
-        self.stateless(body, method, headers, affinity, credential).await
-    }
-
+    // `modern` is the trait's: this transport's `stateless`, through
+    // `stateless_http`.
     fn stateless_http(&self) -> Option<&Transport> {
         Some(self)
     }
