@@ -405,6 +405,19 @@ pub fn as_str(raw: &RawValue) -> Option<Cow<'_, str>> {
     serde_json::from_str::<String>(text).ok().map(Cow::Owned)
 }
 
+/// The text of the JSON string `raw`, borrowed unless it has escapes;
+/// `None` if `raw` is not one JSON string. A plain string (nothing
+/// escaped) is its own text, with no parse.
+pub fn json_text(raw: &[u8]) -> Option<Cow<'_, str>> {
+    if let [b'"', inner @ .., b'"'] = raw {
+        if !inner.iter().any(|&b| b == b'\\' || b == b'"' || b < 0x20) {
+            let text = crate::ascii(inner).or_else(|| std::str::from_utf8(inner).ok());
+            return text.map(Cow::Borrowed);
+        }
+    }
+    serde_json::from_slice::<&RawValue>(raw).ok().and_then(as_str)
+}
+
 /// What marks an id the router sent upstream in place of a client's
 /// ([`upstream_id`]).
 const MAPPED: &str = "sb~";
@@ -543,6 +556,18 @@ pub fn request(id: Option<&[u8]>, method: &str, params: Option<&[u8]>) -> Bytes 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_text_reads_plain_strings_in_place_and_escaped_ones_through_the_parser() {
+        use std::borrow::Cow;
+        assert!(matches!(super::json_text(br#""web__echo""#), Some(Cow::Borrowed("web__echo"))));
+        assert!(matches!(super::json_text(br#""""#), Some(Cow::Borrowed(""))));
+        assert_eq!(super::json_text(br#""a\"b\u00e9""#).as_deref(), Some("a\"bé"));
+        assert!(matches!(super::json_text("\"caf\u{e9}\"".as_bytes()), Some(Cow::Borrowed("café"))));
+        assert_eq!(super::json_text(b"\"a\x01b\""), None, "a control character is not JSON");
+        assert_eq!(super::json_text(b"12"), None);
+        assert_eq!(super::json_text(b"\""), None);
+    }
 
     #[test]
     fn a_raw_value_made_here_is_serde_jsons_own() {

@@ -116,18 +116,6 @@ pub struct Named {
     pub original: Arc<[u8]>,
 }
 
-/// The text of the JSON string `raw`, borrowed unless it has escapes.
-fn json_text(raw: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
-    // A plain string (nothing escaped) is its own text: no parse.
-    if let [b'"', inner @ .., b'"'] = raw {
-        if !inner.iter().any(|&b| b == b'\\' || b == b'"' || b < 0x20) {
-            let text = switchboard_protocol::ascii(inner).or_else(|| std::str::from_utf8(inner).ok());
-            return text.map(std::borrow::Cow::Borrowed);
-        }
-    }
-    serde_json::from_slice::<&RawValue>(raw).ok().and_then(jsonrpc::as_str)
-}
-
 /// The client's address, put in a request's extensions when traces are on.
 #[derive(Debug, Clone, Copy)]
 pub struct Peer(pub std::net::SocketAddr);
@@ -594,7 +582,7 @@ impl Exchange {
             m => m.as_str(),
         };
         let (exposed, original) = match &self.target {
-            Some(n) => (json_text(&n.body[n.exposed.clone()]), json_text(&n.original)),
+            Some(n) => (jsonrpc::json_text(&n.body[n.exposed.clone()]), jsonrpc::json_text(&n.original)),
             None => (None, None),
         };
         let (exposed, original) = (exposed.as_deref(), original.as_deref());
@@ -866,17 +854,5 @@ mod tests {
         assert!(matches!(super::method_name("resources/read"), Cow::Borrowed("resources/read")));
         assert!(matches!(super::method_name("vendor/thing"), Cow::Owned(m) if m == "vendor/thing"));
         assert!(matches!(super::method_name(""), Cow::Owned(m) if m.is_empty()));
-    }
-
-    #[test]
-    fn json_text_reads_plain_strings_in_place_and_escaped_ones_through_the_parser() {
-        use std::borrow::Cow;
-        assert!(matches!(super::json_text(br#""web__echo""#), Some(Cow::Borrowed("web__echo"))));
-        assert!(matches!(super::json_text(br#""""#), Some(Cow::Borrowed(""))));
-        assert_eq!(super::json_text(br#""a\"b\u00e9""#).as_deref(), Some("a\"bé"));
-        assert!(matches!(super::json_text("\"caf\u{e9}\"".as_bytes()), Some(Cow::Borrowed("café"))));
-        assert_eq!(super::json_text(b"\"a\x01b\""), None, "a control character is not JSON");
-        assert_eq!(super::json_text(b"12"), None);
-        assert_eq!(super::json_text(b"\""), None);
     }
 }

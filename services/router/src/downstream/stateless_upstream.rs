@@ -138,8 +138,7 @@ pub(crate) fn upstream_headers(
     // Room for the two headers every request gets (`Transport::modern`).
     let mut extra = Vec::with_capacity(4);
     let named = matches!(method, Method::ToolsCall | Method::PromptsGet | Method::ResourcesRead);
-    let name = original.filter(|_| named).and_then(|raw| serde_json::from_slice::<&RawValue>(raw).ok());
-    if let Some(name) = name.and_then(jsonrpc::as_str) {
+    if let Some(name) = original.filter(|_| named).and_then(jsonrpc::json_text) {
         extra.push((MCP_NAME.clone(), header_value(&name)));
     }
     if let Some(client) = client {
