@@ -169,6 +169,13 @@ impl JsonValues {
         // when several come) or at the end of the body: a single large
         // value is parsed once, not once per piece of it.
         let mut try_parse = !self.buf.is_empty();
+        if !try_parse && !self.ended {
+            match self.first_piece().await {
+                Ok(Piece::Answer(value)) => return Some(Ok(value)),
+                Ok(Piece::Buffered { newline }) => try_parse = newline || self.ended,
+                Err(e) => return Some(Err(e)),
+            }
+        }
         loop {
             let start = self.buf.iter().position(|b| !b.is_ascii_whitespace());
             let Some(start) = start else {
@@ -219,15 +226,7 @@ impl JsonValues {
     /// Reads the next piece of the body; whether it held a line break.
     async fn read(&mut self) -> Result<bool, UpstreamError> {
         match self.body.chunk().await {
-            Some(Ok(data)) => {
-                if self.buf.len() + data.len() > MAX_MESSAGE_BYTES {
-                    return Err(UpstreamError::Protocol(
-                        format!("a message larger than {MAX_MESSAGE_BYTES} bytes").into(),
-                    ));
-                }
-                self.buf.extend_from_slice(&data);
-                Ok(data.contains(&b'\n'))
-            }
+            Some(Ok(data)) => self.push(&data),
             Some(Err(e)) => Err(e),
             None => {
                 self.ended = true;
@@ -235,6 +234,68 @@ impl JsonValues {
             }
         }
     }
+
+    /// Buffers a piece of the body; whether it held a line break.
+    fn push(&mut self, data: &[u8]) -> Result<bool, UpstreamError> {
+        if self.buf.len() + data.len() > MAX_MESSAGE_BYTES {
+            return Err(UpstreamError::Protocol(format!("a message larger than {MAX_MESSAGE_BYTES} bytes").into()));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.contains(&b'\n'))
+    }
+
+    /// A value from the next piece of the body, read with the buffer empty
+    /// (the body's first, as a rule), when that piece holds an answer by
+    /// the quick read and nothing else but white space: the piece's own
+    /// bytes, not copied into the buffer and cut from it, as an answer of
+    /// one piece (nearly every answer) was. What
+    /// is read, and when, is what the loop of [`next_value`](Self::next_value)
+    /// would read: with a line break after the answer, nothing more; else
+    /// the next piece, whose absence (the body's end) hands the answer on.
+    /// Anything else is buffered as [`read`](Self::read) buffers it.
+    async fn first_piece(&mut self) -> Result<Piece, UpstreamError> {
+        let data = match self.body.chunk().await {
+            Some(data) => data?,
+            None => {
+                self.ended = true;
+                return Ok(Piece::Buffered { newline: false });
+            }
+        };
+        let start = data.iter().position(|b| !b.is_ascii_whitespace());
+        let answer = match start {
+            Some(start) if data.len() <= MAX_MESSAGE_BYTES => {
+                switchboard_protocol::scan::answer_at_start(&data[start..])
+                    .map(|(kind, id, len)| (start, kind, id, len))
+            }
+            _ => None,
+        };
+        if let Some((start, kind, id, len)) = answer {
+            let after = &data[start + len..];
+            if after.iter().all(u8::is_ascii_whitespace) {
+                if !after.contains(&b'\n') {
+                    match self.body.chunk().await {
+                        None => self.ended = true,
+                        Some(more) => {
+                            let more = more?;
+                            let newline = self.push(&data)?;
+                            return Ok(Piece::Buffered { newline: self.push(&more)? || newline });
+                        }
+                    }
+                }
+                self.answer = Some((kind, id));
+                return Ok(Piece::Answer(data.slice(start..start + len)));
+            }
+        }
+        Ok(Piece::Buffered { newline: self.push(&data)? })
+    }
+}
+
+/// What [`JsonValues::first_piece`] made of the body's first piece.
+enum Piece {
+    /// An answer, the whole of it.
+    Answer(bytes::Bytes),
+    /// Buffered; whether it held a line break.
+    Buffered { newline: bool },
 }
 
 #[async_trait]
@@ -276,5 +337,40 @@ mod tests {
         let mut cut = JsonValues::new(body(&["{\"n\":1}\n{\"n\":"]));
         assert_eq!(&cut.next_value().await.unwrap().unwrap()[..], br#"{"n":1}"#);
         assert!(cut.next_value().await.unwrap().is_err());
+    }
+
+    const ANSWER: &str = r#"{"jsonrpc":"2.0","id":7,"result":{"n":1}}"#;
+
+    #[tokio::test]
+    async fn an_answer_in_one_piece_is_that_pieces_own_bytes_once_the_body_ends() {
+        let piece = bytes::Bytes::from(format!(" \r\n{ANSWER}\t "));
+        let mut values = JsonValues::new(AnswerBody::Pieces([piece.clone()].into()));
+        let value = values.next_value().await.unwrap().unwrap();
+        assert_eq!(&value[..], ANSWER.as_bytes());
+        assert_eq!(value.as_ptr(), piece[3..].as_ptr(), "not copied");
+        assert!(values.ended, "the body's end was seen (its connection goes back to the pool)");
+        let (kind, id) = values.scanned_answer().expect("read as an answer");
+        assert_eq!((kind, &value[id]), (switchboard_protocol::MessageKind::Response, &b"7"[..]));
+        assert!(values.next_value().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn an_answer_with_more_after_it_is_read_as_any_value() {
+        // More values in the next pieces, with and without a line break
+        // after the answer; another value in the answer's piece; a
+        // notification first.
+        let note = r#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#;
+        for pieces in [
+            vec![ANSWER.to_owned(), "\n{\"n\":2}".to_owned()],
+            vec![format!("{ANSWER}\n"), "{\"n\":2}".to_owned()],
+            vec![format!("{ANSWER}\n{{\"n\":2}}")],
+            vec![format!("{ANSWER} {{\"n\":"), "2}".to_owned()],
+        ] {
+            let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            assert_eq!(all(&pieces).await, [ANSWER, r#"{"n":2}"#], "{pieces:?}");
+        }
+        assert_eq!(all(&[&format!("{note}\n"), ANSWER]).await, [note, ANSWER]);
+        // An answer cut short: the rest comes in the next piece.
+        assert_eq!(all(&[&ANSWER[..20], &ANSWER[20..]]).await, [ANSWER]);
     }
 }
