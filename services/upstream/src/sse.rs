@@ -120,6 +120,7 @@ impl Shared {
             method: "POST",
             path,
             headers: &[("Content-Type", b"application/json")],
+            more: &[],
             extra: credential.as_deref().map_or(&self.raw_headers[..], Credential::raw),
             body,
         };
@@ -150,6 +151,7 @@ async fn connect(
             method: "GET",
             path: &shared.path,
             headers: &[("Accept", b"text/event-stream")],
+            more: &[],
             extra: credential.as_deref().map_or(&shared.raw_headers[..], Credential::raw),
             body: b"",
         };

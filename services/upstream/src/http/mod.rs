@@ -537,18 +537,6 @@ impl Shared {
                     headers[n] = ("Last-Event-ID", id.as_bytes());
                     n += 1;
                 }
-                // Stateless requests' headers: an allocation only for them.
-                let with_extra: Vec<(&str, &[u8])>;
-                let headers: &[(&str, &[u8])] = if extra.is_empty() {
-                    &headers[..n]
-                } else {
-                    with_extra = headers[..n]
-                        .iter()
-                        .copied()
-                        .chain(extra.iter().map(|(k, v)| (k.as_str(), v.as_bytes())))
-                        .collect();
-                    &with_extra
-                };
                 let request = h1::Request {
                     method: match method {
                         Method::GET => "GET",
@@ -556,7 +544,9 @@ impl Shared {
                         _ => "POST",
                     },
                     path: &self.path,
-                    headers,
+                    headers: &headers[..n],
+                    // Stateless requests' headers, written as they are.
+                    more: extra,
                     extra: credential.map_or(&self.raw_headers[..], Credential::raw),
                     body: &body,
                 };
