@@ -248,11 +248,11 @@ impl JsonValues {
     /// (the body's first, as a rule), when that piece holds an answer by
     /// the quick read and nothing else but white space: the piece's own
     /// bytes, not copied into the buffer and cut from it, as an answer of
-    /// one piece (nearly every answer) was. What
-    /// is read, and when, is what the loop of [`next_value`](Self::next_value)
-    /// would read: with a line break after the answer, nothing more; else
-    /// the next piece, whose absence (the body's end) hands the answer on.
-    /// Anything else is buffered as [`read`](Self::read) buffers it.
+    /// one piece (nearly every answer) was. What is read, and when, is what
+    /// the loop of [`next_value`](Self::next_value) would read: with a line
+    /// break after the answer, nothing more; else the next piece, whose
+    /// absence (the body's end) hands the answer on. Anything else is
+    /// buffered as [`read`](Self::read) buffers it.
     async fn first_piece(&mut self) -> Result<Piece, UpstreamError> {
         let data = match self.body.chunk().await {
             Some(data) => data?,
@@ -290,7 +290,7 @@ impl JsonValues {
     }
 }
 
-/// What [`JsonValues::first_piece`] made of the body's first piece.
+/// What [`JsonValues::first_piece`] made of a piece read with the buffer empty.
 enum Piece {
     /// An answer, the whole of it.
     Answer(bytes::Bytes),
