@@ -266,6 +266,9 @@ impl<'a> Envelope<'a> {
                 arguments: spans.arguments.map(raw),
                 meta: spans.meta.map(raw),
                 traceparent: spans.traceparent.map(raw),
+                protocol_version: spans.protocol_version.map(raw),
+                client_capabilities: spans.client_capabilities.map(raw),
+                log_level: spans.log_level.map(raw),
             })
         });
         Envelope {
@@ -301,6 +304,13 @@ pub struct Target<'a> {
     pub meta: Option<&'a RawValue>,
     /// `params._meta.traceparent`, raw.
     pub traceparent: Option<&'a RawValue>,
+    /// The 2026-07-28 era's members of `params._meta`, raw: the request's
+    /// protocol version, the client's capabilities, the log level it wants
+    /// (read into a [`RequestMeta`](crate::modern::RequestMeta) by
+    /// [`modern::target_meta`](crate::modern::target_meta)).
+    pub protocol_version: Option<&'a RawValue>,
+    pub client_capabilities: Option<&'a RawValue>,
+    pub log_level: Option<&'a RawValue>,
 }
 
 /// `params.ref` of a `completion/complete` request.
@@ -343,6 +353,12 @@ struct MetaWire<'a> {
     progress_token: Option<&'a RawValue>,
     #[serde(borrow, default)]
     traceparent: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "io.modelcontextprotocol/protocolVersion")]
+    protocol_version: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "io.modelcontextprotocol/clientCapabilities")]
+    client_capabilities: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "io.modelcontextprotocol/logLevel")]
+    log_level: Option<&'a RawValue>,
 }
 
 impl<'a> Target<'a> {
@@ -366,7 +382,10 @@ impl<'a> Target<'a> {
             request_id: wire.request_id,
             arguments: wire.arguments,
             meta: wire.meta.filter(|raw| raw.get() != "null"),
-            traceparent: meta.and_then(|m| m.traceparent),
+            traceparent: meta.as_ref().and_then(|m| m.traceparent),
+            protocol_version: meta.as_ref().and_then(|m| m.protocol_version),
+            client_capabilities: meta.as_ref().and_then(|m| m.client_capabilities),
+            log_level: meta.and_then(|m| m.log_level),
         })
     }
 }

@@ -119,6 +119,12 @@ pub struct RequestSpans {
     pub meta: Option<Range<usize>>,
     pub progress_token: Option<Range<usize>>,
     pub traceparent: Option<Range<usize>>,
+    /// The 2026-07-28 era's members of `params._meta`: the request's
+    /// protocol version, the client's capabilities and the log level it
+    /// wants (`modern::META_*`).
+    pub protocol_version: Option<Range<usize>>,
+    pub client_capabilities: Option<Range<usize>>,
+    pub log_level: Option<Range<usize>>,
 }
 
 /// How deep a value inside a request is followed here: well inside
@@ -456,18 +462,25 @@ impl<'a> Scanner<'a> {
     /// `params._meta`, an object: its routing members into `out`.
     fn meta(&mut self, out: &mut RequestSpans) -> Option<()> {
         let (mut progress_token, mut traceparent) = (None, None);
+        let (mut version, mut capabilities, mut log_level) = (None, None, None);
         self.object(|s, key| {
             let start = s.at;
             s.value_within(REQUEST_DEPTH)?;
             match key {
                 b"progressToken" => first(&mut progress_token, start..s.at),
                 b"traceparent" => first(&mut traceparent, start..s.at),
+                b"io.modelcontextprotocol/protocolVersion" => first(&mut version, start..s.at),
+                b"io.modelcontextprotocol/clientCapabilities" => first(&mut capabilities, start..s.at),
+                b"io.modelcontextprotocol/logLevel" => first(&mut log_level, start..s.at),
                 _ if key.contains(&b'\\') => None,
                 _ => Some(()),
             }
         })?;
         out.progress_token = progress_token.and_then(|v| self.not_null(v));
         out.traceparent = traceparent.and_then(|v| self.not_null(v));
+        out.protocol_version = version.and_then(|v| self.not_null(v));
+        out.client_capabilities = capabilities.and_then(|v| self.not_null(v));
+        out.log_level = log_level.and_then(|v| self.not_null(v));
         Some(())
     }
 

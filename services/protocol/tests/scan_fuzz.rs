@@ -288,6 +288,9 @@ fn meta() -> impl Strategy<Value = String> {
     let key = prop_oneof![
         3 => Just("\"progressToken\"".to_owned()),
         3 => Just("\"traceparent\"".to_owned()),
+        2 => Just("\"io.modelcontextprotocol/protocolVersion\"".to_owned()),
+        1 => Just("\"io.modelcontextprotocol/clientCapabilities\"".to_owned()),
+        1 => Just("\"io.modelcontextprotocol/logLevel\"".to_owned()),
         1 => Just("\"progress\\u0054oken\"".to_owned()),
         2 => string(),
     ];
@@ -370,8 +373,19 @@ fn request_members() -> impl Strategy<Value = Vec<(String, String)>> {
 }
 
 /// The routing members of a target, as places in `bytes`.
-fn target_spans(bytes: &[u8], t: &Target<'_>) -> [Option<std::ops::Range<usize>>; 7] {
-    [t.name, t.uri, t.progress_token, t.request_id, t.arguments, t.meta, t.traceparent]
+fn target_spans(bytes: &[u8], t: &Target<'_>) -> [Option<std::ops::Range<usize>>; 10] {
+    [
+        t.name,
+        t.uri,
+        t.progress_token,
+        t.request_id,
+        t.arguments,
+        t.meta,
+        t.traceparent,
+        t.protocol_version,
+        t.client_capabilities,
+        t.log_level,
+    ]
         .map(|v| v.map(|r| span(bytes, r.get())))
 }
 
@@ -445,10 +459,16 @@ proptest! {
 fn well_formed_request() -> impl Strategy<Value = Vec<(String, String)>> {
     let plain = || "[a-z_/]{1,12}".prop_map(|s| format!("\"{s}\""));
     let meta = prop_oneof![
-        3 => (prop::option::of(good_value()), prop::option::of(good_value()), prop::option::of(value())).prop_map(
-            |(token, parent, other)| {
+        3 => (
+            prop::option::of(good_value()),
+            prop::option::of(good_value()),
+            prop::option::of(value()),
+            prop::option::of(good_value())
+        )
+            .prop_map(|(token, parent, other, version)| {
                 let mut m = Vec::new();
                 m.extend(token.map(|v| ("\"progressToken\"".to_owned(), v)));
+                m.extend(version.map(|v| ("\"io.modelcontextprotocol/protocolVersion\"".to_owned(), v)));
                 m.extend(other.map(|v| ("\"other\"".to_owned(), v)));
                 m.extend(parent.map(|v| ("\"traceparent\"".to_owned(), v)));
                 object(&m)

@@ -136,7 +136,8 @@ fn post_phases<'a>(
         let env = x.parse(headers, &body, Some(connection))?;
         // Progressive discovery's call meta-tool: the call of the tool it names
         // from here on (a stateless request's, once its headers are checked).
-        let inner = if stateless_client::is_stateless(headers, &env) {
+        let stateless = stateless_client::is_stateless(headers, &env);
+        let inner = if stateless {
             None
         } else {
             let separator = &x.app().config.catalog.separator;
@@ -158,21 +159,23 @@ fn post_phases<'a>(
         // it, whole, into this one's.
         use tracing::Instrument;
         let logs = x.log_span();
-        after_parse(x, headers, env, body).instrument(logs).await
+        after_parse(x, headers, env, body, stateless).instrument(logs).await
     }
 }
 
-/// The phases after the envelope's.
+/// The phases after the envelope's; `stateless`: the request is a
+/// stateless one ([`stateless_client::is_stateless`], asked once).
 #[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see post_phases)")]
 fn after_parse<'a>(
     mut x: Exchange,
     headers: Headers<'a>,
     env: Envelope<'a>,
     body: &'a Bytes,
+    stateless: bool,
 ) -> impl std::future::Future<Output = Result<Response<Body>, Refusal>> + 'a {
     async move {
         // A stateless (2026-07-28) request takes its own session phase.
-        if stateless_client::is_stateless(headers, &env) {
+        if stateless {
             return Ok(Box::pin(stateless_client::post(x, headers, &env, body)).await);
         }
         // 3. Who is calling.
@@ -534,14 +537,17 @@ mod future_sizes {
         // on purpose, not in a box of its own (a fresh, cold block each
         // call): `forward::until` keeps it from being moved once pinned.
         let admit = size(|(mut x, e): (Exchange, E)| async move { x.admit(e).await });
+        // A stateless request's, boxed off the session's, held as small.
+        let stateless = size(|(x, h, e, b): (Exchange, H, E, B)| stateless_client::post(x, h, e, b));
         println!(
-            "handle {handle}, post_read {post_read}, request {request}, forward {forward}, find_session {find_session}, admit {admit}"
+            "handle {handle}, post_read {post_read}, request {request}, forward {forward}, find_session {find_session}, admit {admit}, stateless {stateless}"
         );
         assert!(post_read <= 6 * 1024 + 512, "the future of a POST read by the HTTP/1.1 path holds {post_read} bytes");
         assert!(handle <= 8 * 1024, "the future of a request to /mcp holds {handle} bytes");
         assert!(request <= 5 * 1024, "a session's request: {request} bytes");
         assert!(forward <= 4 * 1024 + 512, "forward: {forward} bytes");
         assert!(find_session <= 512 && admit <= 1024, "the store's and the limits' slow ways are not boxed");
+        assert!(stateless <= 5 * 1024 + 512, "a stateless request: {stateless} bytes");
         assert!(std::mem::size_of::<Exchange>() <= 384, "Exchange: {} bytes", std::mem::size_of::<Exchange>());
     }
 }

@@ -67,7 +67,10 @@ pub fn is_stateless(headers: Headers<'_>, env: &Envelope<'_>) -> bool {
     if env.method_str() == "initialize" && initialize_names_a_version(env) {
         return false;
     }
-    let body_says = || modern::request_meta(env.params).ok().flatten().is_some_and(|m| m.protocol_version.is_some());
+    let body_says = || match env.target() {
+        Some(Ok(target)) => modern::target_meta(target).ok().flatten().is_some_and(|m| m.protocol_version.is_some()),
+        _ => modern::request_meta(env.params).ok().flatten().is_some_and(|m| m.protocol_version.is_some()),
+    };
     match headers.text(Header::McpProtocolVersion) {
         Some(value) => match ProtocolVersion::parse(modern::trim(value.unwrap_or(""))) {
             Some(v) => v.is_modern(),
@@ -120,7 +123,7 @@ pub fn validate<'a>(headers: Headers<'_>, env: &Envelope<'a>) -> Result<Validate
     // `params._meta` as the envelope's read of `params` found it (an
     // object's, read once for every phase), else read here.
     let meta = match env.target() {
-        Some(Ok(target)) if env.params.is_some_and(|p| p.get().starts_with('{')) => modern::meta_members(target.meta),
+        Some(Ok(target)) if env.params.is_some_and(|p| p.get().starts_with('{')) => modern::target_meta(target),
         _ => modern::request_meta(env.params),
     };
     let meta = meta
@@ -181,93 +184,119 @@ pub fn validate<'a>(headers: Headers<'_>, env: &Envelope<'a>) -> Result<Validate
 }
 
 /// Serves one stateless request, after the transport checks and the envelope.
-pub async fn post(mut x: Exchange, headers: Headers<'_>, env: &Envelope<'_>, body: &Bytes) -> Response<Body> {
-    if env.kind != MessageKind::Request {
-        if let Err(e) = x.authenticate(headers).await {
-            return x.refuse(headers, Some(env), body.len(), e, "POST");
-        }
-        // Nothing for a stateless server to take: notifications are dropped,
-        // and there are no server requests for a response to answer.
-        if env.kind == MessageKind::Notification {
-            x.discard();
-            return respond::accepted();
-        }
-        return x.reject(env.id, Error::InvalidParams("no request of the router awaits this answer".into()));
-    }
-    let id = env.id.expect("a request has an id");
-    // In place of the session phase: the request says all about its client.
-    let valid = match validate(headers, env) {
-        Ok(valid) => valid,
-        Err(e) => return x.reject(Some(id), e),
-    };
-    let who = match x.authenticate(headers).await {
-        Ok(who) => who,
-        Err(e) => return x.refuse(headers, Some(env), body.len(), e, "POST"),
-    };
-    // Progressive discovery's call meta-tool: the call of the tool it names
-    // from here on (its headers named the meta-tool, and were checked).
-    let separator = &x.app().config.catalog.separator;
-    match crate::tools::meta::unwrap_call(env, body, separator) {
-        Err(e) => x.reject(Some(id), e),
-        Ok(None) => authenticated(x, headers, &valid, who, env, body).await,
-        Ok(Some(inner)) => match Envelope::parse(&inner) {
-            Ok(inner_env) => {
-                x.set_unwrapped();
-                authenticated(x, headers, &valid, who, &inner_env, &inner).await
+///
+/// This and the phases it awaits on the way to an upstream are functions
+/// returning an async block, with the rare ways boxed, as the session
+/// path's are (`post_phases`): each async level is copied whole when
+/// awaited, and an async fn holds its arguments twice.
+#[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see post_phases)")]
+pub fn post<'a, 'e>(
+    mut x: Exchange,
+    headers: Headers<'a>,
+    env: &'a Envelope<'e>,
+    body: &'a Bytes,
+) -> impl std::future::Future<Output = Response<Body>> + use<'a, 'e> {
+    async move {
+        if env.kind != MessageKind::Request {
+            if let Err(e) = x.authenticate(headers).await {
+                return x.refuse(headers, Some(env), body.len(), e, "POST");
             }
-            Err(e) => x.reject(Some(id), Error::Parse(e)),
-        },
+            // Nothing for a stateless server to take: notifications are dropped,
+            // and there are no server requests for a response to answer.
+            if env.kind == MessageKind::Notification {
+                x.discard();
+                return respond::accepted();
+            }
+            return x.reject(env.id, Error::InvalidParams("no request of the router awaits this answer".into()));
+        }
+        let id = env.id.expect("a request has an id");
+        // In place of the session phase: the request says all about its client.
+        let valid = match validate(headers, env) {
+            Ok(valid) => valid,
+            Err(e) => return x.reject(Some(id), e),
+        };
+        let who = match x.authenticate(headers).await {
+            Ok(who) => who,
+            Err(e) => return x.refuse(headers, Some(env), body.len(), e, "POST"),
+        };
+        // Progressive discovery's call meta-tool: the call of the tool it names
+        // from here on (its headers named the meta-tool, and were checked).
+        let separator = &x.app().config.catalog.separator;
+        match crate::tools::meta::unwrap_call(env, body, separator) {
+            Err(e) => x.reject(Some(id), e),
+            Ok(None) => authenticated(x, headers, &valid, who, env, body).await,
+            // Boxed: the meta-tool's way is the rare one.
+            Ok(Some(inner)) => {
+                Box::pin(async move {
+                    match Envelope::parse(&inner) {
+                        Ok(inner_env) => {
+                            x.set_unwrapped();
+                            authenticated(x, headers, &valid, who, &inner_env, &inner).await
+                        }
+                        Err(e) => x.reject(Some(id), Error::Parse(e)),
+                    }
+                })
+                .await
+            }
+        }
     }
 }
 
 /// [`post`] once its headers are checked and its caller known.
-async fn authenticated(
+#[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see post_phases)")]
+fn authenticated<'a, 'e>(
     mut x: Exchange,
-    headers: Headers<'_>,
-    valid: &Validated<'_>,
+    headers: Headers<'a>,
+    valid: &'a Validated<'e>,
     who: Principal,
-    env: &Envelope<'_>,
-    body: &Bytes,
-) -> Response<Body> {
-    let id = env.id.expect("a request has an id");
-    if let Err(e) = x.admit(env).await {
-        return x.refuse(headers, Some(env), body.len(), e, "POST");
-    }
-    let method = Method::from_name(env.method_str());
-    x.set_method(method);
-    let app = x.app().clone();
-    match method {
-        Method::ServerDiscover => {
-            let result = discover(&app, &who, id).await;
-            x.answer(id, result)
+    env: &'a Envelope<'e>,
+    body: &'a Bytes,
+) -> impl std::future::Future<Output = Response<Body>> + use<'a, 'e> {
+    async move {
+        let id = env.id.expect("a request has an id");
+        if let Err(e) = x.admit(env).await {
+            return x.refuse(headers, Some(env), body.len(), e, "POST");
         }
-        Method::ToolsList | Method::PromptsList | Method::ResourcesList | Method::ResourcesTemplatesList => {
-            let kind = lists::kind_of(method);
-            // Fetched first, so that the cache hint counts from this fetch.
-            app.catalog.ensure_for(&[kind], |u| who.tenant.sees_upstream(u)).await;
-            let tail = result_tail(&app, &who, true);
-            let result = lists::list(&app, &who, kind, id, env.params, &tail).await;
-            x.answer(id, result)
-        }
-        Method::SubscriptionsListen => {
-            let result = listen(&app, &who, id, env.params);
-            x.answer(id, result)
-        }
-        Method::ToolsCall | Method::PromptsGet | Method::ResourcesRead | Method::CompletionComplete => {
-            if let Err(e) = x.open_books(headers, env, body.len()) {
-                return x.refuse(headers, Some(env), body.len(), e, "POST");
+        let method = Method::from_name(env.method_str());
+        x.set_method(method);
+        let app = x.app().clone();
+        match method {
+            // Boxed, as every way but the forwarded call's.
+            Method::ServerDiscover => {
+                let result = Box::pin(discover(&app, &who, id)).await;
+                x.answer(id, result)
             }
-            if method == Method::ToolsCall && super::may_be_meta_tool(&x) {
-                x = match Box::pin(super::meta_tool(x, None, env)).await {
-                    Ok(answered) => return answered,
-                    Err(x) => x,
-                };
+            Method::ToolsList | Method::PromptsList | Method::ResourcesList | Method::ResourcesTemplatesList => {
+                let result = Box::pin(async {
+                    let kind = lists::kind_of(method);
+                    // Fetched first, so that the cache hint counts from this fetch.
+                    app.catalog.ensure_for(&[kind], |u| who.tenant.sees_upstream(u)).await;
+                    let tail = result_tail(&app, &who, true);
+                    lists::list(&app, &who, kind, id, env.params, &tail).await
+                })
+                .await;
+                x.answer(id, result)
             }
-            call(x, headers, valid, method, env, body).await
-        }
-        _ => {
-            x.set_method(Method::Other);
-            x.fail_as(Some(id), &Error::NoSuchMethod(env.method_str().to_owned()), Outcome::Rejected)
+            Method::SubscriptionsListen => {
+                let result = listen(&app, &who, id, env.params);
+                x.answer(id, result)
+            }
+            Method::ToolsCall | Method::PromptsGet | Method::ResourcesRead | Method::CompletionComplete => {
+                if let Err(e) = x.open_books(headers, env, body.len()) {
+                    return x.refuse(headers, Some(env), body.len(), e, "POST");
+                }
+                if method == Method::ToolsCall && super::may_be_meta_tool(&x) {
+                    x = match Box::pin(super::meta_tool(x, None, env)).await {
+                        Ok(answered) => return answered,
+                        Err(x) => x,
+                    };
+                }
+                call(x, headers, valid, method, env, body).await
+            }
+            _ => {
+                x.set_method(Method::Other);
+                x.fail_as(Some(id), &Error::NoSuchMethod(env.method_str().to_owned()), Outcome::Rejected)
+            }
         }
     }
 }
@@ -413,191 +442,201 @@ fn listen(app: &Arc<App>, who: &Principal, id: &RawValue, params: Option<&RawVal
 
 /// A forwarded request: to a stateless upstream as it is, to a session-era
 /// one bridged.
-async fn call(
+#[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see post_phases)")]
+fn call<'a, 'e>(
     mut x: Exchange,
-    headers: Headers<'_>,
-    valid: &Validated<'_>,
+    headers: Headers<'a>,
+    valid: &'a Validated<'e>,
     method: Method,
-    env: &Envelope<'_>,
-    body: &Bytes,
-) -> Response<Body> {
-    let id = env.id.expect("a request has an id");
-    let app = x.app().clone();
-    let who = x.principal().expect("authenticated").clone();
-    let traceparent = x.upstream_traceparent();
-    let resolved = match resolve::resolve(&app, &who, method, env, body, traceparent.as_deref()).await {
-        Ok(Resolution::Upstream(mut resolved)) => {
-            if let Some(named) = resolved.target.take() {
-                x.set_target(named);
+    env: &'a Envelope<'e>,
+    body: &'a Bytes,
+) -> impl std::future::Future<Output = Response<Body>> + use<'a, 'e> {
+    async move {
+        let id = env.id.expect("a request has an id");
+        let app = x.app().clone();
+        let who = x.principal().expect("authenticated").clone();
+        let traceparent = x.upstream_traceparent();
+        let resolved = match resolve::resolve(&app, &who, method, env, body, traceparent.as_deref()).await {
+            Ok(Resolution::Upstream(mut resolved)) => {
+                if let Some(named) = resolved.target.take() {
+                    x.set_target(named);
+                }
+                resolved
             }
-            resolved
-        }
-        Ok(Resolution::Local(tool, named)) => {
-            x.set_target(named);
-            return respond::json(stamp_complete(resolve::call_local(x, tool, id).await));
-        }
-        Err(e) => {
-            let outcome =
-                if e.side() == crate::error::Side::Upstream { Outcome::UpstreamFailed } else { Outcome::Rejected };
-            return x.fail_as(Some(id), &e, outcome);
-        }
-    };
-    let u = resolved.upstream;
-    if super::authorize::era_catalog(&app, &who, u).is_modern(u) {
-        x.served_by(u);
-        return passthrough(x, headers, method, env, resolved).await;
-    }
-    if let Some(state) = bridge::retry_state(env) {
-        // The first round's record covers the call.
-        x.close_books();
-        return match state {
-            Ok(state) => {
-                let client_token = resolved.progress_token.as_ref().map(|r| bridge::token_text(&resolved.body, r));
-                Box::pin(bridge::resume(x, valid, method, id, state, client_token)).await
+            Ok(Resolution::Local(tool, named)) => {
+                x.set_target(named);
+                return respond::json(stamp_complete(Box::pin(resolve::call_local(x, tool, id)).await));
             }
             Err(e) => {
-                x.served_by(u);
-                x.fail_as(Some(id), &e, Outcome::Rejected)
+                let outcome =
+                    if e.side() == crate::error::Side::Upstream { Outcome::UpstreamFailed } else { Outcome::Rejected };
+                return x.fail_as(Some(id), &e, outcome);
             }
         };
+        let u = resolved.upstream;
+        if super::authorize::era_catalog(&app, &who, u).is_modern(u) {
+            x.served_by(u);
+            return passthrough(x, headers, method, env, resolved).await;
+        }
+        if let Some(state) = bridge::retry_state(env) {
+            // The first round's record covers the call.
+            x.close_books();
+            return match state {
+                Ok(state) => {
+                    let client_token = resolved.progress_token.as_ref().map(|r| bridge::token_text(&resolved.body, r));
+                    Box::pin(bridge::resume(x, valid, method, id, state, client_token)).await
+                }
+                Err(e) => {
+                    x.served_by(u);
+                    x.fail_as(Some(id), &e, Outcome::Rejected)
+                }
+            };
+        }
+        x.served_by(u);
+        // Boxed, as `resume` above: a bridged call's future (several kilobytes)
+        // held inline made every stateless request's as large, and each was
+        // copied whole where it was made.
+        Box::pin(bridge::bridged(x, valid, method, id, resolved)).await
     }
-    x.served_by(u);
-    // Boxed, as `resume` above: a bridged call's future (several kilobytes)
-    // held inline made every stateless request's as large, and each was
-    // copied whole where it was made.
-    Box::pin(bridge::bridged(x, valid, method, id, resolved)).await
 }
 
 /// To a stateless upstream: the request as it came, with the rewritten name,
 /// and its answer as it comes (status, `input_required`, streams).
-async fn passthrough(
+#[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see post_phases)")]
+fn passthrough<'a, 'e>(
     mut x: Exchange,
-    headers: Headers<'_>,
+    headers: Headers<'a>,
     method: Method,
-    env: &Envelope<'_>,
+    env: &'a Envelope<'e>,
     resolved: Resolved,
-) -> Response<Body> {
-    let id = env.id.expect("a request has an id");
-    let app = x.app().clone();
-    let who = x.principal().expect("authenticated").clone();
-    let u = resolved.upstream;
-    let upstream = &app.upstreams[u];
-    let mut extra = upstream_headers(method, x.target().map(|n| &*n.original), Some(headers));
-    if let Some(traceparent) = resolved.traceparent.clone() {
-        extra.push((http::HeaderName::from_static("traceparent"), traceparent));
-    }
-    let now = tokio::time::Instant::now();
-    x.upstream_sent(now.into_std());
-    // The id as sent, read where it is in the body (shared, not copied): an
-    // answer's is held to it. Owned only by a stream's task.
-    let sent_body = resolved.body.clone();
-    let sent: &RawValue = serde_json::from_slice(&sent_body[resolved.id.clone()]).expect("the id is JSON");
-    // The caller's credential (its user's, else its tenant's), asked now.
-    let required = upstream.config.credential_required;
-    let credential = app.keychain.current(&who.tenant.name, who.user.as_deref(), &upstream.name, required);
-    let answer = {
-        let work = std::pin::pin!(async {
-            let credential = credential.map_err(|missing| UpstreamError::Credential(missing.0))?;
-            let (body, tenant, credential) = (resolved.body, &who.tenant.name, credential.as_deref());
-            match upstream.transport.stateless_http() {
-                Some(http) => http.stateless(body, method, extra, tenant, credential).await,
-                None => upstream.transport.modern(body, method, extra, tenant, credential).await,
-            }
-        });
-        // Its deadline kept by the connection's timer, as a session call's
-        // is (crate::deadline), not a timer entry of its own.
-        match crate::deadline::until(now + upstream.config.timeout, work).await {
-            Err(_) => Err(Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout }),
-            Ok(Err(e)) => Err(Error::upstream(&upstream.name, e)),
-            Ok(Ok(answer)) => Ok(answer),
+) -> impl std::future::Future<Output = Response<Body>> + use<'a, 'e> {
+    async move {
+        let id = env.id.expect("a request has an id");
+        let app = x.app().clone();
+        let who = x.principal().expect("authenticated").clone();
+        let u = resolved.upstream;
+        let upstream = &app.upstreams[u];
+        let mut extra = upstream_headers(method, x.target().map(|n| &*n.original), Some(headers));
+        if let Some(traceparent) = resolved.traceparent.clone() {
+            extra.push((http::HeaderName::from_static("traceparent"), traceparent));
         }
-    };
-    match answer {
-        Err(e) => {
-            let outcome = e.outcome();
-            x.fail_as(Some(id), &e, outcome)
-        }
-        Ok(ModernAnswer { status, reply: Reply::Done(message), scanned }) => {
-            let Some((message, outcome)) = resolve::parse_scanned_answer(&app, u, method, &message, scanned, sent, id)
-            else {
-                let e = super::resolve::not_the_answer(&app, u);
-                return x.fail_as(Some(id), &e, Outcome::UpstreamFailed);
-            };
-            x.add_sent(message.len());
-            x.finish(outcome, resolve::error_code(outcome, &message));
-            let mut response = respond::json(message);
-            *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-            response
-        }
-        Ok(ModernAnswer { reply: Reply::Stream(mut stream), .. }) => {
-            let (tx, rx) = mpsc::channel(64);
-            let keep_alive = app.config.server.keep_alive;
-            let deadline = tokio::time::Instant::now() + upstream.config.timeout;
-            let (name, timeout) = (upstream.name.clone(), upstream.config.timeout);
-            let client_id = id.to_owned();
-            let sent = sent.to_owned();
-            tokio::spawn(async move {
-                // Ends the client's stream with an error in place of the answer.
-                let fail = |e: Error| {
-                    let message =
-                        jsonrpc::error_response(Some(&client_id), e.code(), &e.to_string(), e.data().as_ref());
-                    (switchboard_protocol::sse::encode_event(None, None, &message), e.code())
-                };
-                let (outcome, code) = loop {
-                    let next = tokio::select! {
-                        next = tokio::time::timeout_at(deadline, stream.next()) => next,
-                        // A stateless client hanging up cancels: the upstream
-                        // sees its stream close when this task drops it.
-                        _ = tx.closed() => break (Outcome::Abandoned, None),
-                    };
-                    let next = match next {
-                        Ok(next) => next,
-                        Err(_) => {
-                            let (event, code) = fail(Error::UpstreamTimeout { upstream: name.clone(), after: timeout });
-                            let _ = tx.send(event).await;
-                            break (Outcome::Timeout, Some(code));
-                        }
-                    };
-                    match next {
-                        Some(Ok(message)) => {
-                            let last = Envelope::parse(&message).is_ok_and(|e| e.method.is_none());
-                            let (message, answered) = match last {
-                                false => (message, Outcome::Ok),
-                                true => match resolve::parse_answer(&app, u, method, &message, &sent, &client_id) {
-                                    Some(answer) => answer,
-                                    None => {
-                                        app.metrics.upstreams.relay_dropped(&name, "stray_response");
-                                        continue;
-                                    }
-                                },
-                            };
-                            x.add_sent(message.len());
-                            let event = switchboard_protocol::sse::encode_event(None, None, &message);
-                            if tx.send(event).await.is_err() {
-                                // A stateless client hanging up cancels: the
-                                // upstream sees its stream close.
-                                break (Outcome::Abandoned, None);
-                            }
-                            if last {
-                                break (answered, resolve::error_code(answered, &message));
-                            }
-                        }
-                        Some(Err(e)) => {
-                            let (event, code) = fail(Error::upstream(&name, e));
-                            let _ = tx.send(event).await;
-                            break (Outcome::UpstreamFailed, Some(code));
-                        }
-                        None => {
-                            let (event, code) =
-                                fail(Error::upstream(&name, switchboard_upstream::UpstreamError::Closed));
-                            let _ = tx.send(event).await;
-                            break (Outcome::UpstreamFailed, Some(code));
-                        }
-                    }
-                };
-                x.finish(outcome, code);
+        let now = tokio::time::Instant::now();
+        x.upstream_sent(now.into_std());
+        // The id as sent, read where it is in the body (shared, not copied): an
+        // answer's is held to it. Owned only by a stream's task.
+        let sent_body = resolved.body.clone();
+        let sent: &RawValue = serde_json::from_slice(&sent_body[resolved.id.clone()]).expect("the id is JSON");
+        // The caller's credential (its user's, else its tenant's), asked now.
+        let required = upstream.config.credential_required;
+        let credential = app.keychain.current(&who.tenant.name, who.user.as_deref(), &upstream.name, required);
+        let answer = {
+            let work = std::pin::pin!(async {
+                let credential = credential.map_err(|missing| UpstreamError::Credential(missing.0))?;
+                let (body, tenant, credential) = (resolved.body, &who.tenant.name, credential.as_deref());
+                match upstream.transport.stateless_http() {
+                    Some(http) => http.stateless(body, method, extra, tenant, credential).await,
+                    None => upstream.transport.modern(body, method, extra, tenant, credential).await,
+                }
             });
-            respond::sse(rx, keep_alive)
+            // Its deadline kept by the connection's timer, as a session call's
+            // is (crate::deadline), not a timer entry of its own.
+            match crate::deadline::until(now + upstream.config.timeout, work).await {
+                Err(_) => {
+                    Err(Error::UpstreamTimeout { upstream: upstream.name.clone(), after: upstream.config.timeout })
+                }
+                Ok(Err(e)) => Err(Error::upstream(&upstream.name, e)),
+                Ok(Ok(answer)) => Ok(answer),
+            }
+        };
+        match answer {
+            Err(e) => {
+                let outcome = e.outcome();
+                x.fail_as(Some(id), &e, outcome)
+            }
+            Ok(ModernAnswer { status, reply: Reply::Done(message), scanned }) => {
+                let Some((message, outcome)) =
+                    resolve::parse_scanned_answer(&app, u, method, &message, scanned, sent, id)
+                else {
+                    let e = super::resolve::not_the_answer(&app, u);
+                    return x.fail_as(Some(id), &e, Outcome::UpstreamFailed);
+                };
+                x.add_sent(message.len());
+                x.finish(outcome, resolve::error_code(outcome, &message));
+                let mut response = respond::json(message);
+                *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+                response
+            }
+            Ok(ModernAnswer { reply: Reply::Stream(mut stream), .. }) => {
+                let (tx, rx) = mpsc::channel(64);
+                let keep_alive = app.config.server.keep_alive;
+                let deadline = tokio::time::Instant::now() + upstream.config.timeout;
+                let (name, timeout) = (upstream.name.clone(), upstream.config.timeout);
+                let client_id = id.to_owned();
+                let sent = sent.to_owned();
+                tokio::spawn(async move {
+                    // Ends the client's stream with an error in place of the answer.
+                    let fail = |e: Error| {
+                        let message =
+                            jsonrpc::error_response(Some(&client_id), e.code(), &e.to_string(), e.data().as_ref());
+                        (switchboard_protocol::sse::encode_event(None, None, &message), e.code())
+                    };
+                    let (outcome, code) = loop {
+                        let next = tokio::select! {
+                            next = tokio::time::timeout_at(deadline, stream.next()) => next,
+                            // A stateless client hanging up cancels: the upstream
+                            // sees its stream close when this task drops it.
+                            _ = tx.closed() => break (Outcome::Abandoned, None),
+                        };
+                        let next = match next {
+                            Ok(next) => next,
+                            Err(_) => {
+                                let (event, code) =
+                                    fail(Error::UpstreamTimeout { upstream: name.clone(), after: timeout });
+                                let _ = tx.send(event).await;
+                                break (Outcome::Timeout, Some(code));
+                            }
+                        };
+                        match next {
+                            Some(Ok(message)) => {
+                                let last = Envelope::parse(&message).is_ok_and(|e| e.method.is_none());
+                                let (message, answered) = match last {
+                                    false => (message, Outcome::Ok),
+                                    true => match resolve::parse_answer(&app, u, method, &message, &sent, &client_id) {
+                                        Some(answer) => answer,
+                                        None => {
+                                            app.metrics.upstreams.relay_dropped(&name, "stray_response");
+                                            continue;
+                                        }
+                                    },
+                                };
+                                x.add_sent(message.len());
+                                let event = switchboard_protocol::sse::encode_event(None, None, &message);
+                                if tx.send(event).await.is_err() {
+                                    // A stateless client hanging up cancels: the
+                                    // upstream sees its stream close.
+                                    break (Outcome::Abandoned, None);
+                                }
+                                if last {
+                                    break (answered, resolve::error_code(answered, &message));
+                                }
+                            }
+                            Some(Err(e)) => {
+                                let (event, code) = fail(Error::upstream(&name, e));
+                                let _ = tx.send(event).await;
+                                break (Outcome::UpstreamFailed, Some(code));
+                            }
+                            None => {
+                                let (event, code) =
+                                    fail(Error::upstream(&name, switchboard_upstream::UpstreamError::Closed));
+                                let _ = tx.send(event).await;
+                                break (Outcome::UpstreamFailed, Some(code));
+                            }
+                        }
+                    };
+                    x.finish(outcome, code);
+                });
+                respond::sse(rx, keep_alive)
+            }
         }
     }
 }
