@@ -180,7 +180,8 @@ pub struct Audit {
 
 impl Audit {
     /// Opens the spool and starts the writer on a thread of its own, with
-    /// its own runtime and database pool: building and sending a batch of
+    /// its own runtime and its own way to the database (a connection of its
+    /// own, or a pool for an in-memory database): building and sending a batch of
     /// hundreds of rows takes a millisecond or more of CPU, which on the
     /// request threads' runtime would hold up requests behind it; as a
     /// thread of its own the OS schedules it beside them.

@@ -24,16 +24,20 @@ const PG_AUDIT_CHUNK: usize = 64;
 /// PostgreSQL's SQLSTATE for a unique key already present.
 const UNIQUE_VIOLATION: &str = "23505";
 
-/// Writes `records`, each once: an id already written is skipped.
-pub(crate) async fn write(pg: &sqlx::PgPool, records: &[AuditRecord], pace: Pace) -> Result<u64, sqlx::Error> {
+/// Writes `records` on `conn`, each once: an id already written is
+/// skipped. A write cancelled halfway (the writer's timeout) leaves `conn`
+/// unready: its owner must not use it again (the pool tests every
+/// connection given back, and closes it; the writer's own connection is
+/// dropped, `audit_writer::PgAudit`).
+pub(crate) async fn write(conn: &mut sqlx::PgConnection, records: &[AuditRecord], pace: Pace) -> Result<u64, sqlx::Error> {
     let copied = match pace {
-        Pace::Paced => in_pieces(pg, records, copy_rows).await,
+        Pace::Paced => in_pieces(conn, records, copy_rows).await,
         // One statement: all of it, or none, with no transaction around it.
-        Pace::AtOnce => copy_rows(&mut *pg.acquire().await?, records).await,
+        Pace::AtOnce => copy_rows(conn, records).await,
     };
     match copied {
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(UNIQUE_VIOLATION) => {
-            in_pieces(pg, records, async |conn: &mut sqlx::PgConnection, rows: &[AuditRecord]| unnest(conn, rows).await)
+            in_pieces(conn, records, async |conn: &mut sqlx::PgConnection, rows: &[AuditRecord]| unnest(conn, rows).await)
                 .await
         }
         written => written,
@@ -58,16 +62,14 @@ pub(crate) async fn write(pg: &sqlx::PgPool, records: &[AuditRecord], pace: Pace
 /// millisecond away: 19 round trips a batch were most of its time) writes
 /// in one COPY ([`Pace::AtOnce`]).
 async fn in_pieces(
-    pg: &sqlx::PgPool,
+    conn: &mut sqlx::PgConnection,
     records: &[AuditRecord],
     write: impl AsyncFn(&mut sqlx::PgConnection, &[AuditRecord]) -> Result<u64, sqlx::Error>,
 ) -> Result<u64, sqlx::Error> {
-    // A write cancelled halfway (the writer's timeout) leaves its connection
-    // unready: the pool tests every connection given back, and closes it.
     if records.len() <= PG_AUDIT_CHUNK {
-        return write(&mut *pg.acquire().await?, records).await;
+        return write(conn, records).await;
     }
-    let mut tx = pg.begin().await?;
+    let mut tx = sqlx::Connection::begin(conn).await?;
     let mut written = 0;
     for chunk in records.chunks(PG_AUDIT_CHUNK) {
         written += write(&mut tx, chunk).await?;
@@ -356,20 +358,19 @@ mod tests {
         let temp = switchboard_test_support::services::TempDatabase::create().await;
         let db = Database::connect(&temp.url, Duration::from_secs(5)).unwrap();
         db.migrate().await.unwrap();
-        let pg = db.pg.clone().expect("a PostgreSQL pool");
-        assert_eq!(write(&pg, &[record("warm")], Pace::Paced).await.unwrap(), 1, "one connection, idle in the pool");
+        assert_eq!(db.insert_audit(&[record("warm")]).await.unwrap(), 1, "one connection, idle in the pool");
         let mut holder = sqlx::PgConnection::connect(&temp.url).await.unwrap();
         let mut held = holder.begin().await.unwrap();
         sqlx::query("LOCK TABLE audit_log IN ACCESS EXCLUSIVE MODE").execute(&mut *held).await.unwrap();
         let cancelled =
-            tokio::time::timeout(Duration::from_millis(300), write(&pg, &[record("cancelled")], Pace::Paced)).await;
+            tokio::time::timeout(Duration::from_millis(300), db.insert_audit(&[record("cancelled")])).await;
         assert!(cancelled.is_err(), "the COPY waited for the table");
         held.rollback().await.unwrap();
         let batch: Vec<AuditRecord> = (0..100).map(|i| record(&format!("after-{i}"))).collect();
-        assert_eq!(write(&pg, &batch, Pace::Paced).await.unwrap(), 100);
-        assert_eq!(write(&pg, &batch, Pace::AtOnce).await.unwrap(), 0, "written again: every id is present");
+        assert_eq!(db.insert_audit_paced(&batch, Pace::Paced).await.unwrap(), 100);
+        assert_eq!(db.insert_audit_paced(&batch, Pace::AtOnce).await.unwrap(), 0, "written again: every id is present");
         assert_eq!(db.count_audit(None).await.unwrap(), 101, "the cancelled record was not written");
-        drop((db, pg, holder));
+        drop((db, holder));
         temp.drop_now().await;
     }
 
@@ -382,17 +383,17 @@ mod tests {
         let temp = switchboard_test_support::services::TempDatabase::create().await;
         let db = Database::connect(&temp.url, Duration::from_secs(5)).unwrap();
         db.migrate().await.unwrap();
-        let pg = db.pg.clone().expect("a PostgreSQL pool");
+        let mut conn = sqlx::PgConnection::connect(&temp.url).await.unwrap();
         for pace in [Pace::Paced, Pace::AtOnce] {
             let last = format!("last-{pace:?}");
-            assert_eq!(write(&pg, &[record(&last)], pace).await.unwrap(), 1);
+            assert_eq!(write(&mut conn, &[record(&last)], pace).await.unwrap(), 1);
             let mut batch: Vec<AuditRecord> =
                 (0..3 * PG_AUDIT_CHUNK).map(|i| record(&format!("{pace:?}-{i}"))).collect();
             batch.push(record(&last));
-            assert_eq!(write(&pg, &batch, pace).await.unwrap(), 3 * PG_AUDIT_CHUNK as u64, "{pace:?}");
+            assert_eq!(write(&mut conn, &batch, pace).await.unwrap(), 3 * PG_AUDIT_CHUNK as u64, "{pace:?}");
         }
         assert_eq!(db.count_audit(None).await.unwrap(), 2 * (3 * PG_AUDIT_CHUNK as i64 + 1));
-        drop((db, pg));
+        drop((db, conn));
         temp.drop_now().await;
     }
 }

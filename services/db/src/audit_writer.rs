@@ -1,9 +1,15 @@
-//! Where the audit writer writes, on its own thread: PostgreSQL through the
-//! pool (binary `COPY`s of up to 64 rows, one transaction per batch, or
-//! one `COPY` for a batch when the writer is behind: `audit_pg.rs`),
-//! or an SQLite file through a connection of its own (rusqlite), prepared
-//! inserts of up to 16 rows each in one transaction per batch, offering the
-//! CPU to the request threads between them.
+//! Where the audit writer writes, on its own thread: PostgreSQL through a
+//! connection of its own (binary `COPY`s of up to 64 rows, one transaction
+//! per batch, or one `COPY` for a batch when the writer is behind:
+//! `audit_pg.rs`), or an SQLite file through a connection of its own
+//! (rusqlite), prepared inserts of up to 16 rows each in one transaction
+//! per batch, offering the CPU to the request threads between them.
+//!
+//! Why not the pool for PostgreSQL: sqlx's pool pings a connection (a round
+//! trip to the server) when it hands it out and again when it is given
+//! back, in a task spawned for that; the writer, the only user, took a
+//! connection for every batch, and paid two round trips more than the
+//! batch's own, the server a wake-up for each.
 //!
 //! Why not sqlx for SQLite here: sqlx runs each statement on a worker thread
 //! of its own, after copying every bound value (twice through its `Any`
@@ -70,11 +76,14 @@ pub enum Pace {
 
 /// The audit writer's way to its database.
 pub enum AuditWriter {
-    /// PostgreSQL (or an in-memory SQLite database, which only the pool's
-    /// own connections can see): the pool.
+    /// An in-memory SQLite database, which only the pool's own connections
+    /// can see, or an SQLite URL only sqlx's connections honour: the pool.
     Pool(Database),
     /// An SQLite file, through a connection of the writer's own.
     Sqlite(SqliteAudit),
+    /// PostgreSQL, through a connection of the writer's own (boxed: its
+    /// options and connection are large beside the other variants).
+    Postgres(Box<PgAudit>),
 }
 
 impl Database {
@@ -82,6 +91,10 @@ impl Database {
     /// and thread of its own (must be called inside that runtime). `busy`:
     /// how long an SQLite write waits for another connection's lock.
     pub fn audit_writer(&self, busy: Duration) -> Result<AuditWriter, DbError> {
+        if self.backend == Backend::Postgres {
+            let options = sqlx::postgres::PgConnectOptions::from_str(&self.url)?;
+            return Ok(AuditWriter::Postgres(Box::new(PgAudit { options, conn: None, busy: false })));
+        }
         match sqlite_file(self) {
             Some(path) => Ok(AuditWriter::Sqlite(SqliteAudit { path, busy, conn: None })),
             None => Ok(AuditWriter::Pool(self.separate_pool()?)),
@@ -113,7 +126,51 @@ impl AuditWriter {
         match self {
             AuditWriter::Pool(db) => db.insert_audit_paced(records, pace).await,
             AuditWriter::Sqlite(sqlite) => sqlite.insert(records),
+            AuditWriter::Postgres(pg) => pg.insert(records, pace).await,
         }
+    }
+}
+
+/// PostgreSQL's audit log, through a connection opened on first use, again
+/// after a failure or a write cancelled halfway, and again after
+/// [`REOPEN_AFTER`].
+pub struct PgAudit {
+    options: sqlx::postgres::PgConnectOptions,
+    conn: Option<(sqlx::PgConnection, std::time::Instant)>,
+    /// A write began and has not ended: it was cancelled halfway (the
+    /// writer's timeout), and the connection may be in the middle of a
+    /// statement. It is dropped before the next write (the server rolls
+    /// back what it had of it).
+    busy: bool,
+}
+
+impl PgAudit {
+    async fn insert(&mut self, records: &[AuditRecord], pace: Pace) -> Result<u64, DbError> {
+        if records.is_empty() {
+            return Ok(0);
+        }
+        if std::mem::take(&mut self.busy) {
+            self.conn = None;
+        }
+        if let Some((conn, _)) = self.conn.take_if(|(_, opened)| opened.elapsed() >= REOPEN_AFTER) {
+            let _ = sqlx::Connection::close(conn).await;
+        }
+        if self.conn.is_none() {
+            let conn = <sqlx::PgConnection as sqlx::Connection>::connect_with(&self.options).await?;
+            self.conn = Some((conn, std::time::Instant::now()));
+        }
+        let (conn, _) = self.conn.as_mut().expect("opened above");
+        self.busy = true;
+        let written = crate::audit_pg::write(conn, records, pace).await;
+        self.busy = false;
+        written.map_err(|e| {
+            // The server's refusal leaves the connection ready for the next
+            // statement; anything else (I/O, the protocol) may not have.
+            if !matches!(e, sqlx::Error::Database(_)) {
+                self.conn = None;
+            }
+            e.into()
+        })
     }
 }
 
@@ -126,7 +183,8 @@ pub struct SqliteAudit {
 }
 
 /// A connection is opened afresh this often: a file replaced under the
-/// router (restored from a backup) is written to within this long, as the
+/// router (restored from a backup), or a PostgreSQL name that now resolves
+/// to another server (a failover), is written to within this long, as the
 /// pool's connections, which it recycles, would.
 const REOPEN_AFTER: Duration = Duration::from_secs(10 * 60);
 
@@ -217,4 +275,73 @@ fn open(path: &std::path::Path, busy: Duration) -> Result<rusqlite::Connection, 
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     Ok(conn)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sqlx::Connection as _;
+
+    use super::*;
+
+    fn record(id: &str) -> AuditRecord {
+        AuditRecord {
+            id: id.to_owned(),
+            at_ms: 1,
+            tenant: Some("acme".into()),
+            key_prefix: None,
+            session: None,
+            method: "tools/call".into(),
+            target: Some("web__echo".into()),
+            upstream: Some("web".into()),
+            outcome: "ok".into(),
+            error_code: None,
+            latency_us: 2,
+            request_bytes: 3,
+            response_bytes: 4,
+            trace_id: None,
+            arguments: None,
+            user: None,
+        }
+    }
+
+    /// The writer's own PostgreSQL connection: a write cancelled while the
+    /// server waited for a lock (the writer's timeout) leaves nothing of it
+    /// written, and the next write goes through on a connection opened
+    /// afresh; a refused one keeps the connection.
+    #[tokio::test]
+    async fn the_writers_own_postgres_connection_survives_a_cancelled_write() {
+        let temp = switchboard_test_support::services::TempDatabase::create().await;
+        let db = Database::connect(&temp.url, Duration::from_secs(5)).unwrap();
+        db.migrate().await.unwrap();
+        let AuditWriter::Postgres(mut pg) = db.audit_writer(Duration::from_secs(1)).unwrap() else {
+            panic!("PostgreSQL's writer has a connection of its own");
+        };
+        assert_eq!(pg.insert(&[record("first")], Pace::Paced).await.unwrap(), 1);
+        let first = pid(&mut pg).await;
+        assert_eq!(pg.insert(&[record("second")], Pace::AtOnce).await.unwrap(), 1);
+        assert_eq!(pid(&mut pg).await, first, "the same connection for every batch");
+
+        let mut holder = sqlx::PgConnection::connect(&temp.url).await.unwrap();
+        let mut held = holder.begin().await.unwrap();
+        sqlx::query("LOCK TABLE audit_log IN ACCESS EXCLUSIVE MODE").execute(&mut *held).await.unwrap();
+        let batch: Vec<AuditRecord> = (0..100).map(|i| record(&format!("cancelled-{i}"))).collect();
+        let cancelled = tokio::time::timeout(Duration::from_millis(300), pg.insert(&batch, Pace::Paced)).await;
+        assert!(cancelled.is_err(), "the COPY waited for the table");
+        held.rollback().await.unwrap();
+        let batch: Vec<AuditRecord> = (0..100).map(|i| record(&format!("after-{i}"))).collect();
+        assert_eq!(pg.insert(&batch, Pace::Paced).await.unwrap(), 100);
+        assert_ne!(pid(&mut pg).await, first, "the cancelled write's connection was dropped");
+        assert_eq!(pg.insert(&batch, Pace::AtOnce).await.unwrap(), 0, "written again: every id is present");
+        assert_eq!(db.count_audit(None).await.unwrap(), 102, "nothing of the cancelled batch was written");
+        drop((db, pg, holder));
+        temp.drop_now().await;
+    }
+
+    /// The server's process for the writer's connection.
+    async fn pid(pg: &mut PgAudit) -> i32 {
+        let (conn, _) = pg.conn.as_mut().expect("a connection");
+        sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(conn).await.unwrap()
+    }
 }

@@ -461,7 +461,7 @@ impl Database {
             return Ok(0);
         }
         if let Some(pg) = &self.pg {
-            return Ok(audit_pg::write(pg, records, pace).await?);
+            return Ok(audit_pg::write(&mut *pg.acquire().await?, records, pace).await?);
         }
         // In statements of a few fixed sizes, so that each is prepared once
         // per connection and kept (a statement per batch size would be
