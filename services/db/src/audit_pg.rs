@@ -321,7 +321,7 @@ fn pg_text(text: &str) -> Cow<'_, str> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Duration;
 
     use sqlx::Connection as _;
@@ -329,7 +329,8 @@ mod tests {
     use super::*;
     use crate::Database;
 
-    fn record(id: &str) -> AuditRecord {
+    /// A record with `id` (also the audit writer's tests').
+    pub(crate) fn record(id: &str) -> AuditRecord {
         AuditRecord {
             id: id.to_owned(),
             at_ms: 1,

@@ -284,27 +284,7 @@ mod tests {
     use sqlx::Connection as _;
 
     use super::*;
-
-    fn record(id: &str) -> AuditRecord {
-        AuditRecord {
-            id: id.to_owned(),
-            at_ms: 1,
-            tenant: Some("acme".into()),
-            key_prefix: None,
-            session: None,
-            method: "tools/call".into(),
-            target: Some("web__echo".into()),
-            upstream: Some("web".into()),
-            outcome: "ok".into(),
-            error_code: None,
-            latency_us: 2,
-            request_bytes: 3,
-            response_bytes: 4,
-            trace_id: None,
-            arguments: None,
-            user: None,
-        }
-    }
+    use crate::audit_pg::tests::record;
 
     /// The writer's own PostgreSQL connection: a write cancelled while the
     /// server waited for a lock (the writer's timeout) leaves nothing of it
