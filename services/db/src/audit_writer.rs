@@ -315,6 +315,19 @@ mod tests {
         assert_ne!(pid(&mut pg).await, first, "the cancelled write's connection was dropped");
         assert_eq!(pg.insert(&batch, Pace::AtOnce).await.unwrap(), 0, "written again: every id is present");
         assert_eq!(db.count_audit(None).await.unwrap(), 102, "nothing of the cancelled batch was written");
+
+        // A record the server refuses (a constraint an operator added).
+        let kept = pid(&mut pg).await;
+        sqlx::query("ALTER TABLE audit_log ADD CONSTRAINT no_negative CHECK (latency_us >= 0)")
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        let mut refused = record("refused");
+        refused.latency_us = -1;
+        let e = pg.insert(&[refused], Pace::Paced).await.unwrap_err();
+        assert!(e.refuses_content(), "{e}");
+        assert_eq!(pg.insert(&[record("after-refusal")], Pace::Paced).await.unwrap(), 1);
+        assert_eq!(pid(&mut pg).await, kept, "a refusal keeps the connection");
         drop((db, pg, holder));
         temp.drop_now().await;
     }
