@@ -29,7 +29,11 @@ const UNIQUE_VIOLATION: &str = "23505";
 /// unready: its owner must not use it again (the pool tests every
 /// connection given back, and closes it; the writer's own connection is
 /// dropped, `audit_writer::PgAudit`).
-pub(crate) async fn write(conn: &mut sqlx::PgConnection, records: &[AuditRecord], pace: Pace) -> Result<u64, sqlx::Error> {
+pub(crate) async fn write(
+    conn: &mut sqlx::PgConnection,
+    records: &[AuditRecord],
+    pace: Pace,
+) -> Result<u64, sqlx::Error> {
     let copied = match pace {
         Pace::Paced => in_pieces(conn, records, copy_rows).await,
         // One statement: all of it, or none, with no transaction around it.
@@ -37,8 +41,10 @@ pub(crate) async fn write(conn: &mut sqlx::PgConnection, records: &[AuditRecord]
     };
     match copied {
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(UNIQUE_VIOLATION) => {
-            in_pieces(conn, records, async |conn: &mut sqlx::PgConnection, rows: &[AuditRecord]| unnest(conn, rows).await)
-                .await
+            in_pieces(conn, records, async |conn: &mut sqlx::PgConnection, rows: &[AuditRecord]| {
+                unnest(conn, rows).await
+            })
+            .await
         }
         written => written,
     }
@@ -363,8 +369,7 @@ pub(crate) mod tests {
         let mut holder = sqlx::PgConnection::connect(&temp.url).await.unwrap();
         let mut held = holder.begin().await.unwrap();
         sqlx::query("LOCK TABLE audit_log IN ACCESS EXCLUSIVE MODE").execute(&mut *held).await.unwrap();
-        let cancelled =
-            tokio::time::timeout(Duration::from_millis(300), db.insert_audit(&[record("cancelled")])).await;
+        let cancelled = tokio::time::timeout(Duration::from_millis(300), db.insert_audit(&[record("cancelled")])).await;
         assert!(cancelled.is_err(), "the COPY waited for the table");
         held.rollback().await.unwrap();
         let batch: Vec<AuditRecord> = (0..100).map(|i| record(&format!("after-{i}"))).collect();

@@ -386,7 +386,7 @@ fn target_spans(bytes: &[u8], t: &Target<'_>) -> [Option<std::ops::Range<usize>>
         t.client_capabilities,
         t.log_level,
     ]
-        .map(|v| v.map(|r| span(bytes, r.get())))
+    .map(|v| v.map(|r| span(bytes, r.get())))
 }
 
 /// `Envelope::parse` (which reads a request quickly when it can) answers as
